@@ -1,0 +1,3 @@
+from snapviz.cli import main
+
+main()

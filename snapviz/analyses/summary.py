@@ -1,0 +1,205 @@
+"""One call from a loaded run to every result table (pure: no rendering here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
+from snapviz.analyses.sites import SiteNamer
+from snapviz.analyses.stages import StageLabels, label_events, stage_group, stage_intervals, stage_table
+from snapviz.load import Run
+from snapviz.model import A_ALLOC, A_OOM, ACTIONS
+
+SCHEMA = "snapviz.summary/1"
+
+
+@dataclass
+class Analysis:
+    """Every result for one device of one run. Tables are DataFrames (HTA style)."""
+
+    run: Run
+    device: int
+    replay: ReplayResult
+    labels: StageLabels
+    stages: pd.DataFrame           # one row per stage interval (see stages.stage_table)
+    top_allocations: pd.DataFrame  # live at the peak, largest first
+    attention: pd.DataFrame        # one row per attention score allocation
+    attention_summary: dict[str, Any]
+    categories: pd.DataFrame       # live bytes by category at the peak
+    device_peaks: pd.DataFrame     # every device: peak allocated / reserved
+    warnings: list[str] = field(default_factory=list)
+    sites: SiteNamer | None = None
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """The device's events with replay columns and ``stage``."""
+        return self.replay.events.assign(stage=self.labels.labels)
+
+    @property
+    def peak_stage(self) -> str:
+        i = self.replay.peak_index
+        return str(self.labels.labels[i]) if i >= 0 else "before recording"
+
+    def stage_groups(self) -> pd.DataFrame:
+        """Stages grouped by name before '/': peak over every interval of the group."""
+        st = self.stages
+        if not len(st):
+            return st
+        g = st.groupby("group", sort=False).agg(
+            peak_allocated_bytes=("peak_allocated_bytes", "max"), peak_reserved_bytes=("peak_reserved_bytes", "max"),
+            start_us=("start_us", "min"), end_us=("end_us", "max"), intervals=("name", "size"),
+            duration_s=("duration_s", "sum"))
+        return g.reset_index().rename(columns={"group": "name"})
+
+
+def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult]]:
+    snap = run.snapshot
+    assert snap is not None
+    devs = snap.devices or [0]
+    results = {d: replay_allocator(snap, d) for d in devs}
+    if device is not None:
+        if device not in results:
+            from snapviz.errors import InputError
+            raise InputError(f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})")
+        return device, results
+    best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
+    return best, results
+
+
+def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: int, limit: int = 25) -> pd.DataFrame:
+    live = live_at(replay, row)
+    if not len(live):
+        return pd.DataFrame(columns=["row", "addr", "bytes", "requested_bytes", "stage", "site", "stack_id", "time_us"])
+    rows = live.index.to_numpy()
+    out = pd.DataFrame({
+        "row": rows, "addr": live["addr"].to_numpy(), "bytes": live["block_size"].to_numpy(),
+        "requested_bytes": live["size"].to_numpy(), "stage": labels[rows],
+        "stack_id": live["stack_id"].to_numpy(), "time_us": live["time_us"].to_numpy(),
+    }).sort_values(["bytes", "row"], ascending=[False, True], kind="stable")
+    out = out.head(limit).reset_index(drop=True)
+    out.insert(5, "site", [sites.site(int(s)) for s in out["stack_id"]])
+    return out
+
+
+def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
+                rules_path: str | None = None) -> Analysis:
+    """Replay, attribute and summarise one run (snapshot required; traces: see trace_ops)."""
+    snap = run.snapshot
+    if snap is None:
+        from snapviz.errors import InputError
+        raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
+    dev, results = _pick_device(run, device)
+    rep = results[dev]
+    ev = rep.events
+    labels = label_events(snap, ev, dev, use=stage_source, rules_path=rules_path)
+    times = ev["time_us"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    alloc = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    resv = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    intervals = stage_intervals(labels.labels, times)
+    stages = stage_table(intervals, alloc, resv, rep.baseline_allocated, rep.baseline_reserved)
+    sites = SiteNamer(snap)
+    top = top_live(rep, labels.labels, sites, rep.peak_index)
+
+    from snapviz.analyses.attention import find_attention
+    from snapviz.analyses.categories import categorize_live
+
+    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites)
+    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites)
+
+    warnings = list(snap.format_notes) + list(rep.warnings)
+    if labels.source == "none" and len(ev):
+        warnings.append("no stage labels and no frames to attribute stages from: everything is 'unlabelled'")
+    if len(ev) and (ev["action"] == A_OOM).any():
+        n = int((ev["action"] == A_OOM).sum())
+        warnings.append(f"the run hit CUDA out-of-memory {n} time(s) (see the OOM markers)")
+    dp = pd.DataFrame([{"device": d, "peak_allocated_bytes": r.peak_allocated, "peak_reserved_bytes": r.peak_reserved,
+                        "events": len(r.events)} for d, r in sorted(results.items())])
+    if len(results) > 1:
+        warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
+    return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
+                    attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
+                    warnings=warnings, sites=sites)
+
+
+def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
+    run = an.run.run or {}
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    seen: dict[str, int] = {}
+    for s in run.get("stages") or []:
+        k = seen.get(s["name"], 0)
+        seen[s["name"]] = k + 1
+        entry = dict(s)
+        for pd_ in s.get("per_device") or []:
+            if pd_.get("device") == an.device:
+                entry["peak_allocated_bytes"] = pd_.get("peak_allocated_bytes", entry.get("peak_allocated_bytes"))
+                entry["peak_reserved_bytes"] = pd_.get("peak_reserved_bytes", entry.get("peak_reserved_bytes"))
+        out[(s["name"], k)] = entry
+    return out
+
+
+def summary_dict(an: Analysis) -> dict[str, Any]:
+    """The ``snapviz.summary/1`` document (DESIGN.md). Additions fine; renames need /2."""
+    rep = an.replay
+    ev = rep.events
+    pi = rep.peak_index
+    truth = _stage_truth(an)
+    stages_out: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    occurrences: dict[str, int] = {}
+    for r in an.stages.itertuples(index=False):
+        k = occurrences.get(r.name, 0)
+        occurrences[r.name] = k + 1
+        t = truth.get((r.name, k))
+        item = {"name": r.name, "peak_allocated_bytes": int(r.peak_allocated_bytes),
+                "peak_reserved_bytes": int(r.peak_reserved_bytes), "start_us": int(r.start_us), "end_us": int(r.end_us),
+                "allocated_at_entry": int(r.allocated_at_entry), "allocated_at_exit": int(r.allocated_at_exit)}
+        if t is not None:
+            item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")
+            item["allocator_peak_reserved_bytes"] = t.get("peak_reserved_bytes")
+        g = groups.get(r.group)
+        if g is None:
+            g = groups[r.group] = {"name": r.group, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0,
+                                   "start_us": int(r.start_us), "end_us": int(r.end_us), "steps": []}
+            stages_out.append(g)
+        g["peak_allocated_bytes"] = max(g["peak_allocated_bytes"], int(r.peak_allocated_bytes))
+        g["peak_reserved_bytes"] = max(g["peak_reserved_bytes"], int(r.peak_reserved_bytes))
+        g["end_us"] = max(g["end_us"], int(r.end_us))
+        g.setdefault("intervals", []).append(item)
+        if "/" in str(r.name):
+            g["steps"].append({"name": r.name, "step": str(r.name).split("/", 1)[1], **{k2: v for k2, v in item.items() if k2 != "name"}})
+    run = an.run.run or {}
+    top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
+            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else []}
+           for t in an.top_allocations.itertuples(index=False)]
+    att = an.attention_summary
+    return {
+        "schema": SCHEMA,
+        "source": an.run.source,
+        "device": an.device,
+        "stage_source": an.labels.source,
+        "peak": {
+            "allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
+            "requested_bytes": int(rep.peak_requested), "event_index": int(pi),
+            "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None, "stage": an.peak_stage,
+            "within_recorded_window": bool(rep.truncated),
+        },
+        "history": {
+            "events": int(len(ev)), "truncated": bool(rep.truncated),
+            "baseline_allocated_bytes": int(rep.baseline_allocated), "baseline_reserved_bytes": int(rep.baseline_reserved),
+            "orphan_frees": int(rep.orphan_frees), "end_state_matches": rep.end_state_matches,
+            "final_allocated_bytes": int(rep.final_allocated), "final_reserved_bytes": int(rep.final_reserved),
+        },
+        "devices": an.device_peaks.to_dict("records"),
+        "stages": stages_out,
+        "attention": att,
+        "categories": an.categories.to_dict("records"),
+        "top_allocations": top,
+        "allocator_truth": {k: (run.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")} if run else None,
+        "run": {k: run.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
+                                          "device_name", "torch_version", "diffusers_version", "command")} if run else None,
+        "allocator_settings": an.run.snapshot.allocator_settings if an.run.snapshot else {},
+        "warnings": an.warnings,
+    }

@@ -1,0 +1,164 @@
+"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (DESIGN.md)."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from snapviz import __version__
+from snapviz.errors import CheckFailed, InputError
+
+EPILOG = """\b
+Exit codes: 0 success, 1 a check failed, 2 bad input or options.
+Docs: README.md and docs/ in the snapviz repository."""
+
+
+def _outputs_clash(*paths: str | None) -> None:
+    seen = [os.path.abspath(p) for p in paths if p]
+    if len(seen) != len(set(seen)):
+        raise click.UsageError("two outputs name the same file")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=EPILOG)
+@click.version_option(__version__, prog_name="snapviz")
+def cli() -> None:
+    """Analyse GPU memory snapshots and traces of diffusion pipelines.
+
+    \b
+    snapviz analyze snapshot.pickle -o report.html   # why did it OOM?
+    snapviz compare before/ after/ -o compare.html   # did my change help?
+    snapviz check run/ --max-peak 12GiB              # gate CI on peak memory
+    snapviz collect --pipeline sdxl --technique fp16 # record a labelled run
+    """
+
+
+@cli.command(epilog=EPILOG)
+@click.argument("input", type=click.Path(dir_okay=True, path_type=str))
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the interactive HTML report here (self-contained, opens offline).")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable summary (schema snapviz.summary/1); '-' for stdout.")
+@click.option("--device", type=int, default=None, help="CUDA device to analyse (default: the one with the highest peak).")
+@click.option("--stages-from", "stage_source", type=click.Choice(["auto", "user_metadata", "annotations", "run.json", "frames"]),
+              default="auto", show_default=True, help="Where stage labels come from.")
+@click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False), help="Stage/category rules file (JSON) replacing or extending the built-in diffusers rules.")
+@click.option("--max-points", type=int, default=20000, show_default=True, help="Timeline points kept in the HTML (min/max decimation keeps the peak).")
+@click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
+def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str | None, device: int | None,
+            stage_source: str, rules_path: str | None, max_points: int, quiet: bool) -> None:
+    """Analyse one snapshot pickle, Chrome trace, or run directory.
+
+    Prints a short summary: the peak (allocated, reserved), when and in which stage it
+    happened, the source line at the top of the live set, and warnings. The replay
+    simulates the caching allocator, so peaks match torch.cuda.max_memory_allocated().
+
+    \b
+    Examples:
+      snapviz analyze snapshot.pickle -o report.html
+      snapviz analyze runs/sdxl-fp16/ --markdown - > issue.md
+      snapviz analyze trace.json.gz --json summary.json
+    """
+    _outputs_clash(html_out, md_out if md_out != "-" else None, json_out if json_out != "-" else None)
+    from snapviz.load import load
+    from snapviz.render.output import write_atomic
+
+    run = load(input)
+    if run.snapshot is None:
+        from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
+        tan = analyze_trace_run(run)
+        doc = trace_summary_dict(tan)
+        html_builder = None
+        if html_out:
+            from snapviz.render.html import render_trace_html
+            html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
+    else:
+        from snapviz.analyses.summary import analyze_run, summary_dict
+        an = analyze_run(run, device=device, stage_source=stage_source, rules_path=rules_path)
+        doc = summary_dict(an)
+        html_builder = None
+        if html_out:
+            from snapviz.render.html import render_html
+            html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
+    _emit(doc, html_out, html_builder, md_out, json_out, quiet)
+
+
+def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None, quiet: bool) -> None:
+    from snapviz.render.json_summary import render_json
+    from snapviz.render.markdown import render_markdown
+    from snapviz.render.output import write_atomic
+    from snapviz.render.terminal import render_terminal
+
+    # Render everything first, then write: a failure leaves no partial outputs.
+    outputs: list[tuple[str, str]] = []
+    if json_out:
+        outputs.append((json_out, render_json(doc)))
+    if md_out:
+        outputs.append((md_out, render_markdown(doc)))
+    if html_out:
+        outputs.append((html_out, html_builder()))
+    for path, text in outputs:
+        if path == "-":
+            click.echo(text, nl=False)
+        else:
+            write_atomic(path, text)
+    if not quiet and not (json_out == "-" or md_out == "-"):
+        click.echo(render_terminal(doc), nl=False, err=False)
+        for path, _ in outputs:
+            if path != "-":
+                click.echo(f"  wrote {path}")
+
+
+def _register_optional() -> None:
+    """Verbs that live in other modules (kept importable without torch)."""
+    try:
+        from snapviz.cli_compare import check, compare
+    except ImportError:
+        pass
+    else:
+        cli.add_command(compare)
+        cli.add_command(check)
+    try:
+        from collectors.cli import collect
+    except ImportError:
+        pass
+    else:
+        cli.add_command(collect)
+
+
+_register_optional()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: maps errors to exit codes, never a traceback for bad input."""
+    try:
+        rv = cli.main(args=argv, prog_name="snapviz", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("snapviz: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
+    except InputError as exc:
+        click.echo(f"snapviz: error: {exc}", err=True)
+        sys.exit(2)
+    except CheckFailed as exc:
+        if str(exc):
+            click.echo(str(exc), err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("snapviz: interrupted", err=True)
+        sys.exit(130)
+    except MemoryError:
+        click.echo("snapviz: error: out of memory while reading the input", err=True)
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - one line for users; SNAPVIZ_DEBUG=1 shows the traceback
+        if os.environ.get("SNAPVIZ_DEBUG"):
+            raise
+        detail = str(exc).splitlines()[0] if str(exc) else ""
+        click.echo(f"snapviz: error: could not process the input ({type(exc).__name__}: {detail}); "
+                   "if the input is valid this is a snapviz bug: rerun with SNAPVIZ_DEBUG=1 and report it", err=True)
+        sys.exit(2)
+    if isinstance(rv, int) and rv:
+        sys.exit(rv)
+    sys.exit(0)

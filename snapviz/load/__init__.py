@@ -1,0 +1,107 @@
+"""Files in, model out: snapshot pickles, Chrome traces and run directories."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from snapviz.errors import InputError
+from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
+from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.model import Snapshot
+
+SNAPSHOT_NAMES = ("snapshot.pickle", "snapshot.pickle.gz", "snapshot.pickle.xz", "snapshot.pickle.zst", "snapshot.pkl")
+TRACE_NAMES = ("trace.json.gz", "trace.json")
+
+
+@dataclass
+class Run:
+    """Everything known about one run: a snapshot, a Chrome trace, and/or ``run.json``."""
+
+    source: str
+    label: str
+    snapshot: Snapshot | None
+    trace: Any | None            # snapviz.load.chrome_trace.ChromeTrace
+    run: dict[str, Any] | None   # run.json (schema snapviz.run/1)
+
+    # Convenience: the snapshot's tables, for ``snapviz.load(p).events`` and friends.
+    def __getattr__(self, name: str) -> Any:
+        snap = self.__dict__.get("snapshot")
+        if snap is not None and hasattr(snap, name):
+            return getattr(snap, name)
+        raise AttributeError(name)
+
+
+def _read_run_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable run.json ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("snapviz.run/"):
+        raise InputError(f"{path}: not a snapviz run.json (no 'schema': 'snapviz.run/1')")
+    return data
+
+
+def _sniff(path: str) -> str:
+    """'trace' for Chrome trace JSON, 'json' for other JSON, 'pickle' otherwise."""
+    try:
+        with open_decompressed(path) as f:
+            head = f.read(4096)
+    except InputError:
+        raise
+    except (OSError, EOFError, ValueError) as exc:  # bad gzip/xz header and the like
+        raise InputError(f"{path}: corrupt compressed file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    stripped = head.lstrip()
+    if stripped[:1] in (b"{", b"["):
+        return "trace" if (b"traceEvents" in head or b"schemaVersion" in head) else "json"
+    return "pickle"
+
+
+def load_snapshot(path: str) -> Snapshot:
+    """A snapshot pickle (any compression) as the columnar model."""
+    return snapshot_from_dict(safe_load_pickle(path), source=path)
+
+
+def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
+    """Load a snapshot pickle, a Chrome trace, or a run directory (``run.json`` + files)."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise InputError(f"{p}: no such file or directory")
+    run_json: dict[str, Any] | None = None
+    snap_path = trace_path = None
+    if os.path.isdir(p):
+        rj = os.path.join(p, "run.json")
+        if not os.path.isfile(rj):
+            raise InputError(f"{p}: is a directory without run.json (pass a snapshot file, a trace, or a run directory)")
+        run_json = _read_run_json(rj)
+        snap_path = next((os.path.join(p, n) for n in SNAPSHOT_NAMES if os.path.isfile(os.path.join(p, n))), None)
+        trace_path = next((os.path.join(p, n) for n in TRACE_NAMES if os.path.isfile(os.path.join(p, n))), None)
+        if snap_path is None and trace_path is None:
+            raise InputError(f"{p}: run directory holds neither a snapshot nor a trace")
+    else:
+        kind = _sniff(p)
+        if kind == "json":
+            if os.path.basename(p) == "run.json":
+                return load(os.path.dirname(p) or ".", label)
+            raise InputError(f"{p}: JSON, but neither a Chrome trace nor a snapviz run.json")
+        if kind == "trace":
+            trace_path = p
+        else:
+            snap_path = p
+        # A snapshot or trace inside a run directory picks up the run's sidecar.
+        sidecar = os.path.join(os.path.dirname(p), "run.json")
+        base = os.path.basename(p)
+        if os.path.isfile(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
+            run_json = _read_run_json(sidecar)
+    snapshot = load_snapshot(snap_path) if snap_path else None
+    trace = None
+    if trace_path:
+        from snapviz.load.chrome_trace import load_chrome_trace
+        trace = load_chrome_trace(trace_path)
+    if snapshot is not None:
+        snapshot.run = run_json
+        snapshot.trace_path = trace_path
+    name = label or (os.path.basename(os.path.normpath(p)) if os.path.isdir(p) else os.path.basename(p))
+    return Run(source=p, label=name, snapshot=snapshot, trace=trace, run=run_json)

@@ -1,0 +1,414 @@
+"""torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
+
+The parser streams: ``ijson`` (C backend ``yajl2_c`` when installed) hands over one
+small batch of event dicts per chunk of input, we keep the few fields we need in
+``array.array`` columns and interned string codes, and drop the dicts. A 500 MB trace
+therefore never exists as a list of Python dicts (that would take ~10x its size in RSS).
+
+Time axis (reference §2.6, §5.1): ``ts`` is µs relative to ``baseTimeNanoseconds``;
+every ``*_us`` column here is absolute Unix µs, ``ts + base_us``, the same clock as a
+snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``ts``.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from typing import IO, Any, Iterator
+
+import ijson
+import numpy as np
+import pandas as pd
+
+from snapviz.errors import InputError
+
+__all__ = ["ChromeTrace", "load_chrome_trace", "looks_like_chrome_trace"]
+
+MEMORY_EVENT_NAME = "[memory]"   # torch.autograd.profiler_util.MEMORY_EVENT_NAME
+CHUNK_BYTES = 1 << 20            # ~3000 events per batch: small RSS, few Python round trips
+HEAD_LIMIT_BYTES = 64 << 20      # "traceEvents" must start within this many bytes
+TAIL_WINDOW_BYTES = 4 << 20      # keys after the events array must fit in this window
+_GZIP_MAGIC = b"\x1f\x8b"
+_TRACE_EVENTS_KEY = b'"traceEvents"'
+_INT64_MAX = (1 << 63) - 1
+
+
+@dataclass
+class ChromeTrace:
+    """A loaded Chrome trace; all times are absolute Unix µs (``ts + base_us``).
+
+    Tables:
+
+    * ``memory``: ``[memory]`` instant events, sorted by time (stable): ``time_us``,
+      ``device_type`` (int8, 0 CPU, 1 CUDA), ``device_id`` (int16, -1 for CPU),
+      ``bytes`` (int64, negative on free), ``addr``, ``total_allocated``,
+      ``total_reserved``, ``tid`` (int64; the allocating thread).
+    * ``annotations``: ``record_function`` ranges (``cat == "user_annotation"``):
+      ``name`` (categorical), ``start_us``, ``end_us``, ``tid``, ``pid``.
+    * ``ops``: ``cat == "cpu_op"``: ``name``, ``start_us``, ``end_us``, ``tid``,
+      ``input_dims`` and ``input_types`` (categoricals of the JSON text of
+      ``Input Dims`` / ``Input type``, ``""`` when shapes were not recorded).
+    * ``python_functions``: ``cat == "python_function"``: ``name``, ``start_us``,
+      ``end_us``, ``tid``.
+
+    ``meta`` holds every top-level key except ``traceEvents``; ``event_count`` is the
+    number of entries in ``traceEvents`` (kept or not).
+    """
+
+    source: str
+    meta: dict[str, Any]
+    base_us: float
+    memory: pd.DataFrame
+    annotations: pd.DataFrame
+    ops: pd.DataFrame
+    python_functions: pd.DataFrame
+    event_count: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _one_line(exc: BaseException) -> str:
+    """yajl's messages span several lines with a caret diagram; keep the first."""
+    text = str(exc).strip()
+    if text.startswith(("b'", 'b"')):
+        text = text[2:]
+    text = text.replace("\\n", "\n").splitlines()[0] if text else type(exc).__name__
+    return text.strip().rstrip(".")
+
+
+def _open(path: str) -> IO[bytes]:
+    """The decompressed byte stream; gzip is recognised by its magic, not the suffix."""
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, not a Chrome trace file")
+    try:
+        raw = open(path, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    if raw.read(2) == _GZIP_MAGIC:
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    raw.seek(0)
+    return raw
+
+
+def _chunks(path: str, stream: IO[bytes]) -> Iterator[bytes]:
+    """Decompressed chunks; compression damage becomes one InputError line."""
+    with stream:
+        while True:
+            try:
+                chunk = stream.read(CHUNK_BYTES)
+            except EOFError:  # gzip stream cut short
+                raise InputError(f"{path}: truncated gzip file (compressed stream ended early)") from None
+            except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+                raise InputError(f"{path}: corrupt gzip file ({_one_line(exc)})") from None
+            if not chunk:
+                return
+            yield chunk
+
+
+def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` (optionally gzipped) starts like a Chrome trace JSON object.
+
+    Sniffs only the first 64 KiB: a ``{`` first, then ``"traceEvents"`` or
+    ``"schemaVersion"``. Never raises; unreadable files are simply not traces.
+    """
+    p = os.fspath(path)
+    try:
+        with _open(p) as f:
+            head = f.read(64 << 10)
+    except (InputError, OSError, EOFError, zlib.error):
+        return False
+    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
+    return head[:1] == b"{" and (b'"traceEvents"' in head or b'"schemaVersion"' in head)
+
+
+# --------------------------------------------------------------------------- meta
+
+
+def _head_meta(head: bytes) -> tuple[dict[str, Any], bool] | None:
+    """Top-level keys before ``"traceEvents"``, and whether its value is a list.
+
+    ``None`` while the key has not been seen (more input needed). An occurrence of the
+    string inside an earlier value is skipped because the text before it is not then a
+    complete object's member list.
+    """
+    start = 0
+    while True:
+        pos = head.find(_TRACE_EVENTS_KEY, start)
+        if pos < 0:
+            return None
+        start = pos + 1
+        after = head[pos + len(_TRACE_EVENTS_KEY):].lstrip()
+        if len(after) < 2:
+            return None  # the ':' and the value's first byte are in the next chunk
+        members = head[:pos].rstrip()
+        if members.endswith(b","):
+            members = members[:-1]
+        try:
+            meta = json.loads(members + b"}")
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and after[:1] == b":":
+            return meta, after[1:].lstrip()[:1] == b"["
+        # a nested '"traceEvents"' or a string value: keep looking
+
+
+def _tail_meta(tail: bytes) -> dict[str, Any] | None:
+    """Top-level keys after the events array, from the last bytes of the document.
+
+    The array ends at the earliest ``]`` whose remainder parses as the rest of an
+    object (``, "k": v ... }``); a ``]`` inside the last events leaves unbalanced
+    brackets behind it and fails. ``None`` when no candidate fits in the window.
+    """
+    best: dict[str, Any] | None = None
+    misses = 0
+    pos = len(tail)
+    # Walk backwards: the true end is usually within the last few hundred bytes.
+    # Keep the earliest fitting candidate; stop after a long run of misses (inside events).
+    while misses < 256:
+        pos = tail.rfind(b"]", 0, pos)
+        if pos < 0:
+            break
+        rest = tail[pos + 1:].lstrip()
+        if rest[:1] == b",":
+            text = b"{" + rest[1:]
+        elif rest[:1] == b"}":
+            text = rest
+        else:
+            misses += 1
+            continue
+        try:
+            val = json.loads(text)
+        except ValueError:
+            misses += 1
+            continue
+        if isinstance(val, dict):
+            best, misses = val, 0
+    return best
+
+
+# --------------------------------------------------------------------------- columns
+
+
+class _Interner:
+    """String -> dense int code; the strings become a categorical's categories."""
+
+    __slots__ = ("codes",)
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+
+    def __call__(self, s: str) -> int:
+        code = self.codes.get(s)
+        if code is None:
+            code = self.codes[s] = len(self.codes)
+        return code
+
+    def categorical(self, codes: array) -> pd.Categorical:
+        cats = list(self.codes)
+        return pd.Categorical.from_codes(np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, np.int32), categories=pd.Index(cats, dtype=object))
+
+
+def _int(v: Any, default: int = -1) -> int:
+    """Event ids (pid/tid/args) as int64; kineto sometimes writes strings."""
+    if type(v) is not int:
+        try:
+            v = int(v)
+        except (TypeError, ValueError, OverflowError):
+            return default
+    if -_INT64_MAX <= v <= _INT64_MAX:
+        return v
+    # Addresses above 2**63 keep their bit pattern (as a C uint64 -> int64 cast would).
+    return v - (1 << 64) if _INT64_MAX < v < (1 << 64) else default
+
+
+class _Columns:
+    """Append-only columns for the event kinds we keep (arrays of C scalars, no objects)."""
+
+    def __init__(self) -> None:
+        # memory
+        self.m_ts, self.m_dtype, self.m_did = array("d"), array("b"), array("h")
+        self.m_bytes, self.m_addr, self.m_alloc, self.m_res, self.m_tid = (array("q") for _ in range(5))
+        # annotations
+        self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = array("i"), array("d"), array("d"), array("q"), array("q")
+        self.a_names = _Interner()
+        # ops
+        self.o_name, self.o_ts, self.o_dur, self.o_tid = array("i"), array("d"), array("d"), array("q")
+        self.o_dims, self.o_types = array("i"), array("i")
+        self.o_names, self.o_dims_s, self.o_types_s = _Interner(), _Interner(), _Interner()
+        self.o_dims_s("")
+        self.o_types_s("")
+        # python functions
+        self.p_name, self.p_ts, self.p_dur, self.p_tid = array("i"), array("d"), array("d"), array("q")
+        self.p_names = _Interner()
+        self.count = 0
+
+    def add(self, events: list[Any]) -> None:
+        """Keep the fields we need from one batch of parsed event dicts."""
+        self.count += len(events)
+        for ev in events:
+            if type(ev) is not dict:
+                continue
+            cat = ev.get("cat")
+            if cat == "cpu_op":
+                args = ev.get("args") or {}
+                dims = args.get("Input Dims")
+                types = args.get("Input type")
+                self.o_name.append(self.o_names(str(ev.get("name", ""))))
+                self.o_ts.append(float(ev.get("ts", 0.0)))
+                self.o_dur.append(float(ev.get("dur", 0.0)))
+                self.o_tid.append(_int(ev.get("tid")))
+                # repr() of nested int lists is already their JSON text, ~3x faster than json.dumps.
+                self.o_dims.append(self.o_dims_s(_json_text(dims)) if dims is not None else 0)
+                self.o_types.append(self.o_types_s(_json_text(types)) if types is not None else 0)
+            elif cat == "python_function":
+                self.p_name.append(self.p_names(str(ev.get("name", ""))))
+                self.p_ts.append(float(ev.get("ts", 0.0)))
+                self.p_dur.append(float(ev.get("dur", 0.0)))
+                self.p_tid.append(_int(ev.get("tid")))
+            elif ev.get("name") == MEMORY_EVENT_NAME:  # by name: its cat is cpu_instant_event
+                args = ev.get("args") or {}
+                self.m_ts.append(float(ev.get("ts", 0.0)))
+                self.m_dtype.append(max(-128, min(127, _int(args.get("Device Type"), 0))))
+                self.m_did.append(max(-32768, min(32767, _int(args.get("Device Id"), -1))))
+                self.m_bytes.append(_int(args.get("Bytes"), 0))
+                self.m_addr.append(_int(args.get("Addr"), 0))
+                self.m_alloc.append(_int(args.get("Total Allocated"), 0))
+                self.m_res.append(_int(args.get("Total Reserved"), 0))
+                self.m_tid.append(_int(ev.get("tid")))
+            elif cat == "user_annotation" and ev.get("ph") == "X":
+                # gpu_user_annotation copies (pid 0, tid = stream) are skipped on purpose.
+                self.a_name.append(self.a_names(str(ev.get("name", ""))))
+                self.a_ts.append(float(ev.get("ts", 0.0)))
+                self.a_dur.append(float(ev.get("dur", 0.0)))
+                self.a_tid.append(_int(ev.get("tid")))
+                self.a_pid.append(_int(ev.get("pid")))
+
+    def frames(self, base_us: float) -> dict[str, pd.DataFrame]:
+        """The four tables, with ``ts`` turned into absolute µs."""
+
+        def f64(a: array) -> np.ndarray:
+            return np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0, np.float64)
+
+        def i64(a: array) -> np.ndarray:
+            return np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+
+        m_time = f64(self.m_ts) + base_us
+        order = np.argsort(m_time, kind="stable")
+        memory = pd.DataFrame({
+            "time_us": m_time[order],
+            "device_type": (np.frombuffer(self.m_dtype, dtype=np.int8) if len(self.m_dtype) else np.zeros(0, np.int8))[order],
+            "device_id": (np.frombuffer(self.m_did, dtype=np.int16) if len(self.m_did) else np.zeros(0, np.int16))[order],
+            "bytes": i64(self.m_bytes)[order],
+            "addr": i64(self.m_addr)[order],
+            "total_allocated": i64(self.m_alloc)[order],
+            "total_reserved": i64(self.m_res)[order],
+            "tid": i64(self.m_tid)[order],
+        })
+
+        def ranges(names: _Interner, codes: array, ts: array, dur: array) -> dict[str, Any]:
+            start = f64(ts) + base_us
+            return {"name": names.categorical(codes), "start_us": start, "end_us": start + f64(dur)}
+
+        annotations = pd.DataFrame({**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur),
+                                    "tid": i64(self.a_tid), "pid": i64(self.a_pid)})
+        ops = pd.DataFrame({**ranges(self.o_names, self.o_name, self.o_ts, self.o_dur), "tid": i64(self.o_tid),
+                            "input_dims": self.o_dims_s.categorical(self.o_dims),
+                            "input_types": self.o_types_s.categorical(self.o_types)})
+        python_functions = pd.DataFrame({**ranges(self.p_names, self.p_name, self.p_ts, self.p_dur),
+                                         "tid": i64(self.p_tid)})
+        return {"memory": memory, "annotations": annotations, "ops": ops, "python_functions": python_functions}
+
+
+def _json_text(value: Any) -> str:
+    """JSON text of a parsed ``Input Dims``/``Input type`` list."""
+    text = repr(value)
+    # repr matches JSON for lists of ints; strings (quotes) and None/True/False do not.
+    if "'" in text or "N" in text or "T" in text or "F" in text:
+        return json.dumps(value)
+    return text
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
+    """Stream-parse a torch.profiler Chrome trace (plain or gzip JSON) into tables.
+
+    Only ``[memory]`` events, ``user_annotation`` / ``cpu_op`` / ``python_function``
+    ranges and the top-level keys are kept. Any unusable input (missing file, not
+    JSON, truncated gzip, JSON without a ``traceEvents`` list) raises
+    :class:`snapviz.errors.InputError` with one line.
+    """
+    p = os.fspath(path)
+    stream = _open(p)
+    cols = _Columns()
+    batch = ijson.sendable_list()
+    coro = ijson.items_coro(batch, "traceEvents.item", use_float=True)
+    head = bytearray()
+    head_meta: tuple[dict[str, Any], bool] | None = None
+    tail: list[bytes] = []   # last chunks, at least TAIL_WINDOW_BYTES of them
+    tail_bytes = 0
+    seen_any = False
+    try:
+        for chunk in _chunks(p, stream):
+            if not seen_any:
+                chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # yajl rejects a UTF-8 BOM
+                first = chunk.lstrip()[:1]
+                if not first:
+                    continue
+                seen_any = True
+                if first == b"[":
+                    raise InputError(f"{p}: a JSON array, not a Chrome trace object with a traceEvents list")
+                if first != b"{":
+                    raise InputError(f"{p}: not JSON (does not start with '{{')")
+            if head_meta is None:
+                head += chunk
+                head_meta = _head_meta(bytes(head))
+                if head_meta is not None:
+                    if not head_meta[1]:
+                        raise InputError(f"{p}: not a Chrome trace (traceEvents is not a list)")
+                    head.clear()
+                elif len(head) > HEAD_LIMIT_BYTES:
+                    raise InputError(f"{p}: not a Chrome trace (no traceEvents in the first {HEAD_LIMIT_BYTES >> 20} MiB)")
+            tail.append(chunk)
+            tail_bytes += len(chunk)
+            while tail_bytes - len(tail[0]) >= TAIL_WINDOW_BYTES:
+                tail_bytes -= len(tail.pop(0))
+            coro.send(chunk)
+            if batch:
+                cols.add(batch)
+                del batch[:]
+        if not seen_any:
+            raise InputError(f"{p}: empty file")
+        coro.close()  # flushes the parser: a document cut short raises here
+        if batch:
+            cols.add(batch)
+    except ijson.IncompleteJSONError as exc:
+        raise InputError(f"{p}: not valid JSON ({_one_line(exc)})") from None
+    except ijson.JSONError as exc:
+        raise InputError(f"{p}: not valid JSON ({_one_line(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{p}: not valid JSON (bad UTF-8: {_one_line(exc)})") from None
+    if head_meta is None:
+        raise InputError(f"{p}: not a Chrome trace (no traceEvents list)")
+
+    meta = dict(head_meta[0])
+    notes: list[str] = []
+    after = _tail_meta(b"".join(tail)[-TAIL_WINDOW_BYTES:])
+    if after is None:
+        notes.append(f"keys after traceEvents not read (beyond the last {TAIL_WINDOW_BYTES >> 20} MiB)")
+    else:
+        meta.update(after)
+    base_ns = meta.get("baseTimeNanoseconds")
+    # int / 1000 rounds once, correctly; float(base_ns) first could round twice.
+    base_us = base_ns / 1000 if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0.0
+    tables = cols.frames(base_us)
+    return ChromeTrace(source=p, meta=meta, base_us=base_us, event_count=cols.count, notes=notes, **tables)

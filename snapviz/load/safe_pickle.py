@@ -1,0 +1,101 @@
+"""Load untrusted snapshot pickles without ever executing code.
+
+Snapshots from ``torch.cuda.memory._dump_snapshot`` hold only builtins (dict, list,
+str, int, float, bool, tuple, None): no GLOBAL/STACK_GLOBAL opcode is needed, so an
+unpickler whose ``find_class`` always refuses loads every real snapshot and blocks
+every ``__reduce__`` payload before it can run.
+"""
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import os
+import pickle
+from typing import IO, Any
+
+from snapviz.errors import InputError
+
+_GZIP = b"\x1f\x8b"
+_XZ = b"\xfd7zXZ\x00"
+_BZ2 = b"BZh"
+_ZSTD = b"\x28\xb5\x2f\xfd"
+
+
+class _RefuseGlobals(pickle.Unpickler):
+    """C-speed unpickler (subclass of ``_pickle.Unpickler``) that refuses every global."""
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401
+        raise InputError(
+            f"refusing to load: the pickle asks for {module}.{name}; "
+            "memory snapshots contain plain data only (this file may be malicious)"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise InputError("refusing to load: the pickle uses persistent ids, which snapshots never do")
+
+
+def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
+    try:
+        import zstandard  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
+        except ImportError as exc:
+            raise InputError(
+                "the file is zstd-compressed; install 'zstandard' or decompress it first"
+            ) from exc
+        return zstd.ZstdFile(raw)  # type: ignore[no-any-return]
+    return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
+
+
+def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension."""
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        raise InputError(f"{p}: is a directory, not a snapshot file (and not a run directory)")
+    try:
+        raw = open(p, "rb")
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot open ({exc.strerror or exc})") from None
+    head = raw.read(6)
+    raw.seek(0)
+    if head.startswith(_GZIP):
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if head.startswith(_XZ):
+        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
+    if head.startswith(_BZ2):
+        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
+    if head.startswith(_ZSTD):
+        return _zstd_reader(raw)
+    return raw
+
+
+def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
+    """Unpickle ``path`` (protocols 0-5, optionally compressed) with globals refused.
+
+    Every failure becomes an :class:`InputError` carrying one readable line.
+    """
+    p = os.fspath(path)
+    f = open_decompressed(p)
+    try:
+        with f:
+            buffered = f if isinstance(f, io.BufferedReader) else io.BufferedReader(f, 1 << 20)  # type: ignore[arg-type]
+            first = buffered.peek(1)[:1]
+            if not first:
+                raise InputError(f"{p}: empty file")
+            return _RefuseGlobals(buffered).load()
+    except InputError as exc:
+        msg = str(exc)
+        raise InputError(msg if msg.startswith(p) else f"{p}: {msg}") from None
+    except RecursionError:
+        raise InputError(f"{p}: pickle nests too deeply to be a snapshot") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
+            AttributeError, lzma.LZMAError, OSError, UnicodeDecodeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, EOFError) or "truncated" in detail.lower() or "ran out of input" in detail.lower():
+            raise InputError(f"{p}: truncated or incomplete snapshot pickle ({detail})") from None
+        raise InputError(f"{p}: not a readable snapshot pickle ({detail})") from None

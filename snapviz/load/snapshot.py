@@ -1,0 +1,208 @@
+"""Turn a snapshot dict (any torch 2.x layout) into the columnar :class:`Snapshot`.
+
+Tolerates schema drift: missing ``frames``/``addr``/``time_us``/``user_metadata``,
+unknown keys, ``active_pending_free``/``active_awaiting_free``, ``pool_id``, OOM
+entries with ``device_free``, the legacy list-of-segments layout and pre-2.1 blocks
+that keep their stack under ``history``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from snapviz.errors import InputError
+from snapviz.model import ACTION_CODE, A_OTHER, Snapshot
+
+
+class _Interner:
+    """Frames and stacks interned once. Frame lists are shared objects in the pickle, so a
+    stack is first looked up by the list's identity (cheap) and only then by value."""
+
+    def __init__(self) -> None:
+        self.by_identity: dict[int, int] = {}
+        self.keep_alive: list[Any] = []
+        self.stack_by_value: dict[tuple[int, ...], int] = {}
+        self.stacks: list[tuple[int, ...]] = []
+        self.frame_by_value: dict[tuple[str, str, int], int] = {}
+        self.frame_rows: list[tuple[str, str, int]] = []
+
+    def stack_id(self, frames: Any) -> int:
+        if not frames:
+            return -1
+        key = id(frames)
+        sid = self.by_identity.get(key)
+        if sid is not None:
+            return sid
+        ids = []
+        for fr in frames:
+            if not isinstance(fr, dict):
+                continue
+            fv = (str(fr.get("name", "?")), str(fr.get("filename", "")), int(fr.get("line", 0) or 0))
+            fid = self.frame_by_value.get(fv)
+            if fid is None:
+                fid = len(self.frame_rows)
+                self.frame_by_value[fv] = fid
+                self.frame_rows.append(fv)
+            ids.append(fid)
+        tup = tuple(ids)
+        sid = self.stack_by_value.get(tup)
+        if sid is None:
+            sid = len(self.stacks)
+            self.stack_by_value[tup] = sid
+            self.stacks.append(tup)
+        self.by_identity[key] = sid
+        self.keep_alive.append(frames)  # ids stay unique only while the object lives
+        return sid
+
+
+def _block_frames(block: dict[str, Any]) -> Any:
+    fr = block.get("frames")
+    if fr:
+        return fr
+    hist = block.get("history")  # pre-2.1: [{"real_size", "frames"?}, ...]
+    if isinstance(hist, list) and hist and isinstance(hist[-1], dict):
+        return hist[-1].get("frames")
+    return None
+
+
+def _as_int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+def _pool_str(v: Any) -> str:
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        return f"{_as_int(v[0])},{_as_int(v[1])}"
+    return "0,0"
+
+
+def snapshot_from_dict(data: Any, source: str) -> Snapshot:
+    """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
+    notes: list[str] = []
+    if isinstance(data, list):
+        if data and not all(isinstance(s, dict) and "blocks" in s for s in data[:50]):
+            raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (a list that is not a list of segments)")
+        data = {"segments": data, "device_traces": []}
+        notes.append("legacy layout (list of segments): no trace history, end state only")
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (top level is {type(data).__name__})")
+    if "segments" not in data and "device_traces" not in data:
+        keys = ", ".join(sorted(map(str, data.keys()))[:6]) or "no keys"
+        raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (keys: {keys})")
+    segments_raw = data.get("segments") or []
+    traces_raw = data.get("device_traces")
+    if traces_raw is None:
+        traces_raw = data.get("traces") or []  # _memory_viz._read's legacy wrapper key
+    if not isinstance(segments_raw, list) or not isinstance(traces_raw, list):
+        raise InputError(f"{source}: malformed snapshot ('segments' and 'device_traces' must be lists)")
+
+    interner = _Interner()
+    strings: list[str] = [""]
+    string_ids: dict[str, int] = {"": 0}
+
+    def sid(s: Any) -> int:
+        if s is None:
+            return 0
+        if not isinstance(s, str):
+            s = str(s)
+        i = string_ids.get(s)
+        if i is None:
+            i = len(strings)
+            string_ids[s] = i
+            strings.append(s)
+        return i
+
+    ev_cols: dict[str, list[np.ndarray]] = {k: [] for k in (
+        "device", "idx", "time_us", "action", "addr", "size", "stream", "stack_id",
+        "metadata_id", "compile_id", "device_free")}
+    for dev, entries in enumerate(traces_raw):
+        if not entries:
+            continue
+        if not isinstance(entries, list):
+            raise InputError(f"{source}: malformed snapshot (device_traces[{dev}] is not a list)")
+        entries = [e for e in entries if isinstance(e, dict)]
+        n = len(entries)
+        if n == 0:
+            continue
+        codes = ACTION_CODE
+        ev_cols["device"].append(np.full(n, dev, dtype=np.int16))
+        ev_cols["idx"].append(np.arange(n, dtype=np.int64))
+        ev_cols["time_us"].append(np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n))
+        ev_cols["action"].append(np.fromiter((codes.get(e.get("action"), A_OTHER) for e in entries), np.int8, n))
+        ev_cols["addr"].append(np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n))
+        ev_cols["size"].append(np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n))
+        ev_cols["stream"].append(np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n))
+        st = interner.stack_id
+        ev_cols["stack_id"].append(np.fromiter((st(e.get("frames")) for e in entries), np.int32, n))
+        ev_cols["metadata_id"].append(np.fromiter((sid(e.get("user_metadata", "")) for e in entries), np.int32, n))
+        ev_cols["compile_id"].append(np.fromiter((sid(e.get("compile_context", "")) for e in entries), np.int32, n))
+        ev_cols["device_free"].append(np.fromiter((_as_int(e.get("device_free", -1), -1) for e in entries), np.int64, n))
+    dtypes = {"device": np.int16, "idx": np.int64, "time_us": np.int64, "action": np.int8, "addr": np.int64,
+              "size": np.int64, "stream": np.int64, "stack_id": np.int32, "metadata_id": np.int32,
+              "compile_id": np.int32, "device_free": np.int64}
+    events = pd.DataFrame({k: (np.concatenate(v) if v else np.empty(0, dtypes[k])) for k, v in ev_cols.items()})
+    if (events["time_us"] < 0).all() and len(events):
+        notes.append("trace entries carry no time_us (torch < 2.2): the time axis is the event index")
+
+    seg_rows: list[tuple[Any, ...]] = []
+    blk_rows: list[tuple[Any, ...]] = []
+    for si, seg in enumerate(segments_raw):
+        if not isinstance(seg, dict):
+            continue
+        addr = _as_int(seg.get("address", 0))
+        seg_rows.append((
+            _as_int(seg.get("device", 0)), addr, _as_int(seg.get("total_size", 0)),
+            _as_int(seg.get("allocated_size", 0)), _as_int(seg.get("requested_size", 0)),
+            _as_int(seg.get("stream", 0)), str(seg.get("segment_type", "large")),
+            _pool_str(seg.get("segment_pool_id")), bool(seg.get("is_expandable", False)),
+            interner.stack_id(seg.get("frames")),
+        ))
+        baddr = addr
+        for b in seg.get("blocks") or []:
+            if not isinstance(b, dict):
+                continue
+            size = _as_int(b.get("size", 0))
+            state = str(b.get("state", "inactive"))
+            if state == "active_awaiting_free":  # the docstring's spelling of the C++ state
+                state = "active_pending_free"
+            blk_rows.append((
+                len(seg_rows) - 1, _as_int(seg.get("device", 0)), _as_int(b.get("address", baddr)), size,
+                _as_int(b.get("requested_size", size)), state, interner.stack_id(_block_frames(b)),
+            ))
+            baddr += size
+    segments = pd.DataFrame(seg_rows, columns=["device", "address", "total_size", "allocated_size", "requested_size",
+                                               "stream", "segment_type", "pool_id", "is_expandable", "stack_id"])
+    blocks = pd.DataFrame(blk_rows, columns=["segment", "device", "address", "size", "requested_size", "state", "stack_id"])
+    for df, cols in ((segments, ("device", "address", "total_size", "allocated_size", "requested_size", "stream", "stack_id")),
+                     (blocks, ("segment", "device", "address", "size", "requested_size", "stack_id"))):
+        for c in cols:
+            df[c] = df[c].astype(np.int64)
+    blocks["state"] = pd.Categorical(blocks["state"], categories=["active_allocated", "active_pending_free", "inactive"])
+
+    ann_rows = []
+    for a in data.get("external_annotations") or []:
+        if isinstance(a, dict) and "name" in a:
+            ann_rows.append((_as_int(a.get("device", 0)), _as_int(a.get("time_us", -1), -1), str(a["name"]), str(a.get("stage", ""))))
+    annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
+    annotations["time_us"] = annotations["time_us"].astype(np.int64)
+
+    frames = pd.DataFrame(interner.frame_rows, columns=["name", "filename", "line"])
+    frames.insert(0, "frame_id", np.arange(len(frames), dtype=np.int32))
+    lens = [len(s) for s in interner.stacks]
+    stack_frames = pd.DataFrame({
+        "stack_id": np.repeat(np.arange(len(interner.stacks), dtype=np.int32), lens),
+        "depth": np.concatenate([np.arange(n, dtype=np.int32) for n in lens]) if lens else np.empty(0, np.int32),
+        "frame_id": np.fromiter((f for s in interner.stacks for f in s), np.int32, sum(lens)),
+    })
+    settings = data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict) else {}
+    return Snapshot(source=source, events=events, frames=frames, stack_frames=stack_frames, stacks=interner.stacks,
+                    strings=strings, segments=segments, blocks=blocks, annotations=annotations,
+                    allocator_settings=dict(settings), format_notes=notes)

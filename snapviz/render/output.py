@@ -1,0 +1,24 @@
+"""Atomic output: write to a temp file beside the target, then rename (no half-written files)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+
+def write_atomic(path: str, data: str | bytes) -> None:
+    target = os.path.abspath(path)
+    d = os.path.dirname(target)
+    if not os.path.isdir(d):
+        from snapviz.errors import InputError
+        raise InputError(f"{path}: output directory does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=".snapviz-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

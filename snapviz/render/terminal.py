@@ -1,0 +1,32 @@
+"""Short terminal summary: the peak, its stage and the biggest contributors at a glance."""
+from __future__ import annotations
+
+from typing import Any
+
+from snapviz.render.fmt import fmt_bytes
+
+
+def render_terminal(doc: dict[str, Any]) -> str:
+    p, h = doc["peak"], doc["history"]
+    lines = [f"snapviz: {doc['source']} (device {doc['device']}, {h['events']:,} events, stages from {doc['stage_source']})"]
+    window = " within the recorded window" if p.get("within_recorded_window") else ""
+    lines.append(f"  peak allocated {fmt_bytes(p['allocated_bytes'])} ({p['allocated_bytes']:,} B){window} "
+                 f"in {p['stage']} at event {p['event_index']:,}")
+    lines.append(f"  peak reserved  {fmt_bytes(p['reserved_bytes'])}   requested {fmt_bytes(p['requested_bytes'])}")
+    truth = doc.get("allocator_truth") or {}
+    if truth.get("max_memory_allocated"):
+        t = truth["max_memory_allocated"]
+        diff = p["allocated_bytes"] - t
+        lines.append(f"  allocator said {fmt_bytes(t)} ({'exact match' if diff == 0 else f'replay differs by {diff:+,} B'})")
+    stages = doc.get("stages") or []
+    if stages:
+        lines.append("  stages: " + "  ".join(f"{s['name']} {fmt_bytes(s['peak_allocated_bytes'])}" for s in stages[:8]))
+    top = doc.get("top_allocations") or []
+    if top:
+        lines.append(f"  top of the peak: {fmt_bytes(top[0]['bytes'])} at {top[0]['site']}")
+    att = doc.get("attention") or {}
+    if att.get("count"):
+        lines.append(f"  attention scores: {att['count']} materialized, largest {fmt_bytes(att['largest']['bytes'])} {att['largest'].get('shape')}")
+    for w in doc.get("warnings") or []:
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines) + "\n"
