@@ -94,14 +94,6 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     free_end: dict[int, int] = {}                 # end -> start
     live: dict[int, tuple[int, int, int, int]] = {}   # addr -> (block size, requested, seg, alloc row)
     pending: dict[int, tuple[int, int, int, int]] = {}
-    seg_keys: dict[int, int] = {}                  # segment start -> key (a fresh key per segment_alloc)
-
-    allocated_s = np.zeros(n, np.int64)
-    reserved_s = np.zeros(n, np.int64)
-    requested_s = np.zeros(n, np.int64)
-    block_size = np.zeros(n, np.int64)
-    free_row = np.full(n, n, np.int64)     # for allocs: row of the free_requested that ends them
-    alloc_row = np.full(n, -1, np.int64)   # for frees: row of the matching alloc
 
     # Segments that predate the trace, for allocs whose cached block is unknown.
     seg_starts = dev_segs["address"].to_numpy() if len(dev_segs) else np.empty(0, np.int64)
@@ -115,10 +107,6 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             return -(int(seg_order[j]) + 2)
         return 0
 
-    allocated = reserved = requested = 0
-    orphans = unknown = 0
-    next_key = 1
-
     def insert_free(start: int, size: int, seg: int) -> None:
         # Merge with the free neighbours of the same segment (never across segments).
         nxt = free_start.get(start + size)
@@ -127,10 +115,11 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             del free_end[start + size + nxt[0]]
             size += nxt[0]
         prv = free_end.get(start)
-        if prv is not None and free_start[prv][1] == seg:
-            psize = free_start[prv][0]
-            del free_end[start]
-            start, size = prv, psize + size
+        if prv is not None:
+            pb = free_start[prv]
+            if pb[1] == seg:
+                del free_end[start]
+                start, size = prv, pb[0] + size
         free_start[start] = (size, seg)
         free_end[start + size] = start
 
@@ -155,22 +144,40 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
                 free_start[end] = (fe - end, seg)
                 free_end[fe] = end
 
-    for i in range(n):
-        a = actions[i]
+    # The loop only decides block sizes and pairs allocs with frees; the series are
+    # cumulative sums of per-event deltas, computed vectorized afterwards.
+    delta = [0] * n          # allocated delta (block bytes)
+    rdelta = [0] * n         # requested delta
+    block_size = [0] * n
+    free_row = [n] * n       # for allocs: row of the free that ends them (n: never)
+    alloc_row = [-1] * n     # for frees: row of the matching alloc
+    orphans = unknown = 0
+    next_key = 1
+    acts = actions.tolist()
+    ad = addrs.tolist()
+    sz = sizes.tolist()
+    small_or_exp = expandable_mode
+    for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
+        a = acts[i]
         if a == A_ALLOC:
-            addr = int(addrs[i]); req = int(sizes[i])
+            addr = ad[i]; req = sz[i]
             r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
-            fb = take_free(addr)
+            fb = free_start.pop(addr, None)
             if fb is not None:
                 fsize, seg = fb
+                del free_end[addr + fsize]
                 remaining = fsize - r
-                if r <= SMALL_SIZE or expandable_mode or seg == EXPANDABLE_SEG:
+                if r <= SMALL_SIZE or small_or_exp or seg == EXPANDABLE_SEG:
                     split = remaining >= MIN_BLOCK
                 else:
                     split = r < max_split and remaining > SMALL_SIZE
                 if split:
                     bsize = r
-                    insert_free(addr + r, remaining, seg)
+                    # The remainder keeps the back of the block; its far neighbour was
+                    # already merged, so no merge is needed: insert directly.
+                    rs = addr + r
+                    free_start[rs] = (remaining, seg)
+                    free_end[rs + remaining] = rs
                 else:
                     bsize = fsize
             else:
@@ -181,36 +188,35 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
                 unknown += 1
             live[addr] = (bsize, req, seg, i)
             block_size[i] = bsize
-            allocated += bsize
-            requested += req
+            delta[i] = bsize
+            rdelta[i] = req
         elif a == A_FREE_REQ or a == A_FREE:
-            addr = int(addrs[i])
+            addr = ad[i]
             b = live.pop(addr, None)
             if b is None:
                 orphans += 1
-                bsize = round_size(int(sizes[i]))
-                b = (bsize, int(sizes[i]), 0, -1)
+                b = (round_size(sz[i]), sz[i], 0, -1)
             else:
                 free_row[b[3]] = i
                 alloc_row[i] = b[3]
             block_size[i] = b[0]
-            allocated -= b[0]
-            requested -= b[1]
+            delta[i] = -b[0]
+            rdelta[i] = -b[1]
             if a == A_FREE:
                 if b[2] != 0:
                     insert_free(addr, b[0], b[2])
             else:
                 pending[addr] = b
         elif a == A_FREE_DONE:
-            addr = int(addrs[i])
+            addr = ad[i]
             b = pending.pop(addr, None)
             if b is None:
                 b = live.pop(addr, None)   # free_requested skipped (skip_actions) or lost
                 if b is not None:
                     free_row[b[3]] = i
                     alloc_row[i] = b[3]
-                    allocated -= b[0]
-                    requested -= b[1]
+                    delta[i] = -b[0]
+                    rdelta[i] = -b[1]
                 else:
                     orphans += 1
             if b is not None:
@@ -218,29 +224,26 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
                 if b[2] != 0:
                     insert_free(addr, b[0], b[2])
         elif a == A_SEG_ALLOC:
-            addr = int(addrs[i]); size = int(sizes[i])
             key = next_key; next_key += 1
-            seg_keys[addr] = key
-            insert_free(addr, size, key)
-            reserved += size
+            insert_free(ad[i], sz[i], key)
         elif a == A_SEG_FREE:
-            addr = int(addrs[i]); size = int(sizes[i])
-            fb = take_free(addr)
-            if fb is None or fb[0] != size:
-                carve(addr, size)
-            seg_keys.pop(addr, None)
-            reserved -= size
+            fb = take_free(ad[i])
+            if fb is None or fb[0] != sz[i]:
+                carve(ad[i], sz[i])
         elif a == A_SEG_MAP:
-            addr = int(addrs[i]); size = int(sizes[i])
-            insert_free(addr, size, EXPANDABLE_SEG)
-            reserved += size
+            insert_free(ad[i], sz[i], EXPANDABLE_SEG)
         elif a == A_SEG_UNMAP:
-            addr = int(addrs[i]); size = int(sizes[i])
-            carve(addr, size)
-            reserved -= size
-        allocated_s[i] = allocated
-        reserved_s[i] = reserved
-        requested_s[i] = requested
+            carve(ad[i], sz[i])
+
+    allocated_s = np.cumsum(np.array(delta, dtype=np.int64)) if n else np.zeros(0, np.int64)
+    requested_s = np.cumsum(np.array(rdelta, dtype=np.int64)) if n else np.zeros(0, np.int64)
+    seg_sign = np.select([(actions == A_SEG_ALLOC) | (actions == A_SEG_MAP), (actions == A_SEG_FREE) | (actions == A_SEG_UNMAP)], [1, -1], 0)
+    reserved_s = np.cumsum(seg_sign * sizes) if n else np.zeros(0, np.int64)
+    allocated = int(allocated_s[-1]) if n else 0
+    reserved = int(reserved_s[-1]) if n else 0
+    block_size = np.array(block_size, dtype=np.int64)
+    free_row = np.array(free_row, dtype=np.int64)
+    alloc_row = np.array(alloc_row, dtype=np.int64)
 
     baseline_alloc = final_allocated - allocated if len(snap.segments) else 0
     baseline_res = final_reserved - reserved if len(snap.segments) else 0

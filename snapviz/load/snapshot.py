@@ -7,6 +7,7 @@ that keep their stack under ``history``.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,57 @@ def _pool_str(v: Any) -> str:
     return "0,0"
 
 
+_FAST_KEYS = ("action", "addr", "size", "stream", "time_us")
+
+
+def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any) -> dict[str, np.ndarray]:
+    """Columns of one device's trace entries.
+
+    The fast path pulls the keys every modern entry has with one C-level ``itemgetter``
+    pass; optional keys (frames, metadata) are factorized so each distinct value is
+    interned once. Entries missing a key (OOM entries, old torch) take the slow path.
+    """
+    n = len(entries)
+    try:
+        act = list(map(itemgetter("action"), entries))
+        acodes, auniq = pd.factorize(pd.Series(act, dtype=object), use_na_sentinel=False)
+        del act
+        action = np.array([ACTION_CODE.get(a, A_OTHER) for a in auniq], dtype=np.int8)[acodes]
+        addr_a = np.fromiter(map(itemgetter("addr"), entries), np.int64, n)
+        size_a = np.fromiter(map(itemgetter("size"), entries), np.int64, n)
+        stream_a = np.fromiter(map(itemgetter("stream"), entries), np.int64, n)
+        time_a = np.fromiter(map(itemgetter("time_us"), entries), np.int64, n)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        action = np.fromiter((ACTION_CODE.get(e.get("action"), A_OTHER) for e in entries), np.int8, n)
+        addr_a = np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n)
+        size_a = np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n)
+        stream_a = np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n)
+        time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
+    get = dict.get
+    # Frames: factorize by object identity, intern each distinct list once.
+    frames_col = [get(e, "frames") for e in entries]
+    fcodes, funiq = pd.factorize(np.fromiter(map(id, frames_col), np.int64, n))
+    _, first = np.unique(fcodes, return_index=True)
+    stack_of_code = np.array([interner.stack_id(frames_col[j]) for j in first.tolist()], dtype=np.int32)
+    stack_id = stack_of_code[fcodes] if n else np.empty(0, np.int32)
+    del frames_col
+
+    def interned(key: str, default: str) -> np.ndarray:
+        try:
+            values = list(map(itemgetter(key), entries))
+        except KeyError:
+            values = [get(e, key, default) for e in entries]
+        codes, uniq = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
+        del values
+        return np.array([sid(u) for u in uniq], dtype=np.int32)[codes] if n else np.empty(0, np.int32)
+
+    device_free = np.fromiter((_as_int(get(e, "device_free", -1), -1) for e in entries), np.int64, n) \
+        if (action == ACTION_CODE["oom"]).any() else np.full(n, -1, np.int64)
+    return {"time_us": time_a, "action": action, "addr": addr_a, "size": size_a, "stream": stream_a,
+            "stack_id": stack_id, "metadata_id": interned("user_metadata", ""),
+            "compile_id": interned("compile_context", ""), "device_free": device_free}
+
+
 def snapshot_from_dict(data: Any, source: str) -> Snapshot:
     """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
     notes: list[str] = []
@@ -132,19 +184,11 @@ def snapshot_from_dict(data: Any, source: str) -> Snapshot:
         n = len(entries)
         if n == 0:
             continue
-        codes = ACTION_CODE
+        cols = _entry_columns(entries, interner, sid)
         ev_cols["device"].append(np.full(n, dev, dtype=np.int16))
         ev_cols["idx"].append(np.arange(n, dtype=np.int64))
-        ev_cols["time_us"].append(np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n))
-        ev_cols["action"].append(np.fromiter((codes.get(e.get("action"), A_OTHER) for e in entries), np.int8, n))
-        ev_cols["addr"].append(np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n))
-        ev_cols["size"].append(np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n))
-        ev_cols["stream"].append(np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n))
-        st = interner.stack_id
-        ev_cols["stack_id"].append(np.fromiter((st(e.get("frames")) for e in entries), np.int32, n))
-        ev_cols["metadata_id"].append(np.fromiter((sid(e.get("user_metadata", "")) for e in entries), np.int32, n))
-        ev_cols["compile_id"].append(np.fromiter((sid(e.get("compile_context", "")) for e in entries), np.int32, n))
-        ev_cols["device_free"].append(np.fromiter((_as_int(e.get("device_free", -1), -1) for e in entries), np.int64, n))
+        for k, v in cols.items():
+            ev_cols[k].append(v)
     dtypes = {"device": np.int16, "idx": np.int64, "time_us": np.int64, "action": np.int8, "addr": np.int64,
               "size": np.int64, "stream": np.int64, "stack_id": np.int32, "metadata_id": np.int32,
               "compile_id": np.int32, "device_free": np.int64}
@@ -202,6 +246,7 @@ def snapshot_from_dict(data: Any, source: str) -> Snapshot:
         "depth": np.concatenate([np.arange(n, dtype=np.int32) for n in lens]) if lens else np.empty(0, np.int32),
         "frame_id": np.fromiter((f for s in interner.stacks for f in s), np.int32, sum(lens)),
     })
+    interner.keep_alive.clear()  # identities are no longer looked up
     settings = data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict) else {}
     return Snapshot(source=source, events=events, frames=frames, stack_frames=stack_frames, stacks=interner.stacks,
                     strings=strings, segments=segments, blocks=blocks, annotations=annotations,
