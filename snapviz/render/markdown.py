@@ -12,21 +12,28 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     run = doc.get("run") or {}
     title = " ".join(str(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
                                          run.get("dtype"), "+".join(run.get("techniques") or []) or None) if x)
-    out: list[str] = [f"### GPU memory: {title or doc['source']}", ""]
+    kind = "CPU memory (profiler trace)" if str(doc.get("device")) == "cpu" else "GPU memory"
+    out: list[str] = [f"### {kind}: {title or doc['source']}", ""]
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
     out += ["| | bytes | |", "|---|---:|---|",
             f"| peak allocated{window} | {p['allocated_bytes']:,} | **{fmt_bytes(p['allocated_bytes'])}** in `{p['stage']}` (event {p['event_index']:,}) |",
-            f"| peak reserved | {p['reserved_bytes']:,} | {fmt_bytes(p['reserved_bytes'])} |",
-            f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} (rounding: {fmt_bytes(p['allocated_bytes'] - p['requested_bytes'])}) |"]
+            f"| peak reserved | {p['reserved_bytes']:,} | {fmt_bytes(p['reserved_bytes'])} |"]
+    if p.get("requested_bytes") is not None:
+        out.append(f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} "
+                   f"(rounding: {fmt_bytes(p['allocated_bytes'] - p['requested_bytes'])}) |")
     truth = doc.get("allocator_truth") or {}
     if truth.get("max_memory_allocated"):
         out.append(f"| allocator's own max_memory_allocated | {truth['max_memory_allocated']:,} | {fmt_bytes(truth['max_memory_allocated'])} |")
     out.append("")
     stages = doc.get("stages") or []
     if stages:
-        out += ["| stage | peak allocated | peak reserved | steps |", "|---|---:|---:|---:|"]
+        rss = {s["name"]: max((i.get("rss_peak_bytes") or 0) for i in s.get("intervals", [{}])) for s in stages}
+        has_rss = any(rss.values())
+        out += ["| stage | peak allocated | peak reserved | steps |" + (" peak RSS |" if has_rss else ""),
+                "|---|---:|---:|---:|" + ("---:|" if has_rss else "")]
         for s in stages[:12]:
-            out.append(f"| `{s['name']}` | {fmt_bytes(s['peak_allocated_bytes'])} | {fmt_bytes(s['peak_reserved_bytes'])} | {len(s['steps']) or ''} |")
+            out.append(f"| `{s['name']}` | {fmt_bytes(s['peak_allocated_bytes'])} | {fmt_bytes(s['peak_reserved_bytes'])} | "
+                       f"{len(s['steps']) or ''} |" + (f" {fmt_bytes(rss[s['name']])} |" if has_rss else ""))
         out.append("")
     att = doc.get("attention") or {}
     if att.get("count"):
@@ -50,7 +57,7 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     settings = doc.get("allocator_settings") or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
     out.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "
-               f"history {h['events']:,} events, baseline {fmt_bytes(h['baseline_allocated_bytes'])}; stages from `{doc.get('stage_source')}`.")
+               f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; stages from `{doc.get('stage_source')}`.")
     if run.get("torch_version"):
         out.append(f"Recorded with torch {run['torch_version']} on {run.get('device_name')}.")
     warnings = doc.get("warnings") or []

@@ -12,7 +12,8 @@ def render_terminal(doc: dict[str, Any]) -> str:
     window = " within the recorded window" if p.get("within_recorded_window") else ""
     lines.append(f"  peak allocated {fmt_bytes(p['allocated_bytes'])} ({p['allocated_bytes']:,} B){window} "
                  f"in {p['stage']} at event {p['event_index']:,}")
-    lines.append(f"  peak reserved  {fmt_bytes(p['reserved_bytes'])}   requested {fmt_bytes(p['requested_bytes'])}")
+    lines.append(f"  peak reserved  {fmt_bytes(p['reserved_bytes'])}"
+                 + (f"   requested {fmt_bytes(p['requested_bytes'])}" if p.get("requested_bytes") is not None else ""))
     truth = doc.get("allocator_truth") or {}
     if truth.get("max_memory_allocated"):
         t = truth["max_memory_allocated"]
