@@ -1,9 +1,10 @@
 """torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
 
-The parser streams: ``ijson`` (C backend ``yajl2_c`` when installed) hands over one
-small batch of event dicts per chunk of input, we keep the few fields we need in
-``array.array`` columns and interned string codes, and drop the dicts. A 500 MB trace
-therefore never exists as a list of Python dicts (that would take ~10x its size in RSS).
+The parser streams: ``ijson`` (C backend ``yajl2_c`` when installed) builds one event
+dict at a time, we copy the few fields we need into ``array.array`` columns and
+interned string codes, and drop the dict. A 500 MB trace therefore never exists as a
+list of Python dicts (``json.load`` would need several times its size in RSS); see
+``benchmarks/bench_trace.py`` for the measured speed and peak RSS.
 
 Time axis (reference §2.6, §5.1): ``ts`` is µs relative to ``baseTimeNanoseconds``;
 every ``*_us`` column here is absolute Unix µs, ``ts + base_us``, the same clock as a
@@ -92,11 +93,12 @@ def _open(path: str) -> IO[bytes]:
         raise InputError(f"{path}: no such file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    if raw.read(2) == _GZIP_MAGIC:
+    if raw.read(2) != _GZIP_MAGIC:
         raw.seek(0)
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    raw.seek(0)
-    return raw
+        return raw
+    raw.close()
+    # By filename, so that closing the GzipFile closes the file too (fileobj= would not).
+    return gzip.GzipFile(path, mode="rb")  # type: ignore[return-value]
 
 
 class _TapReader:
@@ -109,9 +111,12 @@ class _TapReader:
         self.path = path
         self.stream = stream
         self.started = False
+        self.offset = 0                       # bytes handed to the parser so far
         self.head = bytearray()
         self.head_meta: dict[str, Any] | None = None
-        self.tail: list[bytes] = []  # the last chunks, at least TAIL_WINDOW_BYTES of them
+        self.head_resume = 0                  # where in head the key search goes on
+        self.events_at = -1                   # offset of the events array's '['
+        self.tail: list[bytes] = []           # the last chunks, >= TAIL_WINDOW_BYTES of them
         self.tail_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -127,14 +132,16 @@ class _TapReader:
             chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # yajl rejects a UTF-8 BOM
             first = chunk.lstrip()[:1]
             if not first:
-                return b" "  # leading whitespace only so far; b"" would mean EOF to ijson
-            self.started = True
-            if first == b"[":
-                raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
-            if first != b"{":
-                raise InputError(f"{self.path}: not JSON (does not start with '{{')")
+                chunk = b" "  # whitespace so far; b"" would mean end of file to ijson
+            else:
+                self.started = True
+                if first == b"[":
+                    raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
+                if first != b"{":
+                    raise InputError(f"{self.path}: not JSON (does not start with '{{')")
         if self.head_meta is None:
             self._scan_head(chunk)
+        self.offset += len(chunk)
         self.tail.append(chunk)
         self.tail_bytes += len(chunk)
         while self.tail_bytes - len(self.tail[0]) >= TAIL_WINDOW_BYTES:
@@ -143,31 +150,37 @@ class _TapReader:
 
     def _scan_head(self, chunk: bytes) -> None:
         self.head += chunk
-        found = _head_meta(bytes(self.head))
+        found, self.head_resume = _head_meta(self.head, self.head_resume)  # no copy: heads can be MBs
         if found is not None:
-            meta, is_list = found
-            if not is_list:
+            meta, bracket = found
+            if bracket < 0:
                 raise InputError(f"{self.path}: not a Chrome trace (traceEvents is not a list)")
             self.head_meta = meta
+            self.events_at = self.offset + len(chunk) - len(self.head) + bracket
             self.head = bytearray()
         elif len(self.head) > HEAD_LIMIT_BYTES:
             raise InputError(f"{self.path}: not a Chrome trace (no traceEvents in the first {HEAD_LIMIT_BYTES >> 20} MiB)")
 
-    def tail_text(self) -> bytes:
-        return b"".join(self.tail)[-TAIL_WINDOW_BYTES:]
+    def after_events_start(self) -> bytes:
+        """The tail window, cut to start inside the events array (never in the head)."""
+        window = b"".join(self.tail)
+        window_at = self.offset - len(window)
+        return window[max(0, self.events_at + 1 - window_at, len(window) - TAIL_WINDOW_BYTES):]
 
 
 def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` (optionally gzipped) starts like a Chrome trace JSON object.
 
-    Sniffs only the first 64 KiB: a ``{`` first, then ``"traceEvents"`` or
-    ``"schemaVersion"``. Never raises; unreadable files are simply not traces.
+    Sniffs the first 64 KiB (decompressed as far as they go, so a truncated gzip trace
+    still counts and then gets its precise error from :func:`load_chrome_trace`): a
+    ``{`` first, then ``"traceEvents"`` or ``"schemaVersion"``. Never raises.
     """
-    p = os.fspath(path)
     try:
-        with _open(p) as f:
+        with open(os.fspath(path), "rb") as f:
             head = f.read(64 << 10)
-    except (InputError, OSError, EOFError, zlib.error):
+        if head[:2] == _GZIP_MAGIC:
+            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 64 << 10)
+    except (OSError, zlib.error):
         return False
     head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     return head[:1] == b"{" and (b'"traceEvents"' in head or b'"schemaVersion"' in head)
@@ -176,22 +189,23 @@ def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
 # --------------------------------------------------------------------------- meta
 
 
-def _head_meta(head: bytes) -> tuple[dict[str, Any], bool] | None:
-    """Top-level keys before ``"traceEvents"``, and whether its value is a list.
+def _head_meta(head: bytes | bytearray, start: int = 0) -> tuple[tuple[dict[str, Any], int] | None, int]:
+    """Top-level keys before ``"traceEvents"`` and the offset in ``head`` of its ``[``.
 
-    ``None`` while the key has not been seen (more input needed). An occurrence of the
-    string inside an earlier value is skipped because the text before it is not then a
-    complete object's member list.
+    Returns ``(found, resume)``: ``found`` is ``(meta, offset)`` (offset -1 when the
+    value is not a list) or ``None`` while more input is needed, and ``resume`` is where
+    the next call should search from, so a long head is scanned once, not per chunk.
+    An occurrence of the string inside an earlier value is skipped: the text before it
+    is not then a complete object's member list.
     """
-    start = 0
     while True:
         pos = head.find(_TRACE_EVENTS_KEY, start)
         if pos < 0:
-            return None
+            return None, max(start, len(head) - len(_TRACE_EVENTS_KEY) + 1)
+        rest = head[pos + len(_TRACE_EVENTS_KEY):].lstrip()
+        if not rest[1:].lstrip():
+            return None, pos  # the ':' or the value's first byte is in the next chunk
         start = pos + 1
-        after = head[pos + len(_TRACE_EVENTS_KEY):].lstrip()
-        if len(after) < 2:
-            return None  # the ':' and the value's first byte are in the next chunk
         members = head[:pos].rstrip()
         if members.endswith(b","):
             members = members[:-1]
@@ -199,9 +213,10 @@ def _head_meta(head: bytes) -> tuple[dict[str, Any], bool] | None:
             meta = json.loads(members + b"}")
         except ValueError:
             continue
-        if isinstance(meta, dict) and after[:1] == b":":
-            return meta, after[1:].lstrip()[:1] == b"["
-        # a nested '"traceEvents"' or a string value: keep looking
+        if not isinstance(meta, dict) or rest[:1] != b":":
+            continue  # a nested '"traceEvents"' or a string value: keep looking
+        value = rest[1:].lstrip()
+        return (meta, (len(head) - len(value)) if value[:1] == b"[" else -1), pos
 
 
 def _tail_meta(tail: bytes) -> dict[str, Any] | None:
@@ -233,7 +248,7 @@ def _tail_meta(tail: bytes) -> dict[str, Any] | None:
         except ValueError:
             misses += 1
             continue
-        if isinstance(val, dict):
+        if isinstance(val, dict) and "traceEvents" not in val:
             best, misses = val, 0
     return best
 
@@ -370,8 +385,9 @@ class _Columns:
         })
 
         def ranges(names: _Interner, codes: array, ts: array, dur: array) -> dict[str, Any]:
-            start = f64(ts) + base_us
-            return {"name": names.categorical(codes), "start_us": start, "end_us": start + f64(dur)}
+            # ts + dur on the relative axis first: one rounding at ~2e15 µs (0.25 µs ulp), not two.
+            rel = f64(ts)
+            return {"name": names.categorical(codes), "start_us": rel + base_us, "end_us": (rel + f64(dur)) + base_us}
 
         annotations = pd.DataFrame({**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur),
                                     "tid": i64(self.a_tid), "pid": i64(self.a_pid)})
@@ -413,6 +429,8 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         raise InputError(f"{p}: not valid JSON ({_one_line(exc)})") from None
     except UnicodeDecodeError as exc:
         raise InputError(f"{p}: not valid JSON (bad UTF-8: {_one_line(exc)})") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
+        raise InputError(f"{p}: malformed trace event ({_one_line(exc)})") from None
     if not reader.started:
         raise InputError(f"{p}: empty file")
     if reader.head_meta is None:
@@ -420,7 +438,7 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
 
     meta = dict(reader.head_meta)
     notes: list[str] = []
-    after = _tail_meta(reader.tail_text())
+    after = _tail_meta(reader.after_events_start())
     if after is None:
         notes.append(f"keys after traceEvents not read (beyond the last {TAIL_WINDOW_BYTES >> 20} MiB)")
     else:
