@@ -51,6 +51,21 @@ def decimate_minmax(x: np.ndarray, *ys: np.ndarray, max_points: int) -> np.ndarr
     if not (np.isfinite(lo) and np.isfinite(hi)) or hi <= lo or np.any(np.diff(xf) < 0):
         xf = np.arange(n, dtype=np.float64)  # no usable x: buckets of equal row counts
         lo, hi = 0.0, float(n - 1)
+    best = _decimate(xf, lo, hi, series, nb)
+    # Extremes of several series often share rows: spend the unused budget on finer buckets.
+    for _ in range(3):
+        if len(best) > max_points * 0.8:
+            break
+        nb = int(nb * max_points / max(len(best), 1) * 0.95)
+        trial = _decimate(xf, lo, hi, series, nb)
+        if len(trial) > max_points:
+            break
+        best = trial
+    return best
+
+
+def _decimate(xf: np.ndarray, lo: float, hi: float, series: list[np.ndarray], nb: int) -> np.ndarray:
+    n = len(xf)
     edges = np.linspace(lo, hi, nb + 1)[:-1]
     starts = np.unique(np.searchsorted(xf, edges, side="left"))
     starts = starts[starts < n]
@@ -60,9 +75,10 @@ def decimate_minmax(x: np.ndarray, *ys: np.ndarray, max_points: int) -> np.ndarr
         if y.dtype.kind == "f":
             nan = np.isnan(y)
             if nan.any():
-                # NaN never wins a min or a max: replace it with the bucket's opposite extreme.
-                y = y.copy()
-                y_min, y_max = np.nanmin(y) if (~nan).any() else 0.0, np.nanmax(y) if (~nan).any() else 0.0
+                # NaN never wins a min or a max: stand in the series' opposite extreme.
+                ok = ~nan
+                y_min = float(np.min(y[ok])) if ok.any() else 0.0
+                y_max = float(np.max(y[ok])) if ok.any() else 0.0
                 mins, _ = _bucket_argext(np.where(nan, y_max, y), starts, bucket_of, n)
                 _, maxs = _bucket_argext(np.where(nan, y_min, y), starts, bucket_of, n)
                 keep += [mins, maxs]

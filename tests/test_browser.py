@@ -1,0 +1,138 @@
+"""The HTML reports in a real headless Chromium, offline.
+
+Needs Debian's ``chromium`` (CI installs it with apt) and the ``playwright`` Python
+package (the ``test`` extra; its wheel bundles the driver, and the system Chromium is
+used, so ``playwright install`` is never run). Skipped only when no Chromium exists.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from browser import chromium_path, check_report_in_browser, playwright_available
+
+pytestmark = [
+    pytest.mark.skipif(chromium_path() is None, reason="no Chromium binary (apt-get install chromium)"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_playwright() -> None:
+    if not playwright_available():
+        pytest.fail("the browser tests need the 'playwright' Python package: pip install -e '.[test]'",
+                    pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``snapviz analyze RUN -o report.html`` on a synthetic SD-like run (via the CLI)."""
+    from snapviz.cli import main
+    from test_html_report import write_run
+
+    d = tmp_path_factory.mktemp("browser")
+    run = write_run(str(d / "run"), steps=4, filler=40, evil=True)
+    out = d / "report.html"
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", run, "-o", str(out), "-q", "--max-points", "2000"])
+    assert exc.value.code == 0
+    return out
+
+
+def _shots_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # SNAPVIZ_SCREENSHOTS keeps the PNGs somewhere a person (or CI artifacts) can look.
+    keep = os.environ.get("SNAPVIZ_SCREENSHOTS")
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        return keep
+    return str(tmp_path_factory.mktemp("shots"))
+
+
+def _is_png(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_renders_offline_without_errors(report: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    res = check_report_in_browser(str(report), _shots_dir(tmp_path_factory))
+    assert res["errors"] == [], res["errors"]
+    assert res["blocked"] == [], "the report reached for the network"
+    assert res["documents"] == 1
+    # timeline (tabs + stack pane), stage bars, categories, top allocations, attention table
+    assert res["roots"] >= 5
+    assert res["plots"] >= 4 and res["canvases"] >= 8
+    assert res["table_rows"] >= 10, "the DataTables rendered their rows"
+    assert res["bokeh_version"]
+    assert _is_png(res["screenshot"]) and os.path.getsize(res["screenshot"]) > 20_000
+    text = res["text"]
+    assert "Peak " in text and "allocated" in text and "Memory over time" in text
+    assert "<script>alert(1)</script>" in res["table_text"], "the hostile site is shown as text, not run"
+
+
+def test_clicks_show_stacks(report: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    def interact(page: Any) -> dict[str, Any]:
+        panes_before = page.locator("pre").all_inner_texts()
+        # A click anywhere on the timeline selects the event in force there.
+        canvas = page.locator("#sv-timeline-card canvas").first
+        box = canvas.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+        page.wait_for_timeout(200)
+        page.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+        page.wait_for_timeout(300)
+        after_click = page.locator("pre").all_inner_texts()
+        # Selecting the first row of "Live at the peak" shows its stack.
+        page.locator("#sv-top .slick-cell").nth(2).click()
+        page.wait_for_timeout(300)
+        after_row = page.locator("pre").all_inner_texts()
+        # The event-index view renders too.
+        page.get_by_text("By event", exact=True).click()
+        page.wait_for_timeout(500)
+        return {"before": panes_before, "after_click": after_click, "after_row": after_row}
+
+    res = check_report_in_browser(str(report), _shots_dir(tmp_path_factory), interact=interact)
+    assert res["errors"] == [], res["errors"]
+    assert res["before"][0].startswith("Click a point")
+    assert res["after_click"][0].startswith("event "), res["after_click"][0]
+    assert ".py:" in res["after_click"][0] or "no frames" in res["after_click"][0]
+    assert "get_attention_scores" in res["after_row"][1]
+
+
+def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from snapviz.render.html import render_trace_html
+    from test_html_report import fake_trace_analysis
+
+    tan, doc = fake_trace_analysis()
+    path = tmp_path_factory.mktemp("trace") / "trace-report.html"
+    path.write_text(render_trace_html(tan, doc, max_points=1000), encoding="utf-8")
+    res = check_report_in_browser(str(path), _shots_dir(tmp_path_factory))
+    assert res["errors"] == [], res["errors"]
+    assert res["roots"] >= 3 and res["plots"] >= 3 and res["table_rows"] >= 3
+    assert "profiler trace" in res["text"]
+
+
+def test_end_state_only_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
+    import synth
+    from snapviz.render.html import render_html
+    from test_html_report import _analyse
+
+    an, doc = _analyse(synth.random_workload(seed=1, n_ops=200).snapshot(layout="segments", marker=False))
+    path = tmp_path_factory.mktemp("legacy") / "legacy.html"
+    path.write_text(render_html(an, doc), encoding="utf-8")
+    res = check_report_in_browser(str(path), _shots_dir(tmp_path_factory))
+    assert res["errors"] == [], res["errors"]
+    assert "No trace history" in res["text"]
+
+
+def test_a_page_that_fetches_is_caught(tmp_path: Path) -> None:
+    """The check itself: a page reaching for a CDN or throwing is reported, not passed."""
+    from snapviz.render.html import build_page
+
+    page = build_page("bad", ['<img src="https://cdn.example.invalid/x.png">',
+                              "<script>throw new Error('boom')</script>"])
+    p = tmp_path / "bad.html"
+    p.write_text(page, encoding="utf-8")
+    res = check_report_in_browser(str(p), str(tmp_path))
+    assert any("cdn.example.invalid" in u for u in res["blocked"])
+    assert any("boom" in e for e in res["errors"])

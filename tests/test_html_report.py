@@ -1,0 +1,630 @@
+"""The HTML report: decimation, the data handed to the renderer, and the page itself.
+
+Tests assert on ``report_data`` (what the renderer is given), not on HTML strings; the
+page is only checked for being self-contained and small. Real-browser checks live in
+test_browser.py.
+"""
+from __future__ import annotations
+
+import html as html_mod
+import json
+import os
+import pickle
+import time
+from html.parser import HTMLParser
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import synth
+from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.render.fmt import fmt_bytes
+from snapviz.render.html import render_html
+from snapviz.render.report_data import stack_text, stage_palette
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------------------
+# A synthetic diffusion run on the reference allocator model (tests/synth.py): weights,
+# text encoding, denoising steps with attention score matrices, a VAE decode; frames
+# shaped like diffusers' so attention and sites are recognised.
+# --------------------------------------------------------------------------------------
+
+def _frame(name: str, filename: str, line: int) -> dict[str, Any]:
+    return {"name": name, "filename": filename, "line": line}
+
+
+SP = "/usr/lib/python3/site-packages/"
+STACKS = {
+    "weights": [_frame("_apply", SP + "torch/nn/modules/module.py", 900),
+                _frame("load_model_dict_into_meta", SP + "diffusers/models/model_loading_utils.py", 231),
+                _frame("from_pretrained", SP + "diffusers/pipelines/pipeline_utils.py", 812),
+                _frame("<module>", "/home/u/run_sd.py", 12)],
+    "text": [_frame("forward", SP + "transformers/models/clip/modeling_clip.py", 310),
+             _frame("encode_prompt", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 420),
+             _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 960),
+             _frame("<module>", "/home/u/run_sd.py", 20)],
+    "act": [_frame("forward", SP + "diffusers/models/resnet.py", 372),
+            _frame("_call_impl", SP + "torch/nn/modules/module.py", 1750),
+            _frame("forward", SP + "diffusers/models/unets/unet_2d_blocks.py", 1281),
+            _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
+            _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
+            _frame("<module>", "/home/u/run_sd.py", 20)],
+    "attn": [_frame("get_attention_scores", SP + "diffusers/models/attention_processor.py", 719),
+             _frame("__call__", SP + "diffusers/models/attention_processor.py", 1510),
+             _frame("forward", SP + "diffusers/models/attention_processor.py", 560),
+             _frame("forward", SP + "diffusers/models/attention.py", 1003),
+             _frame("forward", SP + "diffusers/models/transformers/transformer_2d.py", 427),
+             _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
+             _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
+             _frame("<module>", "/home/u/run_sd.py", 20)],
+    "latents": [_frame("prepare_latents", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 700),
+                _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 990),
+                _frame("<module>", "/home/u/run_sd.py", 20)],
+    "vae": [_frame("forward", SP + "diffusers/models/autoencoders/vae.py", 330),
+            _frame("decode", SP + "diffusers/models/autoencoders/autoencoder_kl.py", 290),
+            _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1080),
+            _frame("<module>", "/home/u/run_sd.py", 20)],
+    # A hostile site: the report must escape it everywhere.
+    "evil": [_frame("<script>alert(1)</script>", "/home/u/<b>evil</b>.py", 7)],
+}
+
+
+def make_run(steps: int = 4, filler: int = 0, with_attention: bool = True, evil: bool = False, oom: bool = False,
+             seed: int = 0, max_entries: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(snapshot dict, run.json dict) of a small SD-like run on ``synth.Sim`` (the
+    reference allocator model). ``filler`` adds that many short-lived activations per
+    step (about 3 trace events each); ``evil`` an allocation whose frames hold HTML."""
+    rng = np.random.default_rng(seed)
+    sim = synth.Sim(seed=seed, capacity=(12 * GiB if oom else 140 * GiB), max_entries=max_entries)
+    stages: list[dict[str, Any]] = []
+
+    pace = [0]
+
+    def stage(name: str, seconds: float, ops: int = 1) -> Any:
+        """Start a stage whose ``ops`` allocations are spread over ``seconds`` of wall time."""
+        if stages:
+            stages[-1]["end_us"] = sim.now_us
+            stages[-1]["peak_allocated_bytes"] = sim.peak_allocated()
+            stages[-1]["peak_reserved_bytes"] = sim.peak_reserved()
+        sim.set_label(name)
+        sim.reset_peak()
+        stages.append({"name": name, "start_us": sim.now_us + 1})
+        pace[0] = int(seconds * 1e6 / max(ops, 1))
+
+    def alloc(n: int, key: str) -> Any:
+        sim.now_us += pace[0]
+        return sim.alloc(int(n), frames=STACKS[key])
+
+    stage("load", 3.0, 40)
+    weights = [alloc(int(rng.integers(2, 60)) * MiB + 1000, "weights") for _ in range(40)]
+    stage("text_encode", 0.15, 12)
+    emb = alloc(2 * 77 * 768 * 2, "text")
+    for h in [alloc(int(rng.integers(1, 20)) * MiB, "text") for _ in range(10)]:
+        sim.free(h)
+    lat = alloc(2 * 4 * 64 * 64 * 2, "latents")
+    if evil:
+        alloc(300 * MiB, "evil")
+    for step in range(steps):
+        stage(f"denoise/{step}", 0.25, 15 + filler)
+        acts = [alloc(int(rng.choice([40, 80, 160, 320])) * MiB + 4096, "act") for _ in range(12)]
+        for _ in range(filler):
+            sim.free(alloc(int(rng.integers(1, 16 * 1024)) * 1024 + 100, "act"))
+        if with_attention:
+            for _ in range(3):
+                sim.free(alloc(16 * 4096 * 4096 * 2, "attn"))   # [16, 4096, 4096] fp16 = 512 MiB
+        for h in acts:
+            sim.free(h)
+    stage("vae_decode", 0.6, 6)
+    bufs = [alloc(int(rng.choice([128, 256, 384])) * MiB, "vae") for _ in range(6)]
+    if oom:
+        try:
+            alloc(16 * GiB, "vae")  # recorded as an 'oom' entry; the pipeline carries on
+        except synth.SimOOM:
+            pass
+    for h in bufs:
+        sim.free(h)
+    sim.free(lat)
+    sim.free(emb)
+    stage("other", 0.0)
+    stages.pop()
+    snap = sim.snapshot(marker=False)
+    run = {"schema": "snapviz.run/1", "pipeline": "sd15", "size": "full", "techniques": ["fp16", "classic-attention"],
+           "height": 512, "width": 512, "steps": steps, "batch": 1, "dtype": "fp16",
+           "device_name": "NVIDIA H200", "torch_version": "2.11.0+cu128", "diffusers_version": "0.42.1",
+           "command": "python -m collectors.record --pipeline sd15 --technique fp16",
+           "allocator": {"max_memory_allocated": max(s["peak_allocated_bytes"] for s in stages),
+                         "max_memory_reserved": max(s["peak_reserved_bytes"] for s in stages)},
+           "stages": stages}
+    del weights
+    return snap, run
+
+
+def write_run(dirpath: str, **kw: Any) -> str:
+    """A run directory (run.json + snapshot.pickle) built by :func:`make_run`."""
+    snap, run = make_run(**kw)
+    os.makedirs(dirpath, exist_ok=True)
+    with open(os.path.join(dirpath, "snapshot.pickle"), "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    with open(os.path.join(dirpath, "run.json"), "w") as f:
+        json.dump(run, f)
+    return dirpath
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
+    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.load import load
+
+    d = write_run(str(tmp_path_factory.mktemp("run") / "sd15"), steps=4, filler=40, evil=True)
+    an = analyze_run(load(d))
+    return an, summary_dict(an)
+
+
+@pytest.fixture(scope="module")
+def data(analysed: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
+    from snapviz.render.report_data import report_data
+
+    an, doc = analysed
+    return report_data(an, doc, max_points=300)
+
+
+def _analyse(snap: dict[str, Any], run: dict[str, Any] | None = None, source: str = "snap") -> tuple[Any, dict[str, Any]]:
+    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.load import Run
+    from snapviz.load.snapshot import snapshot_from_dict
+
+    sn = snapshot_from_dict(snap, source)
+    sn.run = run
+    an = analyze_run(Run(source=source, label=source, snapshot=sn, trace=None, run=run))
+    return an, summary_dict(an)
+
+
+# --------------------------------------------------------------------------------------
+# decimate_minmax
+# --------------------------------------------------------------------------------------
+
+def _series(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = np.cumsum(rng.integers(-1000, 1001, n)).astype(np.int64)
+    return a, a + rng.integers(0, 10_000, n)
+
+
+@pytest.mark.parametrize("n,max_points", [(10, 100), (1000, 100), (100_000, 2000), (12345, 7)])
+def test_decimate_keeps_extremes_and_endpoints(n: int, max_points: int) -> None:
+    a, r = _series(n)
+    idx = decimate_minmax(np.arange(n), a, r, max_points=max_points)
+    assert idx.dtype == np.int64
+    assert np.all(np.diff(idx) > 0), "sorted and unique"
+    assert idx[0] == 0 and idx[-1] == n - 1
+    for y in (a, r):
+        assert np.argmax(y) in idx and np.argmin(y) in idx
+        assert y[idx].max() == y.max() and y[idx].min() == y.min()
+    assert len(idx) <= max(max_points, 2 + 2 * 2)
+    assert was_decimated(n, max_points) == (len(idx) < n)
+
+
+def test_decimate_returns_everything_when_small() -> None:
+    a, _ = _series(50)
+    assert np.array_equal(decimate_minmax(np.arange(50), a, max_points=50), np.arange(50))
+    assert not was_decimated(50, 50) and was_decimated(51, 50)
+
+
+def test_decimate_envelope_per_bucket() -> None:
+    # Every bucket's max survives: the decimated max over any window of the kept rows
+    # equals the true max over the rows it spans.
+    n = 200_000
+    a, _ = _series(n, seed=5)
+    idx = decimate_minmax(np.arange(n), a, max_points=4000)
+    assert len(idx) >= 2000, "the budget is used"
+    kept = a[idx]
+    for lo, hi in ((0, 50_000), (123_456, 170_000)):
+        inside = (idx >= lo) & (idx < hi)
+        assert kept[inside].max() <= a[lo:hi].max()
+        # A window twice a bucket wide always contains a whole bucket: its max is close.
+    span = n / 1000
+    true_max = np.maximum.reduceat(a, np.arange(0, n, int(span)))
+    assert np.isin(true_max.max(), kept)
+
+
+def test_decimate_by_time_with_uneven_spacing() -> None:
+    # 90% of the rows in the last 1% of the time: buckets follow x, so the sparse part
+    # is kept whole and the dense part is reduced.
+    n = 100_000
+    t = np.concatenate([np.linspace(0, 99, n // 10), np.linspace(99.0001, 100, n - n // 10)])
+    a, _ = _series(n, seed=2)
+    idx = decimate_minmax(t, a, max_points=5000)
+    assert np.argmax(a) in idx and idx[0] == 0 and idx[-1] == n - 1
+    assert (idx < n // 10).sum() > (idx >= n // 10).sum()
+
+
+def test_decimate_ignores_nan_and_rejects_mismatched_lengths() -> None:
+    y = np.arange(1000, dtype=np.float64)
+    y[::7] = np.nan
+    idx = decimate_minmax(np.arange(1000), y, max_points=50)
+    assert np.nanargmax(y) in idx
+    with pytest.raises(ValueError):
+        decimate_minmax(np.arange(10), np.arange(9), max_points=5)
+
+
+def test_decimate_million_points_is_fast() -> None:
+    n = 1_000_000
+    a, r = _series(n)
+    t0 = time.perf_counter()
+    idx = decimate_minmax(np.arange(n), a, r, r - a, a // 2, max_points=20_000)
+    took = time.perf_counter() - t0
+    assert np.argmax(a) in idx and len(idx) <= 20_000
+    assert took < 1.5, f"decimating 1M points took {took:.2f}s"
+
+
+# --------------------------------------------------------------------------------------
+# report_data: what the renderer is handed
+# --------------------------------------------------------------------------------------
+
+def test_timeline_columns_are_aligned_and_decimated(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    tl = data["timeline"]
+    n = len(tl["index"])
+    assert n <= 300 + 3 and all(len(v) == n for v in tl.values())
+    ev = an.replay.events
+    rows = tl["index"]
+    assert np.array_equal(tl["allocated"], ev["allocated"].to_numpy()[rows])
+    assert np.array_equal(tl["reserved"], ev["reserved"].to_numpy()[rows])
+    assert np.array_equal(tl["requested"], ev["requested"].to_numpy()[rows])
+    assert np.array_equal(tl["fragmentation"], tl["reserved"] - tl["allocated"])
+    assert tl["time_s"][0] == 0.0 and np.all(np.diff(tl["time_s"]) >= 0)
+    us = ev["time_us"].to_numpy()
+    assert np.allclose(tl["time_s"], (us[rows] - us[0]) / 1e6)
+    dec = data["decimation"]
+    assert dec["decimated"] and dec["total"] == len(ev) and dec["shown"] == n
+    assert dec["note"] == f"showing {n:,} of {len(ev):,} points (min/max per bucket, peak kept)"
+
+
+def test_peak_is_kept_and_marked(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    p = data["peak"]
+    assert p["allocated"] == doc["peak"]["allocated_bytes"] == doc["allocator_truth"]["max_memory_allocated"]
+    assert p["index"] == doc["peak"]["event_index"] and p["stage"] == doc["peak"]["stage"]
+    tl = data["timeline"]
+    k = int(np.flatnonzero(tl["index"] == p["index"])[0])
+    assert tl["allocated"][k] == p["allocated"] == tl["allocated"].max()
+    assert p["time_s"] == pytest.approx(tl["time_s"][k])
+    assert p["label"] == f"peak {fmt_bytes(p['allocated'])} · {p['stage']}"
+    assert data["peak"]["reserved_index"] in set(tl["index"].tolist())
+
+
+def test_point_stage_action_size_and_site(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    from snapviz.model import A_ALLOC, ACTIONS
+
+    an, _ = analysed
+    tl, ev = data["timeline"], an.replay.events
+    rows = tl["index"]
+    labels = np.asarray(an.labels.labels, dtype=object)
+    assert [data["stage_names"][c] for c in tl["stage"]] == [str(x) for x in labels[rows]]
+    assert [data["action_names"][c] for c in tl["action"]] == [ACTIONS[a] for a in ev["action"].to_numpy()[rows]]
+    is_alloc = ev["action"].to_numpy()[rows] == A_ALLOC
+    assert is_alloc.any()
+    assert np.array_equal(tl["size"][is_alloc], ev["block_size"].to_numpy()[rows][is_alloc])
+    stacks = data["stacks"]
+    for k, row in zip(tl["stack"][is_alloc], rows[is_alloc]):
+        sid = int(ev["stack_id"].iat[row])
+        assert stacks["stack_id"][k] == sid
+        assert stacks["site"][k] == an.sites.site(sid)
+        assert stack_text(data, int(k)) == an.sites.stack_text(sid)
+
+
+def test_stage_bands_and_colors(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, _ = analysed
+    b = data["bands"]
+    assert b["name"] == ["load", "text_encode", "denoise/0", "denoise/1", "denoise/2", "denoise/3", "vae_decode"]
+    assert b["group"] == ["load", "text_encode", "denoise", "denoise", "denoise", "denoise", "vae_decode"]
+    colors = dict(zip(b["name"], b["color"]))
+    assert len({colors[f"denoise/{i}"] for i in range(4)}) == 1, "steps share their stage's color"
+    assert len({colors["load"], colors["text_encode"], colors["denoise/0"], colors["vae_decode"]}) == 4
+    assert colors == {k: v for k, v in data["stage_colors"].items() if k in colors}
+    assert b["alpha"][2] != b["alpha"][3], "consecutive steps alternate shade"
+    assert np.array_equal(b["start_index"], an.stages["start_row"].to_numpy())
+    assert np.all(b["end_s"] >= b["start_s"]) and np.all(b["start_s"][1:] >= b["end_s"][:-1] - 1e-9)
+    assert stage_palette(["denoise/7", "my_stage", "load"]) == stage_palette(["denoise/7", "my_stage", "load"])
+    assert stage_palette(["denoise/0"])["denoise/0"] == stage_palette(["denoise"])["denoise"]
+
+
+def test_stage_peak_bars_match_the_allocator(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    bars = data["stage_bars"]
+    assert bars["label"] == data["bands"]["name"]
+    assert np.array_equal(bars["peak_allocated"], an.stages["peak_allocated_bytes"].to_numpy())
+    truth = [s["peak_allocated_bytes"] for s in an.run.run["stages"]]
+    assert bars["allocator_peak"].tolist() == truth, "per-stage peaks equal the allocator's own"
+    assert bars["color"][2] == bars["color"][5] == data["stage_colors"]["denoise/0"]
+
+
+def test_repeated_stage_names_get_unique_bar_labels() -> None:
+    from snapviz.render.report_data import _unique_labels
+
+    assert _unique_labels(["other", "denoise/0", "other", "other"]) == ["other", "denoise/0", "other (2)", "other (3)"]
+
+
+def test_many_stage_intervals_collapse_to_one_bar_per_stage() -> None:
+    from snapviz.render.report_data import MAX_STAGE_BARS, report_data
+
+    snap, run = make_run(steps=2, filler=100)
+    for i, e in enumerate(snap["device_traces"][0]):  # labels that flip every few events
+        e["user_metadata"] = f"stage_{(i // 2) % 3}"
+    an, doc = _analyse(snap, None)
+    assert len(an.stages) > MAX_STAGE_BARS
+    d = report_data(an, doc)
+    bars = d["stage_bars"]
+    assert bars["label"] == ["stage_0", "stage_1", "stage_2"] and "intervals" in bars["note"]
+    assert bars["peak_allocated"].max() == d["peak"]["allocated"]
+    assert len(set(d["stage_colors"].values())) == 3
+    _assert_self_contained(render_html(an, doc))
+
+
+def test_categories_at_the_peak(data: dict[str, Any]) -> None:
+    c = data["categories"]
+    assert c["bytes"].sum() == data["peak"]["allocated"]
+    assert list(c["bytes"]) == sorted(c["bytes"], reverse=True)
+    assert "attention scores" in c["category"] and "weights" in c["category"]
+    assert c["share"].sum() == pytest.approx(1.0)
+    assert all(col.startswith("#") for col in c["color"])
+
+
+def test_top_allocations_with_stacks(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    top = data["top_allocations"]
+    assert list(top["bytes"]) == [t["bytes"] for t in doc["top_allocations"]]
+    assert list(top["bytes"]) == sorted(top["bytes"], reverse=True)
+    assert top["size"][0] == fmt_bytes(top["bytes"][0])
+    assert top["site"] == [t["site"] for t in doc["top_allocations"]]
+    assert all(s in txt for s, txt in zip(top["site"], top["stack_text"]) if s != "(no frames recorded)")
+    assert all(e <= data["peak"]["index"] for e in top["event_index"])
+    assert "get_attention_scores" in top["site"][0], "the score matrix is the largest block at the peak"
+
+
+def test_attention_table(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    att = data["attention"]
+    assert att["summary"]["count"] == doc["attention"]["count"] == 12
+    rows = att["rows"]
+    assert len(rows["bytes"]) == 12 and set(rows["shape"]) == {"16×4096×4096"}
+    assert set(rows["stage"]) == {f"denoise/{i}" for i in range(4)}
+    assert all(lt.endswith("(1 event)") for lt in rows["lifetime"])
+    assert all("get_attention_scores" in t for t in rows["stack_text"])
+
+
+def test_no_attention_says_which_implementation_ran() -> None:
+    from snapviz.render.report_data import report_data
+
+    an, doc = _analyse(*make_run(steps=2, with_attention=False))
+    d = report_data(an, doc, max_points=1000)
+    assert d["attention"]["rows"] is None
+    assert d["attention"]["summary"]["count"] == 0
+    impl = d["attention"]["summary"]["implementation"]
+    assert impl and impl == doc["attention"]["implementation"]
+    html = render_html(an, doc)
+    assert 'id="sv-attention-none"' in html and html_mod.escape(impl) in html
+
+
+def test_headline_metadata_and_truth(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    h = data["headline"]
+    assert h["title"] == "sd15 · full · 512×512 · fp16 · fp16+classic-attention"
+    assert h["verdict"].startswith(f"Peak {fmt_bytes(doc['peak']['allocated_bytes'])} allocated "
+                                   f"({fmt_bytes(doc['peak']['reserved_bytes'])} reserved) in {doc['peak']['stage']}")
+    assert f"event {doc['peak']['event_index']:,}" in h["verdict"]
+    assert h["truth"]["status"] == "match" and h["truth"]["diff_bytes"] == 0
+    assert any("attention score matrices" in line for line in h["lines"])
+    meta = dict(data["metadata"])
+    assert meta["run.torch_version"] == "2.11.0+cu128" and meta["run.device_name"] == "NVIDIA H200"
+    assert meta["allocator.expandable_segments"] == "False"
+    assert meta["source"] == doc["source"] and meta["stages from"] == doc["stage_source"]
+    assert meta["history events"] == f"{doc['history']['events']:,}"
+
+
+def test_truth_mismatch_is_reported() -> None:
+    from snapviz.render.report_data import report_data
+
+    snap, run = make_run(steps=1)
+    run["allocator"]["max_memory_allocated"] += 3 * MiB
+    an, doc = _analyse(snap, run)
+    truth = report_data(an, doc)["headline"]["truth"]
+    assert truth["status"] == "close" and truth["diff_bytes"] == -3 * MiB
+    assert "-3.00 MiB" in truth["text"]
+
+
+def test_warnings_and_oom_markers() -> None:
+    from snapviz.render.report_data import report_data
+
+    snap, run = make_run(steps=2, oom=True, max_entries=150)
+    an, doc = _analyse(snap, run)
+    d = report_data(an, doc, max_points=100)
+    assert d["warnings"] == doc["warnings"] and any("wrapped" in w for w in d["warnings"])
+    assert d["headline"]["verdict"].endswith("(within the recorded window only)")
+    assert len(d["oom"]["index"]) == 1
+    assert d["oom"]["index"][0] in set(d["timeline"]["index"].tolist()), "OOM rows are always kept"
+
+
+def test_end_state_only_snapshot() -> None:
+    from snapviz.render.report_data import report_data
+
+    sim = synth.random_workload(seed=1, n_ops=200)
+    an, doc = _analyse(sim.snapshot(layout="segments", marker=False))
+    d = report_data(an, doc)
+    assert d["decimation"]["total"] == 0 and len(d["timeline"]["index"]) == 0
+    assert "no trace history" in d["headline"]["verdict"]
+    html = render_html(an, doc)
+    assert 'id="sv-no-timeline"' in html
+
+
+def test_no_time_us_uses_the_event_axis() -> None:
+    from snapviz.render.report_data import report_data
+
+    sim = synth.random_workload(seed=1, n_ops=200)
+    an, doc = _analyse(sim.snapshot(omit=("time_us",), marker=False))
+    d = report_data(an, doc)
+    assert d["has_time"] is False and d["peak"]["time_s"] is None
+    assert np.isnan(d["timeline"]["time_s"]).all()
+
+
+def test_max_points_bounds_a_big_timeline() -> None:
+    from snapviz.render.report_data import report_data
+
+    an, doc = _analyse(*make_run(steps=3, filler=3000))
+    n = len(an.replay.events)
+    for mp in (500, 5000):
+        d = report_data(an, doc, max_points=mp)
+        tl = d["timeline"]
+        assert len(tl["index"]) <= mp + 3 < n
+        assert d["peak"]["index"] in set(tl["index"].tolist())
+        # Both axes stay faithful: the slow 'load' stage is not flattened into one bucket.
+        load_rows = (tl["index"] < int(an.stages["end_row"].iat[0])).sum()
+        assert load_rows >= 20
+
+
+# --------------------------------------------------------------------------------------
+# The page
+# --------------------------------------------------------------------------------------
+
+class _Refs(HTMLParser):
+    """Every URL that an HTML tag would fetch (scripts, styles, images, frames)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.inline_scripts = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        for key in ("src", "href", "data"):
+            if a.get(key) and tag in ("script", "link", "img", "iframe", "object", "embed", "source", "audio", "video"):
+                self.urls.append(str(a[key]))
+        if tag == "script" and not a.get("src"):
+            self.inline_scripts += 1
+
+
+def _assert_self_contained(html: str) -> None:
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    refs = _Refs()
+    refs.feed(html)
+    assert refs.urls == [], f"the page fetches {refs.urls}"
+    assert refs.inline_scripts >= 3 and "Bokeh" in html, "BokehJS is inline"
+    assert "MathJax.Hub" not in html and len(html.encode()) < 5 * MiB, "no 1.8 MB MathJax bundle"
+
+
+def test_html_is_self_contained_and_escaped(analysed: tuple[Any, dict[str, Any]]) -> None:
+    an, doc = analysed
+    html = render_html(an, doc, max_points=2000)
+    _assert_self_contained(html)
+    assert "<script>alert(1)</script>" not in html and "<b>evil</b>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, "the hostile site is shown, escaped"
+    assert 'id="sv-verdict"' in html and 'id="sv-footer"' in html
+
+
+def test_html_size_stays_small_for_many_events() -> None:
+    an, doc = _analyse(*make_run(steps=3, filler=6000))
+    assert len(an.replay.events) > 50_000
+    html = render_html(an, doc, max_points=20_000)
+    _assert_self_contained(html)
+    assert len(html.encode()) < 5 * MiB
+
+
+@pytest.mark.slow
+def test_html_size_for_a_million_events() -> None:
+    snap, run = make_run(steps=20, filler=16_700)
+    an, doc = _analyse(snap, run)
+    assert len(an.replay.events) >= 1_000_000
+    t0 = time.perf_counter()
+    html = render_html(an, doc, max_points=20_000)
+    took = time.perf_counter() - t0
+    assert len(html.encode()) < 5 * MiB, f"{len(html.encode()) / MiB:.2f} MiB"
+    assert took < 20, f"rendering took {took:.1f}s"
+
+
+def test_stage_names_never_pull_in_mathjax() -> None:
+    snap, run = make_run(steps=1)
+    for e in snap["device_traces"][0]:
+        if e.get("user_metadata") == "load":
+            e["user_metadata"] = "$$x^2$$ \\(y\\)"
+    an, doc = _analyse(snap, run)
+    html = render_html(an, doc)
+    assert len(html.encode()) < 3 * MiB, "the MathJax bundle was not included"
+
+
+def test_cli_writes_the_report(tmp_path: Any) -> None:
+    from snapviz.cli import main
+
+    d = write_run(str(tmp_path / "run"), steps=2)
+    out = tmp_path / "r.html"
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", d, "-o", str(out), "-q", "--max-points", "500"])
+    assert exc.value.code == 0
+    html = out.read_text()
+    _assert_self_contained(html)
+    assert "showing all" in html or "min/max per bucket" in html
+
+
+def test_build_page_mixes_html_and_models() -> None:
+    from bokeh.models import Div
+
+    from snapviz.render.html import build_page
+
+    page = build_page("t <1>", ["<p id='first'>a &amp; b</p>", Div(text="x", name="only"), "<p id='last'>z</p>"])
+    _assert_self_contained(page)
+    assert page.index("id='first'") < page.index('data-root-id') < page.index("id='last'")
+    assert "<title>t &lt;1&gt;</title>" in page
+    assert "<p id='first'>a &amp; b</p>" in build_page("x", ["<p id='first'>a &amp; b</p>"])
+
+
+# --------------------------------------------------------------------------------------
+# Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
+# --------------------------------------------------------------------------------------
+
+def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(0)
+    t = 1_796_000_000_000_000 + np.cumsum(rng.integers(1, 200, n))
+    alloc = np.abs(np.cumsum(rng.integers(-50, 51, n))).astype(np.int64) * MiB
+    timeline = pd.DataFrame({"time_us": t, "allocated": alloc, "reserved": alloc + 64 * MiB})
+    cuts = np.linspace(0, n - 1, 5).astype(int)
+    names = ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
+    stages = pd.DataFrame({"name": names, "start_us": t[cuts[:-1]], "end_us": t[cuts[1:]],
+                           "peak_allocated_bytes": [int(alloc[a:b + 1].max()) for a, b in zip(cuts[:-1], cuts[1:])]})
+    ops = pd.DataFrame({"name": ["aten::_scaled_dot_product_flash_attention"] * 3, "stage": names[1:],
+                        "shape": [[2, 8, 4096, 64]] * 3, "dur_us": [120.5, 118.0, 119.25]})
+    pi = int(np.argmax(alloc))
+    doc = {"schema": "snapviz.trace_summary/1", "source": "trace.json.gz",
+           "peak": {"allocated_bytes": int(alloc[pi]), "reserved_bytes": int(alloc[pi] + 64 * MiB)},
+           "attention": {"implementation": "fused (SDPA)"}, "warnings": ["trace has no snapshot"]}
+    return SimpleNamespace(timeline=timeline, stages=stages, attention_ops=ops), doc
+
+
+def test_trace_report_data() -> None:
+    from snapviz.render.report_data import trace_report_data
+
+    tan, doc = fake_trace_analysis()
+    d = trace_report_data(tan, doc, max_points=400)
+    tl = d["timeline"]
+    assert len(tl["index"]) <= 400 and d["decimation"]["total"] == 5000
+    assert tl["allocated"].max() == doc["peak"]["allocated_bytes"] == d["peak"]["allocated"]
+    assert d["bands"]["name"] == ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
+    assert d["bands"]["color"][1] == d["bands"]["color"][2]
+    assert d["stage_bars"]["peak_allocated"].tolist() == tan.stages["peak_allocated_bytes"].tolist()
+    assert d["attention_ops"]["columns"] == ["name", "stage", "shape", "dur_us"]
+    assert d["attention_ops"]["rows"][0][2] == "2×8×4096×64"
+    assert d["warnings"] == ["trace has no snapshot"]
+    assert d["peak"]["stage"] in d["bands"]["name"]
+
+
+def test_trace_html() -> None:
+    from snapviz.render.html import render_trace_html
+
+    tan, doc = fake_trace_analysis()
+    html = render_trace_html(tan, doc, max_points=400)
+    _assert_self_contained(html)
+    assert "profiler trace" in html and "aten::_scaled_dot_product_flash_attention" in html
