@@ -1,0 +1,255 @@
+"""One recorded pipeline run: build, apply techniques, load, generate, write the run directory."""
+
+from __future__ import annotations
+
+import gc
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import techniques as tq
+from .pipelines import build_pipeline, default_resolution, denoiser
+from .record import DEFAULT_MAX_ENTRIES, Recorder
+
+PROMPT = "a photo of an astronaut riding a horse on mars"
+
+
+@dataclass
+class RunOptions:
+    pipeline: str
+    size: str = "tiny"
+    model: str | None = None
+    device: str = "auto"
+    steps: int = 4
+    height: int | None = None
+    width: int | None = None
+    batch: int = 1
+    techniques: list[str] = field(default_factory=list)
+    profile: bool = False
+    profile_scope: str = "all"
+    stacks: str = "python"
+    context: str = "all"
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    history: bool = True
+    seed: int = 0
+    out: str | None = None
+    save_image: bool = True
+    memory_limit_gb: float | None = None
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    def command(self, p: tq.Plan) -> str:
+        """The CLI that reproduces this run."""
+        args = ["snapviz", "collect", "--pipeline", self.pipeline]
+        args += ["--model", self.model] if self.model else ["--size", self.size]
+        args += ["--device", self.resolved_device(), "--steps", str(self.steps),
+                 "--height", str(self.height), "--width", str(self.width),
+                 "--batch", str(self.batch)]
+        for t in p.names():
+            args += ["--technique", t]
+        if self.profile:
+            args.append("--profile")
+            if self.profile_scope != "all":
+                args += ["--profile-scope", self.profile_scope]
+        if self.memory_limit_gb:
+            args += ["--memory-limit-gb", f"{self.memory_limit_gb:g}"]
+        if self.history:
+            args += ["--stacks", self.stacks, "--context", self.context]
+            if self.max_entries != DEFAULT_MAX_ENTRIES:
+                args += ["--max-entries", str(self.max_entries)]
+        else:
+            args.append("--no-history")
+        args += ["--seed", str(self.seed)]
+        if self.out:
+            args += ["--out", self.out]
+        return shlex.join(args)
+
+
+def validate(opts: RunOptions) -> tq.Plan:
+    """Check options before any heavy work; raises ValueError/TechniqueError with one line."""
+    device = opts.resolved_device()
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise tq.TechniqueError("--device cuda but torch sees no CUDA device "
+                                f"(torch {torch.__version__})")
+    if opts.steps < 1:
+        raise ValueError("--steps must be at least 1")
+    if opts.batch < 1:
+        raise ValueError("--batch must be at least 1")
+    res = default_resolution(opts.pipeline, opts.size)
+    opts.height = opts.height or res
+    opts.width = opts.width or res
+    if opts.height % 8 or opts.width % 8:
+        raise ValueError("--height and --width must be multiples of 8")
+    if opts.model and not Path(opts.model).is_dir():
+        raise ValueError(f"--model {opts.model}: not a local directory (no hub access here)")
+    gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
+    if opts.memory_limit_gb is not None and not device.startswith("cuda"):
+        raise ValueError("--memory-limit-gb caps the CUDA caching allocator; this run is on cpu")
+    return tq.plan(opts.techniques, device=device, pipeline=opts.pipeline, num_gpus=gpus)
+
+
+def default_out(opts: RunOptions, p: tq.Plan) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(Path("runs") / f"{opts.pipeline}-{opts.model and 'model' or opts.size}-"
+               f"{'-'.join(p.names())}-{stamp}")
+
+
+def _call_kwargs(opts: RunOptions, generator: torch.Generator) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(num_inference_steps=opts.steps, height=opts.height,
+                              width=opts.width, num_images_per_prompt=opts.batch,
+                              generator=generator)
+    if opts.pipeline == "pixart-sigma":
+        kw.update(clean_caption=False, use_resolution_binning=False)
+    return kw
+
+
+def run(opts: RunOptions, p: tq.Plan | None = None,
+        on_step: Callable[[int], None] | None = None) -> Path:
+    """Record one run; returns the run directory."""
+    p = p or validate(opts)
+    # transformers loads checkpoints on worker threads; memory metadata is thread-local, so
+    # those allocations would carry no stage label
+    os.environ.setdefault("HF_DEACTIVATE_ASYNC_LOAD", "1")
+    device = torch.device(opts.resolved_device())
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    out = Path(opts.out or default_out(opts, p))
+    opts.out = str(out)
+    torch.manual_seed(opts.seed)
+
+    build_t0 = time.perf_counter()
+    if opts.model:
+        from diffusers import DiffusionPipeline
+
+        pipe = DiffusionPipeline.from_pretrained(opts.model, dtype=p.dtype)
+    else:
+        pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed)
+    pipe.set_progress_bar_config(disable=True)
+
+    tmpdir = None
+    if p.has("balanced"):
+        # device_map="balanced" exists only in from_pretrained: save the in-code pipeline first
+        if not opts.model:
+            tmpdir = tempfile.TemporaryDirectory(prefix="snapviz-balanced-")
+            pipe.save_pretrained(tmpdir.name)
+        source = opts.model or tmpdir.name
+        del pipe
+        gc.collect()
+        pipe = None
+    else:
+        tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
+                                   width=opts.width)
+        if p.has("int8") and p.offload:
+            tq.quantize_int8(denoiser(pipe))  # offload keeps weights on CPU: quantize there
+    build_s = time.perf_counter() - build_t0
+
+    meta: dict[str, Any] = {
+        "pipeline": opts.pipeline, "size": "model" if opts.model else opts.size,
+        "model": opts.model, "techniques": p.names(), "height": opts.height,
+        "width": opts.width, "steps": opts.steps, "batch": opts.batch,
+        "dtype": p.dtype_name, "seed": opts.seed, "prompt": PROMPT,
+        "command": opts.command(p), "build_s": round(build_s, 3),
+        "profile": opts.profile,
+        "profile_scope": opts.profile_scope if opts.profile else None,
+        "env": {k: os.environ.get(k) for k in ("HF_DEACTIVATE_ASYNC_LOAD",
+                                                "CUDA_VISIBLE_DEVICES")},
+    }
+    if p.has("vae-tiling"):
+        meta["vae_tiling"] = {"tile_sample_min_size": None}
+    devices = (list(range(torch.cuda.device_count())) if p.has("balanced")
+               else ([device.index] if device.type == "cuda" else []))
+    rec = Recorder(pipe, out, device=device, stacks=opts.stacks, context=opts.context,
+                   max_entries=opts.max_entries, history=opts.history, profile=opts.profile,
+                   profile_scope=opts.profile_scope, devices=devices, initial_stage="load",
+                   meta=meta, on_step=on_step)
+    if opts.memory_limit_gb and device.type == "cuda":
+        # pretend to be a smaller GPU: the caching allocator refuses to grow past the cap
+        total = torch.cuda.get_device_properties(device).total_memory
+        limit = int(opts.memory_limit_gb * 1024**3)
+        for d in devices:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), d)
+        rec.meta["memory_limit_bytes"] = limit
+    generator = torch.Generator("cpu").manual_seed(opts.seed)
+    image = None
+    vae = getattr(pipe, "vae", None)
+    if p.has("vae-tiling") and vae is not None:
+        meta["vae_tiling"] = {"tile_sample_min_size": vae.tile_sample_min_size,
+                              "tile_latent_min_size": vae.tile_latent_min_size,
+                              "tile_overlap_factor": vae.tile_overlap_factor}
+    rec.meta.update({k: meta[k] for k in ("vae_tiling",) if k in meta})
+    with rec:
+        if p.has("balanced"):
+            from diffusers import DiffusionPipeline
+
+            pipe = DiffusionPipeline.from_pretrained(source, dtype=p.dtype,
+                                                     device_map="balanced")
+            pipe.set_progress_bar_config(disable=True)
+            tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
+                                       width=opts.width)
+            rec.pipe = pipe
+            rec._install_hooks()
+            # the primary device is the one that runs the denoiser
+            rec.device = next(denoiser(pipe).parameters()).device
+            rec.meta["device_map"] = {k: str(v) for k, v in (pipe.hf_device_map or {}).items()}
+            image = pipe(PROMPT, **_call_kwargs(opts, generator)).images[0]
+        elif p.has("staged"):
+            image = _run_staged(pipe, rec, opts, p, device, generator)
+        else:
+            if p.offload:
+                tq.apply_offload(pipe, p, device)
+            else:
+                pipe.to(device)
+                if p.has("int8"):
+                    tq.quantize_int8(denoiser(pipe))
+            image = pipe(PROMPT, **_call_kwargs(opts, generator)).images[0]
+    if tmpdir is not None:
+        tmpdir.cleanup()
+    if opts.save_image and image is not None and hasattr(image, "save"):
+        image.save(out / "image.png")
+        rec.write_run_json(rec.run_info())
+    return out
+
+
+def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
+                device: torch.device, generator: torch.Generator) -> Any:
+    """PixArt-Σ one component at a time: text encoder, transformer, VAE; each freed after use."""
+    kw = _call_kwargs(opts, generator)
+    # load stage is open: bring only the text encoder
+    pipe.text_encoder.to(device)
+    rec.mark("text_encode")
+    with torch.no_grad():
+        embeds, mask, neg, neg_mask = pipe.encode_prompt(
+            PROMPT, do_classifier_free_guidance=True, num_images_per_prompt=opts.batch,
+            device=device, clean_caption=False, max_sequence_length=300)
+    rec.mark("load")
+    pipe.text_encoder = None
+    gc.collect()
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    pipe.transformer.to(device)
+    if p.has("int8"):
+        tq.quantize_int8(pipe.transformer)
+    rec.call_start_label = None  # no text encoding in this call (embeddings are passed in)
+    rec.mark("other")
+    latents = pipe(prompt=None, negative_prompt=None, prompt_embeds=embeds,
+                   prompt_attention_mask=mask,
+                   negative_prompt_embeds=neg, negative_prompt_attention_mask=neg_mask,
+                   output_type="latent", **kw).images
+    rec.mark("load")
+    pipe.transformer = None
+    gc.collect()
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    pipe.vae.to(device)
+    with torch.no_grad():
+        latents = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor
+        image = pipe.vae.decode(latents, return_dict=False)[0]
+        image = pipe.image_processor.postprocess(image, output_type="pil")
+    return image[0]
