@@ -1,0 +1,85 @@
+"""The analyzer against the allocator's own numbers on real H200 snapshots.
+
+Every sample in sample_snapshots/ was recorded by our collectors on a real GPU; run.json
+holds what torch.cuda.max_memory_allocated()/max_memory_reserved() reported in the same
+process, overall and per stage (after reset_peak_memory_stats() at each stage start).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.load import load
+
+SAMPLES = sorted(p.parent for p in pathlib.Path(__file__).resolve().parents[1].glob("sample_snapshots/*/snapshot.pickle*"))
+
+
+def _ids(p: pathlib.Path) -> str:
+    return p.name
+
+
+def test_samples_present() -> None:
+    assert len(SAMPLES) >= 2, "real GPU samples are missing from sample_snapshots/"
+
+
+@pytest.fixture(scope="module", params=SAMPLES, ids=_ids)
+def sample(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, list]:
+    run = load(str(request.param))
+    rj = run.run
+    assert rj is not None and rj["schema"] == "snapviz.run/1"
+    devices = [d["device"] for d in (rj["allocator"].get("devices") or [{"device": rj["allocator"]["device"]}])]
+    docs = [(d, summary_dict(analyze_run(run, device=d))) for d in devices]
+    return request.param, rj, docs
+
+
+def _device_truth(rj: dict, device: int) -> dict:
+    for d in rj["allocator"].get("devices") or []:
+        if d["device"] == device:
+            return d
+    return rj["allocator"]
+
+
+def test_overall_peaks_match_allocator(sample: tuple) -> None:
+    path, rj, docs = sample
+    for device, doc in docs:
+        truth = _device_truth(rj, device)
+        assert doc["peak"]["allocated_bytes"] == truth["max_memory_allocated"], (path.name, device)
+        assert doc["peak"]["reserved_bytes"] == truth["max_memory_reserved"], (path.name, device)
+        assert doc["history"]["end_state_matches"] is True
+        assert doc["history"]["truncated"] is False
+
+
+def test_stage_peaks_match_allocator(sample: tuple) -> None:
+    """Each stage interval's peak equals max_memory_allocated/reserved after the reset at its start."""
+    path, rj, docs = sample
+    device, doc = docs[0]
+    intervals = [it for g in doc["stages"] for it in g["intervals"]]
+    checked = 0
+    for it in intervals:
+        if it.get("allocator_peak_allocated_bytes") is None:
+            continue
+        assert it["peak_allocated_bytes"] == it["allocator_peak_allocated_bytes"], (path.name, it["name"])
+        assert it["peak_reserved_bytes"] == it["allocator_peak_reserved_bytes"], (path.name, it["name"])
+        checked += 1
+    # Every run.json stage that saw an allocation event was matched.
+    assert checked >= len([s for s in rj["stages"] if s["name"] != "other"]) - 1
+    steps = [s for s in doc["stages"] if s["name"] == "denoise"]
+    assert steps and len(steps[0]["steps"]) == rj["steps"]
+
+
+def test_requested_replay_would_be_wrong(sample: tuple) -> None:
+    """Rounding matters: summing requested sizes underestimates the allocator's peak."""
+    path, rj, docs = sample
+    _, doc = docs[0]
+    assert doc["peak"]["requested_bytes"] < doc["peak"]["allocated_bytes"]
+
+
+def test_sidecar_documents_how_it_was_made(sample: tuple) -> None:
+    path, rj, _ = sample
+    for key in ("command", "torch_version", "device_name", "pipeline", "techniques", "stages"):
+        assert rj.get(key), (path.name, key)
+    assert "H200" in rj["device_name"]
+    assert path.joinpath("snapshot.pickle.xz").stat().st_size <= 2 * 1024 * 1024
