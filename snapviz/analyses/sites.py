@@ -63,11 +63,20 @@ class SiteNamer:
         return "\n".join(lines)
 
 
+_KNOWN_PACKAGES = ("/diffusers/", "/transformers/", "/torch/", "/accelerate/", "/torchao/", "/bitsandbytes/",
+                   "/optimum/", "/peft/", "/collectors/", "/snapviz/")
+
+
 def shorten_path(path: str) -> str:
     """``/usr/lib/python3/site-packages/diffusers/models/x.py`` -> ``diffusers/models/x.py``."""
     for marker in ("site-packages/", "dist-packages/"):
         i = path.rfind(marker)
         if i >= 0:
             return path[i + len(marker):]
+    # Packages installed with --target or from a source checkout: cut at the package root.
+    for pkg in _KNOWN_PACKAGES:
+        i = path.rfind(pkg)
+        if i >= 0:
+            return path[i + 1:]
     parts = path.split("/")
     return "/".join(parts[-3:]) if len(parts) > 3 else path

@@ -107,6 +107,16 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     from snapviz.analyses.categories import categorize_live
 
     attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites)
+    if run.trace is not None and len(ev):
+        # Same run profiled too: put exact op shapes next to allocations (one time axis).
+        from snapviz.analyses.join import ops_at, snapshot_trace_offset
+
+        off = snapshot_trace_offset(snap, run.trace)
+        top = pd.concat([top.reset_index(drop=True), ops_at(run.trace, top["time_us"].to_numpy(), off)], axis=1)
+        if len(attention):
+            times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
+            attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
+        att_summary["trace_offset_us"] = off
     categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites)
 
     warnings = list(snap.format_notes) + list(rep.warnings)
@@ -172,10 +182,14 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             g["steps"].append({"name": r.name, "step": str(r.name).split("/", 1)[1], **{k2: v for k2, v in item.items() if k2 != "name"}})
     run = an.run.run or {}
     top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
-            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else []}
+            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else [],
+            **({"op": t.op, "op_input_dims": t.op_input_dims} if getattr(t, "op", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
-    return {
+    from snapviz.analyses.advice import advise
+
+    advise_doc: list[dict[str, Any]] = []
+    doc = {
         "schema": SCHEMA,
         "source": an.run.source,
         "device": an.device,
@@ -201,5 +215,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "run": {k: run.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
                                           "device_name", "torch_version", "diffusers_version", "command")} if run else None,
         "allocator_settings": an.run.snapshot.allocator_settings if an.run.snapshot else {},
+        "advice": advise_doc,
         "warnings": an.warnings,
     }
+    advise_doc.extend(advise(doc, an.categories))
+    return doc

@@ -54,6 +54,13 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     if cats:
         out.append("By category at the peak: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
         out.append("")
+    advice = doc.get("advice") or []
+    if advice:
+        out.append("**What would help** (from this run's live set at the peak):")
+        for a in advice[:4]:
+            saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
+            out.append(f"- **{a['technique']}**{saves}: {a['why']}. `{a['how']}`")
+        out.append("")
     settings = doc.get("allocator_settings") or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
     out.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "

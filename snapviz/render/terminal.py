@@ -28,6 +28,9 @@ def render_terminal(doc: dict[str, Any]) -> str:
     att = doc.get("attention") or {}
     if att.get("count"):
         lines.append(f"  attention scores: {att['count']} materialized, largest {fmt_bytes(att['largest']['bytes'])} {att['largest'].get('shape')}")
+    for a in (doc.get("advice") or [])[:3]:
+        saves = f" (up to {fmt_bytes(a['saves_up_to_bytes'])})" if a.get("saves_up_to_bytes") else ""
+        lines.append(f"  try: {a['technique']}{saves}: {a['why']}")
     for w in doc.get("warnings") or []:
         lines.append(f"  warning: {w}")
     return "\n".join(lines) + "\n"

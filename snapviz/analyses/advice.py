@@ -1,0 +1,62 @@
+"""What to do: fixes from the standard toolbox, each with the bytes it can act on.
+
+Estimates come from this run's own live set at the peak (never from a lookup table):
+e.g. switching to SDPA removes the score matrices live at the peak. Where a fix's
+effect is not visible in the live set (offload, dtype), the estimate says what it is
+bounded by. Measured effects on full-size SDXL are in docs/techniques.md.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+
+def _cat(categories: pd.DataFrame, name: str) -> int:
+    if not len(categories):
+        return 0
+    m = categories["category"] == name
+    return int(categories.loc[m, "bytes"].sum())
+
+
+def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]]:
+    """Ranked suggestions: ``technique``, ``why``, ``saves_up_to_bytes`` (None: unknown), ``how``."""
+    peak = doc["peak"]
+    total = int(peak["allocated_bytes"]) or 1
+    stage = str(peak.get("stage") or "").split("/", 1)[0]
+    run = doc.get("run") or {}
+    techniques = set(run.get("techniques") or [])
+    dtype = str(run.get("dtype") or "")
+    out: list[dict[str, Any]] = []
+    att = doc.get("attention") or {}
+    att_live = _cat(categories, "attention scores")
+    if att.get("count") and att_live:
+        out.append({"technique": "SDPA attention (the diffusers default)",
+                    "why": f"{att['count']} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
+                    "saves_up_to_bytes": att_live,
+                    "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"})
+    if stage == "vae_decode":
+        vae = _cat(categories, "vae buffers") + _cat(categories, "activations")
+        out.append({"technique": "VAE tiling or tiny VAE",
+                    "why": f"the peak is in VAE decode, where decode buffers hold {vae / total:.0%} of the peak",
+                    "saves_up_to_bytes": vae or None,
+                    "how": "pipe.vae.enable_tiling()  (tiles must be smaller than the image), or AutoencoderTiny; "
+                           "batch > 1: pipe.vae.enable_slicing()"})
+    weights = _cat(categories, "weights")
+    if dtype == "fp32" and weights:
+        out.append({"technique": "fp16/bf16 weights", "why": f"fp32 weights take {weights / total:.0%} of the peak",
+                    "saves_up_to_bytes": weights // 2,
+                    "how": "DiffusionPipeline.from_pretrained(..., torch_dtype=torch.float16)  (bf16 also avoids SDXL's fp32 VAE upcast)"})
+    if weights and not techniques & {"model-offload", "sequential-offload", "group-offload", "offload"} and weights / total > 0.4:
+        out.append({"technique": "model CPU offload",
+                    "why": f"weights are {weights / total:.0%} of the peak, but only one model runs at a time",
+                    "saves_up_to_bytes": None,
+                    "how": "pipe.enable_model_cpu_offload()  (bounded by the weights of the models idle at the peak; costs transfer time)"})
+    frag = int(peak.get("reserved_bytes") or 0) - int(peak["allocated_bytes"])
+    if frag > 0.2 * total:
+        out.append({"technique": "expandable segments",
+                    "why": f"reserved exceeds allocated by {frag / total:.0%} at the peaks (fragmentation / cached blocks)",
+                    "saves_up_to_bytes": frag,
+                    "how": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"})
+    out.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
+    return out
