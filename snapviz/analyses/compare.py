@@ -1,0 +1,521 @@
+"""Compare runs: stage-aligned peaks, steps, sites, attention, categories and a verdict.
+
+Runs are aligned by *stage label*, never by wall time: ``denoise/3`` of one run lines up
+with ``denoise/3`` of another however long each took. Every run is first reduced to a
+:class:`RunDigest` (small tables plus a decimated timeline), so comparing ten runs holds
+one full analysis in memory at a time. Everything here returns DataFrames or plain
+data; renderers only render.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from snapviz.analyses.replay import live_at
+from snapviz.analyses.stages import stage_group
+from snapviz.model import A_ALLOC
+
+SCHEMA = "snapviz.compare/1"
+BEFORE_RECORDING = "(allocated before recording)"
+UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated unchanged"
+UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
+
+
+@dataclass
+class RunDigest:
+    """What a comparison needs from one analysed run (small; the Analysis can be dropped)."""
+
+    label: str
+    source: str
+    peak_allocated: int
+    peak_reserved: int
+    peak_stage: str
+    stages: pd.DataFrame      # name (label), group, peak_allocated_bytes, peak_reserved_bytes, order
+    timeline: pd.DataFrame    # name, pos (0..1 within the label), allocated, reserved
+    categories: pd.DataFrame  # category, bytes
+    attention: dict[str, Any]
+    sites: pd.DataFrame       # site, allocs, total_bytes, peak_live_bytes
+    stage_source: str = "none"
+    events: int = 0
+    truncated: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    """Base (run 0) against every other run. Long tables carry ``run`` (0 = base) and ``label``."""
+
+    runs: pd.DataFrame
+    stages: pd.DataFrame      # per stage group and run
+    steps: pd.DataFrame       # per step label (``denoise/3``) and run
+    sites: pd.DataFrame       # per allocation site and run, with status vs base
+    attention: pd.DataFrame   # per run
+    categories: pd.DataFrame  # per category and run (live bytes at each run's own peak)
+    timeline: pd.DataFrame    # run, x (stage-normalised), allocated, reserved, name
+    slots: list[str]          # stage labels in x order: slot k spans [k, k+1)
+    verdict: list[str]        # one line per other run
+    digests: list[RunDigest]
+
+    @property
+    def labels(self) -> list[str]:
+        return [d.label for d in self.digests]
+
+
+# ---------------------------------------------------------------- one run -> digest
+
+def _stage_rows(stages: pd.DataFrame) -> pd.DataFrame:
+    """Stage intervals merged per label (a label may recur), in order of first appearance."""
+    cols = ["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"]
+    if not len(stages):
+        return pd.DataFrame(columns=cols)
+    g = stages.groupby("name", sort=False).agg(peak_allocated_bytes=("peak_allocated_bytes", "max"),
+                                               peak_reserved_bytes=("peak_reserved_bytes", "max"),
+                                               order=("start_row", "min")).reset_index()
+    g["group"] = [stage_group(str(n)) for n in g["name"]]
+    g["name"] = g["name"].astype(str)
+    return g.sort_values("order", kind="stable")[cols].reset_index(drop=True)
+
+
+def stage_normalised_timeline(labels: np.ndarray, allocated: np.ndarray, reserved: np.ndarray,
+                              points_per_label: int = 200) -> pd.DataFrame:
+    """Each event's position within its own label (rank / count, in 0..1), decimated.
+
+    Per label, ``points_per_label`` buckets keep the rows of the bucket's min and max
+    allocated and max reserved, so the peak of every stage survives decimation.
+    """
+    cols = ["name", "pos", "allocated", "reserved"]
+    n = len(labels)
+    if n == 0:
+        return pd.DataFrame(columns=cols)
+    codes, uniques = pd.factorize(pd.Series(labels, dtype=object), sort=False)
+    counts = np.bincount(codes)
+    # Rank of each event among the events of its label (stable: file order).
+    order = np.argsort(codes, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n) - np.repeat(starts, counts)
+    pos = rank / counts[codes]
+    buckets = np.minimum((pos * points_per_label).astype(np.int64), points_per_label - 1)
+    key = codes.astype(np.int64) * points_per_label + buckets
+    if n > 3 * len(uniques) * points_per_label:
+        keep = np.zeros(n, bool)
+        o = order if len(uniques) == 1 else np.argsort(key, kind="stable")
+        ks = key[o]
+        first = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+        sizes = np.diff(np.r_[first, n])
+        for series, reduce in ((allocated, np.maximum), (allocated, np.minimum), (reserved, np.maximum)):
+            # Row of the first extreme of ``series`` in each bucket.
+            sv = series[o]
+            hit = np.flatnonzero(sv == np.repeat(reduce.reduceat(sv, first), sizes))
+            bucket = np.searchsorted(first, hit, side="right") - 1
+            lead = np.r_[True, bucket[1:] != bucket[:-1]]
+            keep[o[hit[lead]]] = True
+        # First and last event of each label keep the stage edges exact.
+        keep[order[starts]] = True
+        keep[order[starts + counts - 1]] = True
+        rows = np.flatnonzero(keep)
+    else:
+        rows = np.arange(n)
+    rows = rows[np.lexsort((rank[rows], codes[rows]))]
+    return pd.DataFrame({"name": np.asarray(uniques, dtype=object)[codes[rows]].astype(str), "pos": pos[rows],
+                         "allocated": allocated[rows], "reserved": reserved[rows]})
+
+
+def site_table(an: Any) -> pd.DataFrame:
+    """Per allocation site (``SiteNamer.site``): allocations, bytes allocated in total, bytes live at the peak."""
+    rep = an.replay
+    ev = rep.events
+    cols = ["site", "allocs", "total_bytes", "peak_live_bytes"]
+    if not len(ev):
+        return pd.DataFrame(columns=cols)
+    is_alloc = ev["action"].to_numpy() == A_ALLOC
+    stacks = ev["stack_id"].to_numpy()[is_alloc]
+    sizes = ev["block_size"].to_numpy()[is_alloc].astype(np.int64)
+    live = live_at(rep, rep.peak_index)
+    live_stacks = live["stack_id"].to_numpy()
+    live_sizes = live["block_size"].to_numpy().astype(np.int64)
+    uniq, inv = np.unique(np.concatenate([stacks, live_stacks]), return_inverse=True)
+    k = len(stacks)
+    total = np.zeros(len(uniq), np.int64)
+    np.add.at(total, inv[:k], sizes)
+    count = np.bincount(inv[:k], minlength=len(uniq))
+    at_peak = np.zeros(len(uniq), np.int64)
+    np.add.at(at_peak, inv[k:], live_sizes)
+    namer = an.sites
+    names = [namer.site(int(s)) if namer is not None else f"stack {int(s)}" for s in uniq]
+    df = pd.DataFrame({"site": names, "allocs": count, "total_bytes": total, "peak_live_bytes": at_peak})
+    df = df.groupby("site", sort=False, as_index=False).sum()
+    if rep.baseline_allocated:
+        df = pd.concat([df, pd.DataFrame([{"site": BEFORE_RECORDING, "allocs": 0, "total_bytes": int(rep.baseline_allocated),
+                                           "peak_live_bytes": int(rep.baseline_allocated)}])],  # live at every instant
+                       ignore_index=True)
+    return df.sort_values(["peak_live_bytes", "total_bytes"], ascending=False, kind="stable").reset_index(drop=True)[cols]
+
+
+def digest_run(an: Any, label: str | None = None, points_per_label: int = 200) -> RunDigest:
+    """Reduce an :class:`~snapviz.analyses.summary.Analysis` to what a comparison needs."""
+    rep = an.replay
+    ev = rep.events
+    allocated = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    reserved = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    cats = an.categories[["category", "bytes"]].copy() if len(an.categories) else pd.DataFrame(columns=["category", "bytes"])
+    return RunDigest(
+        label=label or an.run.label, source=an.run.source,
+        peak_allocated=int(rep.peak_allocated), peak_reserved=int(rep.peak_reserved), peak_stage=str(an.peak_stage),
+        stages=_stage_rows(an.stages),
+        timeline=stage_normalised_timeline(an.labels.labels, allocated, reserved, points_per_label),
+        categories=cats, attention=dict(an.attention_summary), sites=site_table(an),
+        stage_source=an.labels.source, events=int(len(ev)), truncated=bool(rep.truncated), warnings=list(an.warnings))
+
+
+def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
+    """A digest from a ``snapviz.summary/1`` dict (e.g. a trace-only run): stages and peaks only."""
+    rows = []
+    order = 0
+    for s in doc.get("stages") or []:
+        for iv in s.get("intervals") or [s]:
+            rows.append({"name": str(iv["name"]), "group": stage_group(str(iv["name"])),
+                         "peak_allocated_bytes": int(iv["peak_allocated_bytes"]),
+                         "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0), "order": order})
+            order += 1
+    st = pd.DataFrame(rows, columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"])
+    if len(st):
+        st = st.groupby("name", sort=False).agg(group=("group", "first"), peak_allocated_bytes=("peak_allocated_bytes", "max"),
+                                               peak_reserved_bytes=("peak_reserved_bytes", "max"), order=("order", "min")).reset_index()
+    p = doc["peak"]
+    return RunDigest(label=label, source=str(doc.get("source", label)), peak_allocated=int(p["allocated_bytes"]),
+                     peak_reserved=int(p.get("reserved_bytes") or 0), peak_stage=str(p.get("stage")), stages=st,
+                     timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
+                     categories=pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"]),
+                     attention=dict(doc.get("attention") or {}),
+                     sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
+                     stage_source=str(doc.get("stage_source", "none")), events=int((doc.get("history") or {}).get("events", 0)),
+                     truncated=bool((doc.get("history") or {}).get("truncated", False)), warnings=list(doc.get("warnings") or []))
+
+
+# ---------------------------------------------------------------- digests -> comparison
+
+def merge_orders(orders: Sequence[Sequence[str]]) -> list[str]:
+    """One order for every label: the base's, with labels only later runs have inserted
+    right after the label that precedes them in that run."""
+    out: list[str] = []
+    for order in orders:
+        prev: str | None = None
+        for name in order:
+            if name not in out:
+                out.insert(out.index(prev) + 1 if prev is not None else 0, name)
+            prev = name
+    return out
+
+
+def _ratio(delta: float, base: float) -> float | None:
+    if base is None or pd.isna(base) or base == 0 or delta is None or pd.isna(delta):
+        return None
+    return float(delta) / float(base)
+
+
+def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels: list[str], key_col: str) -> pd.DataFrame:
+    """Long table key x run with peaks and deltas vs run 0 (missing: NA)."""
+    rows = []
+    for key in keys:
+        base = per_run[0].get(key)
+        for r, values in enumerate(per_run):
+            v = values.get(key)
+            a = v[0] if v else None
+            res = v[1] if v else None
+            d = (a - base[0]) if (v and base) else None
+            dr = (res - base[1]) if (v and base) else None
+            rows.append({key_col: key, "run": r, "label": labels[r], "peak_allocated_bytes": a, "peak_reserved_bytes": res,
+                         "delta_bytes": d, "delta_ratio": _ratio(d, base[0]) if (d is not None and base) else None,
+                         "reserved_delta_bytes": dr})
+    df = pd.DataFrame(rows, columns=[key_col, "run", "label", "peak_allocated_bytes", "peak_reserved_bytes", "delta_bytes",
+                                     "delta_ratio", "reserved_delta_bytes"])
+    for c in ("peak_allocated_bytes", "peak_reserved_bytes", "delta_bytes", "reserved_delta_bytes"):
+        df[c] = df[c].astype("Int64")
+    df["delta_ratio"] = df["delta_ratio"].astype("Float64")
+    return df
+
+
+def compare_sites(digests: Sequence[RunDigest]) -> pd.DataFrame:
+    """Sites of every run matched by site string; status of each other run vs the base."""
+    cols = ["site", "run", "label", "allocs", "total_bytes", "peak_live_bytes", "delta_total_bytes", "delta_peak_live_bytes", "status"]
+    frames = [d.sites.assign(run=i, label=d.label) for i, d in enumerate(digests) if len(d.sites)]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    allr = pd.concat(frames, ignore_index=True)
+    sites = list(dict.fromkeys(allr["site"].tolist()))
+    full = pd.MultiIndex.from_product([sites, range(len(digests))], names=["site", "run"])
+    t = allr.set_index(["site", "run"])[["allocs", "total_bytes", "peak_live_bytes"]].reindex(full)
+    present = t["allocs"].notna().to_numpy().reshape(len(sites), len(digests))
+    vals = {c: t[c].fillna(0).to_numpy(np.int64).reshape(len(sites), len(digests)) for c in ("allocs", "total_bytes", "peak_live_bytes")}
+    d_total = vals["total_bytes"] - vals["total_bytes"][:, :1]
+    d_live = vals["peak_live_bytes"] - vals["peak_live_bytes"][:, :1]
+    status = np.full((len(sites), len(digests)), "same", dtype=object)
+    main = np.where(d_live != 0, d_live, d_total)
+    status[main > 0] = "grew"
+    status[main < 0] = "shrank"
+    status[present & ~present[:, :1]] = "appeared"
+    status[~present & present[:, :1]] = "vanished"
+    status[~present & ~present[:, :1]] = "absent"
+    no_sites = np.array([len(d.sites) == 0 for d in digests])  # trace-only runs: sites unknown, not vanished
+    status[:, no_sites | no_sites[0]] = "n/a"
+    status[:, 0] = "base"
+    out = pd.DataFrame({
+        "site": np.repeat(np.array(sites, dtype=object), len(digests)), "run": np.tile(np.arange(len(digests)), len(sites)),
+        "label": np.tile(np.array([d.label for d in digests], dtype=object), len(sites)),
+        "allocs": vals["allocs"].ravel(), "total_bytes": vals["total_bytes"].ravel(),
+        "peak_live_bytes": vals["peak_live_bytes"].ravel(), "delta_total_bytes": d_total.ravel(),
+        "delta_peak_live_bytes": d_live.ravel(), "status": status.ravel()})
+    return out[cols]
+
+
+def changed_sites(sites: pd.DataFrame, limit: int = 25) -> list[str]:
+    """Sites that grew, shrank, appeared or vanished in some run, biggest change first."""
+    if not len(sites):
+        return []
+    others = sites[sites["run"] > 0]
+    ch = others[others["status"].isin(["grew", "shrank", "appeared", "vanished"])]
+    if not len(ch):
+        return []
+    score = np.maximum(ch["delta_peak_live_bytes"].abs().to_numpy(), ch["delta_total_bytes"].abs().to_numpy())
+    best = pd.Series(score, index=ch["site"].to_numpy()).groupby(level=0).max().sort_values(ascending=False, kind="stable")
+    return best.index[:limit].tolist()
+
+
+def _signed_pct(r: float) -> str:
+    s = f"{abs(r) * 100:.1f}%"
+    return ("−" if r < 0 else "+") + s
+
+
+def verdict_line(base: RunDigest, other: RunDigest, stages: pd.DataFrame, run: int) -> str:
+    """One line: "OTHER lowers peak allocated by 2.31 GiB (−20.6%), mostly in vae_decode; denoise unchanged (±0.3%)".
+
+    ``stages`` is the aligned stage-group table of :func:`compare_runs`; ``run`` is other's index.
+    """
+    from snapviz.render.fmt import fmt_bytes
+
+    d = other.peak_allocated - base.peak_allocated
+    r = _ratio(d, base.peak_allocated)
+    if (r is not None and abs(r) < UNCHANGED_PEAK) or (r is None and d == 0):
+        head = f"{other.label} leaves peak allocated unchanged at {fmt_bytes(other.peak_allocated)} (±{abs(r or 0) * 100:.1f}%)"
+        direction = 0
+    else:
+        verb = "lowers" if d < 0 else "raises"
+        head = f"{other.label} {verb} peak allocated by {fmt_bytes(abs(d))}" + (f" ({_signed_pct(r)})" if r is not None else "")
+        direction = -1 if d < 0 else 1
+    base_peaks = stages[stages["run"] == 0].set_index("name")["peak_allocated_bytes"]
+    mine = stages[stages["run"] == run]
+    both, gone, new = [], [], []
+    for rec in mine.itertuples(index=False):
+        b = base_peaks.get(rec.name)
+        has_b, has_o = b is not None and not pd.isna(b), not pd.isna(rec.peak_allocated_bytes)
+        if has_b and has_o:
+            ratio = None if pd.isna(rec.delta_ratio) else float(rec.delta_ratio)
+            both.append((str(rec.name), int(b), int(rec.delta_bytes), ratio))
+        elif has_b:
+            gone.append(str(rec.name))
+        elif has_o:
+            new.append(str(rec.name))
+    main: str | None = None
+    if direction and both:
+        name, _, delta, _ = max(both, key=lambda x: x[2] * direction)
+        # Comparable moves everywhere (dtype, offload, weights) are not "mostly" anywhere.
+        alike = [x for x in both if x[2] * direction >= 0.5 * delta * direction]
+        if delta * direction > 0 and len(both) >= 3 and len(alike) == len(both):
+            head += ", in every stage"
+        elif delta * direction > 0:
+            main = name
+            head += f", mostly in {main}"
+    clauses: list[str] = []
+    others = [x for x in sorted(both, key=lambda x: -x[1]) if x[0] != main]  # biggest stages first
+    for k, (name, _, delta, ratio) in enumerate(others):
+        if len(clauses) == 3:
+            break
+        if ratio is not None and abs(ratio) < UNCHANGED_STAGE or (ratio is None and delta == 0):
+            if k == 0:  # only the biggest other stage is worth an "unchanged"
+                clauses.append(f"{name} unchanged (±{abs(ratio or 0) * 100:.1f}%)")
+        else:
+            pct = f" ({_signed_pct(ratio)})" if ratio is not None else ""
+            clauses.append(f"{name} {'+' if delta > 0 else '−'}{fmt_bytes(abs(delta))}{pct}")
+    if gone:
+        clauses.append("no " + ", ".join(gone[:3]) + (" stage" if len(gone) == 1 else " stages"))
+    if new:
+        clauses.append(("new stage " if len(new) == 1 else "new stages ") + ", ".join(new[:3]))
+    counts = [_step_counts(d) for d in (base, other)]
+    for g in counts[0]:
+        if g in counts[1] and counts[1][g] != counts[0][g]:
+            clauses.append(f"{counts[1][g]} {g} steps instead of {counts[0][g]}")
+    if stage_group(other.peak_stage) != stage_group(base.peak_stage):
+        clauses.append(f"peak moves from {stage_group(base.peak_stage)} to {stage_group(other.peak_stage)}")
+    return head + ("; " + "; ".join(clauses) if clauses else "")
+
+
+def _step_counts(d: RunDigest) -> dict[str, int]:
+    names = [n for n in d.stages["name"].tolist() if "/" in n] if len(d.stages) else []
+    out: dict[str, int] = {}
+    for n in names:
+        g = stage_group(n)
+        out[g] = out.get(g, 0) + 1
+    return out
+
+
+def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
+    """Compare every run with the first (the base). Needs at least two digests."""
+    if len(digests) < 2:
+        raise ValueError("compare needs at least two runs")
+    labels = [d.label for d in digests]
+    base = digests[0]
+    slots = merge_orders([d.stages["name"].tolist() for d in digests])
+    groups = merge_orders([list(dict.fromkeys(d.stages["group"].tolist())) for d in digests])
+
+    runs = pd.DataFrame([{
+        "run": i, "label": d.label, "source": d.source, "peak_allocated_bytes": d.peak_allocated,
+        "peak_reserved_bytes": d.peak_reserved, "peak_stage": d.peak_stage,
+        "delta_bytes": d.peak_allocated - base.peak_allocated,
+        "delta_ratio": _ratio(d.peak_allocated - base.peak_allocated, base.peak_allocated),
+        "reserved_delta_bytes": d.peak_reserved - base.peak_reserved,
+        "reserved_delta_ratio": _ratio(d.peak_reserved - base.peak_reserved, base.peak_reserved),
+        "events": d.events, "truncated": d.truncated, "stage_source": d.stage_source} for i, d in enumerate(digests)])
+
+    group_peaks: list[dict[str, tuple[int, int]]] = []
+    step_peaks: list[dict[str, tuple[int, int]]] = []
+    for d in digests:
+        st = d.stages
+        g = st.groupby("group", sort=False)[["peak_allocated_bytes", "peak_reserved_bytes"]].max() if len(st) else None
+        group_peaks.append({k: (int(v.peak_allocated_bytes), int(v.peak_reserved_bytes)) for k, v in g.iterrows()} if g is not None else {})
+        steps = st[st["name"].str.contains("/", regex=False)] if len(st) else st
+        step_peaks.append({str(r.name): (int(r.peak_allocated_bytes), int(r.peak_reserved_bytes)) for r in steps.itertuples(index=False)})
+    stages = _aligned(groups, group_peaks, labels, "name")
+    step_names = [s for s in slots if "/" in s]
+    steps = _aligned(step_names, step_peaks, labels, "name")
+    steps.insert(1, "group", [stage_group(s) for s in steps["name"]])
+    steps.insert(2, "step", [s.split("/", 1)[1] for s in steps["name"]])
+
+    att = pd.DataFrame([{
+        "run": i, "label": d.label, "count": int(d.attention.get("count") or 0),
+        "peak_live_bytes": int(d.attention.get("peak_live_bytes") or 0), "total_bytes": int(d.attention.get("total_bytes") or 0),
+        "largest_bytes": int((d.attention.get("largest") or {}).get("bytes") or 0),
+        "largest_shape": (d.attention.get("largest") or {}).get("shape"), "implementation": d.attention.get("implementation")}
+        for i, d in enumerate(digests)])
+    for c in ("count", "peak_live_bytes", "total_bytes", "largest_bytes"):
+        att[f"delta_{c}"] = att[c] - att[c].iat[0]
+
+    cat_names = list(dict.fromkeys(c for d in digests for c in d.categories["category"].tolist()))
+    cat_rows = []
+    for c in cat_names:
+        b = _cat_bytes(base, c)
+        for i, d in enumerate(digests):
+            v = _cat_bytes(d, c)
+            cat_rows.append({"category": c, "run": i, "label": d.label, "bytes": v, "delta_bytes": v - b, "delta_ratio": _ratio(v - b, b)})
+    categories = pd.DataFrame(cat_rows, columns=["category", "run", "label", "bytes", "delta_bytes", "delta_ratio"])
+
+    slot_of = {s: k for k, s in enumerate(slots)}
+    tl_frames = []
+    for i, d in enumerate(digests):
+        tl = d.timeline
+        if len(tl):
+            x = tl["name"].map(slot_of).to_numpy(np.float64) + tl["pos"].to_numpy(np.float64)
+            tl_frames.append(pd.DataFrame({"run": i, "label": d.label, "x": x, "allocated": tl["allocated"].to_numpy(),
+                                           "reserved": tl["reserved"].to_numpy(), "name": tl["name"].to_numpy()}))
+    timeline = (pd.concat(tl_frames, ignore_index=True) if tl_frames else
+                pd.DataFrame(columns=["run", "label", "x", "allocated", "reserved", "name"]))
+
+    verdict = [verdict_line(base, d, stages, i) for i, d in enumerate(digests) if i > 0]
+    return Comparison(runs=runs, stages=stages, steps=steps, sites=compare_sites(digests), attention=att,
+                      categories=categories, timeline=timeline, slots=slots, verdict=verdict, digests=list(digests))
+
+
+def _cat_bytes(d: RunDigest, category: str) -> int:
+    c = d.categories
+    v = c.loc[c["category"] == category, "bytes"]
+    return int(v.sum()) if len(v) else 0
+
+
+# ---------------------------------------------------------------- gate and JSON
+
+def over_limit(cmp: Comparison, pct: float) -> list[str]:
+    """``--fail-over PCT``: one line per other run whose peak exceeds the base by more than PCT."""
+    from snapviz.render.fmt import fmt_bytes
+
+    base = cmp.runs.iloc[0]
+    out = []
+    for r in cmp.runs.iloc[1:].itertuples(index=False):
+        limit = base.peak_allocated_bytes * (1 + pct / 100.0)
+        if r.peak_allocated_bytes > limit:
+            ratio = r.delta_ratio
+            out.append(f"FAIL {r.label} peak allocated {fmt_bytes(r.peak_allocated_bytes)} exceeds base {base.label} "
+                       f"{fmt_bytes(base.peak_allocated_bytes)} by {ratio * 100 if ratio is not None else float('inf'):+.1f}% "
+                       f"(allowed +{pct:g}%)")
+    return out
+
+
+def _nums(values: Sequence[Any]) -> list[Any]:
+    out = []
+    for v in values:
+        if v is None or (not isinstance(v, str) and pd.isna(v)):
+            out.append(None)
+        elif isinstance(v, (float, np.floating)):
+            out.append(float(v))
+        else:
+            out.append(int(v))
+    return out
+
+
+def _wide(df: pd.DataFrame, key: str, keys: list[str], fields: dict[str, str]) -> list[dict[str, Any]]:
+    out = []
+    for k in keys:
+        part = df[df[key] == k].sort_values("run")
+        item: dict[str, Any] = {"name": k}
+        for out_name, col in fields.items():
+            item[out_name] = _nums(part[col].tolist())
+        out.append(item)
+    return out
+
+
+def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int = 25) -> dict[str, Any]:
+    """The ``snapviz.compare/1`` document (DESIGN.md). Arrays run base first."""
+    stage_fields = {"peak_allocated_bytes": "peak_allocated_bytes", "peak_reserved_bytes": "peak_reserved_bytes",
+                    "delta_bytes": "delta_bytes", "delta_ratio": "delta_ratio", "reserved_delta_bytes": "reserved_delta_bytes"}
+    stages = _wide(cmp.stages, "name", list(dict.fromkeys(cmp.stages["name"].tolist())), stage_fields)
+    steps = _wide(cmp.steps, "name", list(dict.fromkeys(cmp.steps["name"].tolist())), stage_fields)
+    for s in steps:
+        s["stage"], s["step"] = s["name"].split("/", 1)
+    site_keys = changed_sites(cmp.sites, max_sites)
+    sites = []
+    for k in site_keys:
+        part = cmp.sites[cmp.sites["site"] == k].sort_values("run")
+        sites.append({"site": k, "status": part["status"].tolist(), "allocs": _nums(part["allocs"].tolist()),
+                      "total_bytes": _nums(part["total_bytes"].tolist()), "peak_live_bytes": _nums(part["peak_live_bytes"].tolist()),
+                      "delta_total_bytes": _nums(part["delta_total_bytes"].tolist()),
+                      "delta_peak_live_bytes": _nums(part["delta_peak_live_bytes"].tolist())})
+    runs = []
+    for i, r in enumerate(cmp.runs.itertuples(index=False)):
+        d = cmp.digests[i]
+        runs.append({"label": r.label, "source": r.source,
+                     "peak": {"allocated_bytes": int(r.peak_allocated_bytes), "reserved_bytes": int(r.peak_reserved_bytes),
+                              "stage": r.peak_stage},
+                     "delta_bytes": int(r.delta_bytes), "delta_ratio": _nums([r.delta_ratio])[0],
+                     "reserved_delta_bytes": int(r.reserved_delta_bytes),
+                     "events": int(r.events), "truncated": bool(r.truncated), "stage_source": r.stage_source,
+                     "verdict": cmp.verdict[i - 1] if i > 0 else None, "warnings": d.warnings})
+    att = cmp.attention
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "base": cmp.labels[0],
+        "runs": runs,
+        "stages": stages,
+        "steps": steps,
+        "sites": sites,
+        "attention": {c: _nums(att[c].tolist()) for c in ("count", "peak_live_bytes", "total_bytes", "largest_bytes",
+                                                          "delta_count", "delta_peak_live_bytes", "delta_largest_bytes")},
+        "categories": _wide(cmp.categories.rename(columns={"category": "name"}), "name",
+                            list(dict.fromkeys(cmp.categories["category"].tolist())), {"bytes": "bytes", "delta_bytes": "delta_bytes"}),
+        "verdict": list(cmp.verdict),
+    }
+    if fail_over is not None:
+        failures = over_limit(cmp, fail_over)
+        doc["fail_over"] = {"percent": fail_over, "passed": not failures, "failures": failures}
+    return doc

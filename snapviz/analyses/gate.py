@@ -1,0 +1,154 @@
+"""Memory gates for CI: parse limits, evaluate them against a summary, one result per limit.
+
+Pure: the input is a ``snapviz.summary/1`` dict (so snapshots and traces gate alike), the
+output a list of :class:`GateResult`. The CLI prints them and maps failures to exit 1.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from snapviz.errors import InputError
+from snapviz.render.fmt import fmt_bytes
+
+_UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
+_PCT_RE = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*%?\s*$")
+SIZE_HELP = "e.g. 12GiB, 800MiB, 12GB (decimal), '1.5 GiB' or plain bytes"
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """``12GiB`` -> 12884901888; ``12GB`` is decimal (12e9); plain numbers are bytes.
+
+    Raises :class:`InputError` (exit 2) naming ``what`` on anything else, including the
+    ambiguous bare ``G``/``M``/``K``.
+    """
+    if isinstance(text, bool):
+        raise InputError(f"{what}: invalid size {text!r} ({SIZE_HELP})")
+    if isinstance(text, int):
+        if text < 0:
+            raise InputError(f"{what}: a size cannot be negative ({text})")
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise InputError(f"{what}: invalid size {str(text)!r} ({SIZE_HELP})")
+    number, exp, unit = m.groups()
+    factor = _UNITS.get(unit.lower())
+    if factor is None:
+        if unit.lower() in ("k", "m", "g", "t"):
+            raise InputError(f"{what}: ambiguous unit {unit!r} in {str(text)!r}: write {unit.upper()}iB (binary) or {unit.upper()}B (decimal)")
+        raise InputError(f"{what}: unknown unit {unit!r} in {str(text)!r} ({SIZE_HELP})")
+    value = float(number) * (10 ** int(exp) if exp else 1) * factor
+    if value > 2**62:
+        raise InputError(f"{what}: size {str(text)!r} is implausibly large")
+    return int(round(value))
+
+
+def parse_percent(text: str | float, what: str = "percentage") -> float:
+    """``5%``, ``5``, ``+2.5%``, ``-1%`` -> percent as a float (5.0)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    m = _PCT_RE.match(str(text))
+    if not m:
+        raise InputError(f"{what}: invalid percentage {str(text)!r} (e.g. 5% or 0.5%)")
+    return float(m.group(1))
+
+
+def parse_stage_limit(text: str) -> tuple[str, int]:
+    """``vae_decode=8GiB`` -> ("vae_decode", 8589934592)."""
+    name, sep, size = str(text).partition("=")
+    if not sep or not name.strip():
+        raise InputError(f"--max-stage-peak: expected STAGE=SIZE (e.g. vae_decode=8GiB), got {text!r}")
+    return name.strip(), parse_size(size, f"--max-stage-peak {name.strip()}")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """One limit checked: what, against what, and the line CI prints."""
+
+    name: str           # stable id, e.g. "peak_allocated", "stage:vae_decode"
+    limit: int          # bytes
+    actual: int         # bytes
+    passed: bool
+    message: str        # "PASS peak allocated 11.02 GiB <= 12.00 GiB"
+
+    @property
+    def excess_ratio(self) -> float | None:
+        return (self.actual / self.limit - 1.0) if self.limit else None
+
+
+def _line(passed: bool, what: str, actual: int, limit: int, extra: str = "") -> str:
+    if passed:
+        return f"PASS {what} {fmt_bytes(actual)} <= {fmt_bytes(limit)}{extra}"
+    over = f" (+{(actual / limit - 1) * 100:.1f}%)" if limit else ""
+    return f"FAIL {what} {fmt_bytes(actual)} > {fmt_bytes(limit)}{over}{extra}"
+
+
+def stage_peaks(doc: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Stage group and step name -> (peak allocated, peak reserved), from a summary dict."""
+    out: dict[str, tuple[int, int]] = {}
+    for s in doc.get("stages") or []:
+        out[str(s["name"])] = (int(s["peak_allocated_bytes"]), int(s.get("peak_reserved_bytes") or 0))
+        for iv in s.get("intervals") or s.get("steps") or []:
+            name = str(iv["name"])
+            if name == s["name"]:
+                continue
+            a, r = int(iv["peak_allocated_bytes"]), int(iv.get("peak_reserved_bytes") or 0)
+            prev = out.get(name)
+            out[name] = (max(a, prev[0]), max(r, prev[1])) if prev else (a, r)
+    return out
+
+
+def describe_stages(names: list[str], limit: int = 12) -> str:
+    """Stage names for an error message, steps folded: ``denoise/0..denoise/49``."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(n.split("/", 1)[0], []).append(n)
+    parts: list[str] = []
+    for g, members in groups.items():
+        steps = [m for m in members if m != g]
+        parts.append(g)
+        if len(steps) == 1:
+            parts.append(steps[0])
+        elif steps:
+            parts.append(f"{steps[0]}..{steps[-1]}")
+    text = ", ".join(parts[:limit])
+    return text + (f", … ({len(parts) - limit} more)" if len(parts) > limit else "") if parts else "(none: the run has no stages)"
+
+
+def evaluate_gates(doc: dict[str, Any], max_peak: int | None = None, max_reserved: int | None = None,
+                   stage_limits: list[tuple[str, int]] | None = None, baseline: dict[str, Any] | None = None,
+                   max_increase_pct: float | None = None) -> list[GateResult]:
+    """Every limit against one summary; a stage missing from the run is an :class:`InputError`."""
+    results: list[GateResult] = []
+    peak = doc["peak"]
+    if max_peak is not None:
+        a = int(peak["allocated_bytes"])
+        results.append(GateResult("peak_allocated", max_peak, a, a <= max_peak, _line(a <= max_peak, "peak allocated", a, max_peak)))
+    if max_reserved is not None:
+        r = int(peak["reserved_bytes"])
+        results.append(GateResult("peak_reserved", max_reserved, r, r <= max_reserved, _line(r <= max_reserved, "peak reserved", r, max_reserved)))
+    if stage_limits:
+        peaks = stage_peaks(doc)
+        for name, limit in stage_limits:
+            if name not in peaks:
+                raise InputError(f"stage {name!r} is not in {doc.get('source', 'the run')} (stages: {describe_stages(list(peaks))})")
+            a = peaks[name][0]
+            results.append(GateResult(f"stage:{name}", limit, a, a <= limit, _line(a <= limit, f"stage {name}", a, limit)))
+    if baseline is not None:
+        pct = 0.0 if max_increase_pct is None else float(max_increase_pct)
+        base = int(baseline["peak"]["allocated_bytes"])
+        limit = int(base * (1 + pct / 100.0))
+        a = int(peak["allocated_bytes"])
+        change = f"{(a / base - 1) * 100:+.1f}%" if base else "n/a"
+        extra = f" (baseline {fmt_bytes(base)}, {change}, allowed {pct:+.1f}%)"
+        ok = a <= limit
+        msg = (f"PASS peak allocated vs baseline {fmt_bytes(a)} <= {fmt_bytes(limit)}{extra}" if ok else
+               f"FAIL peak allocated vs baseline {fmt_bytes(a)} > {fmt_bytes(limit)}{extra}")
+        results.append(GateResult("increase_over_baseline", limit, a, ok, msg))
+    return results
