@@ -1,13 +1,27 @@
-"""Categories of live memory: weights, activations, attention scores, latents, VAE buffers…
+"""Categories of memory: weights, activations, attention scores, latents, VAE buffers…
 
-Decided per allocation from its frames and its lifetime (which stages it spans).
+Decided per allocation from its frames and its lifetime, all vectorized (per unique
+stack, then gathers):
+
+1. score matrices (see :mod:`snapviz.analyses.attention`) -> ``attention scores``;
+2. the highest-priority ``kind: "category"`` rule matching the stack, among rules whose
+   ``lifetime`` fits: *short* = freed inside the stage interval it was born in (one
+   denoising step, one text encoding), *long* = outlives it or is never freed;
+3. an allocation without Python frames in a run that shows ``backward`` or
+   ``torch/optim`` frames is the autograd engine thread's -> ``gradients & optimizer``;
+4. otherwise by the stage it was born in: ``load`` long -> weights (built or loaded and
+   alive across stages); ``text_encode``/``denoise`` short -> activations, long ->
+   latents & embeddings; ``vae_decode`` -> vae buffers; anything else -> unknown.
+
+Memory allocated before the recorded window is ``before recording``.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.attention import attention_stack_ids
+from snapviz.analyses.attention import ATTENTION_CATEGORY, score_alloc_mask
+from snapviz.analyses.frame_rules import rules_for, stack_category_rules, stack_tables, training_evidence
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stages import stage_group
@@ -15,53 +29,148 @@ from snapviz.model import A_ALLOC, Snapshot
 
 CATEGORIES = ("weights", "attention scores", "activations", "latents & embeddings", "vae buffers",
               "gradients & optimizer", "unknown")
-_WEIGHT_FUNCS = frozenset({"_apply", "load_state_dict", "_load_from_state_dict", "to", "cuda", "__init__",
-                           "reset_parameters", "load_model_dict_into_meta", "set_module_tensor_to_device",
-                           "_load_state_dict_into_model", "from_pretrained", "_materialize", "to_empty",
-                           "send_to_device", "pre_forward", "onload_", "_onload_from_memory"})
-_OPTIM_FUNCS = frozenset({"step", "_init_group", "zero_grad", "backward", "_single_tensor_adam", "_multi_tensor_adam"})
-_LATENT_FUNCS = frozenset({"prepare_latents", "encode_prompt", "_get_t5_prompt_embeds", "_get_clip_prompt_embeds"})
+BEFORE_RECORDING = "before recording"
+_CODE = {c: i for i, c in enumerate(CATEGORIES)}
+# Fallback by the stage group an allocation was born in: (short-lived, long-lived).
+_BY_STAGE = {
+    "load": ("activations", "weights"),
+    "text_encode": ("activations", "latents & embeddings"),
+    "denoise": ("activations", "latents & embeddings"),
+    "vae_decode": ("vae buffers", "vae buffers"),
+}
 
 
-def _stack_name_sets(snap: Snapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    fr, sf = snap.frames, snap.stack_frames
-    def stacks_with(names: frozenset[str], files: str | None = None) -> np.ndarray:
-        m = fr["name"].isin(names)
-        if files:
-            m &= fr["filename"].str.contains(files, regex=True)
-        return np.unique(sf.loc[sf["frame_id"].isin(fr.index[m]), "stack_id"].to_numpy())
-    return (stacks_with(_WEIGHT_FUNCS), stacks_with(_OPTIM_FUNCS, r"torch/optim|autograd"),
-            stacks_with(_LATENT_FUNCS), attention_stack_ids(snap))
+def _intervals(labels: np.ndarray) -> np.ndarray:
+    """Id of the contiguous run of equal labels each event belongs to."""
+    n = len(labels)
+    if not n:
+        return np.zeros(0, np.int64)
+    return np.r_[0, np.cumsum(labels[1:] != labels[:-1])].astype(np.int64)
 
 
-def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Category of each alloc row in ``rows``."""
+def category_names(snap: Snapshot, rules_path: str | None = None) -> tuple[str, ...]:
+    """CATEGORIES plus any new category a user rule names (in rule order)."""
+    rules = rules_for(snap, rules_path)
+    extra = [r.name for r in rules.of_kind("category") if r.name not in _CODE]
+    return CATEGORIES + tuple(dict.fromkeys(extra))
+
+
+def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
+                    rules_path: str | None = None) -> np.ndarray:
+    """Index into ``category_names(snap, rules_path)`` for each alloc row in ``rows``."""
     ev = rep.events
-    stack = ev["stack_id"].to_numpy()[rows]
-    free_row = ev["free_row"].to_numpy()[rows]
     n = len(ev)
-    wstacks, ostacks, lstacks, astacks = _stack_name_sets(snap)
-    born = np.array([stage_group(str(s)) for s in labels[rows]], dtype=object)
-    end_label = np.array([stage_group(str(labels[min(f, n - 1)])) if f < n else "end" for f in free_row], dtype=object)
-    out = np.full(len(rows), "unknown", dtype=object)
-    same_stage = (end_label == born)
-    out[same_stage & (born != "load")] = "activations"
-    out[(born == "vae_decode")] = "vae buffers"
-    out[np.isin(stack, lstacks) | ((born == "text_encode") & ~same_stage)] = "latents & embeddings"
-    out[(born == "load") | np.isin(stack, wstacks)] = "weights"
-    out[np.isin(stack, ostacks)] = "gradients & optimizer"
-    out[np.isin(stack, astacks)] = "attention scores"
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(rows), _CODE["unknown"], np.int64)
+    if not len(rows):
+        return out
+    stack = ev["stack_id"].to_numpy()[rows].astype(np.int64)
+    free = ev["free_row"].to_numpy()[rows]
+    iv = _intervals(labels)
+    short = (free < n) & (iv[np.minimum(free, n - 1)] == iv[rows])
+
+    # 4. by the stage of birth (one Python call per distinct label, not per event).
+    lab_codes, lab_uniques = pd.factorize(pd.Series(labels[rows], dtype=object))
+    fb_short = np.array([_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[0]] for u in lab_uniques] + [_CODE["unknown"]], np.int64)
+    fb_long = np.array([_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[1]] for u in lab_uniques] + [_CODE["unknown"]], np.int64)
+    out = np.where(short, fb_short[lab_codes], fb_long[lab_codes])
+
+    if len(snap.stacks):
+        tables = stack_tables(snap)
+        ns = len(snap.stacks)
+        sc = np.clip(stack, 0, ns - 1)
+        python = (stack >= 0) & tables.has_python[sc]
+        # 3. the autograd engine thread has no Python frames.
+        if training_evidence(snap):
+            out = np.where(~python, _CODE["gradients & optimizer"], out)
+        # 2. category rules.
+        rules = rules_for(snap, rules_path)
+        c_short, c_long, names = stack_category_rules(snap, rules, exclude=(ATTENTION_CATEGORY,))
+        if names:
+            all_names = category_names(snap, rules_path)
+            name_code = np.array([all_names.index(nm) for nm in names], np.int64)
+            rule = np.where(short, c_short[sc], c_long[sc])
+            rule = np.where(python, rule, -1)
+            hit = rule >= 0
+            out = np.where(hit, name_code[np.clip(rule, 0, None)], out)
+    # 1. score matrices.
+    att = score_alloc_mask(snap, ev, rows, rules_path=rules_path)
+    out = np.where(att, _CODE["attention scores"], out)
     return out
 
 
-def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int, sites: SiteNamer) -> pd.DataFrame:
-    """Bytes live at ``row`` by category (the baseline counts as 'before recording')."""
+def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
+                      rules_path: str | None = None) -> np.ndarray:
+    """Category (str) of each alloc row in ``rows``."""
+    names = np.array(category_names(snap, rules_path), dtype=object)
+    return names[_category_codes(snap, rep, labels, rows, rules_path)]
+
+
+def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int, sites: SiteNamer | None = None,
+                    rules_path: str | None = None) -> pd.DataFrame:
+    """Bytes and count live at ``row`` by category (the baseline counts as 'before recording')."""
     live = live_at(rep, row)
     rows = live.index.to_numpy()
-    cats = categorize_allocs(snap, rep, labels, rows) if len(rows) else np.empty(0, object)
+    cats = categorize_allocs(snap, rep, labels, rows, rules_path) if len(rows) else np.empty(0, object)
     df = pd.DataFrame({"category": cats, "bytes": live["block_size"].to_numpy()})
     out = df.groupby("category", sort=False)["bytes"].agg(["sum", "size"]).reset_index()
     out.columns = ["category", "bytes", "count"]
     if rep.baseline_allocated:
-        out = pd.concat([out, pd.DataFrame([{"category": "before recording", "bytes": rep.baseline_allocated, "count": 0}])])
-    return out.sort_values("bytes", ascending=False).reset_index(drop=True)
+        out = pd.concat([out, pd.DataFrame([{"category": BEFORE_RECORDING, "bytes": rep.baseline_allocated, "count": 0}])])
+    return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
+    """Rows to plot: all of them, or per bucket the min and the max of ``allocated``
+    (so the peak and the troughs survive), plus the first, last and global-peak rows."""
+    n = len(allocated)
+    if n <= max(max_points, 2):
+        return np.arange(n, dtype=np.int64)
+    nb = max(1, max_points // 2)
+    starts = np.unique(np.linspace(0, n, nb + 1).astype(np.int64)[:-1])
+    counts = np.diff(np.r_[starts, n])
+    idx = np.arange(n, dtype=np.int64)
+    mx = np.repeat(np.maximum.reduceat(allocated, starts), counts)
+    mn = np.repeat(np.minimum.reduceat(allocated, starts), counts)
+    arg_mx = np.minimum.reduceat(np.where(allocated == mx, idx, n), starts)
+    arg_mn = np.minimum.reduceat(np.where(allocated == mn, idx, n), starts)
+    keep = np.r_[arg_mx, arg_mn, 0, n - 1, int(np.argmax(allocated))]
+    return np.unique(keep[keep < n])
+
+
+def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, sites: SiteNamer | None = None,
+                      max_points: int = 20000, rules_path: str | None = None) -> pd.DataFrame:
+    """Bytes live per category after each sampled event row, ready for a stacked area.
+
+    Columns: ``row``, ``time_us``, ``stage``, ``allocated``, one per category (CATEGORIES,
+    then any a user rule adds), and ``before recording`` (memory from before the recorded window:
+    ``allocated`` minus the categories, so each row's categories add up to ``allocated``).
+    Computed with one cumulative sum per category over all events.
+    """
+    ev = rep.events
+    n = len(ev)
+    names = category_names(snap, rules_path)
+    cols = ["row", "time_us", "stage", "allocated", *names, BEFORE_RECORDING]
+    if not n:
+        return pd.DataFrame(columns=cols)
+    allocated = ev["allocated"].to_numpy().astype(np.int64)
+    rows_out = sample_rows(allocated, max_points)
+    arows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
+    codes = _category_codes(snap, rep, labels, arows, rules_path)
+    size = ev["block_size"].to_numpy()[arows].astype(np.float64)
+    end = np.minimum(ev["free_row"].to_numpy()[arows], n)
+    data: dict[str, np.ndarray] = {"row": rows_out, "time_us": ev["time_us"].to_numpy()[rows_out],
+                                   "stage": labels[rows_out], "allocated": allocated[rows_out]}
+    total = np.zeros(len(rows_out), np.int64)
+    for ci, cat in enumerate(names):
+        m = codes == ci
+        if m.any():
+            delta = np.bincount(arows[m], weights=size[m], minlength=n + 1)
+            delta -= np.bincount(end[m], weights=size[m], minlength=n + 1)
+            series = np.rint(np.cumsum(delta[:n])[rows_out]).astype(np.int64)
+        else:
+            series = np.zeros(len(rows_out), np.int64)
+        data[cat] = series
+        total += series
+    data[BEFORE_RECORDING] = np.maximum(allocated[rows_out] - total, 0)
+    return pd.DataFrame(data, columns=cols)

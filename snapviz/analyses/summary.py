@@ -106,7 +106,11 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     from snapviz.analyses.attention import find_attention
     from snapviz.analyses.categories import categorize_live
 
-    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites)
+    if rules_path:
+        # Read (and validate) a user rules file even when labels come from metadata.
+        from snapviz.analyses.frame_rules import load_rules
+        load_rules(rules_path)
+    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules_path=rules_path)
     if run.trace is not None and len(ev):
         # Same run profiled too: put exact op shapes next to allocations (one time axis).
         from snapviz.analyses.join import ops_at, snapshot_trace_offset
@@ -117,7 +121,7 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
             times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
             attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
         att_summary["trace_offset_us"] = off
-    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites)
+    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites, rules_path=rules_path)
 
     warnings = list(snap.format_notes) + list(rep.warnings)
     if labels.source == "none" and len(ev):
