@@ -5,8 +5,9 @@ the block really handed out. Blocks are rounded (``< 512 -> 512``, else up to a 
 of 512) and a cached block is split only when the remainder is big enough (>= 512 in
 the small pool or with expandable segments; > 1 MiB in the large pool, and only below
 ``max_split_size``); otherwise the whole cached block is handed out. Since every alloc
-names its address, the simulation only needs the free blocks of each segment, keyed by
-address: the allocator always hands out the front of a free block.
+names its address and the allocator always hands out the front of a free block, and
+free neighbours of one segment always merge, the cached block runs from the alloc's
+address to the next allocated-or-pending block of the segment (or the segment's end).
 
 ``allocated`` drops at ``free_requested``; the block returns to the cache (merging with
 free neighbours of the same segment) at ``free_completed``. ``reserved`` moves with
@@ -15,6 +16,7 @@ began is the end-state ``segments`` minus the trace's net (the *baseline*).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +27,6 @@ from snapviz.model import (A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool
-EXPANDABLE_SEG = -1   # all mapped ranges of expandable segments may merge when contiguous
 
 
 def round_size(size: int) -> int:
@@ -80,6 +81,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     addrs = ev["addr"].to_numpy()
     sizes = ev["size"].to_numpy()
     expandable_mode, max_split = _allocator_options(snap, device)
+    # segment_map/unmap only exist with expandable segments (settings absent before 2.3)
+    expandable_mode = expandable_mode or bool(((actions == A_SEG_MAP) | (actions == A_SEG_UNMAP)).any())
 
     blocks = snap.blocks
     dev_blocks = blocks[blocks["device"] == device] if len(blocks) else blocks
@@ -90,59 +93,43 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     final_allocated = int(live_end["size"].sum()) if len(live_end) else 0
     final_reserved = int(dev_segs["total_size"].sum()) if len(dev_segs) else 0
 
-    free_start: dict[int, tuple[int, int]] = {}   # start -> (size, segment key)
-    free_end: dict[int, int] = {}                 # end -> start
-    live: dict[int, tuple[int, int, int, int]] = {}   # addr -> (block size, requested, seg, alloc row)
-    pending: dict[int, tuple[int, int, int, int]] = {}
+    live: dict[int, tuple[int, int, int]] = {}      # addr -> (block size, requested, alloc row)
+    pending: dict[int, tuple[int, int, int]] = {}
 
-    # Segments that predate the trace, for allocs whose cached block is unknown.
-    seg_starts = dev_segs["address"].to_numpy() if len(dev_segs) else np.empty(0, np.int64)
-    seg_order = np.argsort(seg_starts)
-    seg_starts = seg_starts[seg_order]
-    seg_ends = seg_starts + (dev_segs["total_size"].to_numpy()[seg_order] if len(dev_segs) else 0)
-
-    def seg_of(addr: int) -> int:
-        j = int(np.searchsorted(seg_starts, addr, side="right")) - 1
-        if j >= 0 and addr < seg_ends[j]:
-            return -(int(seg_order[j]) + 2)
-        return 0
-
-    def insert_free(start: int, size: int, seg: int) -> None:
-        # Merge with the free neighbours of the same segment (never across segments).
-        nxt = free_start.get(start + size)
-        if nxt is not None and nxt[1] == seg:
-            del free_start[start + size]
-            del free_end[start + size + nxt[0]]
-            size += nxt[0]
-        prv = free_end.get(start)
-        if prv is not None:
-            pb = free_start[prv]
-            if pb[1] == seg:
-                del free_end[start]
-                start, size = prv, pb[0] + size
-        free_start[start] = (size, seg)
-        free_end[start + size] = start
-
-    def take_free(start: int) -> tuple[int, int] | None:
-        fb = free_start.pop(start, None)
-        if fb is not None:
-            del free_end[start + fb[0]]
-        return fb
-
-    def carve(start: int, size: int) -> None:
-        """Remove [start, start+size) from the free blocks (segment_unmap of part of a block)."""
-        end = start + size
-        for fs, (fsz, seg) in list(free_start.items()):
-            fe = fs + fsz
-            if fe <= start or fs >= end:
-                continue
-            take_free(fs)
-            if fs < start:
-                free_start[fs] = (start - fs, seg)
-                free_end[start] = fs
-            if fe > end:
-                free_start[end] = (fe - end, seg)
-                free_end[fe] = end
+    # FIX (tests/test_replay.py, pre-existing + truncated cases): free blocks are never
+    # tracked. Free blocks of a segment always merge with their free neighbours, so the
+    # cached block an alloc takes runs from its address to the start of the next *non-free*
+    # block (allocated or pending) of the same segment, or to the segment's end. Those
+    # boundaries are known even for memory that predates the recording: the end state
+    # names every segment and every live block, and a free whose alloc was not recorded
+    # names a block that was live since the window began. (The former free-block map
+    # could not see pre-existing free space: it mis-sized reuse of it by up to ~100 MiB,
+    # and overlapping inserts crashed with KeyError.)
+    blk = (actions == A_ALLOC) | (actions == A_FREE_REQ) | (actions == A_FREE_DONE) | (actions == A_FREE)
+    b_addr = addrs[blk]
+    touched, first = np.unique(b_addr, return_index=True)
+    first_is_free = actions[blk][first] != A_ALLOC
+    nonfree_set = set(touched[first_is_free].tolist())   # live (or pending) when the window began
+    touched_set = set(touched.tolist())
+    if len(dev_blocks):
+        busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].tolist()
+        nonfree_set.update(a for a in busy_end if a not in touched_set)
+    nonfree = sorted(nonfree_set)
+    sg = (actions == A_SEG_ALLOC) | (actions == A_SEG_FREE)
+    s_addr = addrs[sg]
+    s_touched, s_first = np.unique(s_addr, return_index=True)
+    s_act, s_size = actions[sg], sizes[sg]
+    seg_end: dict[int, int] = {}
+    for a0, fi in zip(s_touched.tolist(), s_first.tolist()):
+        if s_act[fi] == A_SEG_FREE:               # freed in the window, allocated before it
+            seg_end[a0] = a0 + int(s_size[fi])
+    s_touched_set = set(s_touched.tolist())
+    if len(dev_segs):
+        for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist()):
+            if a0 not in s_touched_set:
+                seg_end[a0] = a0 + tot
+    seg_starts = sorted(seg_end)
+    has_free_done = bool((actions == A_FREE_DONE).any())
 
     # The loop only decides block sizes and pairs allocs with frees; the series are
     # cumulative sums of per-event deltas, computed vectorized afterwards.
@@ -152,41 +139,38 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     free_row = [n] * n       # for allocs: row of the free that ends them (n: never)
     alloc_row = [-1] * n     # for frees: row of the matching alloc
     orphans = unknown = 0
-    next_key = 1
     acts = actions.tolist()
     ad = addrs.tolist()
     sz = sizes.tolist()
-    small_or_exp = expandable_mode
+    bisect_right, insort = bisect.bisect_right, bisect.insort
+
+    def release(addr: int) -> None:
+        j = bisect.bisect_left(nonfree, addr)
+        if j < len(nonfree) and nonfree[j] == addr:
+            del nonfree[j]
+
     for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
         a = acts[i]
         if a == A_ALLOC:
             addr = ad[i]; req = sz[i]
             r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
-            fb = free_start.pop(addr, None)
-            if fb is not None:
-                fsize, seg = fb
-                del free_end[addr + fsize]
-                remaining = fsize - r
-                if r <= SMALL_SIZE or small_or_exp or seg == EXPANDABLE_SEG:
-                    split = remaining >= MIN_BLOCK
-                else:
-                    split = r < max_split and remaining > SMALL_SIZE
-                if split:
-                    bsize = r
-                    # The remainder keeps the back of the block; its far neighbour was
-                    # already merged, so no merge is needed: insert directly.
-                    rs = addr + r
-                    free_start[rs] = (remaining, seg)
-                    free_end[rs + remaining] = rs
-                else:
-                    bsize = fsize
+            if r <= SMALL_SIZE or expandable_mode:
+                # remainders are multiples of 512, so ">= 512 splits" always hands out r
+                bsize = r
             else:
-                # No known cached block: a pre-existing segment, or history that lost the
-                # segment's allocation. The end state knows live blocks exactly.
-                bsize = final_live_size.get(addr, r)
-                seg = seg_of(addr)
-                unknown += 1
-            live[addr] = (bsize, req, seg, i)
+                j = bisect_right(seg_starts, addr) - 1
+                send = seg_end[seg_starts[j]] if j >= 0 else 0
+                k = bisect_right(nonfree, addr)
+                end_ = min(nonfree[k], send) if k < len(nonfree) else send
+                if addr >= send or end_ - addr < r or (k > 0 and nonfree[k - 1] == addr):
+                    bsize = final_live_size.get(addr, r)   # inconsistent history
+                    unknown += 1
+                elif r < max_split and end_ - addr - r > SMALL_SIZE:
+                    bsize = r
+                else:
+                    bsize = end_ - addr
+            insort(nonfree, addr)
+            live[addr] = (bsize, req, i)
             block_size[i] = bsize
             delta[i] = bsize
             rdelta[i] = req
@@ -195,16 +179,15 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             b = live.pop(addr, None)
             if b is None:
                 orphans += 1
-                b = (round_size(sz[i]), sz[i], 0, -1)
+                b = (round_size(sz[i]), sz[i], -1)
             else:
-                free_row[b[3]] = i
-                alloc_row[i] = b[3]
+                free_row[b[2]] = i
+                alloc_row[i] = b[2]
             block_size[i] = b[0]
             delta[i] = -b[0]
             rdelta[i] = -b[1]
-            if a == A_FREE:
-                if b[2] != 0:
-                    insert_free(addr, b[0], b[2])
+            if a == A_FREE or not has_free_done:
+                release(addr)
             else:
                 pending[addr] = b
         elif a == A_FREE_DONE:
@@ -213,27 +196,22 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             if b is None:
                 b = live.pop(addr, None)   # free_requested skipped (skip_actions) or lost
                 if b is not None:
-                    free_row[b[3]] = i
-                    alloc_row[i] = b[3]
+                    free_row[b[2]] = i
+                    alloc_row[i] = b[2]
                     delta[i] = -b[0]
                     rdelta[i] = -b[1]
                 else:
                     orphans += 1
             if b is not None:
                 block_size[i] = b[0]
-                if b[2] != 0:
-                    insert_free(addr, b[0], b[2])
+            release(addr)
         elif a == A_SEG_ALLOC:
-            key = next_key; next_key += 1
-            insert_free(ad[i], sz[i], key)
+            if ad[i] not in seg_end:
+                insort(seg_starts, ad[i])
+            seg_end[ad[i]] = ad[i] + sz[i]
         elif a == A_SEG_FREE:
-            fb = take_free(ad[i])
-            if fb is None or fb[0] != sz[i]:
-                carve(ad[i], sz[i])
-        elif a == A_SEG_MAP:
-            insert_free(ad[i], sz[i], EXPANDABLE_SEG)
-        elif a == A_SEG_UNMAP:
-            carve(ad[i], sz[i])
+            if seg_end.pop(ad[i], None) is not None:
+                del seg_starts[bisect.bisect_left(seg_starts, ad[i])]
 
     allocated_s = np.cumsum(np.array(delta, dtype=np.int64)) if n else np.zeros(0, np.int64)
     requested_s = np.cumsum(np.array(rdelta, dtype=np.int64)) if n else np.zeros(0, np.int64)
@@ -260,7 +238,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             "(ring buffer wrapped or recording started late); peaks are for the recorded window")
         truncated = True
     if unknown:
-        warnings.append(f"{unknown:,} allocations reused cached blocks that predate the recording; "
+        warnings.append(f"{unknown:,} allocations do not fit the segments and live blocks the history implies; "
                         "their sizes come from the end state or from rounding")
     if baseline_alloc < 0:
         warnings.append(f"replay ends {-baseline_alloc:,} bytes above the end state: the trace is inconsistent "

@@ -13,6 +13,7 @@ import io
 import lzma
 import os
 import pickle
+import zlib
 from typing import IO, Any
 
 from snapviz.errors import InputError
@@ -50,6 +51,34 @@ def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
     return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
 
 
+class _DecompressErrors(io.RawIOBase):
+    """FIX (tests/test_safe_load.py): a corrupt gzip/xz body raised zlib.error / LZMAError,
+    which no caller caught (``load()`` sniffs the first 4 KiB before unpickling). Every
+    decompressor error now becomes one InputError line naming the file."""
+
+    def __init__(self, inner: IO[bytes], raw: IO[bytes], path: str) -> None:
+        super().__init__()
+        self._inner, self._raw, self._path = inner, raw, path
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        try:
+            return self._inner.readinto(b)  # type: ignore[attr-defined,no-any-return]
+        except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as exc:
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            what = "truncated" if isinstance(exc, EOFError) else "corrupt"
+            raise InputError(f"{self._path}: {what} compressed file ({detail})") from None
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+            self._raw.close()  # GzipFile/LZMAFile leave a passed-in file object open
+        finally:
+            super().close()
+
+
 def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
     """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension."""
     p = os.fspath(path)
@@ -63,15 +92,22 @@ def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
         raise InputError(f"{p}: cannot open ({exc.strerror or exc})") from None
     head = raw.read(6)
     raw.seek(0)
+    inner: IO[bytes]
     if head.startswith(_GZIP):
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if head.startswith(_XZ):
-        return lzma.LZMAFile(raw, "rb")  # type: ignore[return-value]
-    if head.startswith(_BZ2):
-        return bz2.BZ2File(raw, "rb")  # type: ignore[return-value]
-    if head.startswith(_ZSTD):
-        return _zstd_reader(raw)
-    return raw
+        inner = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
+    elif head.startswith(_XZ):
+        inner = lzma.LZMAFile(raw, "rb")  # type: ignore[assignment]
+    elif head.startswith(_BZ2):
+        inner = bz2.BZ2File(raw, "rb")  # type: ignore[assignment]
+    elif head.startswith(_ZSTD):
+        try:
+            inner = _zstd_reader(raw)
+        except InputError:
+            raw.close()
+            raise InputError(f"{p}: the file is zstd-compressed; install 'zstandard' or decompress it first") from None
+    else:
+        return raw
+    return io.BufferedReader(_DecompressErrors(inner, raw, p), 1 << 20)  # type: ignore[return-value]
 
 
 def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
@@ -93,8 +129,13 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
         raise InputError(msg if msg.startswith(p) else f"{p}: {msg}") from None
     except RecursionError:
         raise InputError(f"{p}: pickle nests too deeply to be a snapshot") from None
+    except MemoryError:
+        # FIX (tests/test_safe_load.py): a corrupt length field asks for exabytes
+        raise InputError(f"{p}: not a readable snapshot pickle (a length field asks for more memory "
+                         "than there is: corrupt, or too big for this machine)") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, lzma.LZMAError, OSError, UnicodeDecodeError) as exc:
+            AttributeError, lzma.LZMAError, OSError, UnicodeDecodeError,
+            OverflowError, zlib.error) as exc:  # FIX: OverflowError from FRAME/BINBYTES8 lengths
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, EOFError) or "truncated" in detail.lower() or "ran out of input" in detail.lower():
             raise InputError(f"{p}: truncated or incomplete snapshot pickle ({detail})") from None

@@ -63,9 +63,20 @@ def _block_frames(block: dict[str, Any]) -> Any:
     if fr:
         return fr
     hist = block.get("history")  # pre-2.1: [{"real_size", "frames"?}, ...]
-    if isinstance(hist, list) and hist and isinstance(hist[-1], dict):
-        return hist[-1].get("frames")
+    # FIX: c10 prepends to the history chain, so history[0] is the current allocation
+    # (torch/cuda/_memory_viz.py::_block_extra_legacy reads [0] too).
+    if isinstance(hist, list) and hist and isinstance(hist[0], dict):
+        return hist[0].get("frames")
     return None
+
+
+def _block_requested(block: dict[str, Any], size: int) -> int:
+    if "requested_size" in block:
+        return _as_int(block.get("requested_size"), size)
+    hist = block.get("history")  # FIX: pre-2.1 blocks keep the request as history[0]["real_size"]
+    if isinstance(hist, list) and hist and isinstance(hist[0], dict) and "real_size" in hist[0]:
+        return _as_int(hist[0].get("real_size"), size)
+    return size
 
 
 def _as_int(v: Any, default: int = 0) -> int:
@@ -125,8 +136,14 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
             values = list(map(itemgetter(key), entries))
         except KeyError:
             values = [get(e, key, default) for e in entries]
-        codes, uniq = pd.factorize(np.array(values, dtype=object), use_na_sentinel=False)
+        arr = np.empty(len(values), dtype=object)
+        arr[:] = values  # FIX: np.array(list of lists) would build a 2-D array
         del values
+        try:
+            codes, uniq = pd.factorize(arr, use_na_sentinel=False)
+        except TypeError:  # FIX: unhashable values (dict-valued user_metadata after torch 2.13)
+            arr[:] = [v if isinstance(v, str) else str(v) for v in arr]
+            codes, uniq = pd.factorize(arr, use_na_sentinel=False)
         return np.array([sid(u) for u in uniq], dtype=np.int32)[codes] if n else np.empty(0, np.int32)
 
     device_free = np.fromiter((_as_int(get(e, "device_free", -1), -1) for e in entries), np.int64, n) \
@@ -138,6 +155,19 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
 
 def snapshot_from_dict(data: Any, source: str) -> Snapshot:
     """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
+    # FIX (tests/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
+    # a frame name nested 100k deep, a list where a string belongs) crashed with
+    # OverflowError / RecursionError / TypeError; they are input errors (exit 2).
+    try:
+        return _snapshot_from_dict(data, source)
+    except InputError:
+        raise
+    except (OverflowError, RecursionError, MemoryError, TypeError, ValueError, RuntimeError) as exc:
+        detail = (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
+        raise InputError(f"{source}: malformed snapshot ({type(exc).__name__}: {detail})") from None
+
+
+def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     notes: list[str] = []
     if isinstance(data, list):
         if data and not all(isinstance(s, dict) and "blocks" in s for s in data[:50]):
@@ -219,7 +249,7 @@ def snapshot_from_dict(data: Any, source: str) -> Snapshot:
                 state = "active_pending_free"
             blk_rows.append((
                 len(seg_rows) - 1, _as_int(seg.get("device", 0)), _as_int(b.get("address", baddr)), size,
-                _as_int(b.get("requested_size", size)), state, interner.stack_id(_block_frames(b)),
+                _block_requested(b, size), state, interner.stack_id(_block_frames(b)),
             ))
             baddr += size
     segments = pd.DataFrame(seg_rows, columns=["device", "address", "total_size", "allocated_size", "requested_size",
