@@ -10,7 +10,10 @@ each repetition is one more pipeline call and the peak is known exactly).
 
 Then, each in its own process (peak RSS per process from ``os.wait4``):
 
-  (a) ``snapviz.load.safe_pickle.safe_load_pickle(FILE)``: the floor any tool pays;
+  (a) ``snapviz.load.safe_pickle.safe_load_pickle(FILE)``: the restricted ``pickle.load``
+      with the interpreter's defaults, the floor any tool that reads the pickle pays
+      (snapviz's own loader pauses the cyclic GC, see ``snapviz.load.paused_gc``; the
+      in-process line below shows that figure too);
   (b) ``snapviz analyze FILE -o OUT.html --json OUT.json -q``.
 
 Targets: analyze wall time <= 3x the load, peak RSS <= 2x, HTML <= 5 MB. ``--check``
@@ -131,10 +134,15 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
 
 # ---------------------------------------------------------------------------- measuring
 
-def _child_load(path: str) -> None:
+def _child_load(path: str, paused: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
     from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
 
+    from snapviz.load import paused_gc  # noqa: PLC0415
+
+    if paused:
+        gc_ctx = paused_gc()
+        gc_ctx.__enter__()
     t0 = time.perf_counter()
     data = safe_load_pickle(path)
     t1 = time.perf_counter()
@@ -175,9 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the best wall time counts")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     ap.add_argument("--child-load", help=argparse.SUPPRESS)
+    ap.add_argument("--child-load-paused", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_load:
         _child_load(args.child_load)
+        return 0
+    if args.child_load_paused:
+        _child_load(args.child_load_paused, paused=True)
         return 0
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="snapviz-bench-"))
@@ -209,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     load = min(loads, key=lambda r: r["wall_s"])
     ana = min(analyses, key=lambda r: r["wall_s"])
     load_inproc = json.loads(load["stdout"].strip().splitlines()[-1])["load_s"]
+    paused = _spawn_reaped([sys.executable, str(Path(__file__).resolve()), "--child-load-paused", str(snap_path)], env)
+    paused_inproc = json.loads(paused["stdout"].strip().splitlines()[-1])["load_s"] if paused["rc"] == 0 else float("nan")
     html_bytes = html.stat().st_size if html.exists() else -1
     summary = json.loads(js.read_text()) if js.exists() else {}
 
@@ -225,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| peak RSS | {fmt_bytes(load['rss'])} | {fmt_bytes(ana['rss'])} | {r_ratio:.2f}x | "
           f"<= {TARGET_RSS_RATIO:g}x | {mark[ok_r]} |")
     print(f"| HTML size | | {fmt_bytes(html_bytes)} | | <= {TARGET_HTML_BYTES / 1e6:g} MB | {mark[ok_h]} |")
-    print(f"\nunpickling alone (in process, after imports): {load_inproc:.2f} s; build: {build_s:.1f} s; "
+    print(f"\nunpickling alone (in process, after imports): {load_inproc:.2f} s with the GC on, "
+          f"{paused_inproc:.2f} s with it paused as snapviz does; build: {build_s:.1f} s; "
           f"best of {max(1, args.repeat)} run(s) each.")
     peak = (summary.get("peak") or {}).get("allocated_bytes")
     if truth is not None and peak is not None:

@@ -1,10 +1,12 @@
 """Files in, model out: snapshot pickles, Chrome traces and run directories."""
 from __future__ import annotations
 
+import gc
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from snapviz.errors import InputError
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
@@ -59,9 +61,28 @@ def _sniff(path: str) -> str:
     return "pickle"
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector during a bulk load.
+
+    Unpickling a snapshot creates millions of dicts; each allocation burst triggers a GC
+    pass over everything already loaded, which makes a default ``pickle.load`` about 3x
+    slower than the unpickling itself. Snapshots contain no reference cycles (plain
+    dicts/lists of scalars), so refcounting frees them and nothing is lost by pausing.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def load_snapshot(path: str) -> Snapshot:
     """A snapshot pickle (any compression) as the columnar model."""
-    return snapshot_from_dict(safe_load_pickle(path), source=path)
+    with paused_gc():
+        return snapshot_from_dict(safe_load_pickle(path), source=path)
 
 
 def load(path: str | os.PathLike[str], label: str | None = None) -> Run:

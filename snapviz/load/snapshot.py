@@ -99,6 +99,11 @@ def _pool_str(v: Any) -> str:
 _FAST_KEYS = ("action", "addr", "size", "stream", "time_us")
 
 
+def _metadata_str(v: Any) -> str:
+    """user_metadata is a str up to 2.13; newer torch may stamp dicts (unhashable)."""
+    return v if isinstance(v, str) else ("" if v is None else str(v))
+
+
 def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any) -> dict[str, np.ndarray]:
     """Columns of one device's trace entries.
 
@@ -132,19 +137,17 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
     del frames_col
 
     def interned(key: str, default: str) -> np.ndarray:
+        # Factorize by object identity first (pickle memoizes repeated strings, so this is
+        # an int factorize), then intern the few distinct objects by value.
         try:
             values = list(map(itemgetter(key), entries))
         except KeyError:
             values = [get(e, key, default) for e in entries]
-        arr = np.empty(len(values), dtype=object)
-        arr[:] = values  # FIX: np.array(list of lists) would build a 2-D array
+        codes, _ = pd.factorize(np.fromiter(map(id, values), np.int64, len(values)))
+        _, first = np.unique(codes, return_index=True)
+        ids = np.array([sid(_metadata_str(values[j])) for j in first.tolist()], dtype=np.int32)
         del values
-        try:
-            codes, uniq = pd.factorize(arr, use_na_sentinel=False)
-        except TypeError:  # FIX: unhashable values (dict-valued user_metadata after torch 2.13)
-            arr[:] = [v if isinstance(v, str) else str(v) for v in arr]
-            codes, uniq = pd.factorize(arr, use_na_sentinel=False)
-        return np.array([sid(u) for u in uniq], dtype=np.int32)[codes] if n else np.empty(0, np.int32)
+        return ids[codes] if n else np.empty(0, np.int32)
 
     device_free = np.fromiter((_as_int(get(e, "device_free", -1), -1) for e in entries), np.int64, n) \
         if (action == ACTION_CODE["oom"]).any() else np.full(n, -1, np.int64)
