@@ -11,6 +11,7 @@ from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stages import StageLabels, label_events, stage_group, stage_intervals, stage_table
 from snapviz.load import Run
+from snapviz.model import Snapshot
 from snapviz.model import A_ALLOC, A_OOM, ACTIONS
 
 SCHEMA = "snapviz.summary/1"
@@ -30,6 +31,8 @@ class Analysis:
     attention_summary: dict[str, Any]
     categories: pd.DataFrame       # live bytes by category at the peak
     device_peaks: pd.DataFrame     # every device: peak allocated / reserved
+    stage_live: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: bytes by category at its peak
+    stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)   # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     sites: SiteNamer | None = None
 
@@ -123,6 +126,7 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
         att_summary["trace_offset_us"] = off
     categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites, rules_path=rules_path)
 
+    stage_live, stage_top = _stage_live_sets(snap, rep, labels.labels, stages, sites, rules_path)
     warnings = list(snap.format_notes) + list(rep.warnings)
     if labels.source == "none" and len(ev):
         warnings.append("no stage labels and no frames to attribute stages from: everything is 'unlabelled'")
@@ -135,7 +139,45 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
         warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
     return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
                     attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
-                    warnings=warnings, sites=sites)
+                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top)
+
+
+def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
+                     rules_path: str | None, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """What was live at each stage interval's own peak: bytes by category, and the largest
+    blocks the stage itself allocated.
+
+    Allocations are categorised once; each stage is then one vectorized mask.
+    """
+    from snapviz.analyses.categories import categorize_allocs
+
+    ev = rep.events
+    alloc_rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
+    empty = (pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
+             pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]))
+    if not len(alloc_rows) or not len(stages):
+        return empty
+    cats = categorize_allocs(snap, rep, labels, alloc_rows, rules_path)
+    frees = ev["free_row"].to_numpy()[alloc_rows]
+    sizes = ev["block_size"].to_numpy()[alloc_rows]
+    stacks = ev["stack_id"].to_numpy()[alloc_rows]
+    live_rows, top_rows = [], []
+    for k, (name, prow, srow) in enumerate(zip(stages["name"].tolist(), stages["peak_row"].tolist(),
+                                               stages["start_row"].tolist())):
+        if prow < 0:
+            continue
+        m = (alloc_rows <= prow) & (frees > prow)
+        if not m.any():
+            continue
+        df = pd.DataFrame({"category": cats[m], "bytes": sizes[m]}).groupby("category")["bytes"].agg(["sum", "size"])
+        for cat, (b, c) in df.iterrows():
+            live_rows.append((k, name, cat, int(b), int(c)))
+        # The stage's own allocations: what it added on top of what it inherited.
+        idx = np.flatnonzero(m & (alloc_rows >= srow))
+        for j in idx[np.argsort(-sizes[idx], kind="stable")[:top_n]]:
+            top_rows.append((k, name, int(sizes[j]), sites.site(int(stacks[j])), int(alloc_rows[j]), int(stacks[j])))
+    return (pd.DataFrame(live_rows, columns=empty[0].columns) if live_rows else empty[0],
+            pd.DataFrame(top_rows, columns=empty[1].columns) if top_rows else empty[1])
 
 
 def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
@@ -163,13 +205,21 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     stages_out: list[dict[str, Any]] = []
     groups: dict[str, dict[str, Any]] = {}
     occurrences: dict[str, int] = {}
-    for r in an.stages.itertuples(index=False):
+    live_by_iv = {k: g for k, g in an.stage_live.groupby("interval")} if len(an.stage_live) else {}
+    top_by_iv = {k: g for k, g in an.stage_top.groupby("interval")} if len(an.stage_top) else {}
+    for iv, r in enumerate(an.stages.itertuples(index=False)):
         k = occurrences.get(r.name, 0)
         occurrences[r.name] = k + 1
         t = truth.get((r.name, k))
         item = {"name": r.name, "peak_allocated_bytes": int(r.peak_allocated_bytes),
                 "peak_reserved_bytes": int(r.peak_reserved_bytes), "start_us": int(r.start_us), "end_us": int(r.end_us),
                 "allocated_at_entry": int(r.allocated_at_entry), "allocated_at_exit": int(r.allocated_at_exit)}
+        if iv in live_by_iv:
+            g_ = live_by_iv[iv].sort_values("bytes", ascending=False)
+            item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"])}
+        if iv in top_by_iv:
+            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"])]
+        item["duration_s"] = float(r.duration_s)
         if t is not None:
             item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")
             item["allocator_peak_reserved_bytes"] = t.get("peak_reserved_bytes")
