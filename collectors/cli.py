@@ -121,3 +121,237 @@ def collect(pipeline: str, size: str, model: str | None, device: str, steps: int
                 sys.exit(1)
             raise
     click.echo(str(run_dir))
+
+
+# ----------------------------------------------------------------------------- matrix
+
+MATRIX_EPILOG = """\b
+Default variants (when no --variant is given; baseline fp16):
+  sdxl          fp32 fp16 fp16+classic fp16+vae-slicing fp16+vae-tiling fp16+tiny-vae
+                fp16+model-offload fp16+sequential-offload bf16
+  sd15          the sdxl set plus fp16+sliced
+  pixart-sigma  fp16 bf16 fp16+vae-tiling fp16+model-offload fp16+staged+int8+nf4-text-encoder
+On CPU the fp16 variants run in fp32 and CUDA-only ones are skipped, each with the reason.
+\b
+Examples:
+  snapviz matrix --pipeline sd15 --size tiny --device cpu --variant fp32 --variant fp32,vae-tiling
+  snapviz matrix --pipeline sdxl --size full --device cuda --steps 4 --no-history --jobs 2
+  snapviz matrix --pipeline sdxl --size full --memory-limit-gb 10 -o m.html  # fits 10 GiB?
+\b
+Writes one run directory and one .log per variant into --out, then matrix.html (snapviz
+compare's page with the matrix table on top), matrix.md and matrix.json (schema
+snapviz.matrix/1, the snapviz.compare/1 document inside) there unless -o/--markdown/--json
+say otherwise, and prints the ranked Markdown table. Exit 0 when at least one variant ran,
+1 when none did, 2 for bad options.
+"""
+
+
+def _check_output(path: str | None, flag: str) -> None:
+    import os
+
+    if not path or path == "-":
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise OptionError(f"{flag} {path}: output directory does not exist")
+    if os.path.isdir(path):
+        raise OptionError(f"{flag} {path}: is a directory")
+
+
+@click.command("matrix", epilog=MATRIX_EPILOG,
+               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--pipeline", required=True, type=click.Choice(["sd15", "sdxl", "pixart-sigma"]),
+              help="Pipeline family to build.")
+@click.option("--size", default="tiny", show_default=True, type=click.Choice(["tiny", "full"]),
+              help="tiny: seconds on CPU; full: the real architecture (random weights).")
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cuda", "cpu"]), help="auto = cuda when available.")
+@click.option("--steps", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Denoising steps per variant.")
+@click.option("--height", type=click.IntRange(min=8), default=None,
+              help="Image height [tiny 64; sd15 512; sdxl/pixart 1024].")
+@click.option("--width", type=click.IntRange(min=8), default=None, help="Image width.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Images per prompt.")
+@click.option("--variant", "variants", multiple=True, metavar="T[,T...]",
+              help="A technique combination, e.g. fp16,vae-tiling (repeat). Replaces the default set.")
+@click.option("--baseline", metavar="VARIANT", default=None,
+              help="Variant the others are measured against [fp16 in the default set; else the "
+                   "first --variant].")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Variants run at once; on CUDA one GPU each (CUDA_VISIBLE_DEVICES).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=None,
+              help="Kill a variant after this many seconds and record it as timed out.")
+@click.option("--no-history", is_flag=True,
+              help="Variants record no memory history (honest wall times; no snapshots).")
+@click.option("--profile", is_flag=True, help="Variants also write a profiler trace (after load).")
+@click.option("--memory-limit-gb", type=click.FloatRange(min=0.1), default=None,
+              help="Cap every variant's CUDA allocator (act as a smaller GPU): which variants fit?")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Directory for the variants' run directories and logs "
+                   "[runs/matrix-<pipeline>-<size>-<time>].")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), default=None,
+              help="HTML report [OUT/matrix.html].")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Markdown (matrix table + comparison) [OUT/matrix.md]; '-' for stdout.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="JSON, schema snapviz.matrix/1 [OUT/matrix.json]; '-' for stdout.")
+def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None,
+           width: int | None, batch: int, variants: tuple[str, ...], baseline: str | None,
+           jobs: int, timeout_s: float | None, no_history: bool, profile: bool,
+           memory_limit_gb: float | None, seed: int, out: str | None, html_out: str | None, md_out: str | None,
+           json_out: str | None) -> None:
+    """Run one pipeline across technique combinations and rank them against a baseline.
+
+    Each variant runs in a fresh `python -m collectors` process (peaks not polluted by the
+    previous one); a variant that fails (OOM, unsupported, crash, --timeout) is recorded as
+    such and the matrix goes on. The report is snapviz compare's, stage-aligned, plus a
+    table of peak allocated/reserved, per-stage peaks, pipe() call time and median step
+    time, each relative to the baseline, ranked by memory saved per second of extra time.
+    """
+    import os
+    import time
+    from pathlib import Path
+
+    from . import matrix as mx
+
+    # every option is checked before any variant runs: bad options cost seconds, not minutes
+    given = [p for p in (html_out, md_out, json_out) if p]
+    if sum(1 for p in given if p == "-") > 1:
+        raise OptionError("only one output can go to stdout ('-')")
+    real = [os.path.abspath(p) for p in given if p != "-"]
+    if len(real) != len(set(real)):
+        raise OptionError("two outputs name the same file")
+    for path, flag in ((html_out, "-o"), (md_out, "--markdown"), (json_out, "--json")):
+        _check_output(path, flag)
+    if (height and height % 8) or (width and width % 8):
+        raise OptionError("--height and --width must be multiples of 8")
+    try:
+        import torch
+
+        known, aliases = mx.technique_names()
+    except ImportError as err:
+        raise OptionError(f"matrix needs torch and diffusers ({err.name} is missing): "
+                          "pip install 'snapviz[collect]'") from None
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    slots: list[str | None]
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionError(f"--device cuda but torch sees no CUDA device (torch {torch.__version__})")
+        count = torch.cuda.device_count()
+        if jobs > count:
+            raise OptionError(f"--jobs {jobs} needs {jobs} GPUs but {count} "
+                              f"{'is' if count == 1 else 'are'} visible")
+        visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+        ids = visible[:count] if len(visible) >= count else [str(i) for i in range(count)]
+        slots = list(ids[:jobs])
+    else:
+        if memory_limit_gb is not None:
+            raise OptionError("--memory-limit-gb caps the CUDA caching allocator; this matrix is on cpu")
+        slots = [None] * jobs
+
+    try:
+        notes: list[str] = []
+        skipped: list[dict[str, str]] = []
+        if variants:
+            chosen = [mx.parse_variant(v, known, aliases) for v in variants]
+            labels = [v.label for v in chosen]
+            dups = sorted({lab for lab in labels if labels.count(lab) > 1})
+            if dups:
+                raise OptionError(f"--variant {dups[0]} is given twice")
+        else:
+            chosen, notes = mx.default_variants(pipeline, device)
+            chosen, skipped = mx.screen_variants(chosen, device=device, pipeline=pipeline)
+        labels = [v.label for v in chosen]
+        if baseline is not None:
+            base = mx.parse_variant(baseline, known, aliases).label
+            if base in [s["label"] for s in skipped]:
+                reason = next(s["reason"] for s in skipped if s["label"] == base)
+                raise OptionError(f"--baseline {baseline}: skipped on {device} ({reason})")
+            if base not in labels:
+                hint = (" (on CPU the default fp16 variants run in fp32)"
+                        if device == "cpu" and not variants and "fp16" in base.split("+") else "")
+                raise OptionError(f"--baseline {baseline} is not one of the variants: "
+                                  f"{', '.join(labels)}{hint}")
+        else:
+            default = mx.parse_variant("fp32" if device == "cpu" else mx.DEFAULT_BASELINE).label
+            base = default if (not variants and default in labels) else (labels[0] if labels else "")
+    except mx.MatrixError as err:
+        raise OptionError(str(err)) from None
+    if not chosen:
+        raise OptionError(f"no variant can run on {device}: "
+                          + "; ".join(f"{s['label']}: {s['reason']}" for s in skipped))
+
+    out_dir = Path(out or Path("runs") / f"matrix-{pipeline}-{size}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise OptionError(f"--out {out_dir}: exists and is not empty (pick a new directory)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    opts = mx.MatrixOptions(pipeline=pipeline, size=size, device=device, steps=steps, height=height,
+                            width=width, batch=batch, history=not no_history, profile=profile,
+                            memory_limit_gb=memory_limit_gb, seed=seed, jobs=jobs, timeout_s=timeout_s, out=out_dir)
+
+    if memory_limit_gb:
+        notes.append(f"every variant's CUDA allocator was capped at {memory_limit_gb:g} GiB "
+                     "(--memory-limit-gb): an OOM row would not fit a GPU of that size")
+    where = f"GPU {', '.join(str(s) for s in slots)}" if device == "cuda" else "cpu"
+    click.echo(f"snapviz matrix: {pipeline} {size}, {len(chosen)} variant{'' if len(chosen) == 1 else 's'}, {steps} steps, "
+               f"baseline {base}, {jobs} at a time on {where} -> {out_dir}", err=True)
+    for s in skipped:
+        click.echo(f"  skip {s['label']}: {s['reason']}", err=True)
+
+    def progress(i: int, n: int, res: mx.VariantResult) -> None:
+        m = res.measure
+        if res.ok:
+            peak = m["peak_allocated_bytes"] / 2**30
+            what = (f"peak {peak:.2f} GiB{' RSS' if m['memory_metric'] == 'rss' else ''}, "
+                    f"call {m['call_s']:.2f} s")
+            if m["step_median_s"] is not None:
+                what += f", step {m['step_median_s']:.3f} s"
+        else:
+            what = f"{res.reason}"
+        gpu = f"GPU {res.gpu}, " if res.gpu is not None else ""
+        click.echo(f"[{i}/{n}] {res.variant.label:<34} {res.status:<11} {what}  "
+                   f"({gpu}{res.elapsed_s:.1f} s)", err=True)
+
+    results = mx.run_variants(opts, chosen, slots, on_done=progress)
+    rows = [mx.variant_row(r) for r in results]
+    ok = [r for r in rows if r["status"] == "ok" and r["measure"]]
+    if ok and base not in [r["label"] for r in ok]:
+        notes.append(f"the baseline {base} did not run ({next(r['status'] for r in rows if r['label'] == base)}); "
+                     f"everything is relative to {ok[0]['label']} instead")
+        base = ok[0]["label"]
+    if len({r["measure"]["memory_metric"] for r in ok}) > 1:
+        notes.append("variants mix allocator and RSS numbers; compare like with like")
+    cmp, compare_doc = None, None
+    if ok:
+        rows = mx.rank_results(rows, base)
+        built = mx.build_comparison(rows)
+        if built is not None:
+            cmp, compare_doc = built
+        else:
+            notes.append("the stage-aligned comparison needs two variants that ran")
+    doc = mx.matrix_dict(opts, rows, base if ok else None, skipped, notes, compare_doc)
+
+    from snapviz.render.json_summary import render_json
+    from snapviz.render.output import write_atomic
+
+    outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
+               (md_out or str(out_dir / "matrix.md"), lambda: mx.render_full_markdown(doc)),
+               (html_out or str(out_dir / "matrix.html"), lambda: mx.render_matrix_html(doc, cmp))]
+    rendered = [(path, make()) for path, make in outputs]
+    for path, text in rendered:
+        if path == "-":
+            click.echo(text, nl=False)
+        else:
+            write_atomic(path, text)
+    if "-" not in (json_out, md_out):
+        click.echo(mx.render_matrix_markdown(doc), nl=False)
+    for path, _ in rendered:
+        if path != "-":
+            click.echo(f"  wrote {path}", err=True)
+    if not ok:
+        click.echo(f"no variant ran successfully; see the logs in {out_dir}", err=True)
+        sys.exit(1)

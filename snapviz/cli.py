@@ -119,11 +119,12 @@ def _register_optional() -> None:
         cli.add_command(compare)
         cli.add_command(check)
     try:
-        from collectors.cli import collect
+        from collectors.cli import collect, matrix
     except ImportError:
         pass
     else:
         cli.add_command(collect)
+        cli.add_command(matrix)
 
 
 _register_optional()

@@ -10,7 +10,6 @@ each boundary. The labels are then stripped and the frames alone must give them 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -642,47 +641,6 @@ def test_bad_rules_file_is_input_error(tmp_path: Path, content: str, msg: str) -
     p.write_text(content)
     with pytest.raises(InputError, match=msg):
         load_rules(str(p))
-
-
-# --- speed: attribution is per unique stack --------------------------------------------------------
-
-def test_attribution_cost_is_small_next_to_the_core_analysis() -> None:
-    """A long run (many steps => many events, few distinct stacks): labelling, categories,
-    the category timeline and attention together cost well under half of the core
-    analysis (loading the snapshot into the model + the allocator replay)."""
-    from snapviz.analyses.attention import find_attention
-    from snapviz.analyses.categories import categorize_live, category_timeline
-    from snapviz.analyses.sites import SiteNamer
-    from snapviz.analyses.stages import stage_intervals, stage_table
-    # One-time costs (parsing the rules file, compiling regexes) are paid on a small run first:
-    # the bound is about how attribution scales with the number of events.
-    small = load_dict(diffusion_run("sd15", steps=1).snapshot_dict(labels=False))
-    label_from_frames(small, small.device_events(0))
-    pr = diffusion_run("sd15", steps=400)
-    d = pr.snapshot_dict(labels=False)
-    core, attr = [], []
-    for _ in range(3):  # best of three: the machine may be busy with other work
-        t0 = time.perf_counter()
-        snap = load_dict(d)
-        rep = replay_allocator(snap, 0)
-        core.append(time.perf_counter() - t0)
-        ev = rep.events
-        t0 = time.perf_counter()
-        labels = label_from_frames(snap, ev)
-        assert labels is not None
-        t_attr = time.perf_counter() - t0
-        # the stage table is part of every analysis, whatever the label source
-        st = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
-                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
-        sites = SiteNamer(snap)
-        t0 = time.perf_counter()
-        find_attention(snap, rep, labels, st, sites)
-        categorize_live(snap, rep, labels, rep.peak_index, sites)
-        category_timeline(snap, rep, labels, sites, 2000)
-        attr.append(t_attr + time.perf_counter() - t0)
-    assert len(ev) > 45000
-    assert len({s for s in labels if s.startswith("denoise/")}) == 400
-    assert min(attr) < 0.5 * min(core), (attr, core, len(ev))
 
 
 # --- the real samples (recorded by the collectors) -------------------------------------------------
