@@ -70,6 +70,9 @@ class OptionError(click.UsageError):
               type=click.IntRange(min=1), help="Ring-buffer size of the memory history.")
 @click.option("--no-history", is_flag=True,
               help="Do not record memory history (honest wall times; no snapshot).")
+@click.option("--sync-stages", is_flag=True,
+              help="Synchronize the GPU at every stage boundary: exact per-stage wall times, at "
+                   "the cost of CPU/GPU overlap (peaks are exact either way).")
 @click.option("--memory-limit-gb", type=click.FloatRange(min=0.1), default=None,
               help="Cap the CUDA caching allocator at this many GiB (act as a smaller GPU; "
                    "the run OOMs and saves its snapshot if it needs more).")
@@ -79,7 +82,7 @@ class OptionError(click.UsageError):
 def collect(pipeline: str, size: str, model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
             profile: bool, profile_scope: str, stacks: str, context: str, max_entries: int,
-            no_history: bool, memory_limit_gb: float | None, seed: int,
+            no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
             out: str | None) -> None:
     """Run a diffusion pipeline with stage labels and record its memory.
 
@@ -101,7 +104,7 @@ def collect(pipeline: str, size: str, model: str | None, device: str, steps: int
                       profile=profile, profile_scope=profile_scope, stacks=stacks,
                       context=context, max_entries=max_entries,
                       history=not no_history, seed=seed, out=out,
-                      memory_limit_gb=memory_limit_gb)
+                      memory_limit_gb=memory_limit_gb, sync_stages=sync_stages)
     try:
         plan = validate(opts)
     except (TechniqueError, ValueError) as err:

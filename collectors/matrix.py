@@ -177,6 +177,7 @@ class MatrixOptions:
             args += ["--technique", t]
         if not self.history:
             args.append("--no-history")
+        args.append("--sync-stages")  # the table reports per-step wall times
         if self.profile:
             args += ["--profile", "--profile-scope", "after-load"]
         if self.memory_limit_gb:

@@ -38,6 +38,7 @@ class RunOptions:
     max_entries: int = DEFAULT_MAX_ENTRIES
     history: bool = True
     seed: int = 0
+    sync_stages: bool = False
     out: str | None = None
     save_image: bool = True
     memory_limit_gb: float | None = None
@@ -170,7 +171,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
     rec = Recorder(pipe, out, device=device, stacks=opts.stacks, context=opts.context,
                    max_entries=opts.max_entries, history=opts.history, profile=opts.profile,
                    profile_scope=opts.profile_scope, devices=devices, initial_stage="load",
-                   meta=meta, on_step=on_step)
+                   meta=meta, on_step=on_step, sync_stages=opts.sync_stages)
     if opts.memory_limit_gb and device.type == "cuda":
         # pretend to be a smaller GPU: the caching allocator refuses to grow past the cap
         total = torch.cuda.get_device_properties(device).total_memory
