@@ -6,6 +6,8 @@ them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sys
 
 import click
@@ -194,6 +196,9 @@ def _check_output(path: str | None, flag: str) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Directory for the variants' run directories and logs "
                    "[runs/matrix-<pipeline>-<size>-<time>].")
+@click.option("--from-dir", "from_dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Do not run anything: rank and report the variants already in DIR (a previous "
+                   "matrix --out, e.g. recorded on a GPU machine without bokeh).")
 @click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), default=None,
               help="HTML report [OUT/matrix.html].")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), default=None,
@@ -203,8 +208,8 @@ def _check_output(path: str | None, flag: str) -> None:
 def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None,
            width: int | None, batch: int, variants: tuple[str, ...], baseline: str | None,
            jobs: int, timeout_s: float | None, no_history: bool, profile: bool,
-           memory_limit_gb: float | None, seed: int, out: str | None, html_out: str | None, md_out: str | None,
-           json_out: str | None) -> None:
+           memory_limit_gb: float | None, seed: int, out: str | None, from_dir: str | None,
+           html_out: str | None, md_out: str | None, json_out: str | None) -> None:
     """Run one pipeline across technique combinations and rank them against a baseline.
 
     Each variant runs in a fresh `python -m collectors` process (peaks not polluted by the
@@ -230,6 +235,14 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
         _check_output(path, flag)
     if (height and height % 8) or (width and width % 8):
         raise OptionError("--height and --width must be multiples of 8")
+    if from_dir:
+        try:
+            opts, results, base = mx.results_from_dir(Path(from_dir), baseline)
+        except mx.MatrixError as err:
+            raise OptionError(str(err)) from None
+        _matrix_report(mx, opts, results, base, [], [f"re-reported from {from_dir}"], Path(from_dir),
+                       html_out, md_out, json_out)
+        return
     try:
         import torch
 
@@ -320,6 +333,12 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
                    f"({gpu}{res.elapsed_s:.1f} s)", err=True)
 
     results = mx.run_variants(opts, chosen, slots, on_done=progress)
+    _matrix_report(mx, opts, results, base, skipped, notes, out_dir, html_out, md_out, json_out)
+
+def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: list[dict[str, str]],
+                   notes: list[str], out_dir: Any, html_out: str | None, md_out: str | None,
+                   json_out: str | None) -> None:
+    """Rank the variants, build the stage-aligned comparison, write the reports."""
     rows = [mx.variant_row(r) for r in results]
     ok = [r for r in rows if r["status"] == "ok" and r["measure"]]
     if ok and base not in [r["label"] for r in ok]:
@@ -344,7 +363,13 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
                (md_out or str(out_dir / "matrix.md"), lambda: mx.render_full_markdown(doc)),
                (html_out or str(out_dir / "matrix.html"), lambda: mx.render_matrix_html(doc, cmp))]
-    rendered = [(path, make()) for path, make in outputs]
+    rendered = []
+    for path, make in outputs:
+        try:
+            rendered.append((path, make()))
+        except ImportError as err:  # e.g. a GPU box without bokeh: keep the JSON/Markdown
+            click.echo(f"  skipped {path}: {err} (re-render elsewhere with "
+                       f"snapviz matrix --from-dir {out_dir})", err=True)
     for path, text in rendered:
         if path == "-":
             click.echo(text, nl=False)

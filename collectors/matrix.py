@@ -455,6 +455,33 @@ def rank_results(rows: list[dict[str, Any]], baseline: str) -> list[dict[str, An
     return ordered
 
 
+def results_from_dir(out_dir: Path, baseline: str | None = None) -> tuple[MatrixOptions, list[VariantResult], str]:
+    """The variants a previous matrix left in ``out_dir`` (one run directory each)."""
+    results: list[VariantResult] = []
+    first: dict[str, Any] | None = None
+    for rd in sorted(p for p in out_dir.iterdir() if p.is_dir() and (p / "run.json").is_file()):
+        log = out_dir / f"{rd.name}.log"
+        status, reason, info = classify(0, False, rd, log)
+        if info is None:
+            continue
+        variant = Variant(label=rd.name, techniques=tuple(rd.name.split("+")))
+        res = VariantResult(variant=variant, status=status, reason=reason, run_dir=rd, log=log, returncode=0,
+                            elapsed_s=float(info.get("wall_s") or 0.0), gpu=None, run=info,
+                            measure=measure(info) if status == "ok" else None)
+        results.append(res)
+        first = first or info
+    if not results or first is None:
+        raise MatrixError(f"{out_dir}: no variant run directories (with run.json) in it")
+    labels = [r.variant.label for r in results]
+    base = baseline if baseline in labels else (DEFAULT_BASELINE if DEFAULT_BASELINE in labels else labels[0])
+    opts = MatrixOptions(pipeline=str(first.get("pipeline")), size=str(first.get("size")),
+                         device="cuda" if first.get("device", "").startswith("cuda") else "cpu",
+                         steps=int(first.get("steps") or 0), height=first.get("height"), width=first.get("width"),
+                         batch=int(first.get("batch") or 1), history=bool((first.get("history") or {}).get("enabled", True)),
+                         jobs=0, out=out_dir)  # jobs=0: concurrency not known from the files
+    return opts, results, base
+
+
 def variant_row(res: VariantResult) -> dict[str, Any]:
     return {"label": res.variant.label, "techniques": list(res.variant.techniques),
             "status": res.status, "reason": res.reason, "run_dir": str(res.run_dir), "log": str(res.log),
@@ -620,7 +647,7 @@ def render_matrix_markdown(doc: dict[str, Any]) -> str:
              f"diffusers {doc['diffusers_version']}" if doc.get("diffusers_version") else None,
              "memory history on (times include its overhead)" if doc["history"] and doc["device"] == "cuda"
              else ("no memory history" if doc["device"] == "cuda" else None),
-             f"{doc['jobs']} variants at a time" if doc["jobs"] > 1 else "one variant at a time",
+             None if doc["jobs"] == 0 else f"{doc['jobs']} variants at a time" if doc["jobs"] > 1 else "one variant at a time",
              "each variant in a fresh process"]
     out.append("Setup: " + ", ".join(s for s in setup if s) + ".")
     against = (f"Percentages are against the baseline `{doc['baseline']}`." if doc.get("baseline")
