@@ -1,9 +1,10 @@
 """The interactive HTML report: one self-contained file (Bokeh INLINE, no network).
 
 Renders the plain columns of :mod:`snapviz.render.report_data` and computes nothing.
-Static parts (verdict, warnings, run metadata) are plain HTML, readable even where
-JavaScript is off; the plots and tables are Bokeh roots of one document, so their
-sources, ranges and selections are linked. Shared pieces for other reports (the
+Static parts (verdict, warnings, what would help, run metadata) are plain HTML, readable
+even where JavaScript is off; the plots and tables are Bokeh roots of one document, so
+their sources, ranges and selections are linked (the category area pans with the
+timeline; a click on a stage's bar selects that stage's blocks in its table). Shared pieces for other reports (the
 comparison report): :func:`build_page`, :func:`timeline_figure`, :func:`stage_palette`,
 :func:`bytes_tick_formatter`, :func:`bytes_hover_formatter`, :data:`PAGE_CSS`.
 """
@@ -20,18 +21,20 @@ from bokeh.embed import file_html
 from bokeh.models import (AdaptiveTicker, BoxZoomTool, ColumnDataSource, CustomJS, CustomJSHover,
                           CustomJSTickFormatter, DataRange1d, DataTable, FactorRange, HoverTool, Label, Legend, LegendItem,
                           NumeralTickFormatter, PanTool, PreText, Range1d, ResetTool, SaveTool, Scatter, Span,
-                          TableColumn, TabPanel, Tabs, WheelZoomTool)
+                          TableColumn, TabPanel, Tabs, TapTool, WheelZoomTool)
 from bokeh.models.layouts import Column, UIElement
 from bokeh.models.text import PlainText
 from bokeh.plotting import figure
 from bokeh.resources import INLINE
+from bokeh.transform import stack
 
 from snapviz import __version__
 from snapviz.render.fmt import fmt_bytes
-from snapviz.render.report_data import (SERIES_COLORS, report_data, stage_palette,  # noqa: F401 (re-exported)
-                                        trace_report_data)
+from snapviz.render.report_data import (SERIES_COLORS, category_palette, report_data,  # noqa: F401 (re-exported)
+                                        stage_palette, trace_report_data)
 
-__all__ = ["render_html", "render_trace_html", "build_page", "timeline_figure", "stage_palette", "LineSpec",
+__all__ = ["render_html", "render_trace_html", "build_page", "timeline_figure", "stage_palette", "category_palette",
+           "LineSpec",
            "bytes_tick_formatter", "bytes_hover_formatter", "bytes_ticker", "seconds_tick_formatter", "esc", "PAGE_CSS",
            "fmt_bytes"]
 
@@ -90,6 +93,21 @@ body { font: 14px/1.45 -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Aria
               overflow-wrap: anywhere; padding-right: 18px; }
 @media (max-width: 1000px) { .sv-meta { grid-template-columns: max-content minmax(0, 1fr); } }
 .sv-none { color: var(--muted); margin: 6px 0; }
+.sv-advice { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px 14px;
+             margin-bottom: 14px; }
+.sv-advice h2 { font-size: 16px; margin: 0 0 2px; }
+.sv-fixes { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 10px; margin-top: 8px; }
+.sv-fix { border: 1px solid var(--line); border-radius: 8px; padding: 10px 12px; background: #fbfcfd;
+          display: flex; flex-direction: column; gap: 4px; min-width: 0; }
+.sv-fix-head { display: flex; justify-content: space-between; align-items: baseline; gap: 10px; }
+.sv-fix-name { font-weight: 650; font-size: 14.5px; }
+.sv-fix-save { font-weight: 650; color: var(--ok); white-space: nowrap; }
+.sv-fix-save.unknown { font-weight: 400; color: var(--muted); font-size: 12.5px; }
+.sv-meter { height: 5px; background: #edf0f4; border-radius: 3px; overflow: hidden; }
+.sv-meter > span { display: block; height: 100%; background: var(--ok); opacity: .75; }
+.sv-fix-why { color: var(--muted); font-size: 13px; }
+.sv-fix code { display: block; background: #f2f4f7; border: 1px solid var(--line); border-radius: 5px;
+               padding: 4px 7px; white-space: pre-wrap; overflow-wrap: anywhere; }
 .sv-foot { color: var(--muted); font-size: 12.5px; text-align: center; margin-top: 18px; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 12.5px; }
 """
@@ -326,6 +344,8 @@ def _timeline_block(data: dict[str, Any], *, with_points: bool = True) -> UIElem
     if "requested" in tl:
         lines.insert(1, LineSpec("requested", "requested", SERIES_COLORS["requested"], 1.2, "dashed", 0.9))
     pane = _stack_pane("Click a point on the timeline to see the allocation's stack here.")
+    ct = data.get("category_timeline")
+    cat_src = _category_source(ct) if ct and ct["categories"] and len(ct["index"]) else None
     views = []
     axes = [("time_s", "time since the first event (s)", ("start_s", "end_s"), "By time")] if data["has_time"] else []
     axes.append(("index", "event index", ("start_index", "end_index"), "By event"))
@@ -343,6 +363,7 @@ def _timeline_block(data: dict[str, Any], *, with_points: bool = True) -> UIElem
             fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
         if with_points:
             _add_point_hover(fig, src, x, data, pane)
+        area = _category_area(data, cat_src, x, fig.x_range, peak_x) if cat_src is not None else None
         frag = _base_figure(150, x_range=fig.x_range, title="cached but not allocated (reserved − allocated)", y_range=Range1d(0, max(float(np.nanmax(tl["fragmentation"])) if len(tl["fragmentation"]) else 1.0, 1.0) * 1.1, bounds=(0, None)))
         frag.varea_step(x=x, y1=0, y2="fragmentation", source=src, step_mode="after",
                         fill_color=SERIES_COLORS["fragmentation"], fill_alpha=0.3)
@@ -354,7 +375,8 @@ def _timeline_block(data: dict[str, Any], *, with_points: bool = True) -> UIElem
         frag.title.text_font_style = "normal"
         frag.title.text_color = "#4a5263"
         frag.toolbar_location = None
-        views.append(TabPanel(title=tab, child=Column(fig, frag, sizing_mode="stretch_width", spacing=0)))
+        parts = [fig, area, frag] if area is not None else [fig, frag]
+        views.append(TabPanel(title=tab, child=Column(*parts, sizing_mode="stretch_width", spacing=0)))
     body = Tabs(tabs=views, sizing_mode="stretch_width") if len(views) > 1 else views[0].child
     return Column(*([body, pane] if with_points else [body]), sizing_mode="stretch_width", name="sv-timeline")
 
@@ -446,12 +468,12 @@ def _stage_bar_block(data: dict[str, Any]) -> UIElement:
     return fig
 
 
-def _category_block(data: dict[str, Any]) -> UIElement:
+def _category_block(data: dict[str, Any], height: int | None = None) -> UIElement:
     c = data["categories"]
     cats = list(reversed(c["category"]))
     src = _source({k: (list(reversed(v)) if isinstance(v, list) else v[::-1].copy()) for k, v in c.items()})
     top = float(np.max(c["bytes"])) if len(cats) else 1.0
-    fig = _base_figure(max(320, 40 * len(cats) + 50), y_range=FactorRange(*cats) if cats else FactorRange(),
+    fig = _base_figure(height or max(320, 40 * len(cats) + 50), y_range=FactorRange(*cats) if cats else FactorRange(),
                        x_range=Range1d(0, top * 1.45, bounds=(0, None)))
     fig.toolbar_location = None
     fig.hbar(y="category", right="bytes", height=0.7, source=src, fill_color="color", line_color=None, fill_alpha=0.85)
@@ -464,6 +486,143 @@ def _category_block(data: dict[str, Any]) -> UIElement:
                             formatters={"@bytes": bytes_hover_formatter()}))
     fig.name = "sv-categories"
     return fig
+
+
+def _category_source(ct: dict[str, Any]) -> ColumnDataSource:
+    """Categories as columns ``c0``… (names may hold spaces or '&'); float32 is exact to
+    well under a pixel and halves what the page carries."""
+    cols: dict[str, Any] = {"index": ct["index"], "time_s": ct["time_s"], "allocated": ct["allocated"],
+                            "stage": ct["stage"]}
+    for i, c in enumerate(ct["categories"]):
+        cols[f"c{i}"] = np.asarray(ct["bytes"][c], np.float32)
+    return _source(cols)
+
+
+def _small_title(fig: Any) -> None:
+    fig.title.text_font_size = "12px"
+    fig.title.text_font_style = "normal"
+    fig.title.text_color = "#4a5263"
+
+
+def _category_area(data: dict[str, Any], src: ColumnDataSource, x: str, x_range: Any, peak_x: float | None) -> Any:
+    """Live bytes stacked by category, under the timeline and panned/zoomed with it."""
+    ct = data["category_timeline"]
+    cats, colors = ct["categories"], ct["colors"]
+    top = max(float(np.nanmax(ct["allocated"])) if len(ct["allocated"]) else 1.0, 1.0)
+    fig = _base_figure(230, x_range=x_range, title=f"live memory by category · {ct['note']}",
+                       y_range=Range1d(0, top * 1.1, bounds=(0, None)))
+    _small_title(fig)
+    fig.toolbar_location = None
+    fig.xaxis.visible = False
+    fig.min_border_bottom = 4
+    fields = [f"c{i}" for i in range(len(cats))]
+    items = []
+    for i, (cat, color) in enumerate(zip(cats, colors)):
+        r = fig.varea_step(x=x, y1=stack(*fields[:i]) if i else 0, y2=stack(*fields[:i + 1]), step_mode="after",
+                           source=src, fill_color=color, fill_alpha=0.85)
+        items.append(LegendItem(label=value(cat), renderers=[r]))
+    _bytes_axis(fig, ticks=4)
+    if peak_x is not None and np.isfinite(peak_x):
+        fig.add_layout(Span(location=float(peak_x), dimension="height", line_color=SERIES_COLORS["peak"],
+                            line_dash="dashed", line_width=1.5))
+        fig.scatter(x=[float(peak_x)], y=[float(data["peak"]["allocated"])], size=9, marker="circle",
+                    fill_color=SERIES_COLORS["peak"], line_color="white", line_width=2)
+    # A thin line on the total: short spikes (a score matrix, the peak itself) stay visible at
+    # any zoom. Step glyphs are not hit-tested, so invisible markers carry the hover.
+    fig.step(x=x, y="allocated", source=src, mode="after", line_color=SERIES_COLORS["allocated"], line_width=1,
+             line_alpha=0.7)
+    probe = fig.scatter(x=x, y="allocated", source=src, size=6, fill_alpha=0, line_alpha=0)
+    probe.hover_glyph = Scatter(fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
+    nbytes = bytes_hover_formatter()
+    tips = [("stage", "@stage{custom}"), ("allocated", "@allocated{custom}")]
+    tips += [(cat, f"@c{i}{{custom}}") for i, cat in enumerate(cats)]
+    formatters: dict[str, Any] = {f"@c{i}": nbytes for i in range(len(cats))}
+    formatters.update({"@allocated": nbytes, "@stage": _lookup_formatter(data["stage_names"])})
+    fig.add_tools(HoverTool(renderers=[probe], mode="vline", tooltips=tips, formatters=formatters, limit=1,
+                            attachment="horizontal"))
+    legend = Legend(items=items, orientation="horizontal", location="top_left",
+                    label_text_font_size="11.5px", spacing=12, padding=2, margin=2, border_line_color=None,
+                    background_fill_alpha=0.0, glyph_width=14, glyph_height=12)
+    fig.add_layout(legend, "above")
+    return fig
+
+
+def _stage_breakdown_block(data: dict[str, Any], height: int, linked: ColumnDataSource | None = None) -> UIElement:
+    """One horizontal bar per stage interval: bytes by category at that interval's own peak.
+    A click on a bar selects the interval's rows of ``linked`` (a table source with ``interval``)."""
+    b = data["stage_breakdown"]
+    labels = list(b["label"])
+    cats, colors = b["categories"], b["colors"]
+    cols: dict[str, Any] = {"label": labels, "name": b["name"], "interval": b["interval"], "total": b["total"],
+                            "total_label": [fmt_bytes(t) for t in b["total"]],
+                            "allocator_peak": b["allocator_peak"]}
+    for i, c in enumerate(cats):
+        cols[f"c{i}"] = b["bytes"][c]
+        cols[f"s{i}"] = b["share"][c]
+    src = _source(cols)
+    top = max(float(np.nanmax(b["total"])) if len(labels) else 1.0, 1.0)
+    # Top-to-bottom in run order.
+    fig = _base_figure(height, y_range=FactorRange(*reversed(labels)) if labels else FactorRange(),
+                       x_range=Range1d(0, top * 1.2, bounds=(0, None)))
+    fig.toolbar_location = None
+    fields = [f"c{i}" for i in range(len(cats))]
+    renderers = fig.hbar_stack(fields, y="label", height=0.72, color=colors, source=src, line_color="white",
+                               line_width=0.5, fill_alpha=0.9) if cats else []
+    nbytes = bytes_hover_formatter()
+    for i, (cat, r) in enumerate(zip(cats, renderers)):
+        tips = [("stage", "@name"), (cat, f"@c{i}{{custom}} (@s{i}{{0%}} of the stage's peak)"),
+                ("stage peak", "@total{custom}")]
+        fig.add_tools(HoverTool(renderers=[r], tooltips=tips, formatters={f"@c{i}": nbytes, "@total": nbytes}))
+    fig.text(x="total", y="label", text="total_label", source=src, x_offset=6, text_baseline="middle",
+             text_font_size="11.5px", text_color="#4a5263")
+    items = [LegendItem(label=value(c), renderers=[r]) for c, r in zip(cats, renderers)]
+    if np.isfinite(np.asarray(b["allocator_peak"], np.float64)).any():
+        m = fig.scatter(x="allocator_peak", y="label", source=src, marker="dash", angle=np.pi / 2, size=16,
+                        line_width=2.5, line_color="#1d2330")
+        items.append(LegendItem(label=value("allocator's own peak"), renderers=[m]))
+    fig.add_layout(Legend(items=items, orientation="horizontal", location="top_left", label_text_font_size="11.5px",
+                          spacing=12, padding=2, margin=2, border_line_color=None, background_fill_alpha=0.0,
+                          glyph_width=14, glyph_height=12), "above")
+    fig.xaxis.formatter = bytes_tick_formatter()
+    fig.xaxis.ticker = bytes_ticker()
+    fig.ygrid.grid_line_color = None
+    if linked is not None and renderers:
+        fig.add_tools(TapTool(renderers=list(renderers)))
+        src.selected.js_on_change("indices", CustomJS(args={"bars": src, "table": linked}, code="""
+const ix = bars.selected.indices;
+if (!ix.length) { table.selected.indices = []; return; }
+const iv = bars.data.interval[ix[0]], rows = [];
+const col = table.data.interval;
+for (let i = 0; i < col.length; i++) if (col[i] == iv) rows.push(i);
+table.selected.indices = rows;
+"""))
+    if len(labels) > 40:
+        fig.yaxis.major_label_text_font_size = "9px"
+    fig.name = "sv-stage-breakdown"
+    return fig
+
+
+def _advice_html(data: dict[str, Any]) -> str:
+    advice = data.get("advice") or []
+    if not advice:
+        return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-none">Nothing from '
+                "the standard toolbox (SDPA, VAE tiling, fp16, offload, expandable segments) stands out for this "
+                "run's peak.</p></section>")
+    tiles = []
+    for a in advice[:4]:
+        share = a.get("share")
+        save_cls = "sv-fix-save" if a.get("saves_up_to_bytes") else "sv-fix-save unknown"
+        if share and share > 1:  # e.g. cached memory beyond the peak: no share of it to show
+            share = None
+        meter = (f'<div class="sv-meter" title="{share:.0%} of the peak"><span style="width:{share * 100:.1f}%">'
+                 "</span></div>" if share else "")
+        save = esc(a["saves"]) + (f" · {share:.0%} of the peak" if share else "")
+        tiles.append(f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a["technique"])}'
+                     f'</span><span class="{save_cls}">{save}</span></div>{meter}'
+                     f'<div class="sv-fix-why">{esc(a["why"])}</div><code>{esc(a["how"])}</code></div>')
+    return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-hint">Fixes from the '
+            "standard toolbox, ranked by what this run's own live set at the peak says they can remove.</p>"
+            f'<div class="sv-fixes">{"".join(tiles)}</div></section>')
 
 
 def _table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], name: str, stack_field: str | None,
@@ -493,37 +652,77 @@ if (ix.length) pane.text = src.data[field][ix[0]];
 
 def render_report_data(data: dict[str, Any]) -> str:
     """The page for a :func:`~snapviz.render.report_data.report_data` dict."""
-    blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report"), _warnings(data)]
+    blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report"), _warnings(data), _advice_html(data)]
     blocks += [_card_open("Memory over time",
                           "allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd "
-                          "segments · requested = what tensors asked for. Drag to pan, scroll to zoom, click a point "
-                          "for its stack; click legend entries to hide them.", "sv-timeline-card"),
+                          "segments · requested = what tensors asked for; below, the same allocated memory by "
+                          "category. Drag to pan, scroll to zoom (the plots move together), click a point for its "
+                          "stack; click legend entries to hide lines.", "sv-timeline-card"),
                _timeline_or_note(data), "</section>"]
-    blocks += ['<div class="sv-grid">',
-               _card_open("Peak by stage", data["stage_bars"].get("note") or
-                          "Peak allocated in each stage interval (each denoising step separately)", "sv-stages"),
-               _stage_bar_block(data) if len(data["stage_bars"]["label"]) else
-               '<p class="sv-none">No stage intervals: there is no trace history to attribute.</p>', "</section>",
-               _card_open("At the peak, by category", f"What the {fmt_bytes(data['peak']['allocated'])} live at "
-                          "the peak is made of", "sv-categories-card"),
-               _category_block(data), "</section>", "</div>"]
+    stage_top, linked = _stage_top_blocks(data)
+    blocks += _breakdown_blocks(data, linked)
     top = data["top_allocations"]
     hint = (f"The {len(top['size'])} largest blocks live at the peak (event {data['peak']['index']:,}). "
             "Select a row to see where it was allocated." if len(top["size"]) else "")
+    if top.get("has_ops"):
+        hint += " The op and its input shapes come from the run's profiler trace."
     blocks.append(_card_open("Live at the peak", hint, "sv-top"))
     if len(top["size"]):
-        blocks.append(_table_block(
-            {k: top[k] for k in ("size", "bytes", "stage", "site", "event_index", "stack_text")},
-            [("size", "size", 100), ("stage", "stage", 140), ("site", "allocated at", 900), ("event_index", "event", 90)],
-            "sv-top-allocations", "stack_text", "Select a row to see its stack."))
+        spec = [("size", "size", 90), ("stage", "stage", 120), ("site", "allocated at", 900), ("event_index", "event", 80)]
+        fields = ["size", "bytes", "stage", "site", "event_index", "stack_text"]
+        if top.get("has_ops"):
+            spec[2] = ("site", "allocated at", 520)
+            spec[3:3] = [("op", "op (trace)", 200), ("op_input_dims", "op input shapes", 260)]
+            fields += ["op", "op_input_dims"]
+        blocks.append(_table_block({k: top[k] for k in fields}, spec, "sv-top-allocations", "stack_text",
+                                   "Select a row to see its stack."))
     else:
         blocks.append('<p class="sv-none">No recorded allocation was live at the peak: the peak is memory '
                       "allocated before the recorded history (see the categories).</p>" if data["peak"]["index"] < 0
                       else '<p class="sv-none">No recorded allocation was live at the peak.</p>')
     blocks.append("</section>")
+    blocks += stage_top
     blocks += _attention_blocks(data)
     blocks += [_metadata_html(data["metadata"]), _footer(data)]
     return build_page(f"snapviz: {data['title']}", blocks)
+
+
+def _breakdown_blocks(data: dict[str, Any], linked: ColumnDataSource | None = None) -> list[str | UIElement]:
+    """Per stage interval, bytes by category at its peak, beside the global peak's categories."""
+    b = data["stage_breakdown"]
+    n = len(b["label"])
+    if not n:
+        return ['<section class="sv-card" id="sv-stages"><h2>Peak by stage</h2><p class="sv-none">No stage '
+                "intervals: there is no trace history to attribute.</p></section>",
+                _card_open("At the peak, by category", f"What the {fmt_bytes(data['peak']['allocated'])} live at "
+                           "the peak is made of", "sv-categories-card"), _category_block(data), "</section>"]
+    height = max(300, 26 * n + 90)
+    hint = b["note"] or ("Each bar is one stage interval (each denoising step separately) at its own peak, split by "
+                         "what was live then. Hover a segment for its bytes")
+    hint += "; click a bar for the stage's largest blocks (below)." if linked is not None else "."
+    stages = [_card_open("Peak by stage, by category", hint, "sv-stages"), _stage_breakdown_block(data, height, linked),
+              "</section>"]
+    cats = [_card_open("At the peak, by category", f"What the {fmt_bytes(data['peak']['allocated'])} live at the "
+                       "peak is made of", "sv-categories-card"),
+            _category_block(data, height if n <= 14 else None), "</section>"]
+    if n <= 14:
+        return ['<div class="sv-grid">', *stages, *cats, "</div>"]
+    return [*stages, *cats]  # a tall chart of many steps gets the full width
+
+
+def _stage_top_blocks(data: dict[str, Any]) -> tuple[list[str | UIElement], ColumnDataSource | None]:
+    """The "largest blocks each stage allocated" card, and its table's source (for linking)."""
+    t = data["stage_top"]
+    if not len(t["size"]):
+        return [], None
+    hint = ("For each stage interval, the largest blocks it allocated itself that were still live at its own peak "
+            "(what the stage adds on top of what it inherited). Select a row to see its stack.")
+    table = _table_block({k: t[k] for k in ("interval", "stage", "size", "bytes", "site", "event_index", "stack_text")},
+                         [("stage", "stage", 130), ("size", "size", 90), ("site", "allocated at", 900),
+                          ("event_index", "event", 80)],
+                         "sv-stage-top-table", "stack_text", "Select a row to see its stack.", max_height=330)
+    src = table.children[0].source
+    return [_card_open("Largest blocks each stage allocated", hint, "sv-stage-top"), table, "</section>"], src
 
 
 def _attention_blocks(data: dict[str, Any]) -> list[str | UIElement]:

@@ -1,9 +1,116 @@
-"""Markdown summary, paste-ready for a GitHub issue (at most ~60 lines)."""
+"""Markdown summary, paste-ready for a GitHub issue (at most ~60 lines).
+
+Order is what a reader of the issue needs first: the peak, what would help, then per
+stage what its peak was made of, then the evidence (live blocks at the peak). Denoising
+steps are one row (the peak step and the range over steps), so a 50-step run fits too.
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from snapviz.render.fmt import fmt_bytes
+
+MAX_STAGE_ROWS = 12
+MAX_TOP_ROWS = 10
+MIN_TOP_ROWS = 3
+
+
+def _cell(text: Any) -> str:
+    """Text safe inside a table cell (a '|' would split it)."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(text: Any) -> str:
+    s = _cell(text).replace("`", "'")
+    return f"`{s}`" if s else ""
+
+
+def _span(lo: int, hi: int) -> str:
+    """``2.43–4.50 GiB`` (one unit when both share it)."""
+    a, b = fmt_bytes(lo), fmt_bytes(hi)
+    if a.split(" ")[-1] == b.split(" ")[-1]:
+        return f"{a.rsplit(' ', 1)[0]}–{b}"
+    return f"{a}–{b}"
+
+
+def _peak_interval(stage: dict[str, Any]) -> dict[str, Any]:
+    """The stage's interval with the highest peak (first on ties), or the stage itself."""
+    ivs = stage.get("intervals") or []
+    if not ivs:
+        return stage
+    return max(ivs, key=lambda it: int(it.get("peak_allocated_bytes") or 0))
+
+
+def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per stage (denoising steps grouped): what the Markdown stage table shows.
+
+    ``intervals``/``steps``: counts; ``peak_interval``: the name of the interval with the
+    stage's peak; ``range``: (lowest, highest) interval peak when there are several;
+    ``top``: [(category, bytes, share of that interval's peak)] largest first, with memory
+    from before the recording as ``before recording``; ``largest``: the largest block
+    the peak interval allocated itself ({bytes, site}) or None.
+    """
+    out = []
+    for s in doc.get("stages") or []:
+        ivs = s.get("intervals") or []
+        pk = _peak_interval(s)
+        total = int(pk.get("peak_allocated_bytes") or 0)
+        cats = {str(k): int(v) for k, v in (pk.get("categories_at_peak") or {}).items()}
+        if cats and total > sum(cats.values()):
+            cats["before recording"] = cats.get("before recording", 0) + total - sum(cats.values())
+        top = sorted(cats.items(), key=lambda kv: -kv[1])
+        peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
+        own = pk.get("top_allocations") or []
+        out.append({
+            "name": str(s["name"]), "peak_allocated_bytes": int(s["peak_allocated_bytes"]),
+            "peak_reserved_bytes": int(s.get("peak_reserved_bytes") or 0),
+            "intervals": len(ivs), "steps": len(s.get("steps") or []),
+            "peak_interval": str(pk.get("name", s["name"])),
+            "range": (min(peaks), max(peaks)) if len(peaks) > 1 else None,
+            "top": [(c, b, b / total if total else 0.0) for c, b in top],
+            "largest": max(own, key=lambda t: int(t["bytes"])) if own else None,
+        })
+    return out
+
+
+def _stage_table(doc: dict[str, Any]) -> list[str]:
+    stages = doc.get("stages") or []
+    if not stages:
+        return []
+    rss = {s["name"]: max((i.get("rss_peak_bytes") or 0) for i in (s.get("intervals") or [{}])) for s in stages}
+    has_rss = any(rss.values())
+    rows = stage_rows(doc)
+    has_cats = any(r["top"] for r in rows)
+    head = "| stage | peak allocated | peak reserved | steps |"
+    rule = "|---|---:|---:|---|"
+    if has_cats:
+        head += " most memory at its peak | largest block it allocated |"
+        rule += "---|---|"
+    if has_rss:
+        head += " peak RSS |"
+        rule += "---:|"
+    out = [head, rule]
+    for r in rows[:MAX_STAGE_ROWS]:
+        n = r["steps"] or r["intervals"]
+        what = f"{n} step{'s' if n != 1 else ''}" if r["steps"] else f"{n} intervals"
+        if r["range"]:
+            steps = f"{what}, peak {_code(r['peak_interval'])}, {_span(*r['range'])}"
+        else:
+            steps = what if r["steps"] else ""
+        line = (f"| `{_cell(r['name'])}` | {fmt_bytes(r['peak_allocated_bytes'])} | "
+                f"{fmt_bytes(r['peak_reserved_bytes'])} | {steps} |")
+        if has_cats:
+            top = ", ".join(f"{c} {share:.0%}" for c, _, share in r["top"][:2])
+            lg = r["largest"]
+            own = f"{fmt_bytes(lg['bytes'])} {_code(lg['site'])}" if lg else ""
+            line += f" {top} | {own} |"
+        if has_rss:
+            line += f" {fmt_bytes(rss[r['name']])} |"
+        out.append(line)
+    if len(rows) > MAX_STAGE_ROWS:
+        out.append(f"| … {len(rows) - MAX_STAGE_ROWS} more stages | | | |" + (" | |" if has_cats else "")
+                   + (" |" if has_rss else ""))
+    return out + [""]
 
 
 def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
@@ -25,16 +132,14 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     if truth.get("max_memory_allocated"):
         out.append(f"| allocator's own max_memory_allocated | {truth['max_memory_allocated']:,} | {fmt_bytes(truth['max_memory_allocated'])} |")
     out.append("")
-    stages = doc.get("stages") or []
-    if stages:
-        rss = {s["name"]: max((i.get("rss_peak_bytes") or 0) for i in s.get("intervals", [{}])) for s in stages}
-        has_rss = any(rss.values())
-        out += ["| stage | peak allocated | peak reserved | steps |" + (" peak RSS |" if has_rss else ""),
-                "|---|---:|---:|---:|" + ("---:|" if has_rss else "")]
-        for s in stages[:12]:
-            out.append(f"| `{s['name']}` | {fmt_bytes(s['peak_allocated_bytes'])} | {fmt_bytes(s['peak_reserved_bytes'])} | "
-                       f"{len(s['steps']) or ''} |" + (f" {fmt_bytes(rss[s['name']])} |" if has_rss else ""))
+    advice = doc.get("advice") or []
+    if advice:
+        out.append("**What would help** (from this run's live set at the peak):")
+        for a in advice[:4]:
+            saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
+            out.append(f"- **{a['technique']}**{saves}: {a['why']}. {_code(a['how'])}")
         out.append("")
+    out += _stage_table(doc)
     att = doc.get("attention") or {}
     if att.get("count"):
         lg = att["largest"]
@@ -44,35 +149,41 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
         out.append("")
     elif att:
         out += [f"**Attention:** {att.get('implementation')}", ""]
-    top = doc.get("top_allocations") or []
-    if top:
-        out += ["Live at the peak (largest first):", "", "| size | stage | allocated at |", "|---:|---|---|"]
-        for t in top[:10]:
-            out.append(f"| {fmt_bytes(t['bytes'])} | `{t['stage']}` | `{t['site']}` |")
-        out.append("")
     cats = doc.get("categories") or []
+    tail: list[str] = []
     if cats:
-        out.append("By category at the peak: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
-        out.append("")
-    advice = doc.get("advice") or []
-    if advice:
-        out.append("**What would help** (from this run's live set at the peak):")
-        for a in advice[:4]:
-            saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
-            out.append(f"- **{a['technique']}**{saves}: {a['why']}. `{a['how']}`")
-        out.append("")
+        tail.append("By category at the peak: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
+        tail.append("")
     settings = doc.get("allocator_settings") or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
-    out.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "
-               f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; stages from `{doc.get('stage_source')}`.")
+    tail.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "
+                f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; stages from `{doc.get('stage_source')}`.")
     if run.get("torch_version"):
-        out.append(f"Recorded with torch {run['torch_version']} on {run.get('device_name')}.")
+        tail.append(f"Recorded with torch {run['torch_version']} on {run.get('device_name')}.")
     warnings = doc.get("warnings") or []
     if warnings:
+        tail.append("")
+        tail += [f"> ⚠️ {w}" for w in warnings[:5]]
+    tail += ["", "<sub>Generated by snapviz</sub>"]
+    # The live-at-the-peak table takes the room that is left (the rest is worth more).
+    top = doc.get("top_allocations") or []
+    room = max_lines - len(out) - len(tail) - 5
+    n_top = min(len(top), MAX_TOP_ROWS, max(room, MIN_TOP_ROWS))
+    if n_top:
+        has_ops = any(t.get("op") for t in top[:n_top])
+        what = f"the largest {n_top} of {len(top)}" if n_top < len(top) else "largest first"
+        out += [f"Live at the peak ({what}):", ""]
+        if has_ops:
+            out += ["| size | stage | allocated at | op (trace) |", "|---:|---|---|---|"]
+        else:
+            out += ["| size | stage | allocated at |", "|---:|---|---|"]
+        for t in top[:n_top]:
+            line = f"| {fmt_bytes(t['bytes'])} | `{_cell(t['stage'])}` | {_code(t['site'])} |"
+            if has_ops:
+                line += f" {_code(t.get('op') or '')} |"
+            out.append(line)
         out.append("")
-        out += [f"> ⚠️ {w}" for w in warnings[:5]]
-    out.append("")
-    out.append("<sub>Generated by snapviz</sub>")
+    out += tail
     if len(out) > max_lines:
         out = out[: max_lines - 1] + ["<sub>(truncated)</sub>"]
     return "\n".join(out) + "\n"

@@ -11,6 +11,7 @@ Strings that repeat per timeline point are interned: ``timeline["stage"]`` index
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -43,11 +44,19 @@ CATEGORY_COLORS: dict[str, str] = {
     "before recording": "#c7c7c7",
     "unknown": "#bcbd22",
 }
+# Stacking order (bottom/left first): what was there before, then what persists across
+# stages, then what each stage adds. The same order and colors in every category view.
+CATEGORY_ORDER: tuple[str, ...] = ("before recording", "weights", "latents & embeddings", "activations",
+                                   "attention scores", "vae buffers", "gradients & optimizer", "unknown")
+_EXTRA_CATEGORY_COLORS = ("#17becf", "#e377c2", "#ff7f0e", "#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5")
 SERIES_COLORS: dict[str, str] = {"allocated": "#1f3b73", "reserved": "#e8710a", "requested": "#5f9ea0",
                                  "fragmentation": "#e8710a", "peak": "#d62728"}
 STACK_FRAME_LIMIT = 12
 MAX_STAGE_BARS = 150
 MAX_ATTENTION_ROWS = 500
+MAX_STAGE_TOP_ROWS = 600
+# The category area is a summary under the exact timeline: fewer points keep the page small.
+MAX_CATEGORY_POINTS = 10000
 
 
 def stage_group(name: str) -> str:
@@ -69,6 +78,22 @@ def stage_palette(names: Iterable[str]) -> dict[str, str]:
         if g not in group_color:
             group_color[g] = STAGE_COLORS.get(g) or next(extra, "#999999")
         out[str(name)] = group_color[g]
+    return out
+
+
+def order_categories(names: Iterable[str]) -> list[str]:
+    """``names`` in :data:`CATEGORY_ORDER`, then any other (user rule) category in first-seen order."""
+    got = list(dict.fromkeys(str(x) for x in names))
+    return [c for c in CATEGORY_ORDER if c in got] + [c for c in got if c not in CATEGORY_ORDER]
+
+
+def category_palette(names: Iterable[str]) -> dict[str, str]:
+    """A color for each category: canonical ones fixed (:data:`CATEGORY_COLORS`), others
+    the next free color in order, so a category has one color in every chart of a report."""
+    out: dict[str, str] = {}
+    extra = iter(_EXTRA_CATEGORY_COLORS * 4)
+    for c in order_categories(names):
+        out[c] = CATEGORY_COLORS.get(c) or next(extra, "#999999")
     return out
 
 
@@ -299,14 +324,132 @@ def _stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> dict[s
             "allocator_peak": ap, "duration_s": st["duration_s"].to_numpy(np.float64), "note": ""}
 
 
-def _categories(doc: dict[str, Any]) -> dict[str, Any]:
+def _categories(doc: dict[str, Any], colors: dict[str, str]) -> dict[str, Any]:
     cats = doc.get("categories") or []
     total = sum(int(c["bytes"]) for c in cats) or 1
     return {"category": [str(c["category"]) for c in cats], "bytes": np.array([float(c["bytes"]) for c in cats]),
             "count": np.array([int(c.get("count", 0)) for c in cats], np.int64),
             "share": np.array([int(c["bytes"]) / total for c in cats]),
             "label": [f"{fmt_bytes(c['bytes'])} ({int(c['bytes']) / total:.0%})" for c in cats],
-            "color": [CATEGORY_COLORS.get(str(c["category"]), "#999999") for c in cats]}
+            "color": [colors.get(str(c["category"]), "#999999") for c in cats]}
+
+
+def _shown_intervals(an: Any) -> np.ndarray:
+    """Stage intervals that get a bar: all of them, or past MAX_STAGE_BARS the peak
+    interval of each stage (the same bars as the collapsed peak-by-stage chart)."""
+    st = an.stages
+    if len(st) <= MAX_STAGE_BARS:
+        return np.arange(len(st), dtype=np.int64)
+    peak = st["peak_allocated_bytes"].to_numpy(np.int64)
+    order = pd.Series(np.arange(len(st))).groupby(st["group"].to_numpy(), sort=False)
+    return np.array([int(ix.to_numpy()[np.argmax(peak[ix.to_numpy()])]) for _, ix in order], np.int64)
+
+
+def _stage_breakdown(an: Any, bars: dict[str, Any], colors: dict[str, str]) -> dict[str, Any]:
+    """Bytes by category at each stage interval's own peak: one stacked bar per interval.
+
+    The categories cover what was allocated in the recorded history; the rest of the
+    interval's peak (memory from before the recording) is ``before recording``, so each
+    bar adds up to the interval's peak allocated.
+    """
+    st = an.stages
+    shown = _shown_intervals(an)
+    collapsed = len(shown) != len(st)
+    totals = st["peak_allocated_bytes"].to_numpy(np.float64)[shown] if len(st) else np.empty(0)
+    live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) else pd.DataFrame()
+    by: dict[str, np.ndarray] = {}
+    if len(live) and len(shown):
+        pos = {int(iv): j for j, iv in enumerate(shown)}
+        sel = live[live["interval"].isin(list(pos))]
+        for cat, g in sel.groupby("category", sort=False):
+            col = np.zeros(len(shown))
+            np.add.at(col, [pos[int(i)] for i in g["interval"]], g["bytes"].to_numpy(np.float64))
+            by[str(cat)] = col
+    rest = totals - (np.sum(list(by.values()), axis=0) if by else 0.0)
+    if len(rest) and (rest > 0).any():
+        by["before recording"] = by.get("before recording", 0.0) + np.maximum(rest, 0.0)
+    cats = [c for c in order_categories(by) if by[c].any()]
+    share = {c: np.divide(by[c], totals, out=np.zeros(len(totals)), where=totals > 0) for c in cats}
+    top_k = np.argmax(np.vstack([by[c] for c in cats]), axis=0) if cats else np.zeros(len(shown), np.int64)
+    names = [str(x) for x in st["name"].to_numpy()[shown]] if len(st) else []
+    labels = [stage_group(x) for x in names] if collapsed else list(bars["label"])
+    top_cat = [cats[k] for k in top_k] if cats else ["" for _ in shown]
+    return {
+        "interval": shown, "label": labels, "name": names, "total": totals,
+        "categories": cats, "colors": [colors[c] for c in cats],
+        "bytes": {c: by[c] for c in cats}, "share": share,
+        "top_category": top_cat,
+        "top_share": np.array([share[c][j] if c else 0.0 for j, c in enumerate(top_cat)]),
+        "allocator_peak": (np.asarray(bars["allocator_peak"], np.float64)[shown] if not collapsed
+                           else np.full(len(shown), np.nan)),
+        "note": (f"{len(st):,} stage intervals: one bar per stage, at its highest interval's peak" if collapsed else ""),
+    }
+
+
+def _stage_top(an: Any, shown: np.ndarray, time_s: np.ndarray, stacks: _StackTable) -> dict[str, Any]:
+    """The largest blocks each shown stage interval allocated itself that were live at its peak."""
+    top = an.stage_top if isinstance(an.stage_top, pd.DataFrame) else pd.DataFrame()
+    if len(top):
+        top = top[top["interval"].isin(shown.tolist())].head(MAX_STAGE_TOP_ROWS)
+    rows = top["row"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64)
+    sids = top["stack_id"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64)
+    return {"interval": top["interval"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64),
+            "stage": [str(x) for x in (top["stage"] if len(top) else [])],
+            "bytes": top["bytes"].to_numpy(np.float64) if len(top) else np.empty(0),
+            "size": [fmt_bytes(b) for b in (top["bytes"] if len(top) else [])],
+            "site": [str(x) for x in (top["site"] if len(top) else [])],
+            "event_index": rows, "time_s": time_s[rows] if len(rows) and len(time_s) else np.full(len(rows), np.nan),
+            "stack": stacks.add_many(sids),
+            "stack_text": [an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids]}
+
+
+def _category_timeline(an: Any, t0_us: int, has_time: bool, max_points: int) -> dict[str, Any]:
+    """Live bytes by category over time, on category_timeline's own (min/max) sampling."""
+    from snapviz.analyses.categories import category_timeline
+
+    n = len(an.replay.events)
+    empty = {"index": np.empty(0, np.int64), "time_s": np.empty(0), "allocated": np.empty(0),
+             "categories": [], "colors": [], "bytes": {}, "total": 0, "note": ""}
+    if not n or an.run.snapshot is None:
+        return empty
+    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels, an.sites,
+                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)))
+    fixed = {"row", "time_us", "stage", "allocated"}
+    cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
+    rows = ct["row"].to_numpy(np.int64)
+    time_s = (ct["time_us"].to_numpy(np.int64) - t0_us) / 1e6 if has_time else np.full(len(rows), np.nan)
+    shown = len(rows)
+    return {"index": rows, "time_s": time_s, "allocated": ct["allocated"].to_numpy(np.float64),
+            "categories": cats,
+            "bytes": {c: ct[c].to_numpy(np.float64) for c in cats}, "total": n,
+            "note": (f"sampled at {shown:,} of {n:,} events (min/max of allocated per bucket, peak kept)"
+                     if shown < n else f"all {n:,} events")}
+
+
+def _advice(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    total = int((doc.get("peak") or {}).get("allocated_bytes") or 0)
+    out = []
+    for a in doc.get("advice") or []:
+        saves = a.get("saves_up_to_bytes")
+        out.append({"technique": str(a.get("technique", "")), "why": str(a.get("why", "")),
+                    "how": str(a.get("how", "")), "saves_up_to_bytes": saves,
+                    "saves": f"up to {fmt_bytes(saves)}" if saves else "saving not measurable from this run",
+                    "share": (saves / total) if (saves and total) else None})
+    return out
+
+
+def _dims(text: Any) -> str:
+    """``[[16, 4096, 40], [], []]`` -> ``16×4096×40`` (empty and scalar inputs dropped)."""
+    if not isinstance(text, str) or not text.strip():
+        return ""
+    try:
+        dims = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(dims, list):
+        return text
+    shapes = ["×".join(map(str, d)) for d in dims if isinstance(d, list) and d and all(isinstance(x, int) for x in d)]
+    return ", ".join(shapes)
 
 
 def _top_allocations(an: Any, time_s: np.ndarray, stacks: _StackTable) -> dict[str, Any]:
@@ -315,13 +458,17 @@ def _top_allocations(an: Any, time_s: np.ndarray, stacks: _StackTable) -> dict[s
     sids = top["stack_id"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64)
     local = stacks.add_many(sids)
     texts = [an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids]
+    # With the run's profiler trace joined: the op running at each allocation, and its inputs.
+    ops = [str(x) if isinstance(x, str) else "" for x in top["op"]] if "op" in top else [""] * len(top)
+    dims = [_dims(x) for x in top["op_input_dims"]] if "op_input_dims" in top else [""] * len(top)
     return {"bytes": top["bytes"].to_numpy(np.float64) if len(top) else np.empty(0),
             "size": [fmt_bytes(b) for b in (top["bytes"] if len(top) else [])],
             "requested_bytes": top["requested_bytes"].to_numpy(np.float64) if len(top) else np.empty(0),
             "stage": [str(s) for s in (top["stage"] if len(top) else [])],
             "site": [str(s) for s in (top["site"] if len(top) else [])],
             "event_index": rows, "time_s": time_s[rows] if len(rows) else np.empty(0),
-            "stack": local, "stack_text": texts}
+            "stack": local, "stack_text": texts,
+            "has_ops": any(ops), "op": ops, "op_input_dims": dims}
 
 
 def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: _StackTable) -> dict[str, Any]:
@@ -439,6 +586,14 @@ def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> dict[s
                          st["end_row"].to_numpy() if len(st) else np.empty(0, np.int64), time_s, has_time, palette)
     top = _top_allocations(an, time_s, stacks)
     attention = _attention(an, doc, time_s, stacks)
+    cat_tl = _category_timeline(an, t0, has_time, max_points)
+    cat_tl["stage"] = stage_codes[cat_tl["index"]] if n else np.empty(0, np.int32)  # indexes stage_names
+    live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) and len(an.stage_live) else None
+    colors = category_palette([*(c["category"] for c in doc.get("categories") or []), *cat_tl["categories"],
+                               *(live["category"] if live is not None else []), "before recording"])
+    cat_tl["colors"] = [colors[c] for c in cat_tl["categories"]]
+    bars = _stage_bars(an, doc, palette)
+    breakdown = _stage_breakdown(an, bars, colors)
     headline = _headline(doc, peak, top["site"][0] if top["site"] else None, has_time)
     oom = {"index": oom_rows.astype(np.int64), "time_s": time_s[oom_rows],
            "allocated": alloc[oom_rows].astype(np.float64)}
@@ -456,8 +611,13 @@ def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> dict[s
         "bands": bands,
         "peak": peak,
         "oom": oom,
-        "stage_bars": _stage_bars(an, doc, palette),
-        "categories": _categories(doc),
+        "advice": _advice(doc),
+        "stage_bars": bars,
+        "stage_breakdown": breakdown,
+        "stage_top": _stage_top(an, breakdown["interval"], time_s, stacks),
+        "category_colors": colors,
+        "category_timeline": cat_tl,
+        "categories": _categories(doc, colors),
         "top_allocations": top,
         "attention": attention,
         "metadata": _metadata(doc, t0),
