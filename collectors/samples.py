@@ -16,7 +16,6 @@ import argparse
 import json
 import lzma
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -111,8 +110,9 @@ def check_sample(run_dir: Path) -> dict[str, Any]:
                                       for s in info["stages"]]}
     snap = run_dir / "snapshot.pickle"
     if snap.exists():
-        with open(snap, "rb") as fh:
-            data = pickle.load(fh)
+        from snapviz.load.safe_pickle import safe_load_pickle  # never plain pickle.load
+
+        data = safe_load_pickle(snap)
         traces = data.get("device_traces", [])
         out["trace_len"] = [len(t) for t in traces]
         labels: Counter[str] = Counter()

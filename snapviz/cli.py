@@ -61,7 +61,6 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
     """
     _outputs_clash(html_out, md_out if md_out != "-" else None, json_out if json_out != "-" else None)
     from snapviz.load import load
-    from snapviz.render.output import write_atomic
 
     run = load(input)
     if run.snapshot is None:
@@ -86,7 +85,7 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
 def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None, quiet: bool) -> None:
     from snapviz.render.json_summary import render_json
     from snapviz.render.markdown import render_markdown
-    from snapviz.render.output import write_atomic
+    from snapviz.render.output import write_outputs
     from snapviz.render.terminal import render_terminal
 
     # Render everything first, then write: a failure leaves no partial outputs.
@@ -97,16 +96,11 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
         outputs.append((md_out, render_markdown(doc)))
     if html_out:
         outputs.append((html_out, html_builder()))
-    for path, text in outputs:
-        if path == "-":
-            click.echo(text, nl=False)
-        else:
-            write_atomic(path, text)
+    written = write_outputs(outputs)
     if not quiet and not (json_out == "-" or md_out == "-"):
         click.echo(render_terminal(doc), nl=False, err=False)
-        for path, _ in outputs:
-            if path != "-":
-                click.echo(f"  wrote {path}")
+        for path in written:
+            click.echo(f"  wrote {path}")
 
 
 def _register_optional() -> None:

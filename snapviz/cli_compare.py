@@ -136,7 +136,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     """
     from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
     from snapviz.analyses.gate import parse_percent
-    from snapviz.render.output import write_atomic
+    from snapviz.render.output import write_outputs
 
     if len(inputs) < 2:
         raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
@@ -159,16 +159,12 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     if html_out:
         from snapviz.render.compare_html import render_compare_html
         outputs.append((html_out, render_compare_html(cmp, doc)))
-    for path, text in outputs:
-        if path == "-":
-            click.echo(text, nl=False)
-        else:
-            write_atomic(path, text)
+    written = write_outputs(outputs)
     to_stdout = json_out == "-" or md_out == "-"
     if not quiet and not to_stdout:
         from snapviz.render.compare_md import render_compare_terminal
         click.echo(render_compare_terminal(doc), nl=False)
-        for path, _ in outputs:
+        for path in written:
             click.echo(f"  wrote {path}")
     if pct is not None:
         failures = over_limit(cmp, pct)

@@ -9,10 +9,10 @@ import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
-from snapviz.analyses.stages import StageLabels, label_events, stage_group, stage_intervals, stage_table
+from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.load import Run
 from snapviz.model import Snapshot
-from snapviz.model import A_ALLOC, A_OOM, ACTIONS
+from snapviz.model import A_ALLOC, A_OOM
 
 SCHEMA = "snapviz.summary/1"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import gzip
+import lzma
 import json
 import os
 import zlib
@@ -26,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
+from snapviz.load.safe_pickle import open_decompressed
 
 __all__ = ["ChromeTrace", "load_chrome_trace", "looks_like_chrome_trace"]
 
@@ -84,21 +86,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _open(path: str) -> IO[bytes]:
-    """The decompressed byte stream; gzip is recognised by its magic, not the suffix."""
-    if os.path.isdir(path):
-        raise InputError(f"{path}: is a directory, not a Chrome trace file")
-    try:
-        raw = open(path, "rb")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    if raw.read(2) != _GZIP_MAGIC:
-        raw.seek(0)
-        return raw
-    raw.close()
-    # By filename, so that closing the GzipFile closes the file too (fileobj= would not).
-    return gzip.GzipFile(path, mode="rb")  # type: ignore[return-value]
+    """The decompressed byte stream; compression is recognised by its magic, not the suffix."""
+    return open_decompressed(path, what="Chrome trace file")
 
 
 class _TapReader:
@@ -124,6 +113,8 @@ class _TapReader:
             chunk = self.stream.read(size)
         except EOFError:  # gzip stream cut short
             raise InputError(f"{self.path}: truncated gzip file (compressed stream ended early)") from None
+        except lzma.LZMAError as exc:
+            raise InputError(f"{self.path}: corrupt xz file ({_one_line(exc)})") from None
         except (gzip.BadGzipFile, zlib.error, OSError) as exc:
             raise InputError(f"{self.path}: corrupt gzip file ({_one_line(exc)})") from None
         if not chunk:

@@ -56,9 +56,9 @@ class _DecompressErrors(io.RawIOBase):
     which no caller caught (``load()`` sniffs the first 4 KiB before unpickling). Every
     decompressor error now becomes one InputError line naming the file."""
 
-    def __init__(self, inner: IO[bytes], raw: IO[bytes], path: str) -> None:
+    def __init__(self, inner: IO[bytes], raw: IO[bytes], path: str, kind: str = "compressed") -> None:
         super().__init__()
-        self._inner, self._raw, self._path = inner, raw, path
+        self._inner, self._raw, self._path, self._kind = inner, raw, path, kind
 
     def readable(self) -> bool:
         return True
@@ -69,7 +69,7 @@ class _DecompressErrors(io.RawIOBase):
         except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             what = "truncated" if isinstance(exc, EOFError) else "corrupt"
-            raise InputError(f"{self._path}: {what} compressed file ({detail})") from None
+            raise InputError(f"{self._path}: {what} {self._kind} file ({detail})") from None
 
     def close(self) -> None:
         try:
@@ -79,11 +79,11 @@ class _DecompressErrors(io.RawIOBase):
             super().close()
 
 
-def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
+def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (and not a run directory)") -> IO[bytes]:
     """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension."""
     p = os.fspath(path)
     if os.path.isdir(p):
-        raise InputError(f"{p}: is a directory, not a snapshot file (and not a run directory)")
+        raise InputError(f"{p}: is a directory, not a {what}")
     try:
         raw = open(p, "rb")
     except FileNotFoundError:
@@ -93,6 +93,8 @@ def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
     head = raw.read(6)
     raw.seek(0)
     inner: IO[bytes]
+    kind = {_GZIP: "gzip", _XZ: "xz", _BZ2: "bz2", _ZSTD: "zstd"}.get(
+        next((m for m in (_GZIP, _XZ, _BZ2, _ZSTD) if head.startswith(m)), b""), "compressed")
     if head.startswith(_GZIP):
         inner = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     elif head.startswith(_XZ):
@@ -107,7 +109,7 @@ def open_decompressed(path: str | os.PathLike[str]) -> IO[bytes]:
             raise InputError(f"{p}: the file is zstd-compressed; install 'zstandard' or decompress it first") from None
     else:
         return raw
-    return io.BufferedReader(_DecompressErrors(inner, raw, p), 1 << 20)  # type: ignore[return-value]
+    return io.BufferedReader(_DecompressErrors(inner, raw, p, kind), 1 << 20)  # type: ignore[return-value]
 
 
 def safe_load_pickle(path: str | os.PathLike[str]) -> Any:

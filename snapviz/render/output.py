@@ -5,6 +5,22 @@ import os
 import tempfile
 
 
+def write_outputs(outputs: list[tuple[str, str]]) -> list[str]:
+    """Write rendered outputs ('-' = stdout); everything was rendered before the first write,
+    so a rendering failure leaves no partial files. Returns the paths written."""
+    import sys
+
+    written = []
+    for path, text in outputs:
+        if path == "-":
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            write_atomic(path, text)
+            written.append(path)
+    return written
+
+
 def write_atomic(path: str, data: str | bytes) -> None:
     target = os.path.abspath(path)
     d = os.path.dirname(target)
