@@ -61,7 +61,9 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
     """
     _outputs_clash(html_out, md_out if md_out != "-" else None, json_out if json_out != "-" else None)
     from snapviz.load import load
+    from snapviz.render.output import check_output_paths
 
+    check_output_paths(html_out, md_out, json_out)
     run = load(input)
     if run.snapshot is None:
         from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict

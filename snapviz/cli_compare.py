@@ -143,6 +143,9 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     if max_points < 2:
         raise InputError("--max-points must be at least 2")
     _outputs_clash(html_out, md_out, json_out)
+    from snapviz.render.output import check_output_paths
+
+    check_output_paths(html_out, md_out, json_out)
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
     names = _unique_labels(inputs, labels)
     digests = [digest_input(p, n, stage_source, points_per_label=max_points) for p, n in zip(inputs, names)]

@@ -5,6 +5,22 @@ import os
 import tempfile
 
 
+def check_output_paths(*paths: str | None) -> None:
+    """Fail before any work (and before any file is written) if an output cannot be created."""
+    from snapviz.errors import InputError
+
+    for path in paths:
+        if not path or path == "-":
+            continue
+        d = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(d):
+            raise InputError(f"{path}: output directory does not exist")
+        if os.path.isdir(path):
+            raise InputError(f"{path}: is a directory; name an output file")
+        if not os.access(d, os.W_OK):
+            raise InputError(f"{path}: output directory is not writable")
+
+
 def write_outputs(outputs: list[tuple[str, str]]) -> list[str]:
     """Write rendered outputs ('-' = stdout); everything was rendered before the first write,
     so a rendering failure leaves no partial files. Returns the paths written."""

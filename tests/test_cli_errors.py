@@ -1,0 +1,85 @@
+"""`snapviz analyze` on hostile or broken input, as a user runs it: a fresh process, exit
+code 2, exactly one line on stderr, no traceback, nothing executed, no output file left."""
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _cases(tmp: Path, marker: Path) -> dict[str, Path]:
+    c: dict[str, Path] = {}
+    c["reduce_os_system"] = tmp / "evil.pickle"
+    c["reduce_os_system"].write_bytes(pickle.dumps({"segments": [], "device_traces": [[_Payload(marker)]]}, protocol=4))
+    c["reduce_eval_gzip"] = tmp / "evil2.pickle.gz"
+    c["reduce_eval_gzip"].write_bytes(gzip.compress(pickle.dumps(_Payload(marker), protocol=5)))
+    good = pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 512}]]})
+    c["truncated"] = tmp / "cut.pickle"
+    c["truncated"].write_bytes(good[: len(good) // 2])
+    c["empty"] = tmp / "empty.pickle"
+    c["empty"].write_bytes(b"")
+    c["random_bytes"] = tmp / "noise.pickle"
+    c["random_bytes"].write_bytes(os.urandom(4096))
+    c["not_a_snapshot"] = tmp / "int.pickle"
+    c["not_a_snapshot"].write_bytes(pickle.dumps({"hello": 1}))
+    c["directory"] = tmp / "adir"
+    c["directory"].mkdir()
+    c["missing"] = tmp / "nope.pickle"
+    return c
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    tmp = tmp_path_factory.mktemp("hostile")
+    marker = tmp / "PWNED"
+    out: dict[str, tuple] = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for name, path in _cases(tmp, marker).items():
+        html, js = tmp / f"{name}.html", tmp / f"{name}.json"
+        p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(path), "-o", str(html), "--json", str(js)],
+                           capture_output=True, text=True, env=env, cwd=tmp, timeout=120)
+        out[name] = (p.returncode, p.stdout, p.stderr, html.exists() or js.exists(), path)
+    out["_marker"] = (marker.exists(),)
+    out["_leftovers"] = (sorted(f.name for f in tmp.iterdir() if f.name.startswith(".snapviz-")),)
+    return out
+
+
+CASES = ["reduce_os_system", "reduce_eval_gzip", "truncated", "empty", "random_bytes", "not_a_snapshot",
+         "directory", "missing"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_exit_2_one_line_no_output(results: dict, name: str) -> None:
+    rc, stdout, stderr, wrote, path = results[name]
+    assert rc == 2, (name, rc, stderr)
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, (name, stderr)
+    assert "Traceback" not in stderr and str(path) in lines[0]
+    assert not wrote, f"{name}: an output file was left behind"
+
+
+def test_nothing_ran_and_no_temp_files(results: dict) -> None:
+    assert results["_marker"] == (False,), "a pickle payload executed"
+    assert results["_leftovers"] == ([],)
+
+
+def test_bad_option_is_exit_2(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"),
+                        "-o", str(tmp_path / "no" / "such" / "dir" / "r.html")],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
