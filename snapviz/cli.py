@@ -64,7 +64,10 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
     from snapviz.render.output import check_output_paths
 
     check_output_paths(html_out, md_out, json_out)
+    progress = _Progress(input, enabled=not quiet)
+    progress.step("loading")
     run = load(input)
+    progress.step("replaying the allocator and attributing stages")
     if run.snapshot is None:
         from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
         tan = analyze_trace_run(run)
@@ -81,10 +84,41 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
         if html_out:
             from snapviz.render.html import render_html
             html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
-    _emit(doc, html_out, html_builder, md_out, json_out, quiet)
+    progress.step("writing reports")
+    _emit(doc, html_out, html_builder, md_out, json_out, quiet, before_print=progress.done)
 
 
-def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None, quiet: bool) -> None:
+class _Progress:
+    """One status line on stderr for inputs that take a while (an interactive terminal only;
+    CI logs and pipes stay clean)."""
+
+    BIG = 32 << 20  # bytes on disk: about 400k trace entries, a few seconds of work
+
+    def __init__(self, path: str, enabled: bool = True) -> None:
+        import time
+
+        try:
+            size = os.path.getsize(path) if os.path.isfile(path) else sum(
+                os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        except OSError:
+            size = 0
+        self.on = enabled and size >= self.BIG and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self._time = time.perf_counter
+
+    def step(self, what: str) -> None:
+        if self.on:
+            sys.stderr.write(f"\r\033[Ksnapviz: {what}… ({self._time() - self.t0:.1f} s)")
+            sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.on:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None,
+          quiet: bool, before_print: Any = None) -> None:
     from snapviz.render.json_summary import render_json
     from snapviz.render.markdown import render_markdown
     from snapviz.render.output import write_outputs
@@ -98,6 +132,8 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
         outputs.append((md_out, render_markdown(doc)))
     if html_out:
         outputs.append((html_out, html_builder()))
+    if before_print is not None:
+        before_print()
     written = write_outputs(outputs)
     if not quiet and not (json_out == "-" or md_out == "-"):
         click.echo(render_terminal(doc), nl=False, err=False)
