@@ -59,3 +59,18 @@ def test_snapshot_and_trace_join_on_one_time_axis() -> None:
     ops = [t.get("op") for t in doc["top_allocations"] if t["stage"] != "load"]
     assert ops and all(ops)
     assert abs(doc["attention"]["trace_offset_us"]) < 10_000
+
+
+def test_live_set_at_the_trace_peak_adds_up(trace_and_truth: tuple) -> None:
+    """Allocations paired with their frees by address: what was live at the peak plus what
+    predates the trace is exactly the allocator's peak; each has a Python site and its op."""
+    from snapviz.analyses.trace_live import live_at_trace_peak
+
+    ta, truth = trace_and_truth
+    run = load(str(SAMPLE / "trace.json.gz"))
+    live = live_at_trace_peak(run.trace, ta.device, limit=10**9)
+    tl = ta.timeline
+    before = int(tl["allocated"].iat[0] - tl["bytes"].iat[0])
+    assert int(live["bytes"].sum()) + before == truth["allocator"]["max_memory_allocated"]
+    big = live.iloc[0]
+    assert big["op"].startswith("aten::") and "diffusers/" in big["site"]

@@ -74,6 +74,8 @@ def shorten_path(path: str) -> str:
         if i >= 0:
             return path[i + len(marker):]
     # Packages installed with --target or from a source checkout: cut at the package root.
+    if path.startswith(tuple(pkg[1:] for pkg in _KNOWN_PACKAGES)):  # already relative (profiler)
+        return path
     for pkg in _KNOWN_PACKAGES:
         i = path.rfind(pkg)
         if i >= 0:

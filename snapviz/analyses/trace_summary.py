@@ -24,6 +24,7 @@ class TraceRunAnalysis:
     run: Run
     trace: TraceAnalysis
     warnings: list[str] = field(default_factory=list)
+    top_allocations: pd.DataFrame = field(default_factory=pd.DataFrame)  # live at the peak (trace_live)
 
     @property
     def timeline(self) -> pd.DataFrame:
@@ -54,7 +55,10 @@ def analyze_trace_run(run: Run) -> TraceRunAnalysis:
         warnings.append("the trace has no [memory] events: record with torch.profiler(profile_memory=True)")
     if ta.device is not None and ta.device[0] == 0:
         warnings.append("CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)")
-    return TraceRunAnalysis(run=run, trace=ta, warnings=warnings)
+    from snapviz.analyses.trace_live import live_at_trace_peak
+
+    top = live_at_trace_peak(tr, ta.device)
+    return TraceRunAnalysis(run=run, trace=ta, warnings=warnings, top_allocations=top)
 
 
 def _nan_to_none(v: Any) -> Any:
@@ -128,7 +132,14 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "history": {"events": int(len(tl)), "truncated": False, "baseline_allocated_bytes": baseline},
         "stages": stages_out,
         "attention": att,
-        "top_allocations": [],
+        "top_allocations": [
+            {"bytes": int(t.bytes), "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
+             "site": t.site, "address": int(t.addr), "time_us": int(t.time_us), "stack": list(t.stack),
+             **({"op": t.op, "op_input_dims": t.op_input_dims} if t.op else {})}
+            for t in an.top_allocations.itertuples(index=False)],
+        "top_allocations_note": ("allocations made before the trace began (e.g. weights loaded before profiling) are "
+                                 f"not itemized: {baseline:,} bytes were already allocated at its first event; "
+                                 "Python lines are the first line of each function (profiler stacks)"),
         "allocator_truth": {k: (rj.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")} if rj else None,
         "run": {k: rj.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
                                          "device_name", "torch_version", "diffusers_version", "command")} if rj else None,

@@ -763,6 +763,14 @@ def render_trace_report_data(data: dict[str, Any]) -> str:
     if len(data["stage_bars"]["label"]):
         blocks += [_card_open("Peak by stage", "Peak allocated in each stage interval", "sv-stages"),
                    _stage_bar_block(data), "</section>"]
+    live = data.get("live_table") or {}
+    if live.get("rows"):
+        blocks.append(_card_open("Live at the peak", live.get("note", ""), "sv-live"))
+        cols = {f"c{i}": [r[i] for r in live["rows"]] for i in range(len(live["columns"]))}
+        widths = (90, 110, 520, 200, 360)
+        blocks.append(_table_block(cols, [(f"c{i}", c, widths[i]) for i, c in enumerate(live["columns"])],
+                                   "sv-live-table", None, "", max_height=360))
+        blocks.append("</section>")
     ops = data["attention_ops"]
     blocks.append(_card_open("Attention ops", ops.get("note", ""), "sv-attention"))
     if ops["rows"]:

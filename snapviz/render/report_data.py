@@ -714,8 +714,13 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
     when = f", at {peak['time_s']:.3f} s" if peak["time_s"] is not None else ""
     verdict = (f"Peak {fmt_bytes(peak_alloc)} allocated ({fmt_bytes(peak['reserved'])} reserved) "
                f"in {peak_stage}{when}{window}")
-    lines = ["From the profiler trace's memory events only: no snapshot, so no allocation stacks "
-             "and no allocator replay (record a snapshot for the live set at the peak)"]
+    lines = ["From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
+             "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"]
+    top = doc.get("top_allocations") or []
+    live_table = {"columns": ["size", "stage", "allocated in (Python, function start line)", "op (trace)", "op input shapes"],
+                  "rows": [[fmt_bytes(t["bytes"]), str(t.get("stage", "")), str(t.get("site", "")), str(t.get("op", "")),
+                            str(t.get("op_input_dims", ""))] for t in top],
+                  "note": str(doc.get("top_allocations_note") or "")}
     att_doc = doc.get("attention") or {}
     if att_doc.get("implementation"):
         lines.append(f"Attention: {att_doc['implementation']}")
@@ -732,6 +737,7 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
         "peak": peak,
         "stage_bars": bars,
         "attention_ops": att_table,
+        "live_table": live_table,
         "attention_summary": dict(att_doc),
         "metadata": _metadata(doc, t0),
         "decimation": decimation_note(len(keep), n),
