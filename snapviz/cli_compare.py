@@ -105,6 +105,19 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
     return digest_run(an, label, points_per_label=points_per_label)
 
 
+def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_label: int, jobs: int | None) -> list[Any]:
+    """Digest every input, ``jobs`` at a time in worker processes (each run is loaded,
+    analysed and reduced independently; only the small digests come back)."""
+    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
+    if n <= 1:
+        return [digest_input(p, lab, stage_source, points_per_label) for p, lab in items]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
+        return [f.result() for f in futures]
+
+
 # ----------------------------------------------------------------------------- compare
 
 @click.command(epilog=EPILOG)
@@ -116,9 +129,12 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 @click.option("--fail-over", "fail_over", metavar="PCT", help="Exit 1 if any OTHER's peak allocated exceeds BASE's by more than PCT (e.g. 5%).")
 @click.option("--stages-from", "stage_source", type=click.Choice(STAGE_SOURCES), default="auto", show_default=True, help="Where stage labels come from (every run).")
 @click.option("--max-points", type=int, default=200, show_default=True, help="Timeline points kept per stage and run in the HTML (min/max decimation keeps every peak).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Runs loaded and analysed at once, in worker processes [the number of CPUs, at most 4]. "
+                   "Each worker needs the memory of one analysis.")
 @click.option("-q", "--quiet", is_flag=True, help="No terminal summary.")
 def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, json_out: str | None, labels: tuple[str, ...],
-            fail_over: str | None, stage_source: str, max_points: int, quiet: bool) -> None:
+            fail_over: str | None, stage_source: str, max_points: int, jobs: int | None, quiet: bool) -> None:
     """Compare runs stage by stage against the first one (BASE).
 
     Inputs are snapshot pickles, Chrome traces or run directories. Runs are aligned by
@@ -148,7 +164,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     check_output_paths(html_out, md_out, json_out)
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
     names = _unique_labels(inputs, labels)
-    digests = [digest_input(p, n, stage_source, points_per_label=max_points) for p, n in zip(inputs, names)]
+    digests = digest_inputs(list(zip(inputs, names)), stage_source, max_points, jobs)
     cmp = compare_runs(digests)
     doc = compare_dict(cmp, fail_over=pct)
 
