@@ -151,18 +151,6 @@ say otherwise, and prints the ranked Markdown table. Exit 0 when at least one va
 """
 
 
-def _check_output(path: str | None, flag: str) -> None:
-    import os
-
-    if not path or path == "-":
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise OptionError(f"{flag} {path}: output directory does not exist")
-    if os.path.isdir(path):
-        raise OptionError(f"{flag} {path}: is a directory")
-
-
 @click.command("matrix", epilog=MATRIX_EPILOG,
                context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--pipeline", required=True, type=click.Choice(["sd15", "sdxl", "pixart-sigma"]),
@@ -231,8 +219,14 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     real = [os.path.abspath(p) for p in given if p != "-"]
     if len(real) != len(set(real)):
         raise OptionError("two outputs name the same file")
+    from snapviz.errors import InputError
+    from snapviz.render.output import check_output_paths
+
     for path, flag in ((html_out, "-o"), (md_out, "--markdown"), (json_out, "--json")):
-        _check_output(path, flag)
+        try:
+            check_output_paths(path)
+        except InputError as err:
+            raise OptionError(f"{flag} {err}") from None
     if (height and height % 8) or (width and width % 8):
         raise OptionError("--height and --width must be multiples of 8")
     if from_dir:
@@ -358,7 +352,7 @@ def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: l
     doc = mx.matrix_dict(opts, rows, base if ok else None, skipped, notes, compare_doc)
 
     from snapviz.render.json_summary import render_json
-    from snapviz.render.output import write_atomic
+    from snapviz.render.output import write_outputs
 
     outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
                (md_out or str(out_dir / "matrix.md"), lambda: mx.render_full_markdown(doc)),
@@ -370,16 +364,11 @@ def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: l
         except ImportError as err:  # e.g. a GPU box without bokeh: keep the JSON/Markdown
             click.echo(f"  skipped {path}: {err} (re-render elsewhere with "
                        f"snapviz matrix --from-dir {out_dir})", err=True)
-    for path, text in rendered:
-        if path == "-":
-            click.echo(text, nl=False)
-        else:
-            write_atomic(path, text)
+    written = write_outputs(rendered)
     if "-" not in (json_out, md_out):
         click.echo(mx.render_matrix_markdown(doc), nl=False)
-    for path, _ in rendered:
-        if path != "-":
-            click.echo(f"  wrote {path}", err=True)
+    for path in written:
+        click.echo(f"  wrote {path}", err=True)
     if not ok:
         click.echo(f"no variant ran successfully; see the logs in {out_dir}", err=True)
         sys.exit(1)

@@ -115,12 +115,6 @@ def score_stack_table(snap: Snapshot, rules_path: str | None = None) -> pd.DataF
     return out
 
 
-def attention_stack_ids(snap: Snapshot, rules_path: str | None = None) -> np.ndarray:
-    """Stack ids whose allocations are (or, for single-line kernels, may be) score matrices."""
-    t = score_stack_table(snap, rules_path)
-    return np.sort(t.loc[t["is_score"].astype(bool), "stack_id"].to_numpy().astype(np.int64))
-
-
 def score_alloc_mask(snap: Snapshot, ev: pd.DataFrame, rows: np.ndarray | None = None,
                      rules_path: str | None = None) -> np.ndarray:
     """Bool per row of ``ev`` (or of ``ev`` at ``rows``): an alloc of a score matrix."""
@@ -167,12 +161,6 @@ def token_candidates(run: dict[str, Any] | None) -> list[int]:
         cands += [(h // f) * (w // f) for f in (1, 2, 4, 8)]
         return [c for c in dict.fromkeys(cands) if c > 0]
     return [k * k for k in (128, 96, 64, 48, 32, 24, 16, 8)]
-
-
-def guess_shape(nbytes: int, tokens: list[int], itemsizes: list[int]) -> tuple[list[int], str] | None:
-    """``[batch*heads, Nq, Nk]`` and dtype whose product is exactly ``nbytes`` (first fit)."""
-    g = guess_score_shape(nbytes, None, tokens=tokens, itemsizes=itemsizes)
-    return (g["shape"], g["dtype"]) if g else None
 
 
 def _dtype_name(itemsize: int) -> str:

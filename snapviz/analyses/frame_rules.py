@@ -334,11 +334,6 @@ def _bfill_index(valid: np.ndarray) -> np.ndarray:
     return np.where(out == n, -1, out)
 
 
-def stack_stage_rules(snap: Snapshot, rules: RuleSet) -> np.ndarray:
-    """Winning stage rule per stack (index into ``rules.of_kind('stage')``; -1 none)."""
-    return stack_tables(snap).best_rule(rules.of_kind("stage"))
-
-
 def _device_rows(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
     """Rows of ``snap.events`` that ``ev`` is (``snap.device_events(d)``), when it is one
     device of a multi-device snapshot with times; else None."""

@@ -18,6 +18,3 @@ def fmt_bytes(n: float | int | None) -> str:
 def fmt_delta(n: float | int) -> str:
     return ("+" if n > 0 else "") + fmt_bytes(n)
 
-
-def fmt_pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f}%"
