@@ -17,10 +17,12 @@ __version__ = "0.1.0"
 __all__ = ["load", "analyze", "Run", "InputError", "CheckFailed", "__version__"]
 
 
-def analyze(run: "Run | str", device: int | None = None):  # type: ignore[no-untyped-def]
-    """Run every analysis on a loaded run (or a path); see :mod:`snapviz.analyses.summary`."""
+def analyze(run: "Run | str", device: int | None = None, rules: "str | None" = None):  # type: ignore[no-untyped-def]
+    """Run every analysis on a loaded run (or a path); ``rules``: a rules file replacing or
+    extending the built-in rules. See :mod:`snapviz.analyses.summary`."""
+    from snapviz.analyses.frame_rules import load_rules
     from snapviz.analyses.summary import analyze_run
 
     if isinstance(run, str):
         run = load(run)
-    return analyze_run(run, device=device)
+    return analyze_run(run, device=device, rules=load_rules(rules))

@@ -40,7 +40,7 @@ def cli() -> None:
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable summary (schema snapviz.summary/1); '-' for stdout.")
 @click.option("--device", type=int, default=None, help="CUDA device to analyse (default: the one with the highest peak).")
-@click.option("--stages-from", "stage_source", type=click.Choice(["auto", "user_metadata", "annotations", "run.json", "frames"]),
+@click.option("--stages-from", "stage_source", type=click.Choice(["auto", "user_metadata", "annotations", "run.json", "frames", "phases"]),
               default="auto", show_default=True, help="Where stage labels come from.")
 @click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False), help="Stage/category rules file (JSON) replacing or extending the built-in diffusers rules.")
 @click.option("--max-points", type=int, default=20000, show_default=True, help="Timeline points kept in the HTML (min/max decimation keeps the peak).")
@@ -64,6 +64,9 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
     from snapviz.render.output import check_output_paths
 
     check_output_paths(html_out, md_out, json_out)
+    from snapviz.analyses.frame_rules import load_rules
+
+    rules = load_rules(rules_path)  # resolved (and validated) once, before any work
     progress = _Progress(input, enabled=not quiet)
     progress.step("loading")
     run = load(input)
@@ -78,7 +81,7 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
             html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
     else:
         from snapviz.analyses.summary import analyze_run, summary_dict
-        an = analyze_run(run, device=device, stage_source=stage_source, rules_path=rules_path)
+        an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
         doc = summary_dict(an)
         html_builder = None
         if html_out:

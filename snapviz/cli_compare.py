@@ -12,7 +12,7 @@ EPILOG = """\b
 Exit codes: 0 success, 1 a check failed, 2 bad input or options.
 Docs: docs/compare.md in the snapviz repository."""
 
-STAGE_SOURCES = ["auto", "user_metadata", "annotations", "run.json", "frames"]
+STAGE_SOURCES = ["auto", "user_metadata", "annotations", "run.json", "frames", "phases"]
 
 
 def _outputs_clash(*paths: str | None) -> None:

@@ -115,10 +115,6 @@ class _StackTable:
         self.more: list[int] = []
         self.frame_index: dict[int, int] = {}
         self.frame_text: list[str] = []
-        if snap is not None and len(snap.frames):
-            self._lines = snap.frames["line"].to_numpy()
-        else:
-            self._lines = np.empty(0, np.int64)
 
     def add(self, stack_id: int) -> int:
         stack_id = int(stack_id)
@@ -127,8 +123,8 @@ class _StackTable:
         got = self.index.get(stack_id)
         if got is not None:
             return got
-        # Same selection as SiteNamer.stack_text: C++ frames (line 0) dropped, innermost first.
-        fids = [f for f in self.snap.stacks[stack_id] if self._lines[f] != 0]
+        # Same selection as SiteNamer.stack_text (Python frames, or C++ ones when there are none).
+        fids = self.sites.shown_frames(stack_id) if self.sites is not None else list(self.snap.stacks[stack_id])
         shown = fids[:STACK_FRAME_LIMIT]
         local = []
         for f in shown:
@@ -412,8 +408,8 @@ def _category_timeline(an: Any, t0_us: int, has_time: bool, max_points: int) -> 
              "categories": [], "colors": [], "bytes": {}, "total": 0, "note": ""}
     if not n or an.run.snapshot is None:
         return empty
-    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels, an.sites,
-                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)))
+    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels,
+                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
     rows = ct["row"].to_numpy(np.int64)
