@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.attention import FUSED, NOT_DETERMINED
 from snapviz.analyses.stages import CANONICAL, stage_group
 from snapviz.load.chrome_trace import ChromeTrace
 
 __all__ = [
     "devices", "memory_timeline", "annotation_stages", "stage_peaks", "attention_ops",
-    "stage_at", "analyze_trace", "TraceAnalysis", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us", "ITEMSIZE",
+    "stage_at", "analyze_trace", "TraceAnalysis", "attention_verdict", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us", "ITEMSIZE",
 ]
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
@@ -39,12 +40,16 @@ ITEMSIZE: dict[str, int] = {
 }
 
 _SCORE_OPS = ("aten::baddbmm", "aten::bmm")
-_SOFTMAX_OPS = ("aten::softmax", "aten::_softmax")
+_SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
 _SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # also ..._math_for_mps
+# Fused attention kernels outside SDPA's dispatcher op: ATen's own, vLLM's, flash-attn, xFormers.
+_FUSED_KERNELS = re.compile(r"(^aten::_(flash|efficient)_attention_forward$|^vllm::\w*attention|flash_attn|"
+                            r"paged_attention|^xformers|fmha)")
 
 
 def _is_sdpa(name: str) -> bool:
-    return name == "aten::scaled_dot_product_attention" or name.startswith("aten::_scaled_dot_product_")
+    return (name == "aten::scaled_dot_product_attention" or name.startswith("aten::_scaled_dot_product_")
+            or _FUSED_KERNELS.search(name) is not None)
 
 
 def _is_attention(name: str) -> bool:
@@ -368,17 +373,10 @@ def _score_shape(name: str, shapes: list[Any]) -> tuple[int, int, int] | None:
         return (a[0], a[1], b[2]) if a and b else None
     if name in _SOFTMAX_OPS and shapes:
         return _dims3(shapes[0])
-    if _is_sdpa(name) and len(shapes) >= 2:
+    if _is_sdpa(name) and _FUSED_KERNELS.search(name) is None and len(shapes) >= 2:  # [..., L, E] layouts only
         q, k = _dims3(shapes[0]), _dims3(shapes[1])
         return (q[0], q[1], k[1]) if q and k else None
     return None
-
-
-def _contraction(name: str, shapes: list[Any]) -> int | None:
-    """K of a bmm/baddbmm (the summed dimension)."""
-    first = shapes[1] if name == "aten::baddbmm" and len(shapes) > 1 else (shapes[0] if shapes else None)
-    d = _dims3(first)
-    return d[2] if d else None
 
 
 def _nested(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -410,8 +408,7 @@ def attention_ops(trace: ChromeTrace) -> pd.DataFrame:
     matrix a classic implementation would materialize (so ``score_bytes`` is what the
     fused kernel saved). ``materializes_scores`` is True for a non-nested baddbmm/bmm
     whose output is attention scores — the next listed op on its thread is a softmax
-    over that shape, or the output is square with a smaller contraction dim (self
-    attention) — and for a non-nested softmax over such an output. SDPA materializes
+    over that shape — and for that softmax. SDPA materializes
     only when it ran the unfused math backend (``_scaled_dot_product_attention_math``
     under it); the fused kernels (flash, efficient, cuDNN, CPU flash) never do. Sum
     ``score_bytes`` over ``materializes_scores`` rows only.
@@ -455,14 +452,11 @@ def attention_ops(trace: ChromeTrace) -> pd.DataFrame:
             continue
         if nm not in _SCORE_OPS or s is None:
             continue
+        # Scores are what a softmax consumes: a product with no softmax over it (probs @ V,
+        # any other batched matmul) is not evidence of attention.
         nxt = top[j + 1] if j + 1 < len(top) and tid[top[j + 1]] == tid[i] else None
-        followed_by_softmax = nxt is not None and names[nxt] in _SOFTMAX_OPS and score[nxt] == s
-        k = _contraction(nm, shapes[i])
-        square_self_attention = s[1] == s[2] and k is not None and k < s[2]
-        if followed_by_softmax or square_self_attention:
-            materializes[i] = True
-            if followed_by_softmax:
-                materializes[nxt] = True
+        if nxt is not None and names[nxt] in _SOFTMAX_OPS and score[nxt] == s:
+            materializes[i] = materializes[nxt] = True
 
     stages = annotation_stages(trace)
     out = pd.DataFrame({
@@ -474,3 +468,31 @@ def attention_ops(trace: ChromeTrace) -> pd.DataFrame:
         "stage": stage_at(start, stages),
     })
     return out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)[cols]
+
+
+def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
+    """The ``attention`` part of a trace summary from :func:`attention_ops`: score matrices
+    with their exact shapes, fused SDPA calls, and the verdict. "fused" needs an SDPA or
+    fused-kernel op that did not run the math backend; no attention op at all is "not
+    determined" (the model may have none, or compute it in ops not listed)."""
+    att: dict[str, Any] = {"count": 0, "peak_live_bytes": 0, "largest": {"bytes": 0, "shape": None},
+                           "source": "trace ops", "sdpa_calls": 0}
+    if not len(ops):
+        att["implementation"] = NOT_DETERMINED
+        return att
+    top = ops[~ops["nested"].to_numpy(bool)]
+    mat = ops[ops["materializes_scores"].to_numpy(bool)]
+    fused = top[[_is_sdpa(str(n)) for n in top["name"]] & ~top["materializes_scores"].to_numpy(bool)]
+    att["count"] = int(len(mat))
+    att["sdpa_calls"] = int(len(fused))
+    if len(mat):
+        i = int(np.argmax(mat["score_bytes"].to_numpy()))
+        row = mat.iloc[i]
+        att["largest"] = {"bytes": int(row["score_bytes"]),
+                          "shape": list(row["score_shape"]) if row["score_shape"] is not None else None,
+                          "dtype": row.get("dtype"), "op": row["name"], "stage": row.get("stage")}
+        att["peak_live_bytes"] = int(mat["score_bytes"].max())  # a lower bound: ops do not say lifetimes
+    names = sorted({str(n) for n in fused["name"]})[:3]
+    att["implementation"] = ("materialized (baddbmm/bmm + softmax)" if len(mat)
+                             else f"{FUSED}: {len(fused)} call(s) of {', '.join(names)}" if len(fused) else NOT_DETERMINED)
+    return att

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.stages import stage_group
-from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, stage_at, stage_peaks
+from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, attention_verdict, stage_at, stage_peaks
 from snapviz.load import Run
 
 SCHEMA = "snapviz.summary/1"
@@ -109,20 +109,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         g["intervals"].append(item)
         if "/" in name:
             g["steps"].append({"name": name, "step": name.split("/", 1)[1], **{k: v for k, v in item.items() if k != "name"}})
-    ops = an.attention_ops
-    att: dict[str, Any] = {"count": 0, "peak_live_bytes": 0, "largest": {"bytes": 0, "shape": None}, "source": "trace ops"}
-    if len(ops):
-        mat = ops[ops["materializes_scores"]] if "materializes_scores" in ops else ops.iloc[0:0]
-        att["count"] = int(len(mat))
-        att["sdpa_calls"] = int((~ops["materializes_scores"]).sum()) if "materializes_scores" in ops else 0
-        if len(mat):
-            i = int(np.argmax(mat["score_bytes"].to_numpy()))
-            row = mat.iloc[i]
-            att["largest"] = {"bytes": int(row["score_bytes"]), "shape": list(row["score_shape"]) if row["score_shape"] is not None else None,
-                              "dtype": row.get("dtype"), "op": row["name"], "stage": row.get("stage")}
-            att["peak_live_bytes"] = int(mat["score_bytes"].max())  # a lower bound: ops do not say lifetimes
-        att["implementation"] = ("materialized (baddbmm/bmm + softmax)" if len(mat)
-                                 else "fused SDPA: no score matrices materialized" if len(ops) else "no attention ops")
+    att = attention_verdict(an.attention_ops)
     dev = an.trace.device
     return {
         "schema": SCHEMA, "source": an.run.source, "kind": "trace",
