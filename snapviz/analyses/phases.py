@@ -16,8 +16,9 @@ Per framed event (vectorized, per unique stack then gathers):
   next batch) joins a ``forward``/``backward`` just before it and is unlabelled
   otherwise: nothing here guesses ``load``;
 * frees no rule explains, and events without frames, inherit the previous event's label;
-* steps: a ``forward`` that follows a ``backward`` or an ``optimizer`` phase starts a new
-  training step; with several steps every label is numbered ``phase/<step>``.
+* steps: a ``forward`` that follows a ``backward``, ``optimizer`` or ``zero_grad`` phase
+  (after an earlier forward) starts a new training step; with several steps every
+  training phase is numbered ``phase/<step>`` (``load`` is not).
 
 Returns None when no event matches a phase rule (the caller then says it does not know
 the program's stages).
@@ -75,7 +76,8 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     before = np.r_[-1, last[:-1]]
     before_code = np.where(before >= 0, code[np.clip(before, 0, None)], -1)
     is_fwd = definite & (code == code_of[FORWARD])
-    starts = is_fwd & np.isin(before_code, [code_of[BACKWARD], code_of[OPTIMIZER]])
+    after_a_forward = (np.cumsum(is_fwd) - is_fwd) > 0
+    starts = is_fwd & after_a_forward & np.isin(before_code, [code_of[BACKWARD], code_of[OPTIMIZER], code_of[ZERO_GRAD]])
     step = np.cumsum(starts)
 
     # Frameless events and unexplained frees inherit the previous framed event's label.
@@ -84,6 +86,6 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     code, step = code[src], step[src]
     labels = np.array(vocab, dtype=object)[code]
     if int(step.max()) > 0:
-        numbered = code != code_of[unlabelled]
+        numbered = ~np.isin(code, [code_of[unlabelled], code_of[LOAD]])   # steps of training, not set-up
         labels = np.where(numbered, labels + "/" + step.astype(str).astype(object), labels)
     return labels

@@ -138,9 +138,12 @@ def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
     in_user = _paint(labels, times, iv[user].assign(name=[_HASHES.sub("", n) or n for n in names[user]]))
     numbered = in_phase & ~in_user & (base_step != "")
     labels[numbered] = labels[numbered] + "/" + base_step[numbered]
+    # ProfilerStep#N numbers the steps; with them, no other numbering is kept.
     steps = label_by_intervals(times, iv[step.notna()].assign(name=step[step.notna()]), default="")
     in_step = (steps != "") & (labels != UNLABELLED)
-    labels[in_step] = [f"{stage_group(str(a))}/{b}" for a, b in zip(labels[in_step], steps[in_step])]
+    if in_step.any():
+        labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
+        labels[in_step] = labels[in_step] + "/" + steps[in_step]
     if not (in_phase | in_user | in_step).any():
         return None
     return labels, bool(in_user.any())
