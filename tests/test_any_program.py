@@ -194,8 +194,9 @@ def test_sites_skip_cpp_frames_to_the_python_line() -> None:
         frames = snap.stack(int(sid))
         if any(fr["line"] > 0 for fr in frames):
             assert not site.startswith("[C++]") and ".py:" in site and "torch/" not in site, site
-        else:   # the autograd thread: the node, marked as C++
-            assert site == "[C++] torch::autograd::generated::BmmBackward0::apply", site
+        else:   # the autograd thread: the node, marked as C++, and the line that ran backward()
+            assert site == ("[C++] torch::autograd::generated::BmmBackward0::apply "
+                            "(autograd thread, backward() called at home/me/train.py:24 train)"), site
     q_stack = next(i for i, st in enumerate(snap.stacks) if any(snap.stack(i)[k]["line"] == 55 for k in range(len(st))))
     assert snap.stack(q_stack)[0]["name"] == "torch::unwind::unwind()"
     assert sites.site(q_stack) == "home/me/model.py:55 forward"   # not the unwinder, not torch's _call_impl

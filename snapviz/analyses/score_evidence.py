@@ -21,9 +21,11 @@ Two kinds of evidence, both from frames:
    function named ``softmax``, ``at::_ops::_softmax``) has a caller: the first Python
    frame outside it. That caller frame, with the Python frames above it (the same code
    path), is a family; its allocations from lines up to the softmax line are score
-   matrices when at least half the size of the softmax output (the matmul result, the
-   scaled and masked copies, the softmax internals; an fp32 softmax of fp16 scores is
-   twice their size), and those after it are not (``probs @ V``).
+   matrices when their size is the softmax output's, half of it or twice it (the matmul
+   result, the scaled and masked copies, the softmax internals, in the same dtype, or
+   16-bit scores under an fp32 softmax, or the reverse); ``q``/``k`` copies
+   (``[…, L, d]``) and boolean masks differ unless ``d`` is ``L``, ``L/2`` or ``2L``.
+   Allocations after the softmax line are not scores (``probs @ V``).
 
 A ``kind: "attention", name: "fused"`` frame (SDPA flash / efficient / cuDNN kernels,
 transformers' ``sdpa_attention_forward``, diffusers' attention dispatch and processors,
@@ -40,8 +42,7 @@ from snapviz.model import A_ALLOC, Snapshot
 
 ATTENTION_CATEGORY = "attention scores"
 LINE_SHARE = 0.25
-SOFTMAX_SHARE = 0.5
-COLUMNS = ["stack_id", "function", "family", "line", "max_bytes", "is_score", "min_bytes", "evidence"]
+COLUMNS = ["stack_id", "function", "family", "line", "max_bytes", "is_score", "min_bytes", "softmax_bytes", "evidence"]
 
 
 def _attention_rules(rules: RuleSet) -> tuple[Rule, ...]:
@@ -81,6 +82,7 @@ def _named_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes: 
     n_lines = hits.groupby("family")["line"].transform("nunique")
     hits["is_score"] = keep.to_numpy()
     hits["min_bytes"] = np.where(n_lines.to_numpy() == 1, (LINE_SHARE * fam_max).astype(np.int64), 0)
+    hits["softmax_bytes"] = 0
     hits["evidence"] = "function"
     return hits[COLUMNS]
 
@@ -119,7 +121,7 @@ def _softmax_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes
             if tables.names[f] != name or tables.files[f] != file or int(tables.lines[f]) > soft_line:
                 continue
             rows.append((sid, name, f"{name}@{file}", int(tables.lines[f]), int(sizes.get(sid, 0)), True,
-                         int(SOFTMAX_SHARE * soft_bytes), "softmax"))
+                         0, soft_bytes, "softmax"))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -155,10 +157,17 @@ def score_alloc_mask(snap: Snapshot, ev: pd.DataFrame, rules: RuleSet, tables: S
         return np.zeros(len(stack), bool)
     n_stacks = max(len(snap.stacks), 1)
     thresh = np.full(n_stacks, -1, np.int64)        # -1: not a score stack
+    soft = np.zeros(n_stacks, np.int64)             # > 0: sizes must match this softmax output
     ok = t["is_score"].to_numpy().astype(bool)
-    thresh[t["stack_id"].to_numpy()[ok].astype(np.int64)] = t["min_bytes"].to_numpy()[ok].astype(np.int64)
-    th = np.where(stack >= 0, thresh[np.clip(stack, 0, n_stacks - 1)], -1)
-    return (action == A_ALLOC) & (th >= 0) & (size >= th)
+    ids = t["stack_id"].to_numpy()[ok].astype(np.int64)
+    thresh[ids] = t["min_bytes"].to_numpy()[ok].astype(np.int64)
+    soft[ids] = t["softmax_bytes"].to_numpy()[ok].astype(np.int64)
+    sc = np.clip(stack, 0, n_stacks - 1)
+    th = np.where(stack >= 0, thresh[sc], -1)
+    b = np.where(stack >= 0, soft[sc], 0)
+    size = size.astype(np.int64)
+    size_ok = np.where(b > 0, (size == b) | (2 * size == b) | (size == 2 * b), size >= th)
+    return (action == A_ALLOC) & (th >= 0) & size_ok
 
 
 def fused_evidence(rules: RuleSet, tables: StackTables, stack_ids: np.ndarray) -> list[str]:

@@ -6,7 +6,8 @@ wrappers, autograd and contextlib decorators) to the first Python line that says
 memory was allocated. Where a stack has no Python frame at all (the autograd engine
 thread), the site is the most telling C++ frame, marked ``[C++]``: the autograd node
 (``BmmBackward0``), else the ATen op, else the first frame past the unwinder and the
-allocator. The full stack stays available (:meth:`SiteNamer.stack_text`).
+allocator; on the autograd thread, with the Python line that called ``backward()`` when
+the snapshot has exactly one. The full stack stays available (:meth:`SiteNamer.stack_text`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ _PLUMBING = re.compile(
     r"/torch/_compile\.py$|/torch/_dynamo/|/torch/utils/hooks\.py$|/accelerate/hooks\.py$|"
     r"^<frozen|/threading\.py$|/contextlib\.py$)"
 )
+# Python frames of Tensor.backward / torch.autograd.backward: their caller runs the backward.
+_BACKWARD_API = re.compile(r"/torch/(_tensor\.py|autograd/__init__\.py)$")
+_AUTOGRAD_THREAD = re.compile(r"^torch::autograd::(Engine::|python::PythonEngine::)")
 # C++ frames, best first, for stacks without Python: the autograd node, then the ATen op.
 _CPP_NODE = re.compile(r"^torch::autograd::generated::(\w+)::apply")
 _CPP_OP = re.compile(r"^at::_ops::(\w+)::call\b")
@@ -56,6 +60,20 @@ class SiteNamer:
         self._python = tables.is_python
         self._plumb = np.array([bool(_PLUMBING.search(str(f))) for f in self._files], dtype=bool)
         self._cache: dict[int, str] = {}
+        self._backward_line = self._backward_caller()
+
+    def _backward_caller(self) -> int:
+        """The frame of the one user line that calls ``backward()`` in this snapshot (-1:
+        none, or several): the autograd thread's allocations run on its behalf."""
+        callers = set()
+        for st in self.snap.stacks:
+            py = [f for f in st if self._python[f]]
+            hits = [i for i, f in enumerate(py) if self._names[f] == "backward" and _BACKWARD_API.search(str(self._files[f]))]
+            if hits:
+                caller = next((f for f in py[max(hits) + 1:] if not self._plumb[f]), None)
+                if caller is not None:
+                    callers.add(caller)
+        return callers.pop() if len(callers) == 1 else -1
 
     def frame_str(self, fid: int, short: bool = True) -> str:
         if not self._python[fid]:
@@ -82,7 +100,11 @@ class SiteNamer:
         s = self._cache.get(stack_id)
         if s is None:
             fid = self.site_frame(stack_id)
-            s = self._cache[stack_id] = self.frame_str(fid) if fid >= 0 else "(no frames recorded)"
+            s = self.frame_str(fid) if fid >= 0 else "(no frames recorded)"
+            if fid >= 0 and not self._python[fid] and self._backward_line >= 0 and any(
+                    _AUTOGRAD_THREAD.search(str(self._names[f])) for f in self.snap.stacks[stack_id]):
+                s += f" (autograd thread, backward() called at {self.frame_str(self._backward_line)})"
+            self._cache[stack_id] = s
         return s
 
     def shown_frames(self, stack_id: int) -> list[int]:
