@@ -21,7 +21,6 @@ from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import load_rules
-from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stages import label_events
 from snapviz.analyses.summary import analyze_run, summary_dict

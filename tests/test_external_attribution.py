@@ -15,6 +15,7 @@ import pytest
 from snapviz.analyses import trace_ops
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.stages import annotation_intervals, stage_group
+from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
 from snapviz.load import load
 from snapviz.load.chrome_trace import load_chrome_trace
@@ -144,7 +145,7 @@ def test_mosaic_synthetic_attention_not_determined() -> None:
 ])
 def test_trace_attention_verdicts(name: str, verdict: str) -> None:
     ops = trace_ops.attention_ops(load_chrome_trace(str(_path(name))))
-    att = trace_ops.attention_verdict(ops)
+    att = attention_verdict(ops)
     assert att["implementation"].startswith(verdict), att
     assert att["count"] == 0
     if verdict == "fused":

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.stages import stage_group
-from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, attention_verdict, stage_at, stage_peaks
+from snapviz.analyses.trace_attention import attention_verdict
+from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, stage_at, stage_peaks
 from snapviz.load import Run
 
 SCHEMA = "snapviz.summary/1"
