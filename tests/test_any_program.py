@@ -253,3 +253,22 @@ def test_bad_rules_schema_exits_2_with_one_line(tmp_path: Path) -> None:
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "schema" in p.stderr
     assert not out.exists()
+
+
+def test_compile_context_is_the_compile_stage() -> None:
+    """Entries recorded while torch.compile compiles carry a compile_context: their own stage."""
+    sim = Sim()
+    fwd = [f("forward", USER + "model.py", 80), f("_call_impl", "torch/nn/modules/module.py", 1750), f("<module>", USER + "run.py", 3)]
+    want = []
+    for ctx, n in (("N/A", 2), ("[0/0]", 3), ("N/A", 2)):
+        sim.compile_context = ctx
+        for _ in range(n):
+            h = sim.alloc(MiB, frames=fwd)
+            sim.free(h, frames=fwd)
+            want += ["forward" if ctx == "N/A" else "compile"] * 3
+    d = sim.snapshot(marker=False)
+    snap = load_dict(d)
+    ev = snap.device_events(0)
+    got = label_events(snap, ev, 0)
+    keep = ev["action"].isin([0, 1, 2]).to_numpy()
+    assert got.source == "phases" and list(got.labels[keep]) == want

@@ -11,7 +11,9 @@ timeline of a run directory's ``run.json``; then the structure the file has:
 * over either, ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
   ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
   ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
-  (``## forward ##`` → ``forward``) label what they enclose.
+  (``## forward ##`` → ``forward``) label what they enclose;
+* events with a ``compile_context`` (recorded while ``torch.compile`` compiles) are
+  ``compile`` unless a pipeline rule labelled them.
 
 Nothing recognised: every event is ``unlabelled`` and the source is ``none``; nothing
 guesses ``load``.
@@ -106,6 +108,18 @@ _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(zero_grad|step)#")
 _HASHES = re.compile(r"^#+\s*|\s*#+$")
 
 
+COMPILE = "compile"
+_NO_CONTEXT = ("", "N/A")
+
+
+def _compiling(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray:
+    """Bool per event: recorded inside a ``torch.compile`` compilation (its
+    ``compile_context``, e.g. autotuning benchmarks), not while running compiled code."""
+    ids = ev["compile_id"].to_numpy() if "compile_id" in ev.columns else np.zeros(len(ev), np.int64)
+    real = np.array([s not in _NO_CONTEXT for s in snap.strings], dtype=bool)
+    return real[ids] if len(ids) and len(real) else np.zeros(len(ev), bool)
+
+
 def _range_phase(name: str) -> str | None:
     """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad."""
     m = _OPTIMIZER_RANGE.match(name)
@@ -188,6 +202,10 @@ def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto
     if "annotations" in want and (painted := _with_annotations(snap, ev, device, base)) is not None:
         base, by_user = painted
         source = "annotations" if by_user or source == "none" else source
+    if source in ("phases", "none", "annotations") and (compiling := _compiling(snap, ev)).any():
+        base = base if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+        base = np.where(compiling, COMPILE, base)
+        source = "phases" if source == "none" else source
     if base is None:
         return StageLabels(np.full(len(ev), UNLABELLED, dtype=object), "none")
     return StageLabels(base, source)
