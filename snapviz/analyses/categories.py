@@ -11,7 +11,9 @@ stack, then gathers):
    ``torch/optim`` frames is the autograd engine thread's -> ``gradients & optimizer``;
 4. otherwise by the stage it was born in: ``load`` long -> weights (built or loaded and
    alive across stages); ``text_encode``/``denoise`` short -> activations, long ->
-   latents & embeddings; ``vae_decode`` -> vae buffers; anything else -> unknown.
+   latents & embeddings; ``vae_decode`` -> vae buffers; the generic ``forward`` ->
+   activations, ``backward``/``optimizer``/``zero_grad`` -> gradients & optimizer;
+   anything else -> unknown.
 
 Memory allocated before the recorded window is ``before recording``.
 """
@@ -37,6 +39,11 @@ _BY_STAGE = {
     "text_encode": ("activations", "latents & embeddings"),
     "denoise": ("activations", "latents & embeddings"),
     "vae_decode": ("vae buffers", "vae buffers"),
+    # generic PyTorch phases (snapviz.analyses.phases): what outlives a forward is kept for backward
+    "forward": ("activations", "activations"),
+    "backward": ("gradients & optimizer", "gradients & optimizer"),
+    "optimizer": ("gradients & optimizer", "gradients & optimizer"),
+    "zero_grad": ("gradients & optimizer", "gradients & optimizer"),
 }
 
 

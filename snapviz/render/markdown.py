@@ -143,9 +143,10 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     att = doc.get("attention") or {}
     if att.get("count"):
         lg = att["largest"]
-        out.append(f"**Attention scores:** {att['count']} materialized; largest {fmt_bytes(lg['bytes'])} "
-                   f"`{lg.get('shape')}` {lg.get('dtype') or ''}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
-                   "SDPA (the diffusers default) would not materialize them.")
+        shape = f" `{lg['shape']}` {lg.get('dtype') or ''}" if lg.get("shape") else ""
+        out.append(f"**Attention scores:** {att['count']} materialized ({att.get('implementation')}); largest "
+                   f"{fmt_bytes(lg['bytes'])}{shape}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
+                   "A fused kernel (SDPA / flash) would not materialize them.")
         out.append("")
     elif att:
         out += [f"**Attention:** {att.get('implementation')}", ""]

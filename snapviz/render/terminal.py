@@ -27,7 +27,8 @@ def render_terminal(doc: dict[str, Any]) -> str:
         lines.append(f"  top of the peak: {fmt_bytes(top[0]['bytes'])} at {top[0]['site']}")
     att = doc.get("attention") or {}
     if att.get("count"):
-        lines.append(f"  attention scores: {att['count']} materialized, largest {fmt_bytes(att['largest']['bytes'])} {att['largest'].get('shape')}")
+        shape = f" {att['largest']['shape']}" if att["largest"].get("shape") else ""
+        lines.append(f"  attention scores: {att['count']} materialized, largest {fmt_bytes(att['largest']['bytes'])}{shape}")
     for a in (doc.get("advice") or [])[:3]:
         saves = f" (up to {fmt_bytes(a['saves_up_to_bytes'])})" if a.get("saves_up_to_bytes") else ""
         lines.append(f"  try: {a['technique']}{saves}: {a['why']}")
