@@ -337,9 +337,11 @@ def _write_trace(path: Path, annotations: list[str]) -> Path:
 
 def test_stage_fallbacks(tmp_path: Path) -> None:
     tr = load_chrome_trace(_write_trace(tmp_path / "a.json", ["ProfilerStep#1", "stage:fwd", "Optimizer.step#Adam.step", "stage:bwd"]))
-    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["stage:fwd", "stage:bwd"]
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "stage:fwd", "optimizer", "stage:bwd"]
     tr = load_chrome_trace(_write_trace(tmp_path / "b.json", ["ProfilerStep#1", "ProfilerStep#2"]))
-    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "step/2"]
+    tr = load_chrome_trace(_write_trace(tmp_path / "e.json", ["## forward ##", "## Call CompiledFxGraph fpd72yoxubab ##"]))
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["forward", "compiled graph/fpd72yox"]
     tr = load_chrome_trace(_write_trace(tmp_path / "c.json", []))
     assert trace_ops.annotation_stages(tr).empty and trace_ops.attention_ops(tr).empty
     assert trace_ops.memory_timeline(tr).empty and trace_ops.devices(tr).empty

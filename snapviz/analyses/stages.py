@@ -106,6 +106,23 @@ def _from_annotations(snap: Snapshot, ev: pd.DataFrame, device: int) -> np.ndarr
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(zero_grad|step)#")
 _HASHES = re.compile(r"^#+\s*|\s*#+$")
+_COMPILED_GRAPH = re.compile(r"^Call CompiledFxGraph (\w+)$")
+
+
+def range_stage(name: str) -> str:
+    """The stage a ``record_function`` range names: ``Optimizer.step#AdamW.step`` ->
+    ``optimizer``, ``Optimizer.zero_grad#…`` -> ``zero_grad``, ``ProfilerStep#3`` ->
+    ``step/3``, inductor's ``## Call CompiledFxGraph <key> ##`` -> ``compiled graph/<key[:8]>``,
+    a user's ``## forward ##`` -> ``forward``; any other name as it is."""
+    phase = _range_phase(name)
+    if phase is not None:
+        return phase
+    m = _PROFILER_STEP.match(name)
+    if m:
+        return f"step/{m.group(1)}"
+    inner = _HASHES.sub("", name) or name
+    m = _COMPILED_GRAPH.match(inner)
+    return f"compiled graph/{m.group(1)[:8]}" if m else inner
 
 
 COMPILE = "compile"
@@ -149,7 +166,7 @@ def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
     labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
     base_step = np.array([str(x).split("/", 1)[1] if "/" in str(x) else "" for x in labels], dtype=object)
     in_phase = _paint(labels, times, iv[phase.notna()].assign(name=phase[phase.notna()]))
-    in_user = _paint(labels, times, iv[user].assign(name=[_HASHES.sub("", n) or n for n in names[user]]))
+    in_user = _paint(labels, times, iv[user].assign(name=[range_stage(n) for n in names[user]]))
     numbered = in_phase & ~in_user & (base_step != "")
     labels[numbered] = labels[numbered] + "/" + base_step[numbered]
     # ProfilerStep#N numbers the steps; with them, no other numbering is kept.

@@ -8,14 +8,13 @@ snapshot's ``time_us``; see :func:`trace_ts_to_unix_us` and :func:`align_offset_
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, stage_group
+from snapviz.analyses.stages import CANONICAL, range_stage, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.load.chrome_trace import ChromeTrace
 
@@ -25,9 +24,6 @@ __all__ = [
 ]
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
-
-# Ranges the profiler adds by itself; stages only when a trace has nothing else.
-_HOUSEKEEPING = re.compile(r"^(ProfilerStep#\d+|Optimizer\..*)$")
 
 # --------------------------------------------------------------------------- time
 
@@ -165,8 +161,10 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     """``record_function`` ranges that look like pipeline stages, outermost first.
 
     Keeps canonical names (``load``, ``text_encode``, ``denoise``/``denoise/<i>``,
-    ``vae_decode``, ``other``) when any is present; otherwise every user annotation
-    except ``ProfilerStep#N`` / ``Optimizer.*`` (kept only when nothing else exists).
+    ``vae_decode``, ``other``) when any is present; otherwise every range, named by
+    :func:`snapviz.analyses.stages.range_stage` (``ProfilerStep#3`` -> ``step/3``,
+    ``Optimizer.step#…`` -> ``optimizer``, ``## Call CompiledFxGraph <key> ##`` ->
+    ``compiled graph/<key>``, ``## forward ##`` -> ``forward``).
     Nesting is by time containment across threads, not same-tid nesting, because
     allocations of other threads (autograd, data loaders) belong to the stage that
     encloses them in time. Columns: ``name``, ``start_us``, ``end_us``, ``group``
@@ -181,19 +179,17 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
                              "depth": pd.Series(dtype=np.int64), "tid": pd.Series(dtype=np.int64)})
     # Decide per distinct name (categories), then broadcast through the codes.
     cats = pd.Index(ann["name"].cat.categories).astype(str)
-    groups = np.array([stage_group(c) for c in cats], dtype=object)
-    canonical = np.isin(groups, CANONICAL)
-    housekeeping = np.array([bool(_HOUSEKEEPING.match(c)) for c in cats])
+    canonical = np.isin([stage_group(c) for c in cats], CANONICAL)
     codes = ann["name"].cat.codes.to_numpy()
     if canonical[codes].any():
-        keep_name = canonical
-    elif (~housekeeping)[codes].any():
-        keep_name = ~housekeeping
+        keep_name, names = canonical, cats.to_numpy().astype(object)
     else:
         keep_name = np.ones(len(cats), bool)
+        names = np.array([range_stage(c) for c in cats], dtype=object)
+    groups = np.array([stage_group(n) for n in names], dtype=object)
     rows = ann[keep_name[codes]]
     out = pd.DataFrame({
-        "name": cats.to_numpy()[rows["name"].cat.codes.to_numpy()].astype(object),
+        "name": names[rows["name"].cat.codes.to_numpy()],
         "start_us": rows["start_us"].to_numpy(),
         "end_us": rows["end_us"].to_numpy(),
         "group": groups[rows["name"].cat.codes.to_numpy()],

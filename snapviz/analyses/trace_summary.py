@@ -110,6 +110,14 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         g["intervals"].append(item)
         if "/" in name:
             g["steps"].append({"name": name, "step": name.split("/", 1)[1], **{k: v for k, v in item.items() if k != "name"}})
+    if peak["stage"] == "unlabelled" and len(tl):
+        # The peak lies outside every range: the stage table says so rather than omit it.
+        t = tl["time_us"].to_numpy()
+        out = stage_at(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
+        a = tl["allocated"].to_numpy()
+        stages_out.append({"name": "unlabelled", "peak_allocated_bytes": int(a[out].max()),
+                           "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()),
+                           "start_us": int(t[out].min()), "end_us": int(t[out].max()), "steps": [], "intervals": []})
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
     return {
