@@ -272,3 +272,22 @@ def test_compile_context_is_the_compile_stage() -> None:
     got = label_events(snap, ev, 0)
     keep = ev["action"].isin([0, 1, 2]).to_numpy()
     assert got.source == "phases" and list(got.labels[keep]) == want
+
+
+def test_profiler_ranges_do_not_relabel_a_recognised_pipeline() -> None:
+    """A diffusers run profiled with a schedule: ProfilerStep#N counts pipeline calls, so
+    the pipeline's own stages and denoising steps stay as the rules found them."""
+    from test_frame_rules import diffusion_run
+
+    pr = diffusion_run("sd15", steps=3)
+    d = pr.snapshot_dict(labels=False)
+    tr = d["device_traces"][0]
+    d["external_annotations"] = [
+        {"stage": "START", "name": "ProfilerStep#7", "device": 0, "time_us": tr[0]["time_us"] - 1},
+        {"stage": "START", "name": "Optimizer.step#SGD.step", "device": 0, "time_us": tr[len(tr) // 2]["time_us"]},
+        {"stage": "END", "name": "Optimizer.step#SGD.step", "device": 0, "time_us": tr[len(tr) // 2 + 5]["time_us"]},
+        {"stage": "END", "name": "ProfilerStep#7", "device": 0, "time_us": tr[-1]["time_us"] + 1}]
+    snap = load_dict(d)
+    got = label_events(snap, snap.device_events(0), 0)
+    assert got.source == "frames"
+    np.testing.assert_array_equal(got.labels, pr.truth_labels())

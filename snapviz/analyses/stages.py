@@ -8,7 +8,7 @@ timeline of a run directory's ``run.json``; then the structure the file has:
   recognise the program (a diffusers pipeline, or a program a ``--rules`` file knows);
 * ``phases``: otherwise, generic PyTorch phases from frames (``forward``, ``backward``,
   ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`);
-* over either, ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
+* over the phases (or nothing), ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
   ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
   ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
   (``## forward ##`` → ``forward``) label what they enclose;
@@ -216,7 +216,9 @@ def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto
     if base is None and "phases" in want:
         base = label_phases(ev, rules, tables, UNLABELLED)
         source = "phases" if base is not None else source
-    if "annotations" in want and (painted := _with_annotations(snap, ev, device, base)) is not None:
+    # Ranges paint over generic phases only: a pipeline the rules recognise keeps its own
+    # stages and step numbers (its ProfilerStep#N counts pipeline calls, not denoising steps).
+    if "annotations" in want and source != "frames" and (painted := _with_annotations(snap, ev, device, base)) is not None:
         base, by_user = painted
         source = "annotations" if by_user or source == "none" else source
     if source in ("phases", "none", "annotations") and (compiling := _compiling(snap, ev)).any():
