@@ -83,7 +83,7 @@ def xml_text(text: Any, limit: int = MAX_TEXT) -> str:
 
 def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, max_list: int | None = MAX_LIST,
           json_numbers: bool = True) -> Any:
-    """A copy of ``doc`` (dicts, lists, tuples -> lists, numpy columns) with every string and
+    """A copy of ``doc`` (dicts, lists, tuples, numpy columns) with every string and
     dict key clipped to ``limit``, lists cut to ``max_list`` entries (the cut noted in
     ``warnings``) and, with ``json_numbers``, non-finite floats replaced by None (noted in
     ``warnings``).
@@ -123,6 +123,7 @@ def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, ma
     result: list[Any] = [None]
     # (container, parent to fill, key in parent, path for messages)
     stack: list[tuple[Any, Any, Any, str]] = [(doc, result, 0, "")]
+    tuples: list[tuple[Any, Any]] = []  # (parent, key) of tuples, filled as lists first
     while stack:
         obj, parent, key, path = stack.pop()
         if isinstance(obj, dict):
@@ -137,6 +138,8 @@ def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, ma
             new = [None] * len(seq)
             items = list(enumerate(seq))
         parent[key] = new
+        if isinstance(obj, tuple):
+            tuples.append((parent, key))
         for k, v in items:
             nk = text(k) if isinstance(k, str) else k
             # a path for messages only, kept short however deep or long the keys are
@@ -148,6 +151,8 @@ def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, ma
                 if isinstance(new, dict):
                     new[nk] = None
                 stack.append((nv, new, nk, sub))
+    for parent, key in reversed(tuples):  # children were created after their parents
+        parent[key] = tuple(parent[key])
     return result[0]
 
 
