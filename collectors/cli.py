@@ -218,6 +218,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     # every option is checked before any variant runs: bad options cost seconds, not minutes
     from snapviz.errors import InputError
     from snapviz.render.output import check_outputs
+    from snapviz.safe_text import printable
 
     # --from-dir reads the variants' run directories and logs: no output may replace them
     # (its own matrix.* files are what a re-report rewrites).
@@ -314,7 +315,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     click.echo(f"snapviz matrix: {pipeline} {size}, {len(chosen)} variant{'' if len(chosen) == 1 else 's'}, {steps} steps, "
                f"baseline {base}, {jobs} at a time on {where} -> {out_dir}", err=True)
     for s in skipped:
-        click.echo(f"  skip {s['label']}: {s['reason']}", err=True)
+        click.echo(f"  skip {s['label']}: {printable(s['reason'])}", err=True)
 
     def progress(i: int, n: int, res: mx.VariantResult) -> None:
         m = res.measure
@@ -325,7 +326,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
             if m["step_median_s"] is not None:
                 what += f", step {m['step_median_s']:.3f} s"
         else:
-            what = f"{res.reason}"
+            what = printable(res.reason)  # the last line of the variant's log: one clean line
         gpu = f"GPU {res.gpu}, " if res.gpu is not None else ""
         click.echo(f"[{i}/{n}] {res.variant.label:<34} {res.status:<11} {what}  "
                    f"({gpu}{res.elapsed_s:.1f} s)", err=True)
