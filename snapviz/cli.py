@@ -8,17 +8,12 @@ from typing import Any
 import click
 
 from snapviz import __version__
-from snapviz.errors import CheckFailed, InputError
+from snapviz.errors import CheckFailed, InputError, error_line
+from snapviz.safe_text import bounded_doc, printable
 
 EPILOG = """\b
 Exit codes: 0 success, 1 a check failed, 2 bad input or options.
 Docs: README.md and docs/ in the snapviz repository."""
-
-
-def _outputs_clash(*paths: str | None) -> None:
-    seen = [os.path.abspath(p) for p in paths if p]
-    if len(seen) != len(set(seen)):
-        raise click.UsageError("two outputs name the same file")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, epilog=EPILOG)
@@ -59,11 +54,10 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
       snapviz analyze runs/sdxl-fp16/ --markdown - > issue.md
       snapviz analyze trace.json.gz --json summary.json
     """
-    _outputs_clash(html_out, md_out if md_out != "-" else None, json_out if json_out != "-" else None)
     from snapviz.load import load
-    from snapviz.render.output import check_output_paths
+    from snapviz.render.output import check_outputs
 
-    check_output_paths(html_out, md_out, json_out)
+    check_outputs([("-o", html_out), ("--markdown", md_out), ("--json", json_out)], inputs=[input])
     progress = _Progress(input, enabled=not quiet)
     progress.step("loading")
     run = load(input)
@@ -124,7 +118,9 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
     from snapviz.render.output import write_outputs
     from snapviz.render.terminal import render_terminal
 
-    # Render everything first, then write: a failure leaves no partial outputs.
+    # Render everything first, then write: a failure leaves no partial outputs. Every renderer
+    # gets the bounded document (strings clipped, non-finite numbers null, with warnings).
+    doc = bounded_doc(doc)
     outputs: list[tuple[str, str]] = []
     if json_out:
         outputs.append((json_out, render_json(doc)))
@@ -138,7 +134,7 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
     if not quiet and not (json_out == "-" or md_out == "-"):
         click.echo(render_terminal(doc), nl=False, err=False)
         for path in written:
-            click.echo(f"  wrote {path}")
+            click.echo(f"  wrote {printable(path, None)}")
 
 
 def _register_optional() -> None:
@@ -163,21 +159,25 @@ _register_optional()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: maps errors to exit codes, never a traceback for bad input."""
+    """Console entry point: the one place errors become exit codes and one stderr line each
+    (control characters in file-derived text escaped, so a line stays one line)."""
     try:
         rv = cli.main(args=argv, prog_name="snapviz", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("snapviz: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        exc.show()
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = f" (see '{exc.ctx.command_path} --help')"
+        click.echo(error_line(exc.format_message()) + hint, err=True)
         sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
     except InputError as exc:
-        click.echo(f"snapviz: error: {exc}", err=True)
+        click.echo(error_line(str(exc)), err=True)
         sys.exit(2)
     except CheckFailed as exc:
-        if str(exc):
-            click.echo(str(exc), err=True)
+        for line in str(exc).splitlines():
+            click.echo(printable(line, None), err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("snapviz: interrupted", err=True)
@@ -188,9 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - one line for users; SNAPVIZ_DEBUG=1 shows the traceback
         if os.environ.get("SNAPVIZ_DEBUG"):
             raise
-        detail = str(exc).splitlines()[0] if str(exc) else ""
-        click.echo(f"snapviz: error: could not process the input ({type(exc).__name__}: {detail}); "
-                   "if the input is valid this is a snapviz bug: rerun with SNAPVIZ_DEBUG=1 and report it", err=True)
+        click.echo(error_line(f"could not process the input ({type(exc).__name__}: {exc}); if the input is valid "
+                              "this is a snapviz bug: rerun with SNAPVIZ_DEBUG=1 and report it"), err=True)
         sys.exit(2)
     if isinstance(rv, int) and rv:
         sys.exit(rv)

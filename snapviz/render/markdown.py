@@ -9,20 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from snapviz.render.fmt import fmt_bytes
+from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 
 MAX_STAGE_ROWS = 12
 MAX_TOP_ROWS = 10
 MIN_TOP_ROWS = 3
-
-
-def _cell(text: Any) -> str:
-    """Text safe inside a table cell (a '|' would split it)."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text: Any) -> str:
-    s = _cell(text).replace("`", "'")
-    return f"`{s}`" if s else ""
 
 
 def _span(lo: int, hi: int) -> str:
@@ -94,15 +85,15 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
         n = r["steps"] or r["intervals"]
         what = f"{n} step{'s' if n != 1 else ''}" if r["steps"] else f"{n} intervals"
         if r["range"]:
-            steps = f"{what}, peak {_code(r['peak_interval'])}, {_span(*r['range'])}"
+            steps = f"{what}, peak {md_code(r['peak_interval'])}, {_span(*r['range'])}"
         else:
             steps = what if r["steps"] else ""
-        line = (f"| `{_cell(r['name'])}` | {fmt_bytes(r['peak_allocated_bytes'])} | "
+        line = (f"| {md_code(r['name'])} | {fmt_bytes(r['peak_allocated_bytes'])} | "
                 f"{fmt_bytes(r['peak_reserved_bytes'])} | {steps} |")
         if has_cats:
-            top = ", ".join(f"{c} {share:.0%}" for c, _, share in r["top"][:2])
+            top = ", ".join(f"{md_text(c)} {share:.0%}" for c, _, share in r["top"][:2])
             lg = r["largest"]
-            own = f"{fmt_bytes(lg['bytes'])} {_code(lg['site'])}" if lg else ""
+            own = f"{fmt_bytes(lg['bytes'])} {md_code(lg['site'])}" if lg else ""
             line += f" {top} | {own} |"
         if has_rss:
             line += f" {fmt_bytes(rss[r['name']])} |"
@@ -114,16 +105,18 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
-    """Render a ``snapviz.summary/1`` dict."""
+    """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
+    :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping")."""
+    doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     run = doc.get("run") or {}
-    title = " ".join(str(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
+    title = " ".join(md_text(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
                                          run.get("dtype"), "+".join(run.get("techniques") or []) or None) if x)
     kind = "CPU memory (profiler trace)" if str(doc.get("device")) == "cpu" else "GPU memory"
-    out: list[str] = [f"### {kind}: {title or doc['source']}", ""]
+    out: list[str] = [f"### {kind}: {title or md_text(doc['source'])}", ""]
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
     out += ["| | bytes | |", "|---|---:|---|",
-            f"| peak allocated{window} | {p['allocated_bytes']:,} | **{fmt_bytes(p['allocated_bytes'])}** in `{p['stage']}` (event {p['event_index']:,}) |",
+            f"| peak allocated{window} | {p['allocated_bytes']:,} | **{fmt_bytes(p['allocated_bytes'])}** in {md_code(p['stage'])} (event {p['event_index']:,}) |",
             f"| peak reserved | {p['reserved_bytes']:,} | {fmt_bytes(p['reserved_bytes'])} |"]
     if p.get("requested_bytes") is not None:
         out.append(f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} "
@@ -137,33 +130,36 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
         out.append("**What would help** (from this run's live set at the peak):")
         for a in advice[:4]:
             saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
-            out.append(f"- **{a['technique']}**{saves}: {a['why']}. {_code(a['how'])}")
+            out.append(f"- **{md_text(a['technique'])}**{saves}: {md_text(a['why'])}. {md_code(a['how'])}")
         out.append("")
     out += _stage_table(doc)
     att = doc.get("attention") or {}
     if att.get("count"):
         lg = att["largest"]
         out.append(f"**Attention scores:** {att['count']} materialized; largest {fmt_bytes(lg['bytes'])} "
-                   f"`{lg.get('shape')}` {lg.get('dtype') or ''}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
+                   f"{md_code(lg.get('shape'))} {md_text(lg.get('dtype') or '')}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
                    "SDPA (the diffusers default) would not materialize them.")
         out.append("")
     elif att:
-        out += [f"**Attention:** {att.get('implementation')}", ""]
+        out += [f"**Attention:** {md_text(att.get('implementation'))}", ""]
     cats = doc.get("categories") or []
     tail: list[str] = []
     if cats:
-        tail.append("By category at the peak: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
+        tail.append("By category at the peak: " + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
         tail.append("")
     settings = doc.get("allocator_settings") or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
-    tail.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "
-                f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; stages from `{doc.get('stage_source')}`.")
+    conf_code = md_code("PYTORCH_CUDA_ALLOC_CONF=" + str(conf or ""), limit=None)  # conf is clipped already
+    tail.append(f"Allocator: {conf_code}, "
+                f"expandable_segments={md_text(settings.get('expandable_segments', 'n/a'))}; "
+                f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; "
+                f"stages from {md_code(doc.get('stage_source'))}.")
     if run.get("torch_version"):
-        tail.append(f"Recorded with torch {run['torch_version']} on {run.get('device_name')}.")
+        tail.append(f"Recorded with torch {md_text(run['torch_version'])} on {md_text(run.get('device_name'))}.")
     warnings = doc.get("warnings") or []
     if warnings:
         tail.append("")
-        tail += [f"> ⚠️ {w}" for w in warnings[:5]]
+        tail += [f"> ⚠️ {md_text(w)}" for w in warnings[:5]]
     tail += ["", "<sub>Generated by snapviz</sub>"]
     # The live-at-the-peak table takes the room that is left (the rest is worth more).
     top = doc.get("top_allocations") or []
@@ -178,12 +174,12 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
         else:
             out += ["| size | stage | allocated at |", "|---:|---|---|"]
         for t in top[:n_top]:
-            line = f"| {fmt_bytes(t['bytes'])} | `{_cell(t['stage'])}` | {_code(t['site'])} |"
+            line = f"| {fmt_bytes(t['bytes'])} | {md_code(t['stage'])} | {md_code(t['site'])} |"
             if has_ops:
-                line += f" {_code(t.get('op') or '')} |"
+                line += f" {md_code(t.get('op') or '')} |"
             out.append(line)
         out.append("")
     out += tail
     if len(out) > max_lines:
         out = out[: max_lines - 1] + ["<sub>(truncated)</sub>"]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line, None) for line in out) + "\n"

@@ -4,9 +4,14 @@ from __future__ import annotations
 from typing import Any
 
 from snapviz.render.fmt import fmt_bytes
+from snapviz.safe_text import bounded_doc, printable
 
 
 def render_terminal(doc: dict[str, Any]) -> str:
+    """Strings from the input are clipped (:func:`bounded_doc`) and every line has its control
+    characters escaped: nothing in a snapshot can move the cursor, retitle the window or add
+    a line."""
+    doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     lines = [f"snapviz: {doc['source']} (device {doc['device']}, {h['events']:,} events, stages from {doc['stage_source']})"]
     window = " within the recorded window" if p.get("within_recorded_window") else ""
@@ -33,4 +38,4 @@ def render_terminal(doc: dict[str, Any]) -> str:
         lines.append(f"  try: {a['technique']}{saves}: {a['why']}")
     for w in doc.get("warnings") or []:
         lines.append(f"  warning: {w}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line, None) for line in lines) + "\n"
