@@ -237,7 +237,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     run = an.run.run or {}
     top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
             "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else [],
-            **({"op": t.op, "op_input_dims": t.op_input_dims} if getattr(t, "op", "") else {})}
+            **({"op": t.op} if getattr(t, "op", "") else {}),
+            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
     from snapviz.analyses.advice import advise

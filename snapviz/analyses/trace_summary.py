@@ -177,7 +177,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "top_allocations": [
             {"bytes": int(t.bytes), "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
              "site": t.site, "address": int(t.addr), "time_us": int(t.time_us), "stack": list(t.stack),
-             **({"op": t.op, "op_input_dims": t.op_input_dims} if t.op else {})}
+             **({"op": t.op} if t.op else {}), **({"op_input_dims": t.op_input_dims} if t.op_input_dims else {})}
             for t in an.top_allocations.itertuples(index=False)],
         "top_allocations_note": ("allocations made before the trace began (e.g. weights loaded before profiling) are "
                                  f"not itemized: {'' if exact else 'at least '}{baseline:,} bytes were already allocated "
