@@ -251,7 +251,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "stage_source": an.labels.source,
         "peak": {
             "allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
-            "requested_bytes": int(rep.peak_requested), "event_index": int(pi),
+            # None: the peak is the memory that existed before the first recorded event
+            "requested_bytes": int(rep.peak_requested), "event_index": int(pi) if pi >= 0 else None,
             "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None, "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
         },
