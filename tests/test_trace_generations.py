@@ -136,3 +136,10 @@ def test_trace_without_memory_events(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "not recorded" in term and "not recorded" in md
     assert any("no [memory] events" in w for w in doc["warnings"])
     assert not any("keys after traceEvents" in w for w in doc["warnings"])   # traceEvents was the last key
+
+
+@pytest.mark.parametrize("dtype, label", [(9, "xla:0"), (15, "hpu:0"), (99, "device-type-99:0")])
+def test_other_device_types_keep_torchs_name_or_their_number(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             dtype: int, label: str) -> None:
+    doc, _, _ = _analyze(_write(tmp_path, _exact_events(dtype, 0, [MiB])), capsys)
+    assert doc["device"] == label and doc["peak"]["allocated_bytes"] == MiB
