@@ -69,11 +69,11 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
         warnings.append("CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)")
     others = [device_label(t, i) for t, i in zip(ta.devices["device_type"], ta.devices["device_id"])
               if dev is not None and (int(t), int(i)) != dev and int(t) != DEVICE_CPU]
-    if others:
+    if others and device is None:
         warnings.append(f"this trace also holds {', '.join(others)}; showing {device_label(*dev)} "  # type: ignore[misc]
                         "(highest peak); use --device to pick another")
     top = live_at_trace_peak(tr, ta.device)
-    if len(ta.timeline) and not len(top):
+    if len(ta.timeline) and not tr.memory["addr"].to_numpy().any():
         warnings.append("the [memory] events carry no addresses, so allocations cannot be paired with their frees: "
                         "what was live at the peak is not itemized")
     return TraceRunAnalysis(run=run, trace=ta, warnings=warnings, top_allocations=top)
