@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
+from snapviz.load.chrome_trace import ChromeTrace
 
 __all__ = ["DEVICE_TYPES", "device_label", "device_kind", "with_running_totals", "running_total_floor",
            "pick_trace_device", "DEVICE_CPU"]
@@ -69,7 +70,7 @@ def running_total_floor(running: np.ndarray) -> int:
     return int(max(0, -int(running.min()))) if len(running) else 0
 
 
-def with_running_totals(trace: object) -> object:
+def with_running_totals(trace: ChromeTrace) -> ChromeTrace:
     """The trace with ``total_allocated`` filled in where events lack it (old profilers).
 
     For each device with any event without totals, ``total_allocated`` becomes the lower
@@ -77,7 +78,7 @@ def with_running_totals(trace: object) -> object:
     ``has_totals`` stays False there, so :func:`snapviz.analyses.trace_ops.devices`
     reports the device as not exact. Traces whose events all carry totals come back as is.
     """
-    mem: pd.DataFrame = trace.memory  # type: ignore[attr-defined]
+    mem = trace.memory
     if not len(mem) or bool(mem["has_totals"].all()):
         return trace
     mem = mem.copy()
@@ -88,7 +89,7 @@ def with_running_totals(trace: object) -> object:
         running = np.cumsum(mem["bytes"].to_numpy()[idx])   # rows are in time order already
         alloc[idx] = running + running_total_floor(running)
     mem["total_allocated"] = alloc
-    return replace(trace, memory=mem)  # type: ignore[type-var]
+    return replace(trace, memory=mem)
 
 
 def pick_trace_device(devs: pd.DataFrame, index: int | None, source: str) -> tuple[int, int] | None:
