@@ -143,3 +143,13 @@ def test_other_device_types_keep_torchs_name_or_their_number(tmp_path: Path, cap
                                                              dtype: int, label: str) -> None:
     doc, _, _ = _analyze(_write(tmp_path, _exact_events(dtype, 0, [MiB])), capsys)
     assert doc["device"] == label and doc["peak"]["allocated_bytes"] == MiB
+
+
+def test_compare_accepts_traces_with_missing_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Stage peaks a trace does not hold (null) must not break compare."""
+    empty = _write(tmp_path, [{"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1,
+                               "ts": T0, "dur": 50}], name="empty.json")
+    old = _write(tmp_path, [_mem(10 * k, 1, 0, n) for k, n in enumerate([MiB, 2 * MiB])], name="old.json")
+    rc, out, err = _run(["compare", str(empty), str(old), "--json", "-"], capsys)
+    assert rc == 0, err
+    assert json.loads(out)["runs"][1]["peak"]["allocated_bytes"] == 3 * MiB
