@@ -257,7 +257,8 @@ def _metadata(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, Any]] 
         rows.append(("history events", f"{hist.get('events', 0):,}"))
         rows.append(("history truncated", str(bool(hist.get("truncated")))))
         if hist.get("baseline_allocated_bytes"):
-            rows.append(("allocated before recording", fmt_bytes(hist["baseline_allocated_bytes"])))
+            bound = "" if hist.get("baseline_exact", True) else "at least "
+            rows.append(("allocated before recording", bound + fmt_bytes(hist["baseline_allocated_bytes"])))
         if hist.get("end_state_matches") is not None:
             rows.append(("replay matches end state", str(hist["end_state_matches"])))
     for d in doc.get("devices") or []:
