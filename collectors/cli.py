@@ -21,7 +21,7 @@ Techniques (repeat --technique, or comma-separate; each is validated):
   {_TECHNIQUE_LIST}
 \b
 Examples:
-  snapviz collect --pipeline sd15 --size tiny --device cpu --profile
+  snapviz collect --pipeline sd15 --size tiny --device cpu
   snapviz collect --pipeline sd15 --size full --steps 4 --technique fp16 --technique classic
   snapviz collect --pipeline sdxl --size full -t fp16 -t vae-tiling --out runs/sdxl-tiling
   snapviz collect --pipeline pixart-sigma --size full -t staged,int8,nf4-text-encoder
@@ -62,7 +62,10 @@ class OptionError(click.UsageError):
               help="Images per prompt (classifier-free guidance doubles the UNet batch).")
 @click.option("--technique", "-t", "techniques", multiple=True, metavar="T",
               help="Memory technique to apply; repeatable. See the list below.")
-@click.option("--profile", is_flag=True, help="Also write a torch.profiler trace.json.gz.")
+@click.option("--profile/--no-profile", default=None,
+              help="Write a torch.profiler trace.json.gz (with memory events). Default: on when no "
+                   "CUDA snapshot is recorded (--device cpu, --no-history), since the trace is then "
+                   "the run's only memory record; off otherwise.")
 @click.option("--profile-scope", default="all", show_default=True,
               type=click.Choice(["all", "after-load"]),
               help="after-load: start the profiler when the load stage ends (smaller trace).")
@@ -86,7 +89,7 @@ class OptionError(click.UsageError):
               help="Run directory to write.")
 def collect(pipeline: str, size: str, model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
-            profile: bool, profile_scope: str, stacks: str, context: str, max_entries: int,
+            profile: bool | None, profile_scope: str, stacks: str, context: str, max_entries: int,
             no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
             out: str | None) -> None:
     """Run a diffusion pipeline with stage labels and record its memory.

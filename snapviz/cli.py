@@ -34,7 +34,7 @@ def cli() -> None:
 @click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the interactive HTML report here (self-contained, opens offline).")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable summary (schema snapviz.summary/1); '-' for stdout.")
-@click.option("--device", type=int, default=None, help="CUDA device to analyse (default: the one with the highest peak).")
+@click.option("--device", type=int, default=None, help="GPU device index to analyse, in snapshots and traces (default: the one with the highest peak).")
 @click.option("--stages-from", "stage_source", type=click.Choice(["auto", "user_metadata", "annotations", "run.json", "frames"]),
               default="auto", show_default=True, help="Where stage labels come from.")
 @click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False), help="Stage/category rules file (JSON) replacing or extending the built-in diffusers rules.")
@@ -64,7 +64,7 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
     progress.step("replaying the allocator and attributing stages")
     if run.snapshot is None:
         from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
-        tan = analyze_trace_run(run)
+        tan = analyze_trace_run(run, device=device)
         doc = trace_summary_dict(tan)
         html_builder = None
         if html_out:

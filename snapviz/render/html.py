@@ -439,7 +439,9 @@ def _stage_bar_block(data: dict[str, Any]) -> UIElement:
     labels = list(b["label"])
     src = _source({k: b[k] for k in ("label", "name", "group", "color", "peak_allocated", "peak_reserved",
                                       "allocator_peak", "duration_s")})
-    top = max([float(np.nanmax(b["peak_allocated"])) if len(labels) else 1.0, 1.0])
+    finite = np.asarray(b["peak_allocated"], np.float64)
+    finite = finite[np.isfinite(finite)]  # stages of a trace without memory events have no peak (NaN)
+    top = max([float(finite.max()) if len(finite) else 1.0, 1.0])
     fig = _base_figure(320, x_range=FactorRange(*labels) if labels else FactorRange(), y_range=Range1d(0, top * 1.1, bounds=(0, None)))
     fig.toolbar_location = None
     bars = fig.vbar(x="label", top="peak_allocated", width=0.8, source=src, fill_color="color", line_color=None,
