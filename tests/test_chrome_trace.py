@@ -138,7 +138,8 @@ def test_no_per_event_python_objects(real_traces: dict[str, Path]) -> None:
     assert isinstance(tr.ops["name"].dtype, pd.CategoricalDtype)
     assert tr.memory.dtypes.to_dict() == {
         "time_us": np.float64, "device_type": np.int8, "device_id": np.int16, "bytes": np.int64,
-        "addr": np.int64, "total_allocated": np.int64, "total_reserved": np.int64, "tid": np.int64}
+        "addr": np.int64, "total_allocated": np.int64, "total_reserved": np.int64, "has_totals": np.bool_,
+        "tid": np.int64}
 
 
 def test_analyzer_never_imports_torch() -> None:

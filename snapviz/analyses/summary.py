@@ -244,7 +244,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     run = an.run.run or {}
     top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
             "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else [],
-            **({"op": t.op, "op_input_dims": t.op_input_dims} if getattr(t, "op", "") else {})}
+            **({"op": t.op} if getattr(t, "op", "") else {}),
+            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
     from snapviz.analyses.advice import advise
@@ -257,7 +258,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "stage_source": an.labels.source,
         "peak": {
             "allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
-            "requested_bytes": int(rep.peak_requested), "event_index": int(pi),
+            # None: the peak is the memory that existed before the first recorded event
+            "requested_bytes": int(rep.peak_requested), "event_index": int(pi) if pi >= 0 else None,
             "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None, "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
         },

@@ -16,6 +16,7 @@ import pandas as pd
 
 from snapviz.analyses.stages import CANONICAL, range_stage, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
+from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "stage_at", "analyze_trace", "TraceAnalysis", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us",
 ]
 
-DEVICE_CPU, DEVICE_CUDA = 0, 1
 
 # --------------------------------------------------------------------------- time
 
@@ -74,25 +74,28 @@ def devices(trace: ChromeTrace) -> pd.DataFrame:
     """One row per (device_type, device_id) seen in ``[memory]`` events.
 
     Columns: ``device_type``, ``device_id``, ``events``, ``max_allocated``,
-    ``max_reserved``; CUDA first, then by descending ``max_allocated``.
+    ``max_reserved``, ``exact`` (every event carried the allocator's totals; False for
+    old ``Bytes``-only traces, see :mod:`snapviz.analyses.trace_devices`); accelerators
+    (any type but CPU) first, then by descending ``max_allocated``.
     """
     mem = trace.memory
-    cols = ["device_type", "device_id", "events", "max_allocated", "max_reserved"]
+    cols = ["device_type", "device_id", "events", "max_allocated", "max_reserved", "exact"]
     if not len(mem):
-        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
+        return pd.DataFrame({c: pd.Series(dtype=bool if c == "exact" else np.int64) for c in cols})
     g = mem.groupby(["device_type", "device_id"], sort=False)
     out = pd.DataFrame({
         "events": g.size(),
         "max_allocated": g["total_allocated"].max(),
         "max_reserved": g["total_reserved"].max(),
+        "exact": g["has_totals"].all() if "has_totals" in mem else True,
     }).reset_index()
-    out["_cuda"] = out["device_type"] == DEVICE_CUDA
+    out["_cuda"] = out["device_type"] != DEVICE_CPU
     out = out.sort_values(["_cuda", "max_allocated", "device_id"], ascending=[False, False, True])
     return out.drop(columns="_cuda").reset_index(drop=True)[cols]
 
 
 def _pick_device(trace: ChromeTrace, device_type: int | None, device_id: int | None) -> tuple[int, int] | None:
-    """Default device: the CUDA one with the largest Total Allocated, else CPU."""
+    """Default device: the accelerator with the largest Total Allocated, else CPU."""
     devs = devices(trace)
     if device_type is not None:
         devs = devs[devs["device_type"] == device_type]
@@ -117,7 +120,7 @@ def memory_timeline(trace: ChromeTrace, device_type: int | None = None, device_i
 
     Columns ``time_us`` (Unix µs), ``allocated`` (``Total Allocated``), ``reserved``
     (``Total Reserved``; 0 on CPU), ``bytes`` (the event's signed size). The device
-    defaults to the CUDA device with the largest ``Total Allocated``, else the CPU.
+    defaults to the accelerator with the largest ``Total Allocated``, else the CPU.
     """
     mem = _device_memory(trace, device_type, device_id)
     return pd.DataFrame({

@@ -47,9 +47,12 @@ class ChromeTrace:
     Tables:
 
     * ``memory``: ``[memory]`` instant events, sorted by time (stable): ``time_us``,
-      ``device_type`` (int8, 0 CPU, 1 CUDA), ``device_id`` (int16, -1 for CPU),
-      ``bytes`` (int64, negative on free), ``addr``, ``total_allocated``,
-      ``total_reserved``, ``tid`` (int64; the allocating thread).
+      ``device_type`` (int8, c10::DeviceType: 0 CPU, 1 CUDA, 6 HIP, 12 XPU, 13 MPS,
+      19 MTIA, 20 PrivateUse1, ...), ``device_id`` (int16, -1 for CPU), ``bytes``
+      (int64, negative on free), ``addr``, ``total_allocated``, ``total_reserved``,
+      ``has_totals`` (bool: the event carried ``Total Allocated``; profilers of about
+      2021 wrote ``Bytes`` only, and their totals read 0 here), ``tid`` (int64; the
+      allocating thread).
     * ``annotations``: ``record_function`` ranges (``cat == "user_annotation"``):
       ``name`` (categorical), ``start_us``, ``end_us``, ``tid``, ``pid``.
     * ``ops``: ``cat == "cpu_op"``: ``name``, ``start_us``, ``end_us``, ``tid``,
@@ -230,7 +233,7 @@ def _tail_meta(tail: bytes) -> dict[str, Any] | None:
         if rest[:1] == b",":
             text = b"{" + rest[1:]
         elif rest[:1] == b"}":
-            text = rest
+            text = b"{" + rest  # traceEvents was the last key: nothing after it
         else:
             misses += 1
             continue
@@ -286,6 +289,7 @@ class _Columns:
         # memory
         self.m_ts, self.m_dtype, self.m_did = array("d"), array("b"), array("h")
         self.m_bytes, self.m_addr, self.m_alloc, self.m_res, self.m_tid = (array("q") for _ in range(5))
+        self.m_has_totals = array("b")
         # annotations
         self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = array("i"), array("d"), array("d"), array("q"), array("q")
         self.a_names = _Interner()
@@ -349,7 +353,9 @@ class _Columns:
         self.m_did.append(max(-32768, min(32767, _int(args.get("Device Id"), -1))))
         self.m_bytes.append(_int(args.get("Bytes"), 0))
         self.m_addr.append(_int(args.get("Addr"), 0))
-        self.m_alloc.append(_int(args.get("Total Allocated"), 0))
+        total = args.get("Total Allocated")
+        self.m_has_totals.append(total is not None)
+        self.m_alloc.append(_int(total, 0))
         self.m_res.append(_int(args.get("Total Reserved"), 0))
         self.m_tid.append(_int(ev.get("tid")))
 
@@ -372,6 +378,7 @@ class _Columns:
             "addr": i64(self.m_addr)[order],
             "total_allocated": i64(self.m_alloc)[order],
             "total_reserved": i64(self.m_res)[order],
+            "has_totals": (np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8))[order].astype(bool),
             "tid": i64(self.m_tid)[order],
         })
 

@@ -104,6 +104,23 @@ def _metadata_str(v: Any) -> str:
     return v if isinstance(v, str) else ("" if v is None else str(v))
 
 
+# Entries the replay cannot do without: an allocation or free with no address or size
+# would silently become a 0-byte event and every figure after it would be wrong.
+_NEEDS_ADDR_AND_SIZE = frozenset(a for a in ACTION_CODE if a not in ("oom", "snapshot", "other"))
+
+
+def _require_replay_keys(entries: list[dict[str, Any]]) -> None:
+    """Raise ValueError (an input error, exit 2) for an entry the replay cannot use."""
+    for i, e in enumerate(entries):
+        act = e.get("action")
+        if act is None:
+            raise ValueError(f"trace entry {i} has no 'action'")
+        if act in _NEEDS_ADDR_AND_SIZE:
+            for key in ("addr", "size"):
+                if e.get(key) is None:
+                    raise ValueError(f"trace entry {i} ({act!r}) has no {key!r}")
+
+
 def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any) -> dict[str, np.ndarray]:
     """Columns of one device's trace entries.
 
@@ -122,6 +139,7 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
         stream_a = np.fromiter(map(itemgetter("stream"), entries), np.int64, n)
         time_a = np.fromiter(map(itemgetter("time_us"), entries), np.int64, n)
     except (KeyError, TypeError, ValueError, OverflowError):
+        _require_replay_keys(entries)
         action = np.fromiter((ACTION_CODE.get(e.get("action"), A_OTHER) for e in entries), np.int8, n)
         addr_a = np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n)
         size_a = np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n)

@@ -30,6 +30,7 @@ from bokeh.transform import stack
 
 from snapviz import __version__
 from snapviz.render.fmt import fmt_bytes
+from snapviz.safe_text import bound
 from snapviz.render.report_data import (SERIES_COLORS, category_palette, report_data,  # noqa: F401 (re-exported)
                                         stage_palette, trace_report_data)
 
@@ -438,7 +439,9 @@ def _stage_bar_block(data: dict[str, Any]) -> UIElement:
     labels = list(b["label"])
     src = _source({k: b[k] for k in ("label", "name", "group", "color", "peak_allocated", "peak_reserved",
                                       "allocator_peak", "duration_s")})
-    top = max([float(np.nanmax(b["peak_allocated"])) if len(labels) else 1.0, 1.0])
+    finite = np.asarray(b["peak_allocated"], np.float64)
+    finite = finite[np.isfinite(finite)]  # stages of a trace without memory events have no peak (NaN)
+    top = max([float(finite.max()) if len(finite) else 1.0, 1.0])
     fig = _base_figure(320, x_range=FactorRange(*labels) if labels else FactorRange(), y_range=Range1d(0, top * 1.1, bounds=(0, None)))
     fig.toolbar_location = None
     bars = fig.vbar(x="label", top="peak_allocated", width=0.8, source=src, fill_color="color", line_color=None,
@@ -650,8 +653,15 @@ if (ix.length) pane.text = src.data[field][ix[0]];
 # Reports
 # ---------------------------------------------------------------------------------------
 
+def bounded_data(data: dict[str, Any]) -> dict[str, Any]:
+    """Report data with every string from the input clipped (columns stay whole and aligned):
+    a page's size follows its rows, not the longest frame name in the snapshot."""
+    return bound(data, max_list=None, json_numbers=False)
+
+
 def render_report_data(data: dict[str, Any]) -> str:
     """The page for a :func:`~snapviz.render.report_data.report_data` dict."""
+    data = bounded_data(data)
     blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report"), _warnings(data), _advice_html(data)]
     blocks += [_card_open("Memory over time",
                           "allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd "
@@ -757,6 +767,7 @@ def render_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
 
 
 def render_trace_report_data(data: dict[str, Any]) -> str:
+    data = bounded_data(data)
     blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report (profiler trace)"), _warnings(data)]
     blocks += [_card_open("Memory over time", "From the trace's memory events. Drag to pan, scroll to zoom.",
                           "sv-timeline-card"), _timeline_or_note(data, with_points=False), "</section>"]

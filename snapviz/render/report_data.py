@@ -253,7 +253,8 @@ def _metadata(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, Any]] 
         rows.append(("history events", f"{hist.get('events', 0):,}"))
         rows.append(("history truncated", str(bool(hist.get("truncated")))))
         if hist.get("baseline_allocated_bytes"):
-            rows.append(("allocated before recording", fmt_bytes(hist["baseline_allocated_bytes"])))
+            bound = "" if hist.get("baseline_exact", True) else "at least "
+            rows.append(("allocated before recording", bound + fmt_bytes(hist["baseline_allocated_bytes"])))
         if hist.get("end_state_matches") is not None:
             rows.append(("replay matches end state", str(hist["end_state_matches"])))
     for d in doc.get("devices") or []:
@@ -708,8 +709,10 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
                  "note": f"showing {len(ops_shown):,} of {len(ops):,} attention ops" if len(ops) > len(ops_shown) else ""}
     window = " (within the recorded window only)" if peak_doc.get("within_recorded_window") else ""
     when = f", at {peak['time_s']:.3f} s" if peak["time_s"] is not None else ""
-    verdict = (f"Peak {fmt_bytes(peak_alloc)} allocated ({fmt_bytes(peak['reserved'])} reserved) "
-               f"in {peak_stage}{when}{window}")
+    exact = peak_doc.get("exact", True)
+    reserved = f"{fmt_bytes(peak['reserved'])} reserved" if peak_doc.get("reserved_bytes") is not None else "reserved not recorded"
+    verdict = (f"Peak {'' if exact else 'at least '}{fmt_bytes(peak_alloc)} allocated ({reserved}) "
+               f"in {peak_stage}{when}{window}" if n else "No memory events in this trace: nothing to measure")
     lines = ["From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
              "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"]
     top = doc.get("top_allocations") or []
