@@ -67,7 +67,11 @@ class _DecompressErrors(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         try:
-            return self._inner.readinto(b)  # type: ignore[attr-defined,no-any-return]
+            # read1: one decompressed piece at a time, so the data before a truncation point
+            # is delivered before the error (a truncated trace is still recognised as one).
+            data = self._inner.read1(len(b))  # type: ignore[attr-defined]
+            b[:len(data)] = data
+            return len(data)
         except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             what = "truncated" if isinstance(exc, EOFError) else "corrupt"
