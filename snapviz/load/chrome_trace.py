@@ -13,28 +13,30 @@ snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``
 from __future__ import annotations
 
 import ast
-import gzip
 import json
-import lzma
 import os
-import re
-import zlib
 from array import array
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import ijson
 import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.safe_pickle import open_decompressed
+from snapviz.load.json_stream import (
+    CHUNK_BYTES,
+    TapReader,
+    TopLevel,
+    one_line,
+    open_json,
+    scan_top_level,
+)
+from snapviz.load.limits import Limits
 
-__all__ = ["ChromeTrace", "load_chrome_trace", "looks_like_chrome_trace"]
+__all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 MEMORY_EVENT_NAME = "[memory]"   # torch.autograd.profiler_util.MEMORY_EVENT_NAME
-CHUNK_BYTES = 64 << 10           # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
 TAIL_WINDOW_BYTES = 4 << 20      # keys after the events array must fit in this window
 _INT64_MAX = (1 << 63) - 1
 
@@ -73,232 +75,6 @@ class ChromeTrace:
 
 
 # --------------------------------------------------------------------------- input
-
-
-def _one_line(exc: BaseException) -> str:
-    """yajl's messages span several lines with a caret diagram; keep the first."""
-    text = str(exc).strip()
-    if text.startswith(("b'", 'b"')):
-        text = text[2:]
-    text = text.replace("\\n", "\n").splitlines()[0] if text else type(exc).__name__
-    return text.strip().rstrip(".")
-
-
-def _open(path: str, limits: Limits) -> IO[bytes]:
-    """The decompressed byte stream; compression is recognised by its magic, not the suffix."""
-    return open_decompressed(path, what="Chrome trace file", limits=limits)
-
-
-# Byte classes for the guard: 1 quote, 2 opening bracket, 3 closing bracket, 4 comma.
-_CLASS = np.zeros(256, np.int8)
-_CLASS[ord('"')], _CLASS[ord(",")] = 1, 4
-_CLASS[[ord("["), ord("{")]] = 2
-_CLASS[[ord("]"), ord("}")]] = 3
-_ESCAPE = re.compile(rb"\\[\s\S]")
-
-
-class _JsonGuard:
-    """Bounds a JSON byte stream while it is read, a chunk at a time with numpy (no Python
-    work per byte): nesting depth, the length of one string, and the number of values
-    (commas and openings), before ijson builds anything from them. yajl buffers a string
-    that spans reads and re-scans it on every read (quadratic in its length), and ijson
-    builds a deeply nested item in full, so both are stopped here first.
-
-    It also records where the ``watch``-th top-level container closes (the end of the
-    ``traceEvents`` list), so the keys after it are parsed once, not searched for.
-    """
-
-    def __init__(self, path: str, limits: Limits, watch: int = -1) -> None:
-        self.path, self.limits, self.watch = path, limits, watch
-        self.offset = 0            # bytes fed so far
-        self.depth = 0
-        self.in_string = False
-        self.string_len = 0        # length so far of the open string
-        self.pending_escape = False
-        self.values = 0
-        self.top_closed = 0        # top-level containers closed so far
-        self.watch_end = -1        # offset of the watched container's closing bracket
-
-    def feed(self, chunk: bytes) -> None:
-        if self.pending_escape and chunk:  # the byte after a backslash at the end of the last read
-            chunk = b"_" + chunk[1:]
-            self.pending_escape = False
-        if b"\\" in chunk:
-            chunk = _ESCAPE.sub(b"__", chunk)  # same length: offsets stay true
-            if chunk.endswith(b"\\"):
-                self.pending_escape = True
-        a = np.frombuffer(chunk, np.uint8)
-        pos = np.flatnonzero(_CLASS[a])
-        kind = _CLASS[a[pos]]
-        quotes = pos[kind == 1]
-        if len(quotes) or self.in_string:
-            self._strings(quotes, len(a))
-        other = kind != 1
-        pos, kind = pos[other], kind[other]
-        if len(quotes):  # outside strings: an even number of quotes before (after an open string, odd)
-            outside = (np.searchsorted(quotes, pos) + self.in_string_at_start) % 2 == 0
-            pos, kind = pos[outside], kind[outside]
-        elif self.in_string:
-            pos, kind = pos[:0], kind[:0]
-        if len(pos):
-            self.values += int(np.count_nonzero(kind != 3))
-            step = np.where(kind == 2, 1, np.where(kind == 3, -1, 0))
-            depth = self.depth + np.cumsum(step)
-            top = int(depth.max())
-            if top > self.limits.depth:
-                raise LimitExceeded(self.path, "depth", top, self.limits.depth)
-            if self.watch >= self.top_closed:
-                closes = pos[(step == -1) & (depth == 1)]
-                k = self.watch - self.top_closed
-                if k < len(closes):
-                    self.watch_end = self.offset + int(closes[k])
-                self.top_closed += len(closes)
-            self.depth = int(depth[-1])
-            if self.values > self.limits.objects:
-                raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
-        self.offset += len(a)
-
-    def _strings(self, quotes: np.ndarray, n: int) -> None:
-        """Update the open-string state and check every string's length in this chunk."""
-        self.in_string_at_start = int(self.in_string)
-        longest = 0
-        q = quotes
-        if self.in_string:
-            if not len(q):
-                self.string_len += n
-                longest = self.string_len
-            else:
-                longest = self.string_len + int(q[0])
-                q = q[1:]
-        if len(q):
-            closed = q[: len(q) // 2 * 2]
-            if len(closed):
-                longest = max(longest, int((closed[1::2] - closed[0::2]).max()) - 1)
-            if len(q) % 2:
-                self.string_len = n - int(q[-1]) - 1
-                longest = max(longest, self.string_len)
-                self.in_string = True
-            else:
-                self.in_string = False
-        elif self.in_string and len(quotes):
-            self.in_string = False
-        if longest > self.limits.string_length:
-            raise LimitExceeded(self.path, "string_length", longest, self.limits.string_length, " bytes")
-
-    in_string_at_start = 0
-
-
-class _TapReader:
-    """File-like wrapper handed to ijson: maps I/O damage to InputError, checks the first
-    byte, runs every chunk through :class:`_JsonGuard` and keeps a tail window, so the
-    document is read once and the keys after the events come without a second pass.
-    """
-
-    def __init__(self, path: str, stream: IO[bytes], limits: Limits, watch: int = -1, keep_tail: bool = False) -> None:
-        self.path = path
-        self.stream = stream
-        self.limits = limits
-        self.started = False
-        self.guard = _JsonGuard(path, limits, watch)
-        self.keep_tail = keep_tail
-        self.tail: list[bytes] = []           # the last chunks, >= TAIL_WINDOW_BYTES of them
-        self.tail_bytes = 0
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            chunk = self.stream.read1(size) if hasattr(self.stream, "read1") else self.stream.read(size)
-        except EOFError:  # gzip stream cut short
-            raise InputError(f"{self.path}: truncated gzip file (compressed stream ended early)") from None
-        except lzma.LZMAError as exc:
-            raise InputError(f"{self.path}: corrupt xz file ({_one_line(exc)})") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise InputError(f"{self.path}: corrupt gzip file ({_one_line(exc)})") from None
-        if not chunk:
-            return chunk
-        if not self.started:
-            if self.guard.offset == 0:
-                chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # yajl rejects a UTF-8 BOM
-            first = chunk.lstrip()[:1]
-            if not first:
-                if self.guard.offset + len(chunk) > self.limits.header_bytes:
-                    raise LimitExceeded(self.path, "header_bytes", None, self.limits.header_bytes, " bytes")
-                self.guard.offset += len(chunk)
-                return b" "  # whitespace so far; b"" would mean end of file to ijson
-            self.started = True
-            if first == b"[":
-                raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
-            if first != b"{":
-                raise InputError(f"{self.path}: not JSON (does not start with '{{')")
-        self.guard.feed(chunk)
-        if self.keep_tail:
-            self.tail.append(chunk)
-            self.tail_bytes += len(chunk)
-            while self.tail_bytes - len(self.tail[0]) >= TAIL_WINDOW_BYTES:
-                self.tail_bytes -= len(self.tail.pop(0))
-        return chunk
-
-    def after(self, offset: int) -> bytes | None:
-        """The document's bytes after ``offset``, or None when they left the tail window."""
-        window = b"".join(self.tail)
-        window_at = self.guard.offset - len(window)
-        if offset < window_at or len(window) - (offset - window_at) > TAIL_WINDOW_BYTES:
-            return None
-        return window[offset - window_at:]
-
-
-@dataclass
-class TopLevel:
-    """The top-level keys of a JSON object up to ``traceEvents`` (streamed, not searched)."""
-
-    meta: dict[str, Any]
-    has_events: bool = False     # a "traceEvents" key was reached
-    events_is_list: bool = False
-    events_index: int = -1       # how many top-level container values come before it
-
-
-def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
-    """Stream the top-level members of a JSON object until ``traceEvents``, however large the
-    values before it, within the header limit. Linear: ijson's events, each looked at once."""
-    limits = limits or Limits.from_env()
-    reader = _TapReader(path, _open(path, limits), limits)
-    top = TopLevel(meta={})
-    containers = 0
-    with reader.stream:
-        events = ijson.parse(reader, buf_size=CHUNK_BYTES, use_float=True)
-        try:
-            for prefix, event, key in events:
-                if reader.guard.offset > limits.header_bytes:
-                    raise LimitExceeded(path, "header_bytes", reader.guard.offset, limits.header_bytes, " bytes")
-                if event != "map_key" or prefix != "":
-                    continue
-                _, first, value = next(events)
-                if key == "traceEvents":
-                    top.has_events, top.events_is_list, top.events_index = True, first == "start_array", containers
-                    return top
-                if first in ("start_map", "start_array"):
-                    containers += 1
-                    builder = ijson.ObjectBuilder()
-                    builder.event(first, value)
-                    level = 1
-                    while level:
-                        _, ev, val = next(events)
-                        level += ev in ("start_map", "start_array")
-                        level -= ev in ("end_map", "end_array")
-                        builder.event(ev, val)
-                    top.meta[key] = builder.value
-                else:
-                    top.meta[key] = value
-        except ijson.JSONError as exc:
-            if not reader.started:
-                raise InputError(f"{path}: empty file") from None
-            raise InputError(f"{path}: not valid JSON ({_one_line(exc)})") from None
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not valid JSON (bad UTF-8: {_one_line(exc)})") from None
-        except StopIteration:
-            raise InputError(f"{path}: not valid JSON (it ends inside a value)") from None
-    if not reader.started:
-        raise InputError(f"{path}: empty file")
-    return top
 
 
 def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
@@ -497,7 +273,7 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         raise InputError(f"{p}: not a Chrome trace (no traceEvents list)")
     if not top.events_is_list:
         raise InputError(f"{p}: not a Chrome trace (traceEvents is not a list)")
-    reader = _TapReader(p, _open(p, limits), limits, watch=top.events_index, keep_tail=True)
+    reader = TapReader(p, open_json(p, limits), limits, watch=top.events_index, keep_tail=TAIL_WINDOW_BYTES)
     cols = _Columns()
     try:
         with reader.stream:
@@ -505,11 +281,11 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
             # API (items_coro) measured ~3x slower on the same input.
             cols.add(ijson.items(reader, "traceEvents.item", use_float=True, buf_size=CHUNK_BYTES))
     except ijson.JSONError as exc:  # IncompleteJSONError included
-        raise InputError(f"{p}: not valid JSON ({_one_line(exc)})") from None
+        raise InputError(f"{p}: not valid JSON ({one_line(exc)})") from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not valid JSON (bad UTF-8: {_one_line(exc)})") from None
+        raise InputError(f"{p}: not valid JSON (bad UTF-8: {one_line(exc)})") from None
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
-        raise InputError(f"{p}: malformed trace event ({_one_line(exc)})") from None
+        raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 
     meta = dict(top.meta)
     notes: list[str] = []

@@ -36,7 +36,7 @@ class Limits:
     header_bytes: int = 64 << 20        # JSON before the "traceEvents" list starts
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "Limits":
+    def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
         env = os.environ if environ is None else environ
         values = {}
         for f in fields(cls):

@@ -67,7 +67,7 @@ def _line(data: bytes, i: int) -> tuple[bytes, int]:
     return data[i:j], j + 1
 
 
-def _scan(data: bytes, path: str, limits: Limits) -> None:  # noqa: C901 - one dispatch loop, kept flat for speed
+def _scan(data: bytes, path: str, limits: Limits) -> None:
     n = len(data)
     max_depth, max_size, max_str, max_objects = limits.depth, limits.expansion, limits.string_length, limits.objects
     stack: list[list] = []

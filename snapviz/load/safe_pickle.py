@@ -29,7 +29,7 @@ _ZSTD = b"\x28\xb5\x2f\xfd"
 class _RefuseGlobals(pickle.Unpickler):
     """C-speed unpickler (subclass of ``_pickle.Unpickler``) that refuses every global."""
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D401
+    def find_class(self, module: str, name: str) -> Any:
         raise InputError(
             f"refusing to load: the pickle asks for {module}.{name}; "
             "memory snapshots contain plain data only (this file may be malicious)"

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.model import ACTION_CODE, A_OTHER, Snapshot
+from snapviz.model import A_OTHER, ACTION_CODE, Snapshot
 
 
 class _Interner:
