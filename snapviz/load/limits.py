@@ -32,7 +32,7 @@ class Limits:
     string_length: int = 16 << 20       # one string (or bytes / big int) in bytes
     string_bytes: int = 4 << 30         # all strings a pickle creates, in bytes
     ratio: int = 200                    # decompressed size / file size ...
-    ratio_floor: int = 256 << 20        # ... once more than this many bytes came out
+    ratio_floor: int = 64 << 20         # ... once more than this many bytes came out
     header_bytes: int = 64 << 20        # JSON before the "traceEvents" list starts
 
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from operator import itemgetter
 from struct import Struct
+from struct import error as struct_error
 
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
@@ -44,17 +45,18 @@ class _Malformed(Exception):
     """Internal: the opcode stream is not a well-formed pickle (the message says why)."""
 
 
-def scan_pickle(data: bytes, path: str, limits: Limits) -> None:
+def scan_pickle(data: bytes, path: str, limits: Limits, exact: bool = False) -> dict[str, int] | None:
     """Raise :class:`InputError` (a :class:`LimitExceeded` for limits) unless ``data`` is a
-    pickle of plain data within ``limits``; return quietly when the C unpickler may run."""
-    if len(data) > FULL_SCAN_BYTES and fast_scan(data, path, limits):
-        return
+    pickle of plain data within ``limits``; return when the C unpickler may run: the
+    exact scan's counts (objects, string_bytes, depth, expansion), None after the fast path."""
+    if not exact and len(data) > FULL_SCAN_BYTES and fast_scan(data, path, limits):
+        return None
     try:
-        _scan(data, path, limits)
+        return _scan(data, path, limits)
     except _Malformed as exc:
         raise InputError(f"{path}: not a readable snapshot pickle ({exc})") from None
-    except (IndexError, ValueError) as exc:  # stack underflow, bad number text, short argument
-        if isinstance(exc, IndexError) and not str(exc).startswith("list"):
+    except (IndexError, ValueError, struct_error) as exc:  # stack underflow, bad number text, short argument
+        if isinstance(exc, struct_error) or (isinstance(exc, IndexError) and not str(exc).startswith("list")):
             raise InputError(f"{path}: truncated or incomplete snapshot pickle ({exc})") from None
         raise InputError(f"{path}: not a readable snapshot pickle ({type(exc).__name__}: {exc})") from None
 
@@ -67,7 +69,7 @@ def _line(data: bytes, i: int) -> tuple[bytes, int]:
     return data[i:j], j + 1
 
 
-def _scan(data: bytes, path: str, limits: Limits) -> None:
+def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
     n = len(data)
     max_depth, max_size, max_str, max_objects = limits.depth, limits.expansion, limits.string_length, limits.objects
     stack: list[list] = []
@@ -230,7 +232,7 @@ def _scan(data: bytes, path: str, limits: Limits) -> None:
                 raise _Malformed("the stack is not a single value at STOP")
             break
         elif op in _DEFER:
-            return  # the unpickler refuses it (find_class / persistent_load) after this same prefix
+            return None  # the unpickler refuses it (find_class / persistent_load) after this same prefix
         elif op in _REFUSED:
             raise InputError(f"refusing to load: the pickle builds {_REFUSED[op]}, which memory snapshots never contain")
         else:
@@ -243,6 +245,7 @@ def _scan(data: bytes, path: str, limits: Limits) -> None:
         raise InputError(f"{path}: truncated or incomplete snapshot pickle (an argument runs past the end)")
     if strbytes > limits.string_bytes:
         raise LimitExceeded(path, "string_bytes", strbytes, limits.string_bytes, " bytes")
+    return {"objects": objects, "string_bytes": strbytes, "depth": stack[0][0], "expansion": stack[0][1]}
 
 
 def _fill(target: list, items: list[list], pairs: bool, path: str, max_depth: int, max_size: int) -> None:
@@ -292,7 +295,7 @@ def _container(items: list[list], kind: int, path: str, max_depth: int, max_size
 # scan. Depth and reference expansion are not counted on this path: they cannot harm the
 # unpickler, and the snapshot reader never walks the structure beyond its schema.
 
-FULL_SCAN_BYTES = 4 << 20
+FULL_SCAN_BYTES = 1 << 20
 _A = rb"[\s\S]"
 
 
