@@ -51,7 +51,7 @@ def run_analyze(path: Path, *extra: str, timeout: float = 60.0, env: dict[str, s
     """``snapviz analyze PATH --json OUT -q`` in a child process, measured."""
     out = Path(tempfile.mkdtemp(prefix="snapviz-hostile-")) / "out.json"
     cmd = [sys.executable, "-m", "snapviz", "analyze", str(path), "--json", str(out), "-q", *extra]
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=full_env, cwd=str(out.parent), preexec_fn=_cap)
@@ -111,7 +111,7 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c: dict[str, tuple[bytes, str]] = {}
     c["deep_tuple_dict_key_gz"] = (_gz(b"\x80\x02}(" + deep_tuple(200_000) + b"K\x01u."), "nesting depth")
     c["deep_tuple_frozenset_gz"] = (_gz(b"\x80\x04(" + deep_tuple(200_000) + b"\x91."), "nesting depth")
-    c["flat_frozenset"] = (b"\x80\x04(K\x01K\x02\x91.", "frozenset")
+    c["flat_frozenset"] = (b"\x80\x04(K\x01K\x02\x91.", "builds a frozenset")
     c["tuple_dict_key"] = (b"\x80\x02}(K\x01K\x02\x86K\x03u.", "dict key")
     c["deep_tuple_action_gz"] = (_gz(_snapshot_with(b"DEEP", deep_tuple(200_000), {
         "segments": [], "device_traces": [[_entry(action="DEEP")]]})), "nesting depth")

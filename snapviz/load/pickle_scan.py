@@ -49,8 +49,12 @@ def scan_pickle(data: bytes, path: str, limits: Limits, exact: bool = False) -> 
     """Raise :class:`InputError` (a :class:`LimitExceeded` for limits) unless ``data`` is a
     pickle of plain data within ``limits``; return when the C unpickler may run: the
     exact scan's counts (objects, string_bytes, depth, expansion), None after the fast path."""
-    if not exact and len(data) > FULL_SCAN_BYTES and fast_scan(data, path, limits):
-        return None
+    if not exact and len(data) > FULL_SCAN_BYTES:
+        try:
+            if fast_scan(data, path, limits):
+                return None
+        except (IndexError, ValueError):
+            pass  # a malformed tail: the exact scan says what is wrong
     try:
         return _scan(data, path, limits)
     except _Malformed as exc:
@@ -354,5 +358,5 @@ def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
             i += 1 + w + k
         else:
             return False
-        starts = [starts[1], i]
+        starts = [i, i]  # tokens before a handled opcode are not hot-grammar tokens: never re-read them
     return False  # no STOP: the exact scan says where it ends
