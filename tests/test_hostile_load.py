@@ -182,3 +182,21 @@ def test_real_tracelens_trace_is_detected() -> None:
         pytest.skip("external corpus absent")
     assert _sniff(str(path)) == "trace"
     assert len(load(str(path)).trace.memory) > 0
+
+
+@pytest.mark.parametrize("env, value, limit_name", [
+    ("string_length", "100", "string_length"),   # shorter than a read: the exact per-quote path
+    ("depth", "3", "depth"),
+    ("objects", "5", "objects"),
+    ("header_bytes", "1000", "header_bytes"),
+])
+def test_each_json_limit_is_enforced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, value: str,
+                                     limit_name: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_text('{"meta": "' + "m" * 2000 + '", "traceEvents": [' + hostile.memory_events()
+                    + ', {"name": "' + "x" * 200 + '", "args": {"a": [[1]]}}]}')
+    assert len(load(str(path)).trace.memory) == 2  # fine under the defaults
+    monkeypatch.setenv(ENV[env], value)
+    with pytest.raises(LimitExceeded) as info:
+        load(str(path))
+    assert info.value.limit_name == limit_name and ENV[env] in str(info.value)

@@ -37,11 +37,11 @@ def open_json(path: str, limits: Limits) -> IO[bytes]:
     return open_decompressed(path, what="Chrome trace file", limits=limits)
 
 
-# Byte classes for the guard: 1 quote, 2 opening bracket, 3 closing bracket, 4 comma.
-_CLASS = np.zeros(256, np.int8)
-_CLASS[ord('"')], _CLASS[ord(",")] = 1, 4
-_CLASS[[ord("["), ord("{")]] = 2
-_CLASS[[ord("]"), ord("}")]] = 3
+# The guard works on the chunk with bytes.translate / re / numpy, never a Python loop per byte.
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')   # deleted: leaves quotes and brackets
+_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")               # bracket -> +1 / -1 (int8)
+_IS_BRACKET = np.zeros(256, bool)
+_IS_BRACKET[list(b"[]{}")] = True
 _ESCAPE = re.compile(rb"\\[\s\S]")
 
 
@@ -75,40 +75,58 @@ class _JsonGuard:
             chunk = _ESCAPE.sub(b"__", chunk)  # same length: offsets stay true
             if chunk.endswith(b"\\"):
                 self.pending_escape = True
-        a = np.frombuffer(chunk, np.uint8)
-        pos = np.flatnonzero(_CLASS[a])
-        kind = _CLASS[a[pos]]
-        quotes = pos[kind == 1]
-        if len(quotes) or self.in_string:
-            self._strings(quotes, len(a))
-        other = kind != 1
-        pos, kind = pos[other], kind[other]
-        if len(quotes):  # outside strings: an even number of quotes before (after an open string, odd)
-            outside = (np.searchsorted(quotes, pos) + self.in_string_at_start) % 2 == 0
-            pos, kind = pos[outside], kind[outside]
-        elif self.in_string:
-            pos, kind = pos[:0], kind[:0]
-        if len(pos):
-            self.values += int(np.count_nonzero(kind != 3))
-            step = np.where(kind == 2, 1, np.where(kind == 3, -1, 0))
-            depth = self.depth + np.cumsum(step)
+        started_in_string = self.in_string
+        # Brackets outside strings: keep quotes and brackets, drop what is between quote pairs.
+        kept = np.frombuffer(chunk.translate(None, _NOT_STRUCTURE).translate(_STEP), np.int8)
+        is_quote = kept == 34
+        if len(chunk) <= self.limits.string_length:
+            # Only a string that spans reads can be over the limit: its ends are the first and
+            # last quote of a chunk, so two finds replace the positions of every quote.
+            self._string_ends(chunk, int(np.count_nonzero(is_quote)))
+        else:
+            a = np.frombuffer(chunk, np.uint8)
+            self._strings(np.flatnonzero(a == 34), len(a))
+        outside = (np.cumsum(is_quote) + started_in_string) % 2 == 0
+        step = kept[outside & ~is_quote]  # +1 / -1 per bracket outside strings
+        # Values: containers plus commas (commas inside strings count too: an over-estimate).
+        self.values += int(np.count_nonzero(step == 1)) + chunk.count(b",")
+        if len(step):
+            depth = self.depth + np.cumsum(step, dtype=np.int64)
             top = int(depth.max())
             if top > self.limits.depth:
                 raise LimitExceeded(self.path, "depth", top, self.limits.depth)
             if self.watch >= self.top_closed:
-                closes = pos[(step == -1) & (depth == 1)]
+                closes = np.flatnonzero((step == -1) & (depth == 1))
                 k = self.watch - self.top_closed
                 if k < len(closes):
-                    self.watch_end = self.offset + int(closes[k])
+                    self.watch_end = self.offset + _bracket_offset(chunk, started_in_string, int(closes[k]))
                 self.top_closed += len(closes)
             self.depth = int(depth[-1])
-            if self.values > self.limits.objects:
-                raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
-        self.offset += len(a)
+        if self.values > self.limits.objects:
+            raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
+        self.offset += len(chunk)
+
+    def _string_ends(self, chunk: bytes, n_quotes: int) -> None:
+        """Open-string state and the length of strings that cross this chunk's edges."""
+        longest = 0
+        if not n_quotes:
+            if self.in_string:
+                self.string_len += len(chunk)
+                longest = self.string_len
+        else:
+            if self.in_string:
+                longest = self.string_len + chunk.find(b'"')
+            if (n_quotes + self.in_string) % 2:  # a string opens at the last quote
+                self.in_string = True
+                self.string_len = len(chunk) - chunk.rfind(b'"') - 1
+                longest = max(longest, self.string_len)
+            else:
+                self.in_string = False
+        if longest > self.limits.string_length:
+            raise LimitExceeded(self.path, "string_length", longest, self.limits.string_length, " bytes")
 
     def _strings(self, quotes: np.ndarray, n: int) -> None:
         """Update the open-string state and check every string's length in this chunk."""
-        self.in_string_at_start = int(self.in_string)
         longest = 0
         q = quotes
         if self.in_string:
@@ -133,7 +151,13 @@ class _JsonGuard:
         if longest > self.limits.string_length:
             raise LimitExceeded(self.path, "string_length", longest, self.limits.string_length, " bytes")
 
-    in_string_at_start = 0
+
+def _bracket_offset(chunk: bytes, started_in_string: bool, k: int) -> int:
+    """Offset in the chunk of its ``k``-th bracket outside strings (once per file)."""
+    a = np.frombuffer(chunk, np.uint8)
+    pos = np.flatnonzero(_IS_BRACKET[a])
+    outside = (np.searchsorted(np.flatnonzero(a == 34), pos) + int(started_in_string)) % 2 == 0
+    return int(pos[outside][k])
 
 
 class TapReader:
