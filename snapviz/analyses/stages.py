@@ -14,7 +14,9 @@ import pandas as pd
 
 from snapviz.model import Snapshot
 
-CANONICAL = ("load", "text_encode", "denoise", "vae_decode", "other")
+# inference stages, then the training phases written by ``snapviz collect --train``
+CANONICAL = ("load", "text_encode", "denoise", "vae_decode", "other",
+             "forward", "backward", "optimizer", "zero_grad")
 UNLABELLED = "unlabelled"
 
 
