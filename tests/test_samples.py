@@ -66,6 +66,8 @@ def test_stage_peaks_match_allocator(sample: tuple) -> None:
         checked += 1
     # Every run.json stage that saw an allocation event was matched.
     assert checked >= len([s for s in rj["stages"] if s["name"] != "other"]) - 1
+    if rj.get("mode") == "train":  # phases, not denoise steps: tests/test_train_samples.py
+        return
     steps = [s for s in doc["stages"] if s["name"] == "denoise"]
     assert steps and len(steps[0]["steps"]) == rj["steps"]
 
