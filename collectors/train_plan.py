@@ -191,10 +191,13 @@ def tensor_bytes(obj: Any) -> int:
 
 
 def state_bytes(optimizer: Any) -> dict[str, int]:
-    """Optimizer state on the device, by state key (``exp_avg``, ``state1``, ...)."""
+    """Optimizer state on the device, by state key (``exp_avg``, ``state1``, ...); a tensor
+    shared by several parameters (bitsandbytes' quantization maps) counts once."""
     out: dict[str, int] = {}
+    seen: set[int] = set()
     for st in optimizer.state.values():
         for key, val in st.items():
-            if isinstance(val, torch.Tensor) and val.dim() > 0:
+            if isinstance(val, torch.Tensor) and val.dim() > 0 and val.data_ptr() not in seen:
+                seen.add(val.data_ptr())
                 out[key] = out.get(key, 0) + tensor_bytes(val)
     return out

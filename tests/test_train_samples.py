@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pathlib
 
+import pandas as pd
 import pytest
 
 from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.training import classify_allocations, live_by_category
 from snapviz.load import load
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "sample_snapshots"
@@ -26,10 +28,22 @@ def test_training_samples_present() -> None:
 
 
 @pytest.fixture(scope="module", params=SAMPLES, ids=lambda p: p.name)
-def sample(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict]:
+def analysed(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict, pd.DataFrame, pd.DataFrame]:
     run = load(str(request.param))
     assert run.run is not None and run.run["mode"] == "train"
-    return request.param, run.run, summary_dict(analyze_run(run))
+    an = analyze_run(run)
+    allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
+    return request.param, run.run, summary_dict(an), an.stages, allocs
+
+
+@pytest.fixture()
+def sample(analysed: tuple) -> tuple[pathlib.Path, dict, dict]:
+    return analysed[:3]
+
+
+@pytest.fixture()
+def categorized(analysed: tuple) -> tuple[pathlib.Path, dict, pd.DataFrame, pd.DataFrame]:
+    return analysed[0], analysed[1], analysed[3], analysed[4]
 
 
 def test_every_phase_peak_equals_the_allocator(sample: tuple) -> None:
@@ -75,3 +89,36 @@ def test_gradient_and_state_bytes_follow_the_parameter_count(sample: tuple) -> N
         assert states == {"exp_avg": width * n, "exp_avg_sq": width * n}
     if params["frozen"]:  # LoRA: the frozen base runs in the autocast dtype
         assert set(params["frozen_dtypes"]) == {"float16"}
+
+
+def test_analyzer_categories_match_the_tensors(categorized: tuple) -> None:
+    """After the last optimizer step the analyzer's gradients and optimizer state (from the
+    snapshot alone) equal the bytes of the tensors the collector counted (within 1%)."""
+    path, rj, stages, allocs = categorized
+    train = rj["train"]
+    last_opt = stages[stages["group"] == "optimizer"].iloc[-1]
+    live = live_by_category(allocs, int(last_opt["end_row"]) - 1)
+    assert live["gradients"] == pytest.approx(train["gradient_bytes"], rel=0.01)
+    # run.json of the 8-bit sample counted bitsandbytes' shared quantization maps once per
+    # parameter (fixed in the collector since); the snapshot holds each map once
+    assert live["optimizer state"] == pytest.approx(sum(train["optimizer_state_bytes"].values()), rel=0.01)
+    weights = train["params"]["trainable_bytes"] + train["params"]["frozen_bytes"]
+    assert live["parameters"] == pytest.approx(weights, rel=0.01)
+
+
+def test_checkpointing_shrinks_saved_activations() -> None:
+    """The lesson's claim, read from the snapshots: with checkpointing far fewer bytes are
+    saved for backward at the forward peak, and autocast's weight copies appear under AMP only."""
+    def at_forward_peak(name: str) -> dict[str, int]:
+        run = load(str(ROOT / name))
+        an = analyze_run(run)
+        allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
+        fwd = an.stages[an.stages["name"] == "forward/1"].iloc[0]
+        return live_by_category(allocs, int(fwd["peak_row"]))
+
+    amp, ckpt, fp32 = (at_forward_peak(n) for n in ("train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt",
+                                                     "train-sd15-fp32"))
+    assert ckpt["saved activations"] < 0.2 * amp["saved activations"]
+    assert fp32["autocast weight copies"] == 0
+    # one fp16 copy of every conv/linear weight: about half of the fp32 parameters
+    assert 0.4 < amp["autocast weight copies"] / amp["parameters"] < 0.5
