@@ -5,8 +5,8 @@ Decided per allocation from the phases it was born and freed in (``forward``, ``
 ``optimizer``, ``zero_grad``, ``load``; labels as ``snapviz collect --train`` writes them):
 
 * born in ``load`` and outliving it -> ``parameters`` (weights, EMA copies, fixed inputs);
-* born in ``backward`` and freed by ``zero_grad`` (or, when no zero_grad frees anything, as
-  with ``set_to_none=False``, outliving that backward) -> ``gradients``;
+* born in ``backward``, outliving it, and freed by ``zero_grad`` or (``set_to_none=False``
+  keeps them) of a parameter's exact size -> ``gradients``;
 * born in ``optimizer`` and outliving that phase -> ``optimizer state`` (moments, 8-bit states
   and their quantization maps, step counters);
 * born in ``forward`` and freed in a ``backward`` -> ``saved activations``, except the low-
@@ -64,11 +64,11 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
 
     cat = np.full(len(rows), "other", dtype=object)
     cat[(born_g == "load") & ~same_interval] = "parameters"
-    grads = (born_g == "backward") & ~same_interval
-    if (grads & (freed_g == "zero_grad")).any():
-        # zero_grad(set_to_none=True) frees the gradients; what backward left alive for good
-        # is the autograd thread's cuBLAS workspace (one per thread and stream), not a gradient
-        grads &= freed_g == "zero_grad"
+    param_sizes = np.unique(size[cat == "parameters"])
+    # freed by zero_grad(set_to_none=True), or (kept and zeroed) the size of a parameter; what
+    # else backward leaves alive for good is the autograd thread's cuBLAS workspace
+    grads = ((born_g == "backward") & ~same_interval
+             & ((freed_g == "zero_grad") | np.isin(size, param_sizes)))
     cat[grads] = "gradients"
     cat[(born_g == "optimizer") & ~same_interval] = "optimizer state"
     saved = (born_g == "forward") & (freed_g == "backward")
@@ -76,7 +76,7 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
     cat[same_interval] = "temporaries"
 
     params = cat == "parameters"
-    halves = np.isin(size * 2, np.unique(size[params])) & saved & (size > 0)
+    halves = np.isin(size * 2, param_sizes) & saved & (size > 0)
     if halves.any():
         files = _innermost_files(snap, ev["stack_id"].to_numpy()[rows[halves]])
         by_weight_op = np.array([f.endswith(_WEIGHT_OPS) for f in files], dtype=bool)
