@@ -116,9 +116,10 @@ def test_checkpointing_shrinks_saved_activations() -> None:
         fwd = an.stages[an.stages["name"] == "forward/1"].iloc[0]
         return live_by_category(allocs, int(fwd["peak_row"]))
 
-    amp, ckpt, fp32 = (at_forward_peak(n) for n in ("train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt",
-                                                     "train-sd15-fp32"))
+    amp, ckpt, fp32, lora = (at_forward_peak(n) for n in (
+        "train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt", "train-sd15-fp32", "train-sdxl-lora16"))
     assert ckpt["saved activations"] < 0.2 * amp["saved activations"]
-    assert fp32["autocast weight copies"] == 0
+    # no cast: fp32 runs without autocast, and LoRA's frozen base is already fp16
+    assert fp32["autocast weight copies"] == 0 and lora["autocast weight copies"] == 0
     # one fp16 copy of every conv/linear weight: about half of the fp32 parameters
     assert 0.4 < amp["autocast weight copies"] / amp["parameters"] < 0.5
