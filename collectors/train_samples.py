@@ -33,15 +33,15 @@ SAMPLES: dict[str, list[str]] = {
     "train-sd15-amp-fp16-lora16": [*SD15, *AMP, "--lora-rank", "16"],
     "train-sdxl-lora16": SDXL,
     "train-sdxl-lora16-ckpt": [*SDXL, "-t", "checkpointing"],
+    "train-sd15-amp-fp16-adamw-fused": [*SD15, *AMP, "--optimizer", "adamw-fused"],
+    "train-sd15-amp-fp16-keep-grads": [*SD15, *AMP, "-t", "keep-grads"],
+    "train-sd15-amp-fp16-ema": [*SD15, *AMP, "-t", "ema"],
 }
 # timing/peak-only variants beside the samples (run.json alone)
 EXTRA: dict[str, list[str]] = {
     "train-sd15-amp-fp16-adamw-loop": [*SD15, *AMP, "--optimizer", "adamw-loop"],
-    "train-sd15-amp-fp16-adamw-fused": [*SD15, *AMP, "--optimizer", "adamw-fused"],
     "train-sd15-amp-fp16-adafactor": [*SD15, *AMP, "--optimizer", "adafactor"],
     "train-sd15-amp-fp16-sgd": [*SD15, *AMP, "--optimizer", "sgd"],
-    "train-sd15-amp-fp16-ema": [*SD15, *AMP, "-t", "ema"],
-    "train-sd15-amp-fp16-keep-grads": [*SD15, *AMP, "-t", "keep-grads"],
     "train-sd15-amp-fp16-classic": [*SD15, *AMP, "-t", "classic"],
     "train-sd15-amp-bf16": [*SD15, "-t", "amp-bf16"],
     "train-sd15-bf16": [*SD15, "-t", "bf16"],
