@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["record", "Recorder", "run", "RunOptions"]
+__all__ = ["record", "Recorder", "run", "RunOptions", "TrainRecorder", "record_training"]
 
 
 def __getattr__(name: str) -> Any:
@@ -19,6 +19,8 @@ def __getattr__(name: str) -> Any:
     if name in ("record", "Recorder"):
         module = importlib.import_module("collectors.record")
         return module if name == "record" else module.Recorder
+    if name in ("TrainRecorder", "record_training"):
+        return getattr(importlib.import_module("collectors.train_record"), name)
     if name in ("run", "RunOptions"):
         return getattr(importlib.import_module("collectors.runner"), name)
     raise AttributeError(name)

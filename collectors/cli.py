@@ -87,11 +87,21 @@ class OptionError(click.UsageError):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory to write.")
+@click.option("--train", is_flag=True,
+              help="Fine-tune the denoiser instead (--steps optimizer steps; phases forward/<i>, "
+                   "backward/<i>, optimizer/<i>, zero_grad/<i>); see collectors/train_plan.py.")
+@click.option("--accumulate", default=1, show_default=True, type=click.IntRange(min=1),
+              help="--train: micro-batches of --batch per optimizer step.")
+@click.option("--optimizer", default="adamw", show_default=True,
+              help="--train: adamw adamw-foreach adamw-loop adamw-fused adamw8bit adafactor sgd.")
+@click.option("--lora-rank", default=0, show_default=True, type=click.IntRange(min=0),
+              help="--train: peft LoRA of this rank on the attention projections (0: full).")
 def collect(pipeline: str, size: str, model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
             profile: bool | None, profile_scope: str, stacks: str, context: str, max_entries: int,
             no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
-            out: str | None) -> None:
+            out: str | None, train: bool, accumulate: int, optimizer: str,
+            lora_rank: int) -> None:
     """Run a diffusion pipeline with stage labels and record its memory.
 
     Stages: load, text_encode, denoise/<i>, vae_decode, other. Each is labelled in the
@@ -104,6 +114,19 @@ def collect(pipeline: str, size: str, model: str | None, device: str, steps: int
         raise OptionError(f"collect needs torch and diffusers ({err.name} is missing): "
                                "pip install 'snapviz[collect]'") from None
 
+    if train:
+        from .train_cli import collect_train
+
+        return collect_train(pipeline=pipeline, size=size, model=model, device=device,
+                             steps=steps, height=height, width=width, batch=batch,
+                             techniques=list(techniques), profile=profile,
+                             profile_scope=profile_scope, stacks=stacks, context=context,
+                             max_entries=max_entries, history=not no_history, seed=seed,
+                             out=out, memory_limit_gb=memory_limit_gb,
+                             sync_stages=sync_stages, accumulate=accumulate,
+                             optimizer=optimizer, lora_rank=lora_rank)
+    if accumulate != 1 or optimizer != "adamw" or lora_rank:
+        raise OptionError("--accumulate, --optimizer and --lora-rank need --train")
     from .runner import RunOptions, run, validate
     from .techniques import TechniqueError
 

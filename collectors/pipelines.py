@@ -284,6 +284,15 @@ def build_pipeline(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
     raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
 
 
+def build_denoiser(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
+                   seed: int = 0) -> torch.nn.Module:
+    """The pipeline's UNet or DiT alone (what fine-tuning trains), as ``build_pipeline`` makes it."""
+    factories = {"sd15": _sd15_unet, "sdxl": _sdxl_unet, "pixart-sigma": _pixart_transformer}
+    if pipeline not in factories:
+        raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
+    return _build(factories[pipeline](size), dtype, seed + 2)  # the seed build_pipeline uses
+
+
 def build_tiny_vae(dtype: torch.dtype, seed: int = 0) -> Any:
     """AutoencoderTiny() with its default config: the TAESD architecture (2.45M params)."""
     from diffusers import AutoencoderTiny

@@ -64,6 +64,9 @@ def test_stage_peaks_match_allocator(sample: tuple) -> None:
         assert it["peak_allocated_bytes"] == it["allocator_peak_allocated_bytes"], (path.name, it["name"])
         assert it["peak_reserved_bytes"] == it["allocator_peak_reserved_bytes"], (path.name, it["name"])
         checked += 1
+    if rj.get("mode") == "train":
+        # phases, not denoise steps; phases without allocator events: tests/test_train_samples.py
+        return
     # Every run.json stage that saw an allocation event was matched.
     assert checked >= len([s for s in rj["stages"] if s["name"] != "other"]) - 1
     steps = [s for s in doc["stages"] if s["name"] == "denoise"]

@@ -32,7 +32,9 @@ from snapviz.analyses.phases import OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import Snapshot
 
-CANONICAL = ("load", "text_encode", "denoise", "vae_decode", "other")
+# inference stages, then the training phases written by ``snapviz collect --train``
+CANONICAL = ("load", "text_encode", "denoise", "vae_decode", "other",
+             "forward", "backward", "optimizer", "zero_grad")
 UNLABELLED = "unlabelled"
 
 
