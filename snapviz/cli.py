@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from snapviz import __version__
+from snapviz.cli_share import analyze_share_options, share_outputs
 from snapviz.errors import CheckFailed, InputError
 
 EPILOG = """\b
@@ -35,6 +36,7 @@ def cli() -> None:
 
 
 @cli.command(epilog=EPILOG)
+@analyze_share_options  # --perfetto/--merge-into/--png/--svg (snapviz/cli_share.py)
 @click.argument("input", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the interactive HTML report here (self-contained, opens offline).")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
@@ -76,6 +78,7 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
         if html_out:
             from snapviz.render.html import render_trace_html
             html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
+        extra = share_outputs(None, doc)
     else:
         from snapviz.analyses.summary import analyze_run, summary_dict
         an = analyze_run(run, device=device, stage_source=stage_source, rules_path=rules_path)
@@ -84,8 +87,9 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
         if html_out:
             from snapviz.render.html import render_html
             html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
+        extra = share_outputs(an, doc)
     progress.step("writing reports")
-    _emit(doc, html_out, html_builder, md_out, json_out, quiet, before_print=progress.done)
+    _emit(doc, html_out, html_builder, md_out, json_out, quiet, before_print=progress.done, extra=extra)
 
 
 class _Progress:
@@ -118,14 +122,14 @@ class _Progress:
 
 
 def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None,
-          quiet: bool, before_print: Any = None) -> None:
+          quiet: bool, before_print: Any = None, extra: list[tuple[str, bytes]] | None = None) -> None:
     from snapviz.render.json_summary import render_json
     from snapviz.render.markdown import render_markdown
     from snapviz.render.output import write_outputs
     from snapviz.render.terminal import render_terminal
 
     # Render everything first, then write: a failure leaves no partial outputs.
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = list(extra or [])
     if json_out:
         outputs.append((json_out, render_json(doc)))
     if md_out:

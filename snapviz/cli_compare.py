@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import click
 
+from snapviz.cli_share import compare_picture_options, compare_picture_outputs
 from snapviz.errors import CheckFailed, InputError
 
 EPILOG = """\b
@@ -121,6 +122,7 @@ def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_la
 # ----------------------------------------------------------------------------- compare
 
 @click.command(epilog=EPILOG)
+@compare_picture_options  # --png/--svg (snapviz/cli_share.py)
 @click.argument("inputs", nargs=-1, required=True, metavar="BASE OTHER [MORE]...")
 @click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison as one self-contained HTML page (opens offline).")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown comparison (≤ 60 lines) for an issue; '-' for stdout.")
@@ -168,7 +170,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     cmp = compare_runs(digests)
     doc = compare_dict(cmp, fail_over=pct)
 
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc))
     if json_out:
         from snapviz.render.json_summary import render_json
         outputs.append((json_out, render_json(doc)))
