@@ -145,7 +145,7 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
     ax.step(x, d["allocated"] / GIB, where="post", color=ALLOCATED_COLOR, linewidth=1.2, label="allocated")
     p = d["peak"]
     ax.plot([p["x"]], [p["bytes"] / GIB], marker="o", markersize=9, color=PEAK_COLOR, markeredgecolor=PEAK_COLOR,
-            linestyle="none", label="peak", zorder=5)
+            linestyle="none", zorder=5)  # no legend entry: the annotation names it
     if len(d["ooms"]["x"]):
         ax.plot(d["ooms"]["x"], d["ooms"]["bytes"] / GIB, marker="X", markersize=9, color="black", linestyle="none",
                 label="CUDA OOM", zorder=6)
