@@ -154,6 +154,9 @@ def _register_optional() -> None:
     else:
         cli.add_command(compare)
         cli.add_command(check)
+    from snapviz.cli_trim import trim  # snapviz trim (shareable snapshots)
+
+    cli.add_command(trim)
     try:
         from collectors.cli import collect, matrix
     except ImportError:
