@@ -97,8 +97,10 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     data = encode_snapshot(trim_snapshot(raw, an, win), out)
     write_atomic(out, data)
     if not quiet:
-        alloc = an.replay.events["allocated"].to_numpy()[win.first:win.last + 1]
+        alloc = an.replay.events["allocated"].to_numpy()
+        before = int(alloc[win.first - 1]) if win.first else an.replay.baseline_allocated
+        peak = max(before, int(alloc[win.first:win.last + 1].max()))
         click.echo(f"{win.reason}: kept entries {win.first:,}–{win.last:,} of {len(an.replay.events):,} "
-                   f"(device {an.device}); peak in the window {fmt_bytes(int(alloc.max()))}\n"
+                   f"(device {an.device}); peak in the window {fmt_bytes(peak)}\n"
                    f"  wrote {out} ({len(data) / 1e6:.2f} MB" + ("" if out.endswith((".gz", ".xz"))
                                                                   else "; name it .pickle.xz to compress it") + ")")
