@@ -38,7 +38,7 @@ def cli() -> None:
 @cli.command(epilog=EPILOG)
 @analyze_share_options  # --perfetto/--merge-into/--png/--svg (snapviz/cli_share.py)
 @click.argument("input", type=click.Path(dir_okay=True, path_type=str))
-@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the interactive HTML report here (self-contained, opens offline).")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the report here; the extension picks the format: .html (interactive, self-contained, opens offline), .md, .json, .png, .svg.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable summary (schema snapviz.summary/1); '-' for stdout.")
 @click.option("--device", type=int, default=None, help="CUDA device to analyse (default: the one with the highest peak).")

@@ -109,14 +109,23 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_label: int, jobs: int | None) -> list[Any]:
     """Digest every input, ``jobs`` at a time in worker processes (each run is loaded,
     analysed and reduced independently; only the small digests come back)."""
-    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
-    if n <= 1:
-        return [digest_input(p, lab, stage_source, points_per_label) for p, lab in items]
-    from concurrent.futures import ProcessPoolExecutor
+    from snapviz.progress import progress
 
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
-        return [f.result() for f in futures]
+    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
+    with progress(len(items), "snapviz: analysing runs") as step:
+        if n <= 1:
+            out = []
+            for p, lab in items:
+                out.append(digest_input(p, lab, stage_source, points_per_label))
+                step(1)
+            return out
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
+            for _ in as_completed(futures):
+                step(1)
+            return [f.result() for f in futures]
 
 
 # ----------------------------------------------------------------------------- compare
@@ -124,7 +133,7 @@ def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_la
 @click.command(epilog=EPILOG)
 @compare_picture_options  # --png/--svg (snapviz/cli_share.py)
 @click.argument("inputs", nargs=-1, required=True, metavar="BASE OTHER [MORE]...")
-@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison as one self-contained HTML page (opens offline).")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison here; the extension picks the format: .html (one self-contained page, opens offline), .md, .json, .png, .svg.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown comparison (≤ 60 lines) for an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable comparison (schema snapviz.compare/1); '-' for stdout.")
 @click.option("--label", "labels", multiple=True, metavar="NAME", help="Name of each input, in order (repeat); default: file or directory name.")

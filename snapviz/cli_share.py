@@ -1,4 +1,5 @@
-"""Options that take a report where users already work: a Perfetto trace, a picture.
+"""Options that take a report where users already work: a Perfetto trace, a picture;
+and ``-o`` choosing the format by its extension.
 
 Kept out of :mod:`snapviz.cli` on purpose: a verb opts in with one decorator
 (:func:`analyze_share_options` / :func:`compare_picture_options`) and one call
@@ -54,12 +55,34 @@ def _picture_opts() -> list[click.Option]:
     ]
 
 
+# ``-o FILE`` picks the format by extension, as profilers do; anything else stays HTML.
+_BY_EXTENSION = {".md": ("md_out", "--markdown"), ".markdown": ("md_out", "--markdown"), ".json": ("json_out", "--json"),
+                 ".png": ("png_out", "--png"), ".svg": ("svg_out", "--svg")}
+
+
+def route_by_extension(kw: dict[str, Any], opts: dict[str, Any]) -> None:
+    """Move ``-o`` (``html_out``) to the output its extension names (in place)."""
+    out = kw.get("html_out")
+    if not out:
+        return
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in _BY_EXTENSION:
+        return
+    key, flag = _BY_EXTENSION[ext]
+    target = opts if key in ("png_out", "svg_out") else kw
+    if target.get(key):
+        raise InputError(f"-o {out} and {flag} {target[key]} both ask for the {ext[1:]} output; give one")
+    target[key] = out
+    kw["html_out"] = None
+
+
 def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--perfetto``, ``--merge-into``, ``--png``, ``--svg`` for ``analyze``."""
 
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
         opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "png_out", "svg_out")}
+        route_by_extension(kw, opts)
         if opts["merge_into"] and not opts["perfetto_out"]:
             raise InputError("--merge-into needs --perfetto FILE (the merged trace is written there, never in place)")
         if opts["merge_into"] and not os.path.isfile(opts["merge_into"]):
@@ -88,6 +111,7 @@ def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
         opts = {k: kw.pop(k) for k in ("png_out", "svg_out")}
+        route_by_extension(kw, opts)
         outs = {**{k: kw.get(k) for k in _ANALYZE_OUTPUTS}, "--png": opts["png_out"], "--svg": opts["svg_out"]}
         _check_paths(outs, list(kw.get("inputs") or ()))
         if opts["png_out"] or opts["svg_out"]:
