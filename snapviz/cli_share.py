@@ -21,9 +21,16 @@ _META_KEY = "snapviz.share"
 _ANALYZE_OUTPUTS = ("html_out", "md_out", "json_out")
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (an output must never replace an input)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
 def _check_paths(outputs: dict[str, str | None], inputs: list[str]) -> None:
     from snapviz.render.output import check_output_paths
-    from snapviz.render.perfetto import same_file
 
     named = {k: v for k, v in outputs.items() if v and v != "-"}
     seen: dict[str, str] = {}

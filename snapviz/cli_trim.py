@@ -62,12 +62,12 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     """
     from snapviz.analyses.summary import analyze_run
     from snapviz.analyses.trim import trim_snapshot, window_from_stage, window_from_times, window_from_top
+    from snapviz.cli_share import same_file
     from snapviz.load import Run, _read_run_json, paused_gc
     from snapviz.load.safe_pickle import safe_load_pickle
     from snapviz.load.snapshot import snapshot_from_dict
     from snapviz.render.fmt import fmt_bytes
     from snapviz.render.output import check_output_paths, write_atomic
-    from snapviz.render.perfetto import same_file
 
     if sum(x is not None for x in (stage, window, top)) != 1:
         raise InputError("give exactly one of --stage, --window, --top")

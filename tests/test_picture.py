@@ -66,7 +66,7 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
     red = _mask(px, PEAK_COLOR)
     assert red.sum() > 60                            # a filled marker, not just anti-aliased text
     # the marker's column follows the peak's time: rightmost for the OOM run's final decode
-    ys, xs = np.nonzero(red)
+    _, xs = np.nonzero(red)
     x_frac = d["peak"]["x"] / d["x"][-1]
     big = np.bincount(xs).argmax() / px.shape[1]     # the column with most red: the marker's centre
     assert abs(big - (0.07 + 0.9 * x_frac)) < 0.08, (big, x_frac)
@@ -74,7 +74,7 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
 
 
 def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
-    an, doc, d = run
+    an, doc, _ = run
     svg = render_timeline_picture(an, doc, "svg")
     root = ET.fromstring(svg)
     assert root.get("width") == "648pt"              # 9 in: 900 px at 100 dpi

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from typing import Any
 
 import numpy as np
@@ -251,11 +250,3 @@ def splice_events(trace_path: str, events: list[dict[str, Any]]) -> bytes:
     ours = b",".join(json.dumps(e, separators=(",", ":")).encode() for e in events)
     sep = b"" if data[at:].lstrip()[:1] == b"]" else b","
     return b"".join((data[:at], ours, sep, data[at:]))
-
-
-def same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (an output must never replace an input)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)

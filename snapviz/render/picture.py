@@ -85,11 +85,13 @@ def picture_data(an: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> 
 
 
 def _short(source: str) -> str:
-    p = os.path.normpath(source)
+    """``runs/sdxl/`` and ``runs/sdxl/snapshot.pickle`` -> ``sdxl``; other files keep their name."""
+    p = os.path.abspath(source)
+    if os.path.isdir(p):
+        return os.path.basename(p)
     base = os.path.basename(p)
-    if base.startswith(("snapshot.", "trace.json")) or os.path.isdir(p):
-        parent = os.path.basename(os.path.dirname(os.path.abspath(p))) if not os.path.isdir(p) else base
-        return parent or base
+    if base.startswith(("snapshot.", "trace.json")):
+        return os.path.basename(os.path.dirname(p)) or base
     return base
 
 
