@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from snapviz import __version__
+from snapviz.cli_share import analyze_share_options, share_outputs
 from snapviz.errors import CheckFailed, InputError, error_line
 from snapviz.safe_text import bounded_doc, printable
 
@@ -30,8 +31,9 @@ def cli() -> None:
 
 
 @cli.command(epilog=EPILOG)
+@analyze_share_options  # --perfetto/--merge-into/--png/--svg (snapviz/cli_share.py)
 @click.argument("input", type=click.Path(dir_okay=True, path_type=str))
-@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the interactive HTML report here (self-contained, opens offline).")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the report here; the extension picks the format: .html (interactive, self-contained, opens offline), .md, .json, .png, .svg.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown summary (≤ 60 lines) to paste into an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable summary (schema snapviz.summary/1); '-' for stdout.")
 @click.option("--device", type=int, default=None, help="GPU device index to analyse, in snapshots and traces (default: the one with the highest peak).")
@@ -73,6 +75,7 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
         if html_out:
             from snapviz.render.html import render_trace_html
             html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
+        extra = share_outputs(None, doc)
     else:
         from snapviz.analyses.summary import analyze_run, summary_dict
         an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
@@ -81,8 +84,9 @@ def analyze(input: str, html_out: str | None, md_out: str | None, json_out: str 
         if html_out:
             from snapviz.render.html import render_html
             html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
+        extra = share_outputs(an, doc)
     progress.step("writing reports")
-    _emit(doc, html_out, html_builder, md_out, json_out, quiet, before_print=progress.done)
+    _emit(doc, html_out, html_builder, md_out, json_out, quiet, before_print=progress.done, extra=extra)
 
 
 class _Progress:
@@ -115,7 +119,7 @@ class _Progress:
 
 
 def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: str | None, json_out: str | None,
-          quiet: bool, before_print: Any = None) -> None:
+          quiet: bool, before_print: Any = None, extra: list[tuple[str, bytes]] | None = None) -> None:
     from snapviz.render.json_summary import render_json
     from snapviz.render.markdown import render_markdown
     from snapviz.render.output import write_outputs
@@ -124,7 +128,7 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
     # Render everything first, then write: a failure leaves no partial outputs. Every renderer
     # gets the bounded document (strings clipped, non-finite numbers null, with warnings).
     doc = bounded_doc(doc)
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = list(extra or [])
     if json_out:
         outputs.append((json_out, render_json(doc)))
     if md_out:
@@ -149,6 +153,9 @@ def _register_optional() -> None:
     else:
         cli.add_command(compare)
         cli.add_command(check)
+    from snapviz.cli_trim import trim  # snapviz trim (shareable snapshots)
+
+    cli.add_command(trim)
     try:
         from collectors.cli import collect, matrix
     except ImportError:

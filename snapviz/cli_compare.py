@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import click
 
+from snapviz.cli_share import compare_picture_options, compare_picture_outputs
 from snapviz.errors import CheckFailed, InputError
 from snapviz.safe_text import bounded_doc, printable
 
@@ -101,21 +102,31 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_label: int, jobs: int | None) -> list[Any]:
     """Digest every input, ``jobs`` at a time in worker processes (each run is loaded,
     analysed and reduced independently; only the small digests come back)."""
-    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
-    if n <= 1:
-        return [digest_input(p, lab, stage_source, points_per_label) for p, lab in items]
-    from concurrent.futures import ProcessPoolExecutor
+    from snapviz.progress import progress
 
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
-        return [f.result() for f in futures]
+    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
+    with progress(len(items), "snapviz: analysing runs") as step:
+        if n <= 1:
+            out = []
+            for p, lab in items:
+                out.append(digest_input(p, lab, stage_source, points_per_label))
+                step(1)
+            return out
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
+            for _ in as_completed(futures):
+                step(1)
+            return [f.result() for f in futures]
 
 
 # ----------------------------------------------------------------------------- compare
 
 @click.command(epilog=EPILOG)
+@compare_picture_options  # --png/--svg (snapviz/cli_share.py)
 @click.argument("inputs", nargs=-1, required=True, metavar="BASE OTHER [MORE]...")
-@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison as one self-contained HTML page (opens offline).")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison here; the extension picks the format: .html (one self-contained page, opens offline), .md, .json, .png, .svg.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown comparison (≤ 60 lines) for an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable comparison (schema snapviz.compare/1); '-' for stdout.")
 @click.option("--label", "labels", multiple=True, metavar="NAME", help="Name of each input, in order (repeat); default: file or directory name.")
@@ -158,7 +169,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     cmp = compare_runs(digests)
     doc = bounded_doc(compare_dict(cmp, fail_over=pct))
 
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc))
     if json_out:
         from snapviz.render.json_summary import render_json
         outputs.append((json_out, render_json(doc)))

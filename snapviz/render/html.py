@@ -392,9 +392,11 @@ def _timeline_or_note(data: dict[str, Any], with_points: bool = True) -> str | U
 def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: dict[str, Any], pane: PreText) -> None:
     """Invisible markers on the allocated line: hover shows the event, a click its stack."""
     r = fig.scatter(x=x, y="allocated", source=src, size=8, fill_alpha=0, line_alpha=0)
-    r.selection_glyph = Scatter(fill_color=SERIES_COLORS["peak"], line_color="white", fill_alpha=1, line_alpha=1)
-    r.nonselection_glyph = Scatter(fill_alpha=0, line_alpha=0)
-    r.hover_glyph = Scatter(fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
+    # State glyphs need the renderer's own x/y fields: a bare Scatter() reads 'x'/'y', which the
+    # source lacks (Bokeh logged "nonexistent field" for each in the browser console).
+    r.selection_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["peak"], line_color="white", fill_alpha=1, line_alpha=1)
+    r.nonselection_glyph = Scatter(x=x, y="allocated", fill_alpha=0, line_alpha=0)
+    r.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
     stacks = data.get("stacks") or {"site": [], "frames": [], "more": [], "frame_text": []}
     nbytes = bytes_hover_formatter()
     tooltips = [("event", "@index{0,0}")]
@@ -535,7 +537,7 @@ def _category_area(data: dict[str, Any], src: ColumnDataSource, x: str, x_range:
     fig.step(x=x, y="allocated", source=src, mode="after", line_color=SERIES_COLORS["allocated"], line_width=1,
              line_alpha=0.7)
     probe = fig.scatter(x=x, y="allocated", source=src, size=6, fill_alpha=0, line_alpha=0)
-    probe.hover_glyph = Scatter(fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
+    probe.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
     nbytes = bytes_hover_formatter()
     tips = [("stage", "@stage{custom}"), ("allocated", "@allocated{custom}")]
     tips += [(cat, f"@c{i}{{custom}}") for i, cat in enumerate(cats)]
@@ -638,7 +640,7 @@ def _table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], 
     n = len(next(iter(columns.values()))) if columns else 0
     table = DataTable(source=src, columns=cols, height=min(max_height, 28 * n + 32), sizing_mode="stretch_width",
                       index_position=None, selectable=True, row_height=26, name=f"{name}-table",
-                      autosize_mode="none")
+                      autosize_mode="none", reorderable=False)  # reordering needs jquery-ui, which Bokeh does not bundle
     if stack_field is None:
         return Column(table, sizing_mode="stretch_width", name=name)
     pane = _stack_pane(hint)
