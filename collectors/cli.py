@@ -21,7 +21,7 @@ Techniques (repeat --technique, or comma-separate; each is validated):
   {_TECHNIQUE_LIST}
 \b
 Examples:
-  snapviz collect --pipeline sd15 --size tiny --device cpu --profile
+  snapviz collect --pipeline sd15 --size tiny --device cpu
   snapviz collect --pipeline sd15 --size full --steps 4 --technique fp16 --technique classic
   snapviz collect --pipeline sdxl --size full -t fp16 -t vae-tiling --out runs/sdxl-tiling
   snapviz collect --pipeline pixart-sigma --size full -t staged,int8,nf4-text-encoder
@@ -33,10 +33,13 @@ trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
 
 
 class OptionError(click.UsageError):
-    """A bad option or technique: exit 2 with one line on stderr (no usage block)."""
+    """A bad option or technique: exit 2 with one line on stderr (no usage block; names
+    from files escaped, as every snapviz error line)."""
 
     def show(self, file: object = None) -> None:
-        click.echo(f"Error: {self.format_message()}", err=True)
+        from snapviz.safe_text import printable
+
+        click.echo(f"Error: {printable(self.format_message(), 1000)}", err=True)
 
 
 @click.command("collect", epilog=EPILOG,
@@ -59,7 +62,10 @@ class OptionError(click.UsageError):
               help="Images per prompt (classifier-free guidance doubles the UNet batch).")
 @click.option("--technique", "-t", "techniques", multiple=True, metavar="T",
               help="Memory technique to apply; repeatable. See the list below.")
-@click.option("--profile", is_flag=True, help="Also write a torch.profiler trace.json.gz.")
+@click.option("--profile/--no-profile", default=None,
+              help="Write a torch.profiler trace.json.gz (with memory events). Default: on when no "
+                   "CUDA snapshot is recorded (--device cpu, --no-history), since the trace is then "
+                   "the run's only memory record; off otherwise.")
 @click.option("--profile-scope", default="all", show_default=True,
               type=click.Choice(["all", "after-load"]),
               help="after-load: start the profiler when the load stage ends (smaller trace).")
@@ -92,7 +98,7 @@ class OptionError(click.UsageError):
               help="--train: peft LoRA of this rank on the attention projections (0: full).")
 def collect(pipeline: str, size: str, model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
-            profile: bool, profile_scope: str, stacks: str, context: str, max_entries: int,
+            profile: bool | None, profile_scope: str, stacks: str, context: str, max_entries: int,
             no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
             out: str | None, train: bool, accumulate: int, optimizer: str,
             lora_rank: int) -> None:
@@ -236,20 +242,22 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     from . import matrix as mx
 
     # every option is checked before any variant runs: bad options cost seconds, not minutes
-    given = [p for p in (html_out, md_out, json_out) if p]
-    if sum(1 for p in given if p == "-") > 1:
-        raise OptionError("only one output can go to stdout ('-')")
-    real = [os.path.abspath(p) for p in given if p != "-"]
-    if len(real) != len(set(real)):
-        raise OptionError("two outputs name the same file")
     from snapviz.errors import InputError
-    from snapviz.render.output import check_output_paths
+    from snapviz.render.output import check_outputs
+    from snapviz.safe_text import printable
 
-    for path, flag in ((html_out, "-o"), (md_out, "--markdown"), (json_out, "--json")):
-        try:
-            check_output_paths(path)
-        except InputError as err:
-            raise OptionError(f"{flag} {err}") from None
+    # --from-dir reads the variants' run directories and logs: no output may replace them
+    # (its own matrix.* files are what a re-report rewrites).
+    inputs = [str(p) for p in Path(from_dir).iterdir() if p.is_dir() or p.suffix == ".log"] if from_dir else []
+
+    def default(given: str | None, name: str) -> str | None:  # --from-dir writes its reports there
+        return given or (str(Path(from_dir) / name) if from_dir else None)
+
+    try:
+        check_outputs([("-o", default(html_out, "matrix.html")), ("--markdown", default(md_out, "matrix.md")),
+                       ("--json", default(json_out, "matrix.json"))], inputs=inputs)
+    except InputError as err:
+        raise OptionError(str(err)) from None
     if (height and height % 8) or (width and width % 8):
         raise OptionError("--height and --width must be multiples of 8")
     if from_dir:
@@ -333,7 +341,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     click.echo(f"snapviz matrix: {pipeline} {size}, {len(chosen)} variant{'' if len(chosen) == 1 else 's'}, {steps} steps, "
                f"baseline {base}, {jobs} at a time on {where} -> {out_dir}", err=True)
     for s in skipped:
-        click.echo(f"  skip {s['label']}: {s['reason']}", err=True)
+        click.echo(f"  skip {s['label']}: {printable(s['reason'])}", err=True)
 
     def progress(i: int, n: int, res: mx.VariantResult) -> None:
         m = res.measure
@@ -344,7 +352,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
             if m["step_median_s"] is not None:
                 what += f", step {m['step_median_s']:.3f} s"
         else:
-            what = f"{res.reason}"
+            what = printable(res.reason)  # the last line of the variant's log: one clean line
         gpu = f"GPU {res.gpu}, " if res.gpu is not None else ""
         click.echo(f"[{i}/{n}] {res.variant.label:<34} {res.status:<11} {what}  "
                    f"({gpu}{res.elapsed_s:.1f} s)", err=True)
@@ -374,8 +382,10 @@ def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: l
             notes.append("the stage-aligned comparison needs two variants that ran")
     doc = mx.matrix_dict(opts, rows, base if ok else None, skipped, notes, compare_doc)
 
+    from snapviz.errors import InputError
     from snapviz.render.json_summary import render_json
     from snapviz.render.output import write_outputs
+    from snapviz.safe_text import printable
 
     outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
                (md_out or str(out_dir / "matrix.md"), lambda: mx.render_full_markdown(doc)),
@@ -387,11 +397,14 @@ def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: l
         except ImportError as err:  # e.g. a GPU box without bokeh: keep the JSON/Markdown
             click.echo(f"  skipped {path}: {err} (re-render elsewhere with "
                        f"snapviz matrix --from-dir {out_dir})", err=True)
-    written = write_outputs(rendered)
+    try:
+        written = write_outputs(rendered)
+    except InputError as err:  # e.g. the disk filled up: nothing was written
+        raise OptionError(str(err)) from None
     if "-" not in (json_out, md_out):
         click.echo(mx.render_matrix_markdown(doc), nl=False)
     for path in written:
-        click.echo(f"  wrote {path}", err=True)
+        click.echo(f"  wrote {printable(path, None)}", err=True)
     if not ok:
         click.echo(f"no variant ran successfully; see the logs in {out_dir}", err=True)
         sys.exit(1)

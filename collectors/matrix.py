@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from snapviz.safe_text import bounded_doc, md_code, md_text, printable
+
 SCHEMA = "snapviz.matrix/1"
 STAGE_GROUPS = ("load", "text_encode", "denoise", "vae_decode")
 
@@ -597,7 +599,8 @@ def _secs(v: float | None, digits: int) -> str:
 
 
 def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The matrix table as header + rows of text cells (Markdown and HTML render these)."""
+    """The matrix table as header + rows of Markdown cells (labels and reasons from run
+    directories escaped); the HTML shows them without the code-span backticks."""
     rss = doc["memory_metric"] == "rss"
     head = ["#", "variant", "peak RSS" if rss else "peak allocated", *([] if rss else ["peak reserved"]),
             *(f"{g}" for g in STAGE_GROUPS), "call s", "step s", "memory saved per extra s"]
@@ -606,7 +609,7 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         m = r.get("measure")
         if r["status"] != "ok" or m is None or r.get("vs_baseline") is None:
             what = {"oom": "OOM", "unsupported": "unsupported", "timeout": "timeout"}.get(r["status"], "failed")
-            rows.append(["✗", f"`{r['label']}`", f"{what}: {r['reason'] or ''}".strip()] + [""] * (len(head) - 3))
+            rows.append(["✗", md_code(r["label"]), md_text(f"{what}: {r['reason'] or ''}".strip())] + [""] * (len(head) - 3))
             continue
         rel = r["vs_baseline"]["relative"]
         is_base = r["label"] == doc["baseline"]
@@ -621,10 +624,10 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         elif r["tier"] == 2 and r["score"] is not None:
             ranking = f"{_gib(int(r['score']))}/s"
         else:
-            ranking = r["verdict"] or ""
+            ranking = md_text(r["verdict"] or "")
         rows.append([
             "base" if is_base else str(r["rank"]),
-            f"`{r['label']}`",
+            md_code(r["label"]),
             cell(_gib(m["peak_allocated_bytes"]), rel["peak_allocated"]),
             *([] if rss else ["n/a" if m["peak_reserved_bytes"] is None
                               else cell(_gib(m["peak_reserved_bytes"]), rel["peak_reserved"])]),
@@ -637,33 +640,13 @@ def table_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def render_matrix_markdown(doc: dict[str, Any]) -> str:
-    """Title, setup, the ranked table, the rule and the notes (no comparison)."""
-    res = f"{doc.get('width')}×{doc.get('height')}" if doc.get("width") else "default resolution"
-    on = doc.get("device_name") or doc["device"]
-    out = [f"## Technique matrix: {doc['pipeline']} ({doc['size']}, {res}, batch {doc['batch']}, "
-           f"{doc['steps']} steps) on {on}", ""]
-    setup = [f"torch {doc['torch_version']}" if doc.get("torch_version") else None,
-             f"diffusers {doc['diffusers_version']}" if doc.get("diffusers_version") else None,
-             "memory history on (times include its overhead)" if doc["history"] and doc["device"] == "cuda"
-             else ("no memory history" if doc["device"] == "cuda" else None),
-             None if doc["jobs"] == 0 else f"{doc['jobs']} variants at a time" if doc["jobs"] > 1 else "one variant at a time",
-             "each variant in a fresh process"]
-    out.append("Setup: " + ", ".join(s for s in setup if s) + ".")
-    against = (f"Percentages are against the baseline `{doc['baseline']}`." if doc.get("baseline")
-               else "No variant ran, so nothing is ranked.")
-    out.append(f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. {against}")
-    out.append("")
-    head, rows = table_rows(doc)
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
-    for row in rows:
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
-    out += ["", f"**{doc['ranking_rule']}**"]
-    notes = list(doc.get("notes") or [])
-    notes += [f"skipped `{s['label']}`: {s['reason']}" for s in doc.get("skipped") or []]
+def _notes(doc: dict[str, Any], code: Callable[[Any], str], text: Callable[[Any], str]) -> list[str]:
+    """The notes under the table: ``code`` renders a label, ``text`` any other text that may
+    come from the files (md_code/md_text for Markdown; str for HTML, which escapes it all)."""
+    notes = [text(n) for n in doc.get("notes") or []]
+    notes += [f"skipped {code(s['label'])}: {text(s['reason'])}" for s in doc.get("skipped") or []]
     for r in doc["variants"]:
-        notes += [f"`{r['label']}`: {n}" for n in r.get("notes") or []]
+        notes += [f"{code(r['label'])}: {text(n)}" for n in r.get("notes") or []]
     if doc["memory_metric"] == "rss":
         notes.append("RSS differs by tens of MiB between identical processes (allocator arenas, threads): "
                      "on CPU only differences well above that mean anything")
@@ -671,10 +654,39 @@ def render_matrix_markdown(doc: dict[str, Any]) -> str:
         where = "one GPU each, sharing the host CPUs" if doc["device"] == "cuda" else "sharing the CPU"
         notes.append(f"{doc['jobs']} variants ran at once ({where}): peaks are per process and unaffected, "
                      "but times can move; treat small time differences as noise")
+    return notes
+
+
+def render_matrix_markdown(doc: dict[str, Any]) -> str:
+    """Title, setup, the ranked table, the rule and the notes (no comparison). Names read
+    from run directories (--from-dir) are escaped like every snapviz Markdown."""
+    doc = bounded_doc(doc)
+    res = f"{md_text(doc.get('width'))}×{md_text(doc.get('height'))}" if doc.get("width") else "default resolution"
+    on = md_text(doc.get("device_name") or doc["device"])
+    out = [f"## Technique matrix: {md_text(doc['pipeline'])} ({md_text(doc['size'])}, {res}, batch {md_text(doc['batch'])}, "
+           f"{md_text(doc['steps'])} steps) on {on}", ""]
+    setup = [f"torch {md_text(doc['torch_version'])}" if doc.get("torch_version") else None,
+             f"diffusers {md_text(doc['diffusers_version'])}" if doc.get("diffusers_version") else None,
+             "memory history on (times include its overhead)" if doc["history"] and doc["device"] == "cuda"
+             else ("no memory history" if doc["device"] == "cuda" else None),
+             None if doc["jobs"] == 0 else f"{doc['jobs']} variants at a time" if doc["jobs"] > 1 else "one variant at a time",
+             "each variant in a fresh process"]
+    out.append("Setup: " + ", ".join(s for s in setup if s) + ".")
+    against = (f"Percentages are against the baseline {md_code(doc['baseline'])}." if doc.get("baseline")
+               else "No variant ran, so nothing is ranked.")
+    out.append(f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. {against}")
+    out.append("")
+    head, rows = table_rows(doc)
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
+    for row in rows:
+        out.append("| " + " | ".join(row) + " |")
+    out += ["", f"**{doc['ranking_rule']}**"]
+    notes = _notes(doc, md_code, md_text)
     if notes:
         out.append("")
         out += [f"- {n}" for n in notes]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line, None) for line in out) + "\n"
 
 
 def render_full_markdown(doc: dict[str, Any]) -> str:
@@ -701,9 +713,7 @@ def matrix_card_html(doc: dict[str, Any]) -> str:
     head, rows = table_rows(doc)
     th = "".join(f"<th>{esc(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{esc(c.replace('`', ''))}</td>" for c in row) + "</tr>" for row in rows)
-    md = render_matrix_markdown(doc)
-    notes = [ln[2:] for ln in md.splitlines() if ln.startswith("- ")]
-    items = "".join(f"<li>{esc(n.replace('`', ''))}</li>" for n in notes)
+    items = "".join(f"<li>{esc(n)}</li>" for n in _notes(bounded_doc(doc), str, str))
     return (f'{_MATRIX_CSS}<section class="sv-card" id="sv-matrix"><h2>Technique matrix</h2>'
             f'<p class="sv-hint">{esc(doc["memory_metric_text"])}. {esc(doc["time_text"])}.</p>'
             f'<div class="sv-matrix-wrap"><table class="sv-matrix" id="sv-matrix-table"><thead><tr>{th}</tr></thead>'

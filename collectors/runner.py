@@ -31,7 +31,7 @@ class RunOptions:
     width: int | None = None
     batch: int = 1
     techniques: list[str] = field(default_factory=list)
-    profile: bool = False
+    profile: bool | None = None   # None: on exactly when no CUDA snapshot is recorded (see validate)
     profile_scope: str = "all"
     stacks: str = "python"
     context: str = "all"
@@ -92,6 +92,14 @@ def validate(opts: RunOptions) -> tq.Plan:
         raise ValueError("--height and --width must be multiples of 8")
     if opts.model and not Path(opts.model).is_dir():
         raise ValueError(f"--model {opts.model}: not a local directory (no hub access here)")
+    # A run directory must hold something `snapviz analyze` can read: without a CUDA memory
+    # snapshot (CPU runs, --no-history) the profiler trace's memory events are the record.
+    writes_snapshot = device.startswith("cuda") and opts.history
+    if opts.profile is None:
+        opts.profile = not writes_snapshot
+    elif not opts.profile and not writes_snapshot:
+        why = "a CPU run has no CUDA memory snapshot" if not device.startswith("cuda") else "--no-history records no snapshot"
+        raise ValueError(f"--no-profile: {why}, so the run directory would hold nothing to analyse; drop --no-profile")
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     if opts.memory_limit_gb is not None and not device.startswith("cuda"):
         raise ValueError("--memory-limit-gb caps the CUDA caching allocator; this run is on cpu")

@@ -6,21 +6,15 @@ from typing import Any, Sequence
 
 import click
 
+from snapviz.cli_share import compare_picture_options, compare_picture_outputs
 from snapviz.errors import CheckFailed, InputError
+from snapviz.safe_text import bounded_doc, printable
 
 EPILOG = """\b
 Exit codes: 0 success, 1 a check failed, 2 bad input or options.
 Docs: docs/compare.md in the snapviz repository."""
 
-STAGE_SOURCES = ["auto", "user_metadata", "annotations", "run.json", "frames"]
-
-
-def _outputs_clash(*paths: str | None) -> None:
-    seen = [os.path.abspath(p) for p in paths if p and p != "-"]
-    if len(seen) != len(set(seen)):
-        raise InputError("two outputs name the same file")
-    if sum(1 for p in paths if p == "-") > 1:
-        raise InputError("only one output can go to stdout ('-')")
+STAGE_SOURCES = ["auto", "user_metadata", "annotations", "run.json", "frames", "phases"]
 
 
 _SUFFIXES = (".gz", ".xz", ".zst", ".bz2", ".pickle", ".pkl", ".json")
@@ -108,21 +102,31 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 def digest_inputs(items: list[tuple[str, str]], stage_source: str, points_per_label: int, jobs: int | None) -> list[Any]:
     """Digest every input, ``jobs`` at a time in worker processes (each run is loaded,
     analysed and reduced independently; only the small digests come back)."""
-    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
-    if n <= 1:
-        return [digest_input(p, lab, stage_source, points_per_label) for p, lab in items]
-    from concurrent.futures import ProcessPoolExecutor
+    from snapviz.progress import progress
 
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
-        return [f.result() for f in futures]
+    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
+    with progress(len(items), "snapviz: analysing runs") as step:
+        if n <= 1:
+            out = []
+            for p, lab in items:
+                out.append(digest_input(p, lab, stage_source, points_per_label))
+                step(1)
+            return out
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(max_workers=n) as pool:
+            futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
+            for _ in as_completed(futures):
+                step(1)
+            return [f.result() for f in futures]
 
 
 # ----------------------------------------------------------------------------- compare
 
 @click.command(epilog=EPILOG)
+@compare_picture_options  # --png/--svg (snapviz/cli_share.py)
 @click.argument("inputs", nargs=-1, required=True, metavar="BASE OTHER [MORE]...")
-@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison as one self-contained HTML page (opens offline).")
+@click.option("-o", "--output", "html_out", type=click.Path(dir_okay=False), help="Write the comparison here; the extension picks the format: .html (one self-contained page, opens offline), .md, .json, .png, .svg.")
 @click.option("--markdown", "md_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write a Markdown comparison (≤ 60 lines) for an issue; '-' for stdout.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, allow_dash=True), help="Write the machine-readable comparison (schema snapviz.compare/1); '-' for stdout.")
 @click.option("--label", "labels", multiple=True, metavar="NAME", help="Name of each input, in order (repeat); default: file or directory name.")
@@ -152,23 +156,20 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     """
     from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
     from snapviz.analyses.gate import parse_percent
-    from snapviz.render.output import write_outputs
+    from snapviz.render.output import check_outputs, write_outputs
 
     if len(inputs) < 2:
         raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
     if max_points < 2:
         raise InputError("--max-points must be at least 2")
-    _outputs_clash(html_out, md_out, json_out)
-    from snapviz.render.output import check_output_paths
-
-    check_output_paths(html_out, md_out, json_out)
+    check_outputs([("-o", html_out), ("--markdown", md_out), ("--json", json_out)], inputs=inputs)
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
     names = _unique_labels(inputs, labels)
     digests = digest_inputs(list(zip(inputs, names)), stage_source, max_points, jobs)
     cmp = compare_runs(digests)
-    doc = compare_dict(cmp, fail_over=pct)
+    doc = bounded_doc(compare_dict(cmp, fail_over=pct))
 
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc))
     if json_out:
         from snapviz.render.json_summary import render_json
         outputs.append((json_out, render_json(doc)))
@@ -184,7 +185,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
         from snapviz.render.compare_md import render_compare_terminal
         click.echo(render_compare_terminal(doc), nl=False)
         for path in written:
-            click.echo(f"  wrote {path}")
+            click.echo(f"  wrote {printable(path, None)}")
     if pct is not None:
         failures = over_limit(cmp, pct)
         if failures:
@@ -228,8 +229,9 @@ def check(input: str, max_peak: str | None, max_reserved: str | None, stage_limi
     increase = parse_percent(max_increase, "--max-increase") if max_increase is not None else None
     if peak_limit is None and reserved_limit is None and not per_stage and baseline is None:
         raise InputError("nothing to check: give --max-peak, --max-reserved, --max-stage-peak or --baseline with --max-increase")
-    if junit_out and os.path.isdir(junit_out):
-        raise InputError(f"--junit-xml {junit_out}: is a directory")
+    from snapviz.render.output import check_outputs, write_outputs
+
+    check_outputs([("--junit-xml", junit_out)], inputs=[input, *([baseline] if baseline else [])])
 
     doc, _ = summarize_input(input, stage_source=stage_source)
     base_doc = summarize_input(baseline, stage_source=stage_source)[0] if baseline else None
@@ -238,15 +240,15 @@ def check(input: str, max_peak: str | None, max_reserved: str | None, stage_limi
     notes = [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
     if junit_out:
         from snapviz.render.junit import render_junit
-        from snapviz.render.output import write_atomic
-        write_atomic(junit_out, render_junit(results, source=input, notes=notes))
+        write_outputs([(junit_out, render_junit(results, source=input, notes=notes))])
     failed = [r for r in results if not r.passed]
+    # Messages quote stage names from the input: one terminal line each, clipped.
     for r in results:
         if not quiet or not r.passed:
-            click.echo(r.message)
+            click.echo(printable(r.message))
     for n in notes:
-        click.echo(f"WARN {n}")
+        click.echo(f"WARN {printable(n)}")
     if not quiet:
-        click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed ({input})")
+        click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed ({printable(input)})")
     if failed:
         raise CheckFailed(f"snapviz check: {len(failed)} of {len(results)} limits exceeded")

@@ -116,7 +116,7 @@ def check_report_in_browser(path: str, screenshot_dir: str | None = None, width:
                                       device_scale_factor=1)
             ctx.route("**/*", on_route)
             page = ctx.new_page()
-            page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+            page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None)
             page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
             page.goto(url, wait_until="load", timeout=timeout_ms)
             page.wait_for_function(

@@ -16,12 +16,13 @@ import pytest
 
 from synth import GiB, MiB, Sim
 from test_frame_rules import SP, diffusion_run, load_dict
-from snapviz.analyses.attention import (NONE_MATERIALIZED, find_attention, guess_score_shape,
-                                        live_attention_series, score_alloc_mask)
-from snapviz.analyses.frame_rules import label_from_frames
+from snapviz.analyses.attention import FUSED, find_attention, guess_score_shape, live_attention_series
+from snapviz.analyses.frame_rules import load_rules
+from snapviz.analyses.score_evidence import score_alloc_mask
+from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.sites import SiteNamer
-from snapviz.analyses.stages import stage_intervals, stage_table
+from snapviz.analyses.stages import label_events, stage_intervals, stage_table
 from snapviz.model import A_ALLOC, Snapshot
 
 
@@ -29,11 +30,11 @@ def analyse(snap: Snapshot, labels: np.ndarray | None = None, rules: str | None 
     rep = replay_allocator(snap, 0)
     ev = rep.events
     if labels is None:
-        labels = label_from_frames(snap, ev, rules)
-        assert labels is not None
+        labels = label_events(snap, ev, 0, rules=load_rules(rules)).labels
     st = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
                      ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
-    table, summary = find_attention(snap, rep, labels, st, SiteNamer(snap), rules_path=rules)
+    tables = StackTables(snap)
+    table, summary = find_attention(snap, rep, labels, st, SiteNamer(snap, tables), load_rules(rules), tables)
     return rep, table, summary
 
 
@@ -128,7 +129,7 @@ def test_sdpa_run_materializes_nothing() -> None:
     snap = load_dict(pr.snapshot_dict(labels=False))
     _, table, s = analyse(snap)
     assert s["count"] == 0 and len(table) == 0 and s["peak_live_bytes"] == 0
-    assert s["implementation"] == NONE_MATERIALIZED and not s["materialized"]
+    assert s["implementation"].startswith(FUSED) and not s["materialized"] and s["fused"]
     snap = load_dict(pr.snapshot_dict(labels=False), run=pr.run)
     _, _, s = analyse(snap)
     assert s["implementation_source"] == "run.json" and "SDPA" in s["implementation"]
@@ -166,7 +167,7 @@ def test_eager_attention_counts_scores_not_the_output() -> None:
                         ("score", S, at(272)), ("out", 2 * 77 * 768 * 2, at(275)), ("out", 2 * 77 * 768 * 2, at(276))], want)
     snap = load_dict(sim.snapshot(marker=False))
     ev = snap.device_events(0)
-    mask = score_alloc_mask(snap, ev)
+    mask = score_alloc_mask(snap, ev, load_rules(), StackTables(snap))
     allocs = ev["action"].to_numpy() == A_ALLOC
     assert list(mask[allocs]) == want
 
@@ -189,7 +190,7 @@ def test_upcast_query_key_are_not_scores() -> None:
                         ("score", 10 * n * 77 * 4, at(699))], want)
     snap = load_dict(sim.snapshot(marker=False))
     ev = snap.device_events(0)
-    mask = score_alloc_mask(snap, ev)
+    mask = score_alloc_mask(snap, ev, load_rules(), StackTables(snap))
     assert list(mask[ev["action"].to_numpy() == A_ALLOC]) == want
 
 
@@ -207,7 +208,7 @@ def test_native_math_attention_single_line_kernel() -> None:
         _one_call(sim, [("q", h * n * d * 2, fr), ("score", h * n * n * 2, fr), ("score", h * n * n * 2, fr), ("out", h * n * d * 2, fr)], want)
     snap = load_dict(sim.snapshot(marker=False), run={"pipeline": "flux", "height": 1024, "width": 1024, "batch": 1, "dtype": "bf16"})
     ev = snap.device_events(0)
-    assert list(score_alloc_mask(snap, ev)[ev["action"].to_numpy() == A_ALLOC]) == want
+    assert list(score_alloc_mask(snap, ev, load_rules(), StackTables(snap))[ev["action"].to_numpy() == A_ALLOC]) == want
     _, table, s = analyse(snap)
     assert s["count"] == 4 and "math" in s["implementation"]
     assert s["largest"]["shape"] == [24, 4608, 4608] and s["largest"]["heads"] == 24

@@ -19,7 +19,8 @@ from synth import MiB, Sim
 from test_frame_rules import SP, diffusion_run, frames_labels, load_dict
 from snapviz.analyses.categories import (BEFORE_RECORDING, CATEGORIES, categorize_allocs, categorize_live,
                                          category_names, category_timeline, sample_rows)
-from snapviz.analyses.frame_rules import label_from_frames
+from snapviz.analyses.frame_labels import label_from_frames
+from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.replay import live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.model import A_ALLOC
@@ -57,7 +58,7 @@ def test_every_allocation_gets_its_category(case: dict[str, Any], source: str) -
 def test_categorize_live_adds_up_to_the_peak() -> None:
     pr = diffusion_run("sd15", images=2)
     snap, rep, labels = frames_labels(pr)
-    df = categorize_live(snap, rep, labels, rep.peak_index, SiteNamer(snap))
+    df = categorize_live(snap, rep, labels, rep.peak_index)
     assert int(df["bytes"].sum()) == rep.peak_allocated
     # brute force: the live set at the peak, by the builder's categories
     rows, truth = truth_and_rows(pr, rep)
@@ -74,7 +75,7 @@ def test_category_timeline_is_a_stacked_area_of_the_live_bytes() -> None:
     pr = diffusion_run("sd15", steps=3)
     snap, rep, labels = frames_labels(pr)
     ev = rep.events
-    tl = category_timeline(snap, rep, labels, SiteNamer(snap), max_points=10 ** 9)
+    tl = category_timeline(snap, rep, labels, max_points=10 ** 9)
     assert list(tl.columns) == ["row", "time_us", "stage", "allocated", *CATEGORIES, BEFORE_RECORDING]
     assert len(tl) == len(ev)
     cats = list(CATEGORIES) + [BEFORE_RECORDING]
@@ -99,7 +100,7 @@ def test_category_timeline_is_a_stacked_area_of_the_live_bytes() -> None:
 def test_category_timeline_decimates_and_keeps_the_peak() -> None:
     pr = diffusion_run("sd15", steps=6)
     snap, rep, labels = frames_labels(pr)
-    tl = category_timeline(snap, rep, labels, SiteNamer(snap), max_points=200)
+    tl = category_timeline(snap, rep, labels, max_points=200)
     assert len(tl) <= 203
     assert rep.peak_index in set(tl["row"].tolist())
     assert int(tl["allocated"].max()) == rep.peak_allocated
@@ -207,9 +208,10 @@ def test_user_category_rule(tmp_path: Path) -> None:
         {"kind": "category", "name": "lora adapters", "function": "^_move_adapter_to_device$", "file": "peft/", "priority": 400}]}))
     snap = load_dict(d)
     rep = replay_allocator(snap, 0)
-    labels = label_from_frames(snap, rep.events, str(rules))
-    assert "lora adapters" in category_names(snap, str(rules))
-    got = categorize_allocs(snap, rep, labels, np.array([len(rep.events) - 1]), rules_path=str(rules))
+    rs = load_rules(str(rules))
+    labels = label_from_frames(snap, rep.events, rs)
+    assert "lora adapters" in category_names(rs)
+    got = categorize_allocs(snap, rep, labels, np.array([len(rep.events) - 1]), rs)
     assert list(got) == ["lora adapters"]
-    tl = category_timeline(snap, rep, labels, rules_path=str(rules))
+    tl = category_timeline(snap, rep, labels, rules=rs)
     assert int(tl["lora adapters"].iat[-1]) == 4 * MiB

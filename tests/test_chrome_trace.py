@@ -138,7 +138,8 @@ def test_no_per_event_python_objects(real_traces: dict[str, Path]) -> None:
     assert isinstance(tr.ops["name"].dtype, pd.CategoricalDtype)
     assert tr.memory.dtypes.to_dict() == {
         "time_us": np.float64, "device_type": np.int8, "device_id": np.int16, "bytes": np.int64,
-        "addr": np.int64, "total_allocated": np.int64, "total_reserved": np.int64, "tid": np.int64}
+        "addr": np.int64, "total_allocated": np.int64, "total_reserved": np.int64, "has_totals": np.bool_,
+        "tid": np.int64}
 
 
 def test_analyzer_never_imports_torch() -> None:
@@ -337,9 +338,11 @@ def _write_trace(path: Path, annotations: list[str]) -> Path:
 
 def test_stage_fallbacks(tmp_path: Path) -> None:
     tr = load_chrome_trace(_write_trace(tmp_path / "a.json", ["ProfilerStep#1", "stage:fwd", "Optimizer.step#Adam.step", "stage:bwd"]))
-    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["stage:fwd", "stage:bwd"]
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "stage:fwd", "optimizer", "stage:bwd"]
     tr = load_chrome_trace(_write_trace(tmp_path / "b.json", ["ProfilerStep#1", "ProfilerStep#2"]))
-    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "step/2"]
+    tr = load_chrome_trace(_write_trace(tmp_path / "e.json", ["## forward ##", "## Call CompiledFxGraph fpd72yoxubab ##"]))
+    assert trace_ops.annotation_stages(tr)["name"].tolist() == ["forward", "compiled graph/fpd72yox"]
     tr = load_chrome_trace(_write_trace(tmp_path / "c.json", []))
     assert trace_ops.annotation_stages(tr).empty and trace_ops.attention_ops(tr).empty
     assert trace_ops.memory_timeline(tr).empty and trace_ops.devices(tr).empty

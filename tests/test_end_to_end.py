@@ -50,3 +50,26 @@ def test_collect_then_analyze(tmp_path: Path, techniques: list[str]) -> None:
         assert doc["attention"]["count"] > 0
     else:
         assert doc["attention"]["count"] == 0
+
+
+def test_cpu_run_without_profile_flag_is_analysable(tmp_path: Path) -> None:
+    """What a new user without a GPU types first: no --profile. The run directory must still
+    hold a memory record (the trace, profiled by default on CPU) that analyze reads."""
+    out = tmp_path / "run"
+    assert _run(["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1",
+                 "--out", str(out)]) == 0
+    rj = json.loads((out / "run.json").read_text())
+    assert rj["profile"] is True and (out / "trace.json.gz").is_file()
+    assert _run(["analyze", str(out), "--json", str(tmp_path / "s.json"), "-q"]) == 0
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["device"] == "cpu" and doc["history"]["events"] > 0 and doc["peak"]["allocated_bytes"] > 0
+    assert [s["name"] for s in doc["stages"]][:3] == ["load", "text_encode", "denoise"]
+
+
+def test_cpu_run_refuses_no_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert _run(["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1",
+                 "--no-profile", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to analyse" in err[0]
+    assert not out.exists()

@@ -448,7 +448,7 @@ def test_category_timeline_stacks_to_allocated(data: dict[str, Any], analysed: t
     an, _ = analysed
     ct = data["category_timeline"]
     ev = an.replay.events
-    ref = category_timeline(an.run.snapshot, an.replay, an.labels.labels, an.sites, max_points=300)
+    ref = category_timeline(an.run.snapshot, an.replay, an.labels.labels, max_points=300, rules=an.rules, tables=an.tables)
     assert np.array_equal(ct["index"], ref["row"].to_numpy()), "category_timeline's own sampling"
     assert ct["total"] == len(ev) and len(ct["index"]) < len(ev) and "sampled at" in ct["note"]
     assert np.array_equal(ct["allocated"], ev["allocated"].to_numpy()[ct["index"]])

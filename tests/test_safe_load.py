@@ -318,6 +318,10 @@ def test_deeply_nested_pickles_do_not_crash(tmp_path: Path, name: str) -> None:
     {"action": "alloc", "addr": float("inf"), "size": 1},
     {"action": "alloc", "addr": 1, "size": 1, "frames": [{"name": "f", "filename": "x", "line": float("inf")}]},
     {"action": ["alloc"], "addr": 1, "size": 1},
+    # an alloc without a size would replay as 0 bytes and skew every figure after it
+    {"action": "alloc", "addr": "12", "size": None},
+    {"action": "free_requested", "size": 512},
+    {"addr": 1, "size": 512},
 ])
 def test_out_of_range_values_are_input_errors(write_pickle: Callable[..., Path], entry: dict[str, Any]) -> None:
     path = write_pickle({"segments": [], "device_traces": [[entry]]}, name="odd.pickle")
@@ -328,7 +332,7 @@ def test_out_of_range_values_are_input_errors(write_pickle: Callable[..., Path],
     {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 1, "user_metadata": {"stage": "denoise"}},
     {"action": "alloc", "addr": 1, "size": 512, "frames": "not a list"},
     {"action": "alloc", "addr": 1, "size": 512, "frames": [{"name": "f"}, 5, None]},
-    {"action": "alloc", "addr": "12", "size": None},
+    {"action": "alloc", "addr": "12", "size": "512"},
     {"action": "user_defined", "addr": 0, "size": 0, "frames": [{"name": "stage", "filename": "", "line": 0}]},
 ])
 def test_tolerated_odd_entries_load(write_pickle: Callable[..., Path], entry: dict[str, Any]) -> None:

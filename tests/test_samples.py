@@ -86,3 +86,16 @@ def test_sidecar_documents_how_it_was_made(sample: tuple) -> None:
         assert rj.get(key), (path.name, key)
     assert "H200" in rj["device_name"]
     assert path.joinpath("snapshot.pickle.xz").stat().st_size <= 2 * 1024 * 1024
+
+
+def test_no_placeholders_in_reports(sample: tuple) -> None:
+    """Terminal, Markdown and JSON strings of real runs carry no 'None', '-1' or empty values."""
+    from placeholders import placeholder_lines, placeholder_strings
+    from snapviz.render.markdown import render_markdown
+    from snapviz.render.terminal import render_terminal
+
+    path, _, docs = sample
+    for _, doc in docs:
+        for text in (render_terminal(doc), render_markdown(doc)):
+            assert not placeholder_lines(text), (path.name, placeholder_lines(text)[:3])
+        assert not placeholder_strings(doc), (path.name, placeholder_strings(doc)[:5])

@@ -31,10 +31,13 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
     att = doc.get("attention") or {}
     att_live = _cat(categories, "attention scores")
     if att.get("count") and att_live:
-        out.append({"technique": "SDPA attention (the diffusers default)",
+        diffusers = bool((att.get("functions") or {}).get("get_attention_scores"))
+        out.append({"technique": "SDPA attention (the diffusers default)" if diffusers else "fused attention (SDPA / flash)",
                     "why": f"{att['count']} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
                     "saves_up_to_bytes": att_live,
-                    "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"})
+                    "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"
+                           if diffusers else "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of "
+                                             "softmax(q @ k.transpose(-2, -1)) (transformers: attn_implementation=\"sdpa\")"})
     if stage == "vae_decode":
         vae = _cat(categories, "vae buffers") + _cat(categories, "activations")
         out.append({"technique": "VAE tiling or tiny VAE",

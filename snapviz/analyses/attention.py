@@ -1,21 +1,11 @@
-"""Attention score matrices: the allocations that materialize QK^T.
+"""Attention score matrices: the allocations that materialize QK^T, and the verdict.
 
-Diffusers materializes scores only in ``Attention.get_attention_scores`` (the
-``baddbmm_input`` empty, the ``baddbmm`` result, the fp32 upcast, the softmax probs),
-used by the classic and sliced processors; SDPA does not. Other materializing paths:
-diffusers' ``_native_math_attention`` (SDPA's math kernel) and transformers'
-``eager_attention_forward``. Which functions count comes from the ``"attention scores"``
-category rules (snapviz/rules/diffusers.json).
-
-Not every allocation inside those functions is a score matrix, so per function
-("family") and per source line of that function:
-
-* a line counts if its largest allocation is at least a quarter of the family's largest
-  (drops ``query.float()``/``key.float()`` upcasts, which are ``[bh, N, d]``);
-* if some line calls ``softmax`` through a Python frame (transformers' eager path), lines
-  after the last such line are the output (``attn @ V``, ``.contiguous()``) and do not;
-* a family that allocates from a single line (a C++ kernel such as the math SDPA) is
-  filtered per allocation by the same quarter-of-the-largest test.
+Which allocations are scores, and what proves attention ran fused, comes from
+:mod:`snapviz.analyses.score_evidence`. Here: their shapes (from the run's geometry when
+a snapshot gives only sizes), how many bytes of them were live when, and the verdict:
+``materialized`` with the functions that did it, ``fused (SDPA/flash)`` only with a
+fused kernel or its code path in the frames (or the run's own record), and ``not
+determined`` otherwise: no frames of attention at all says nothing either way.
 """
 from __future__ import annotations
 
@@ -24,17 +14,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.frame_rules import RuleSet, rules_for, stack_tables
+from snapviz.analyses.frame_rules import RuleSet
 from snapviz.analyses.replay import ReplayResult
+from snapviz.analyses.score_evidence import fused_evidence, score_alloc_mask, score_stack_table
 from snapviz.analyses.sites import SiteNamer
+from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import stage_group
-from snapviz.model import A_ALLOC, Snapshot
+from snapviz.model import Snapshot
 
-ATTENTION_CATEGORY = "attention scores"
 SCORE_FUNCTIONS = frozenset({"get_attention_scores", "_native_math_attention", "eager_attention_forward"})
 CROSS_KEYS = (77, 300, 226, 120, 512, 256, 333, 154)
 DTYPE_SIZES = {"fp16": 2, "bf16": 2, "fp32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
-LINE_SHARE = 0.25
 # Attention heads of the denoisers (and of the VAE's mid-block attention: 1) by pipeline name.
 PIPELINE_HEADS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("sdxl", (10, 20, 5)), ("pixart", (16,)), ("flux", (24,)), ("sd3", (24, 38)), ("sd2", (5, 10, 20)),
@@ -49,89 +39,9 @@ IMPLEMENTATIONS = {
     "sdpa": "fused: SDPA (F.scaled_dot_product_attention)",
     "xformers": "fused: xFormers memory-efficient attention",
 }
-NONE_MATERIALIZED = "none materialized (SDPA/flash)"
-
-
-# --- which allocations are score matrices ---------------------------------------------------------
-
-def _attention_rules(rules: RuleSet) -> tuple[Any, ...]:
-    return tuple(r for r in rules.of_kind("category") if r.name == ATTENTION_CATEGORY)
-
-
-def score_stack_table(snap: Snapshot, rules_path: str | None = None) -> pd.DataFrame:
-    """One row per stack inside a score function: ``stack_id``, ``function``, ``family``,
-    ``line``, ``max_bytes``, ``is_score`` (stack-level verdict) and ``min_bytes`` (per
-    allocation threshold; 0 unless the family allocates from a single line)."""
-    cols = ["stack_id", "function", "family", "line", "max_bytes", "is_score", "min_bytes"]
-    rules = rules_for(snap, rules_path)
-    tables = stack_tables(snap)
-    key = ("score_stacks", _attention_rules(rules))
-    hit = tables.results.get(key)
-    if hit is not None:
-        return hit
-    att_rules = _attention_rules(rules)
-    if not att_rules or not tables.n_frames:
-        out = pd.DataFrame(columns=cols)
-        tables.results[key] = out
-        return out
-    fmask = np.zeros(tables.n_frames, bool)
-    for r in att_rules:
-        fmask |= tables.frame_mask(r)
-    sel = fmask[tables.sf_frame]
-    if not sel.any():
-        out = pd.DataFrame(columns=cols)
-        tables.results[key] = out
-        return out
-    # Innermost matching frame per stack.
-    hits = pd.DataFrame({"stack_id": tables.sf_stack[sel], "depth": tables.sf_depth[sel], "frame_id": tables.sf_frame[sel]})
-    hits = hits.sort_values(["stack_id", "depth"], kind="stable").drop_duplicates("stack_id")
-    fr = snap.frames
-    fid = hits["frame_id"].to_numpy()
-    hits["function"] = fr["name"].to_numpy()[fid]
-    hits["family"] = fr["name"].to_numpy()[fid].astype(str) + "@" + fr["filename"].to_numpy()[fid].astype(str)
-    hits["line"] = fr["line"].to_numpy()[fid].astype(np.int64)
-    # A Python softmax frame inside the score function marks the softmax line.
-    names = fr["name"].to_numpy()
-    files = fr["filename"].astype(str).to_numpy()
-    smask = (names == "softmax") & np.char.endswith(files.astype(str), "functional.py") if len(fr) else np.zeros(0, bool)
-    ssel = smask[tables.sf_frame]
-    soft = pd.DataFrame({"stack_id": tables.sf_stack[ssel], "sdepth": tables.sf_depth[ssel]}).groupby("stack_id")["sdepth"].min()
-    hits["softmax"] = hits["stack_id"].map(soft).lt(hits["depth"]).fillna(False).astype(bool).to_numpy()
-    # Sizes seen per stack (every device).
-    ev = snap.events
-    alloc = ev["action"].to_numpy() == A_ALLOC
-    sizes = pd.Series(ev["size"].to_numpy()[alloc]).groupby(ev["stack_id"].to_numpy()[alloc]).max()
-    hits["max_bytes"] = hits["stack_id"].map(sizes).fillna(0).astype(np.int64).to_numpy()
-    fam_max = hits.groupby("family")["max_bytes"].transform("max")
-    line_max = hits.groupby(["family", "line"])["max_bytes"].transform("max")
-    keep = line_max >= LINE_SHARE * fam_max
-    soft_line = hits["line"].where(hits["softmax"]).groupby(hits["family"]).transform("max")
-    keep &= soft_line.isna() | (hits["line"] <= soft_line)
-    n_lines = hits.groupby("family")["line"].transform("nunique")
-    hits["is_score"] = keep.to_numpy()
-    hits["min_bytes"] = np.where(n_lines.to_numpy() == 1, (LINE_SHARE * fam_max).astype(np.int64), 0)
-    out = hits[cols].reset_index(drop=True)
-    tables.results[key] = out
-    return out
-
-
-def score_alloc_mask(snap: Snapshot, ev: pd.DataFrame, rows: np.ndarray | None = None,
-                     rules_path: str | None = None) -> np.ndarray:
-    """Bool per row of ``ev`` (or of ``ev`` at ``rows``): an alloc of a score matrix."""
-    t = score_stack_table(snap, rules_path)
-    stack = ev["stack_id"].to_numpy()
-    action = ev["action"].to_numpy()
-    size = ev["size"].to_numpy()
-    if rows is not None:
-        stack, action, size = stack[rows], action[rows], size[rows]
-    if not len(t):
-        return np.zeros(len(stack), bool)
-    n_stacks = max(len(snap.stacks), 1)
-    thresh = np.full(n_stacks, -1, np.int64)        # -1: not a score stack
-    ok = t["is_score"].to_numpy().astype(bool)
-    thresh[t["stack_id"].to_numpy()[ok].astype(np.int64)] = t["min_bytes"].to_numpy()[ok]
-    th = np.where(stack >= 0, thresh[np.clip(stack, 0, n_stacks - 1)], -1)
-    return (action == A_ALLOC) & (th >= 0) & (size >= th)
+DIFFUSION_STAGES = ("text_encode", "denoise", "vae_decode")
+FUSED = "fused (SDPA/flash)"
+NOT_DETERMINED = "not determined"
 
 
 # --- shapes -------------------------------------------------------------------------------------
@@ -234,7 +144,8 @@ def _objects(values: list[Any]) -> np.ndarray:
     return out
 
 
-def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], has_frames: bool) -> tuple[str, str]:
+def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], fused: list[str]) -> tuple[str, str]:
+    """The verdict and where it comes from (``run.json``, or ``inferred`` from frames)."""
     techniques = [str(t).lower() for t in (run.get("techniques") or [])]
     for t in techniques:
         if t in IMPLEMENTATIONS:
@@ -245,26 +156,28 @@ def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], 
         parts = []
         if functions.get("get_attention_scores"):
             parts.append("diffusers get_attention_scores (classic or sliced AttnProcessor)")
-        if functions.get("_native_math_attention"):
-            parts.append("SDPA math kernel (_native_math attention backend)")
+        if functions.get("_native_math_attention") or any("_scaled_dot_product_attention_math" in f for f in functions):
+            parts.append("SDPA math kernel (unfused)")
         if functions.get("eager_attention_forward"):
             parts.append("transformers eager attention")
-        other = [f for f in functions if f not in SCORE_FUNCTIONS]
-        parts += other
+        named = {"get_attention_scores", "_native_math_attention", "eager_attention_forward"}
+        other = [f for f in functions if f not in named and "_scaled_dot_product_attention_math" not in f]
+        if other:
+            parts.append("softmax over a matmul in " + ", ".join(other))
         return "materialized: " + ", ".join(parts), "inferred"
-    if has_frames:
-        return NONE_MATERIALIZED, "inferred"
-    return "unknown (no stack frames recorded)", "inferred"
+    if fused:
+        return f"{FUSED}: " + ", ".join(sorted(fused)[:3]), "inferred"
+    return NOT_DETERMINED, "inferred"
 
 
 def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame,
-                   sites: SiteNamer, rules_path: str | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+                   sites: SiteNamer, rules: RuleSet, tables: StackTables) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Score-matrix allocations (one row each) and a summary: count, peak of simultaneously
     live score bytes, the largest (with a shape guess), share of each stage's peak, and
     which attention implementation the run used."""
     ev = rep.events
     n = len(ev)
-    rows = np.flatnonzero(score_alloc_mask(snap, ev, rules_path=rules_path)) if n else np.empty(0, np.int64)
+    rows = np.flatnonzero(score_alloc_mask(snap, ev, rules, tables)) if n else np.empty(0, np.int64)
     run = snap.run or {}
     stack = ev["stack_id"].to_numpy()[rows] if n else np.empty(0, np.int64)
     req = ev["size"].to_numpy()[rows] if n else np.empty(0, np.int64)
@@ -275,9 +188,14 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     n_grp = max(len(grp_uniques), 1)
     ukey, size_inv = np.unique(req.astype(np.int64) * n_grp + grp_of_row, return_inverse=True)
     size_inv = np.asarray(size_inv).reshape(-1)
-    guesses = [guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)])) or {} for k in ukey]
+    # A size factors into [batch*heads, N, N] many ways: guess only with a diffusion run's
+    # geometry (run.json) or inside a diffusion stage; elsewhere the shape stays unknown.
+    guesses = [guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)]))
+               if run.get("height") or str(grp_uniques[int(k % n_grp)]) in DIFFUSION_STAGES else None
+               for k in ukey]
+    guesses = [g or {} for g in guesses]
     ustacks, stack_inv = np.unique(stack, return_inverse=True)
-    st_table = score_stack_table(snap, rules_path)
+    st_table = score_stack_table(snap, rules, tables)
     func_by_stack = dict(zip(st_table["stack_id"].tolist(), st_table["function"].tolist()))
 
     def per_size(key: str) -> np.ndarray:
@@ -318,8 +236,9 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
                 cur["max_live_bytes"] = max(cur["max_live_bytes"], int(mx))
 
     functions = {str(k): int(v) for k, v in table["function"].value_counts().items()} if len(table) else {}
-    has_frames = bool((ev["stack_id"].to_numpy() >= 0).any()) if n else False
-    impl, impl_source = _implementation(run, len(rows), functions, has_frames)
+    stack_ids = ev["stack_id"].to_numpy().astype(np.int64) if n else np.empty(0, np.int64)
+    fused = fused_evidence(rules, tables, stack_ids)
+    impl, impl_source = _implementation(run, len(rows), functions, fused)
     largest: dict[str, Any] = {"bytes": 0, "requested_bytes": 0, "shape": None, "dtype": None, "heads": None,
                                "batch": None, "stage": None, "site": None}
     if len(rows):
@@ -331,7 +250,8 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
         "count": int(len(rows)), "peak_live_bytes": peak_live, "peak_live_event_index": peak_live_row,
         "total_bytes": int(table["bytes"].sum()) if len(table) else 0,
         "largest": largest, "implementation": impl, "implementation_source": impl_source,
-        "materialized": bool(len(rows)), "functions": functions,
+        "materialized": bool(len(rows)), "fused": impl.startswith("fused"), "functions": functions,
+        "fused_evidence": fused[:5],
         "stages": per_stage,
         "stage_groups": [v for v in groups.values() if v["max_live_bytes"] > 0],
     }

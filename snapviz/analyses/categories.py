@@ -11,7 +11,9 @@ stack, then gathers):
    ``torch/optim`` frames is the autograd engine thread's -> ``gradients & optimizer``;
 4. otherwise by the stage it was born in: ``load`` long -> weights (built or loaded and
    alive across stages); ``text_encode``/``denoise`` short -> activations, long ->
-   latents & embeddings; ``vae_decode`` -> vae buffers; anything else -> unknown.
+   latents & embeddings; ``vae_decode`` -> vae buffers; the generic ``forward`` ->
+   activations, ``backward``/``optimizer``/``zero_grad`` -> gradients & optimizer;
+   anything else -> unknown.
 
 Memory allocated before the recorded window is ``before recording``.
 """
@@ -20,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.attention import ATTENTION_CATEGORY, score_alloc_mask
-from snapviz.analyses.frame_rules import rules_for, stack_category_rules, stack_tables, training_evidence
+from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.replay import ReplayResult, live_at
-from snapviz.analyses.sites import SiteNamer
+from snapviz.analyses.score_evidence import ATTENTION_CATEGORY, score_alloc_mask
+from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import stage_group
 from snapviz.model import A_ALLOC, Snapshot
 
@@ -37,6 +39,11 @@ _BY_STAGE = {
     "text_encode": ("activations", "latents & embeddings"),
     "denoise": ("activations", "latents & embeddings"),
     "vae_decode": ("vae buffers", "vae buffers"),
+    # generic PyTorch phases (snapviz.analyses.phases): what outlives a forward is kept for backward
+    "forward": ("activations", "activations"),
+    "backward": ("gradients & optimizer", "gradients & optimizer"),
+    "optimizer": ("gradients & optimizer", "gradients & optimizer"),
+    "zero_grad": ("gradients & optimizer", "gradients & optimizer"),
 }
 
 
@@ -48,16 +55,38 @@ def _intervals(labels: np.ndarray) -> np.ndarray:
     return np.r_[0, np.cumsum(labels[1:] != labels[:-1])].astype(np.int64)
 
 
-def category_names(snap: Snapshot, rules_path: str | None = None) -> tuple[str, ...]:
+def category_names(rules: RuleSet) -> tuple[str, ...]:
     """CATEGORIES plus any new category a user rule names (in rule order)."""
-    rules = rules_for(snap, rules_path)
     extra = [r.name for r in rules.of_kind("category") if r.name not in _CODE]
     return CATEGORIES + tuple(dict.fromkeys(extra))
 
 
+def stack_category_rules(rules: RuleSet, tables: StackTables, exclude: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Per stack, the category a rule gives a short-lived and a long-lived allocation.
+
+    Returns (short, long, names): codes into ``names`` (-1: no rule).
+    """
+    cat_rules = [r for r in rules.of_kind("category") if r.name not in exclude]
+    names = list(dict.fromkeys(r.name for r in cat_rules))
+    out = []
+    for life in ("short", "long"):
+        sub = tuple(r for r in cat_rules if r.lifetime in ("any", life))
+        best = tables.best_rule(sub)
+        codes = np.array([names.index(r.name) for r in sub] + [-1], np.int64)
+        out.append(codes[best])
+    return out[0], out[1], names
+
+
+def training_evidence(rules: RuleSet, tables: StackTables) -> bool:
+    """Frames of the ``backward`` or ``optimizer`` phase (see :mod:`snapviz.analyses.phases`):
+    allocations without Python frames are then the autograd engine thread's (gradients)."""
+    probe = [r for r in rules.of_kind("phase") if r.name in ("backward", "optimizer")]
+    return bool(tables.rules_mask(probe).any())
+
+
 def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
-                    rules_path: str | None = None) -> np.ndarray:
-    """Index into ``category_names(snap, rules_path)`` for each alloc row in ``rows``."""
+                    rules: RuleSet, tables: StackTables) -> np.ndarray:
+    """Index into ``category_names(rules)`` for each alloc row in ``rows``."""
     ev = rep.events
     n = len(ev)
     rows = np.asarray(rows, dtype=np.int64)
@@ -76,42 +105,42 @@ def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows:
     out = np.where(short, fb_short[lab_codes], fb_long[lab_codes])
 
     if len(snap.stacks):
-        tables = stack_tables(snap)
         ns = len(snap.stacks)
         sc = np.clip(stack, 0, ns - 1)
         python = (stack >= 0) & tables.has_python[sc]
         # 3. the autograd engine thread has no Python frames.
-        if training_evidence(snap):
+        if training_evidence(rules, tables):
             out = np.where(~python, _CODE["gradients & optimizer"], out)
         # 2. category rules.
-        rules = rules_for(snap, rules_path)
-        c_short, c_long, names = stack_category_rules(snap, rules, exclude=(ATTENTION_CATEGORY,))
+        c_short, c_long, names = stack_category_rules(rules, tables, exclude=(ATTENTION_CATEGORY,))
         if names:
-            all_names = category_names(snap, rules_path)
+            all_names = category_names(rules)
             name_code = np.array([all_names.index(nm) for nm in names], np.int64)
             rule = np.where(short, c_short[sc], c_long[sc])
             rule = np.where(python, rule, -1)
             hit = rule >= 0
             out = np.where(hit, name_code[np.clip(rule, 0, None)], out)
     # 1. score matrices.
-    att = score_alloc_mask(snap, ev, rows, rules_path=rules_path)
+    att = score_alloc_mask(snap, ev, rules, tables, rows)
     out = np.where(att, _CODE["attention scores"], out)
     return out
 
 
 def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
-                      rules_path: str | None = None) -> np.ndarray:
-    """Category (str) of each alloc row in ``rows``."""
-    names = np.array(category_names(snap, rules_path), dtype=object)
-    return names[_category_codes(snap, rep, labels, rows, rules_path)]
+                      rules: RuleSet | None = None, tables: StackTables | None = None) -> np.ndarray:
+    """Category (str) of each alloc row in ``rows`` (built-in rules unless ``rules``)."""
+    rules = rules if rules is not None else load_rules()
+    tables = tables if tables is not None else StackTables(snap)
+    names = np.array(category_names(rules), dtype=object)
+    return names[_category_codes(snap, rep, labels, rows, rules, tables)]
 
 
-def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int, sites: SiteNamer | None = None,
-                    rules_path: str | None = None) -> pd.DataFrame:
+def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int,
+                    rules: RuleSet | None = None, tables: StackTables | None = None) -> pd.DataFrame:
     """Bytes and count live at ``row`` by category (the baseline counts as 'before recording')."""
     live = live_at(rep, row)
     rows = live.index.to_numpy()
-    cats = categorize_allocs(snap, rep, labels, rows, rules_path) if len(rows) else np.empty(0, object)
+    cats = categorize_allocs(snap, rep, labels, rows, rules, tables) if len(rows) else np.empty(0, object)
     df = pd.DataFrame({"category": cats, "bytes": live["block_size"].to_numpy()})
     out = df.groupby("category", sort=False)["bytes"].agg(["sum", "size"]).reset_index()
     out.columns = ["category", "bytes", "count"]
@@ -138,8 +167,8 @@ def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(keep[keep < n])
 
 
-def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, sites: SiteNamer | None = None,
-                      max_points: int = 20000, rules_path: str | None = None) -> pd.DataFrame:
+def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, max_points: int = 20000,
+                      rules: RuleSet | None = None, tables: StackTables | None = None) -> pd.DataFrame:
     """Bytes live per category after each sampled event row, ready for a stacked area.
 
     Columns: ``row``, ``time_us``, ``stage``, ``allocated``, one per category (CATEGORIES,
@@ -149,14 +178,16 @@ def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, sit
     """
     ev = rep.events
     n = len(ev)
-    names = category_names(snap, rules_path)
+    rules = rules if rules is not None else load_rules()
+    tables = tables if tables is not None else StackTables(snap)
+    names = category_names(rules)
     cols = ["row", "time_us", "stage", "allocated", *names, BEFORE_RECORDING]
     if not n:
         return pd.DataFrame(columns=cols)
     allocated = ev["allocated"].to_numpy().astype(np.int64)
     rows_out = sample_rows(allocated, max_points)
     arows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
-    codes = _category_codes(snap, rep, labels, arows, rules_path)
+    codes = _category_codes(snap, rep, labels, arows, rules, tables)
     size = ev["block_size"].to_numpy()[arows].astype(np.float64)
     end = np.minimum(ev["free_row"].to_numpy()[arows], n)
     data: dict[str, np.ndarray] = {"row": rows_out, "time_us": ev["time_us"].to_numpy()[rows_out],

@@ -178,7 +178,8 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
     for s in doc.get("stages") or []:
         for iv in s.get("intervals") or [s]:
             rows.append({"name": str(iv["name"]), "group": stage_group(str(iv["name"])),
-                         "peak_allocated_bytes": int(iv["peak_allocated_bytes"]),
+                         # null in a trace without memory events: nothing measured there
+                         "peak_allocated_bytes": int(iv["peak_allocated_bytes"] or 0),
                          "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0), "order": order})
             order += 1
     st = pd.DataFrame(rows, columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"])

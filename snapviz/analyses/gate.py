@@ -131,6 +131,8 @@ def evaluate_gates(doc: dict[str, Any], max_peak: int | None = None, max_reserve
         a = int(peak["allocated_bytes"])
         results.append(GateResult("peak_allocated", max_peak, a, a <= max_peak, _line(a <= max_peak, "peak allocated", a, max_peak)))
     if max_reserved is not None:
+        if peak.get("reserved_bytes") is None:   # traces of about 2021 carry Bytes only
+            raise InputError(f"{doc.get('source', 'the run')} records no reserved memory: --max-reserved cannot be checked")
         r = int(peak["reserved_bytes"])
         results.append(GateResult("peak_reserved", max_reserved, r, r <= max_reserved, _line(r <= max_reserved, "peak reserved", r, max_reserved)))
     if stage_limits:

@@ -91,6 +91,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     segs = snap.segments
     dev_segs = segs[segs["device"] == device] if len(segs) else segs
     final_allocated = int(live_end["size"].sum()) if len(live_end) else 0
+    final_requested = int(live_end["requested_size"].sum()) if len(live_end) else 0
     final_reserved = int(dev_segs["total_size"].sum()) if len(dev_segs) else 0
 
     live: dict[int, tuple[int, int, int]] = {}      # addr -> (block size, requested, alloc row)
@@ -246,6 +247,10 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         baseline_alloc = 0
     if baseline_res < 0:
         baseline_res = 0
+    # Blocks from before the recording have their own requested_size in the end state: the
+    # requested baseline is that, not their block sizes (which would overstate "requested").
+    baseline_req = final_requested - int(requested_s[-1]) if n else final_requested
+    baseline_req = min(max(baseline_req, 0), baseline_alloc) if len(snap.segments) else 0
     roundup = settings.get("roundup_power2_divisions")
     if isinstance(roundup, dict) and any(_nonzero(v) for v in roundup.values()):
         warnings.append("roundup_power2_divisions is set: block sizes above 512-byte rounding are approximated")
@@ -259,7 +264,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         else:
             end_ok = all(final_live_size.get(a) == s for a, s in replay_live.items())
         if not end_ok:
-            warnings.append("the replayed live set differs from the snapshot's end state; numbers may be off")
+            warnings.append(_end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans))
 
     tot_alloc = allocated_s + baseline_alloc
     tot_res = reserved_s + baseline_res
@@ -268,16 +273,40 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         if baseline_alloc >= peak:
             pi, peak = -1, baseline_alloc
         pri = int(np.argmax(tot_res)); peak_res = max(int(tot_res[pri]), baseline_res)
-        peak_req = int((requested_s + baseline_alloc).max())
+        peak_req = max(int((requested_s + baseline_req).max()), baseline_req)
+        over = tot_alloc - tot_res
+        if len(snap.segments) and int(over.max()) > 0:
+            k = int(np.argmax(over))
+            warnings.append(f"the file contradicts itself: after event {k:,}, {int(tot_alloc[k]):,} bytes are allocated "
+                            f"but its segments reserve only {int(tot_res[k]):,} (live blocks always lie inside reserved "
+                            "segments); the peaks are this file's arithmetic, not what an allocator did")
     else:
-        pi, peak, pri, peak_res, peak_req = -1, final_allocated, -1, final_reserved, final_allocated
-    out = ev.assign(allocated=tot_alloc, reserved=tot_res, requested=requested_s + baseline_alloc,
+        pi, peak, pri, peak_res, peak_req = -1, final_allocated, -1, final_reserved, final_requested
+    if final_allocated > final_reserved:
+        warnings.append(f"the file contradicts itself: its end state holds {final_allocated:,} bytes of live blocks "
+                        f"in {final_reserved:,} bytes of segments")
+    out = ev.assign(allocated=tot_alloc, reserved=tot_res, requested=requested_s + baseline_req,
                     block_size=block_size, free_row=free_row, alloc_row=alloc_row)
     return ReplayResult(device=device, events=out, baseline_allocated=baseline_alloc, baseline_reserved=baseline_res,
                         peak_allocated=peak, peak_reserved=peak_res, peak_requested=peak_req, peak_index=pi,
                         peak_reserved_index=pri, final_allocated=final_allocated, final_reserved=final_reserved,
                         orphan_frees=orphans, unknown_blocks=unknown, end_state_matches=end_ok,
                         truncated=truncated, warnings=warnings)
+
+
+def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int], complete: bool) -> str:
+    """One line saying how the replay's final live set differs from the end state's."""
+    wrong_size = sum(1 for a, s in replay_live.items() if a in end_live and end_live[a] != s)
+    not_in_end = sum(1 for a in replay_live if a not in end_live)
+    parts = [f"{not_in_end:,} blocks the replay leaves live are not live in it"] if not_in_end else []
+    if wrong_size:
+        parts.append(f"{wrong_size:,} have another size there")
+    if complete:
+        missing = sum(1 for a in end_live if a not in replay_live)
+        if missing:
+            parts.append(f"{missing:,} live there were never allocated in the history")
+    return ("the replay does not reproduce the snapshot's end state (" + "; ".join(parts or ["live sets differ"])
+            + "): the history and the end state disagree, so numbers may be off")
 
 
 def _nonzero(v: object) -> bool:

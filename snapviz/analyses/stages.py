@@ -1,17 +1,35 @@
 """Stage attribution: every trace event gets a stage label.
 
 Sources, best first (DESIGN.md "Stage labels"): ``user_metadata`` stamped by
-``_set_memory_metadata``; ``external_annotations`` (``record_function`` ranges);
-the stage timeline of a run directory's ``run.json``; stack-frame rules
-(:mod:`snapviz.analyses.frame_rules`) when nothing is labelled.
+``_set_memory_metadata``; ``external_annotations`` named like pipeline stages; the stage
+timeline of a run directory's ``run.json``; then the structure the file has:
+
+* ``frames``: the stage rules (:mod:`snapviz.analyses.frame_labels`), when they
+  recognise the program (a diffusers pipeline, or a program a ``--rules`` file knows);
+* ``phases``: otherwise, generic PyTorch phases from frames (``forward``, ``backward``,
+  ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`);
+* over the phases (or nothing), ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
+  ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
+  ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
+  (``## forward ##`` → ``forward``) label what they enclose;
+* events with a ``compile_context`` (recorded while ``torch.compile`` compiles) are
+  ``compile`` unless a pipeline rule labelled them.
+
+Nothing recognised: every event is ``unlabelled`` and the source is ``none``; nothing
+guesses ``load``.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.frame_labels import label_from_frames
+from snapviz.analyses.frame_rules import RuleSet, load_rules
+from snapviz.analyses.phases import OPTIMIZER, ZERO_GRAD, label_phases
+from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import Snapshot
 
 # inference stages, then the training phases written by ``snapviz collect --train``
@@ -34,7 +52,7 @@ class StageLabels:
     """Per-event labels for one device's events plus where they came from."""
 
     labels: np.ndarray        # object array of str, one per event
-    source: str               # user_metadata | annotations | run.json | frames | none
+    source: str               # user_metadata | annotations | run.json | frames | phases | none
 
 
 def _from_metadata(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
@@ -79,17 +97,89 @@ def label_by_intervals(times: np.ndarray, intervals: pd.DataFrame, default: str 
 
 
 def _from_annotations(snap: Snapshot, ev: pd.DataFrame, device: int) -> np.ndarray | None:
+    """Labels from annotations named like pipeline stages (``denoise/3``), else None."""
     iv = annotation_intervals(snap, device)
     if not len(iv) or (ev["time_us"] < 0).all():
         return None
     stagey = iv[iv["name"].map(_looks_like_stage)]
-    if len(stagey):
-        iv = stagey
-    else:
-        iv = iv[~iv["name"].str.startswith(("ProfilerStep#", "Optimizer."))] if len(iv) else iv
-        if not len(iv):
-            return None
-    return label_by_intervals(ev["time_us"].to_numpy(), iv)
+    return label_by_intervals(ev["time_us"].to_numpy(), stagey) if len(stagey) else None
+
+
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(zero_grad|step)#")
+_HASHES = re.compile(r"^#+\s*|\s*#+$")
+_COMPILED_GRAPH = re.compile(r"^Call CompiledFxGraph (\w+)$")
+
+
+def range_stage(name: str) -> str:
+    """The stage a ``record_function`` range names: ``Optimizer.step#AdamW.step`` ->
+    ``optimizer``, ``Optimizer.zero_grad#…`` -> ``zero_grad``, ``ProfilerStep#3`` ->
+    ``step/3``, inductor's ``## Call CompiledFxGraph <key> ##`` -> ``compiled graph/<key[:8]>``,
+    a user's ``## forward ##`` -> ``forward``; any other name as it is."""
+    phase = _range_phase(name)
+    if phase is not None:
+        return phase
+    m = _PROFILER_STEP.match(name)
+    if m:
+        return f"step/{m.group(1)}"
+    inner = _HASHES.sub("", name) or name
+    m = _COMPILED_GRAPH.match(inner)
+    return f"compiled graph/{m.group(1)[:8]}" if m else inner
+
+
+COMPILE = "compile"
+_NO_CONTEXT = ("", "N/A")
+
+
+def _compiling(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray:
+    """Bool per event: recorded inside a ``torch.compile`` compilation (its
+    ``compile_context``, e.g. autotuning benchmarks), not while running compiled code."""
+    ids = ev["compile_id"].to_numpy() if "compile_id" in ev.columns else np.zeros(len(ev), np.int64)
+    real = np.array([s not in _NO_CONTEXT for s in snap.strings], dtype=bool)
+    return real[ids] if len(ids) and len(real) else np.zeros(len(ev), bool)
+
+
+def _range_phase(name: str) -> str | None:
+    """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad."""
+    m = _OPTIMIZER_RANGE.match(name)
+    return None if m is None else (ZERO_GRAD if m.group(1) == "zero_grad" else OPTIMIZER)
+
+
+def _paint(labels: np.ndarray, times: np.ndarray, iv: pd.DataFrame) -> np.ndarray:
+    """Bool per event: inside one of ``iv``'s ranges (and ``labels`` set to its name there)."""
+    got = label_by_intervals(times, iv, default="")
+    inside = got != ""
+    labels[inside] = got[inside]
+    return inside
+
+
+def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
+                      base: np.ndarray | None) -> tuple[np.ndarray, bool] | None:
+    """``base`` (or unlabelled) with the record_function ranges painted over it; the bool
+    says whether a user's own range labelled something. None when no range covers an event."""
+    iv = annotation_intervals(snap, device)
+    times = ev["time_us"].to_numpy()
+    if not len(iv) or not len(ev) or (times < 0).all():
+        return None
+    names = iv["name"].astype(str)
+    phase = names.map(_range_phase)
+    step = names.map(lambda s: m.group(1) if (m := _PROFILER_STEP.match(s)) else None)
+    user = phase.isna() & step.isna()
+    labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+    base_step = np.array([str(x).split("/", 1)[1] if "/" in str(x) else "" for x in labels], dtype=object)
+    in_phase = _paint(labels, times, iv[phase.notna()].assign(name=phase[phase.notna()]))
+    in_user = _paint(labels, times, iv[user].assign(name=[range_stage(n) for n in names[user]]))
+    numbered = in_phase & ~in_user & (base_step != "")
+    labels[numbered] = labels[numbered] + "/" + base_step[numbered]
+    # ProfilerStep#N numbers the steps; with them, no other numbering is kept.
+    steps = label_by_intervals(times, iv[step.notna()].assign(name=step[step.notna()]), default="")
+    in_step = (steps != "") & (labels != UNLABELLED)
+    if in_step.any():
+        labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
+        labels[in_step] = labels[in_step] + "/" + steps[in_step]
+    if not (in_phase | in_user | in_step).any():
+        return None
+    return labels, bool(in_user.any())
 
 
 def _from_run_json(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
@@ -102,30 +192,44 @@ def _from_run_json(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
     return label_by_intervals(ev["time_us"].to_numpy(), iv, default="other")
 
 
+SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")
+
+
 def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto",
-                 rules_path: str | None = None) -> StageLabels:
+                 rules: RuleSet | None = None, tables: StackTables | None = None) -> StageLabels:
     """Stage label of every event of one device, from the best source present.
 
-    ``use`` forces a source (``user_metadata``, ``annotations``, ``run.json``, ``frames``).
+    ``use`` forces a source (one of :data:`SOURCES`). ``rules`` defaults to the built-in
+    rules, ``tables`` to the snapshot's stack tables (pass both when analysing further).
     """
-    order = ("user_metadata", "annotations", "run.json", "frames") if use == "auto" else (use,)
-    for source in order:
-        if source == "user_metadata":
-            labels = _from_metadata(snap, ev)
-        elif source == "annotations":
-            labels = _from_annotations(snap, ev, device)
-        elif source == "run.json":
-            labels = _from_run_json(snap, ev)
-        else:
-            try:
-                from snapviz.analyses.frame_rules import label_from_frames
-            except ImportError:
-                labels = None
-            else:
-                labels = label_from_frames(snap, ev, rules_path)
-        if labels is not None:
-            return StageLabels(labels=labels, source=source)
-    return StageLabels(labels=np.full(len(ev), UNLABELLED, dtype=object), source="none")
+    want = SOURCES if use == "auto" else (use,)
+    if "user_metadata" in want and (labels := _from_metadata(snap, ev)) is not None:
+        return StageLabels(labels, "user_metadata")
+    if "annotations" in want and (labels := _from_annotations(snap, ev, device)) is not None:
+        return StageLabels(labels, "annotations")
+    if "run.json" in want and (labels := _from_run_json(snap, ev)) is not None:
+        return StageLabels(labels, "run.json")
+    rules = rules if rules is not None else load_rules()
+    tables = tables if tables is not None else StackTables(snap)
+    base, source = None, "none"
+    if "frames" in want:
+        base = label_from_frames(snap, ev, rules, tables)
+        source = "frames" if base is not None else source
+    if base is None and "phases" in want:
+        base = label_phases(ev, rules, tables, UNLABELLED)
+        source = "phases" if base is not None else source
+    # Ranges paint over generic phases only: a pipeline the rules recognise keeps its own
+    # stages and step numbers (its ProfilerStep#N counts pipeline calls, not denoising steps).
+    if "annotations" in want and source != "frames" and (painted := _with_annotations(snap, ev, device, base)) is not None:
+        base, by_user = painted
+        source = "annotations" if by_user or source == "none" else source
+    if source in ("phases", "none", "annotations") and (compiling := _compiling(snap, ev)).any():
+        base = base if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+        base = np.where(compiling, COMPILE, base)
+        source = "phases" if source == "none" else source
+    if base is None:
+        return StageLabels(np.full(len(ev), UNLABELLED, dtype=object), "none")
+    return StageLabels(base, source)
 
 
 def stage_intervals(labels: np.ndarray, times: np.ndarray) -> pd.DataFrame:

@@ -7,8 +7,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.attention import find_attention
+from snapviz.analyses.categories import categorize_allocs, categorize_live
+from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
+from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.load import Run
 from snapviz.model import Snapshot
@@ -35,6 +39,8 @@ class Analysis:
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)   # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     sites: SiteNamer | None = None
+    rules: RuleSet | None = None       # the rules every frame-based analysis of this run used
+    tables: StackTables | None = None  # the snapshot's stack tables, built once
 
     @property
     def events(self) -> pd.DataFrame:
@@ -88,32 +94,31 @@ def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: in
 
 
 def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
-                rules_path: str | None = None) -> Analysis:
-    """Replay, attribute and summarise one run (snapshot required; traces: see trace_ops)."""
+                rules: RuleSet | None = None) -> Analysis:
+    """Replay, attribute and summarise one run (snapshot required; traces: see trace_ops).
+
+    ``rules`` (default: the built-in rules) and the snapshot's stack tables are resolved
+    once here and handed to every analysis that reads frames.
+    """
     snap = run.snapshot
     if snap is None:
         from snapviz.errors import InputError
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
+    rules = rules if rules is not None else load_rules()
+    tables = StackTables(snap)
     dev, results = _pick_device(run, device)
     rep = results[dev]
     ev = rep.events
-    labels = label_events(snap, ev, dev, use=stage_source, rules_path=rules_path)
+    labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables)
     times = ev["time_us"].to_numpy() if len(ev) else np.empty(0, np.int64)
     alloc = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
     resv = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
     intervals = stage_intervals(labels.labels, times)
     stages = stage_table(intervals, alloc, resv, rep.baseline_allocated, rep.baseline_reserved)
-    sites = SiteNamer(snap)
+    sites = SiteNamer(snap, tables)
     top = top_live(rep, labels.labels, sites, rep.peak_index)
 
-    from snapviz.analyses.attention import find_attention
-    from snapviz.analyses.categories import categorize_live
-
-    if rules_path:
-        # Read (and validate) a user rules file even when labels come from metadata.
-        from snapviz.analyses.frame_rules import load_rules
-        load_rules(rules_path)
-    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules_path=rules_path)
+    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules, tables)
     if run.trace is not None and len(ev):
         # Same run profiled too: put exact op shapes next to allocations (one time axis).
         from snapviz.analyses.join import ops_at, snapshot_trace_offset
@@ -124,12 +129,16 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
             times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
             attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
         att_summary["trace_offset_us"] = off
-    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, sites, rules_path=rules_path)
+    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables)
 
-    stage_live, stage_top = _stage_live_sets(snap, rep, labels.labels, stages, sites, rules_path)
+    stage_live, stage_top = _stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
     if labels.source == "none" and len(ev):
-        warnings.append("no stage labels and no frames to attribute stages from: everything is 'unlabelled'")
+        warnings.append("no stage labels, and the built-in rules do not recognise this program (no pipeline stage, "
+                        "no forward/backward/optimizer frames, no profiler ranges): every event is 'unlabelled'")
+    elif labels.source == "phases":
+        warnings.append("stages are generic PyTorch phases (forward / backward / optimizer / zero_grad / load) "
+                        "recognised in the frames: the built-in pipeline rules do not know this program (--rules adds its own)")
     if len(ev) and (ev["action"] == A_OOM).any():
         n = int((ev["action"] == A_OOM).sum())
         warnings.append(f"the run hit CUDA out-of-memory {n} time(s) (see the OOM markers)")
@@ -139,25 +148,23 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
         warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
     return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
                     attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
-                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top)
+                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables)
 
 
 def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
-                     rules_path: str | None, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+                     rules: RuleSet, tables: StackTables, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What was live at each stage interval's own peak: bytes by category, and the largest
     blocks the stage itself allocated.
 
     Allocations are categorised once; each stage is then one vectorized mask.
     """
-    from snapviz.analyses.categories import categorize_allocs
-
     ev = rep.events
     alloc_rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
     empty = (pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
              pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]))
     if not len(alloc_rows) or not len(stages):
         return empty
-    cats = categorize_allocs(snap, rep, labels, alloc_rows, rules_path)
+    cats = categorize_allocs(snap, rep, labels, alloc_rows, rules, tables)
     frees = ev["free_row"].to_numpy()[alloc_rows]
     sizes = ev["block_size"].to_numpy()[alloc_rows]
     stacks = ev["stack_id"].to_numpy()[alloc_rows]
@@ -237,7 +244,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     run = an.run.run or {}
     top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
             "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else [],
-            **({"op": t.op, "op_input_dims": t.op_input_dims} if getattr(t, "op", "") else {})}
+            **({"op": t.op} if getattr(t, "op", "") else {}),
+            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
     from snapviz.analyses.advice import advise
@@ -250,7 +258,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "stage_source": an.labels.source,
         "peak": {
             "allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
-            "requested_bytes": int(rep.peak_requested), "event_index": int(pi),
+            # None: the peak is the memory that existed before the first recorded event
+            "requested_bytes": int(rep.peak_requested), "event_index": int(pi) if pi >= 0 else None,
             "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None, "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
         },

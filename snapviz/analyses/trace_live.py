@@ -25,7 +25,9 @@ def live_at_trace_peak(trace: object, device: tuple[int, int] | None, limit: int
     mem: pd.DataFrame = trace.memory  # type: ignore[attr-defined]
     if device is not None and len(mem):
         mem = mem[(mem["device_type"] == device[0]) & (mem["device_id"] == device[1])]
-    if not len(mem):
+    if not len(mem) or not mem["addr"].to_numpy().any():
+        # No addresses (profilers of about 2021 wrote Bytes only): allocations cannot be
+        # paired with their frees, so nothing can be said to be live.
         return pd.DataFrame(columns=cols)
     mem = mem.reset_index(drop=True)
     p = int(np.argmax(mem["total_allocated"].to_numpy()))

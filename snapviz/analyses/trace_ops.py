@@ -8,47 +8,21 @@ snapshot's ``time_us``; see :func:`trace_ts_to_unix_us` and :func:`align_offset_
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, stage_group
+from snapviz.analyses.stages import CANONICAL, range_stage, stage_group
+from snapviz.analyses.trace_attention import attention_op_table
+from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
 
 __all__ = [
     "devices", "memory_timeline", "annotation_stages", "stage_peaks", "attention_ops",
-    "stage_at", "analyze_trace", "TraceAnalysis", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us", "ITEMSIZE",
+    "stage_at", "analyze_trace", "TraceAnalysis", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us",
 ]
-
-DEVICE_CPU, DEVICE_CUDA = 0, 1
-
-# Ranges the profiler adds by itself; stages only when a trace has nothing else.
-_HOUSEKEEPING = re.compile(r"^(ProfilerStep#\d+|Optimizer\..*)$")
-
-# torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
-ITEMSIZE: dict[str, int] = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1,
-    "c10::Float8_e8m0fnu": 1, "long int": 8, "int": 4, "short int": 2, "signed char": 1,
-    "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "c10::complex<c10::Half>": 4,
-}
-
-_SCORE_OPS = ("aten::baddbmm", "aten::bmm")
-_SOFTMAX_OPS = ("aten::softmax", "aten::_softmax")
-_SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # also ..._math_for_mps
-
-
-def _is_sdpa(name: str) -> bool:
-    return name == "aten::scaled_dot_product_attention" or name.startswith("aten::_scaled_dot_product_")
-
-
-def _is_attention(name: str) -> bool:
-    return name in _SCORE_OPS or name in _SOFTMAX_OPS or _is_sdpa(name)
 
 
 # --------------------------------------------------------------------------- time
@@ -100,25 +74,28 @@ def devices(trace: ChromeTrace) -> pd.DataFrame:
     """One row per (device_type, device_id) seen in ``[memory]`` events.
 
     Columns: ``device_type``, ``device_id``, ``events``, ``max_allocated``,
-    ``max_reserved``; CUDA first, then by descending ``max_allocated``.
+    ``max_reserved``, ``exact`` (every event carried the allocator's totals; False for
+    old ``Bytes``-only traces, see :mod:`snapviz.analyses.trace_devices`); accelerators
+    (any type but CPU) first, then by descending ``max_allocated``.
     """
     mem = trace.memory
-    cols = ["device_type", "device_id", "events", "max_allocated", "max_reserved"]
+    cols = ["device_type", "device_id", "events", "max_allocated", "max_reserved", "exact"]
     if not len(mem):
-        return pd.DataFrame({c: pd.Series(dtype=np.int64) for c in cols})
+        return pd.DataFrame({c: pd.Series(dtype=bool if c == "exact" else np.int64) for c in cols})
     g = mem.groupby(["device_type", "device_id"], sort=False)
     out = pd.DataFrame({
         "events": g.size(),
         "max_allocated": g["total_allocated"].max(),
         "max_reserved": g["total_reserved"].max(),
+        "exact": g["has_totals"].all() if "has_totals" in mem else True,
     }).reset_index()
-    out["_cuda"] = out["device_type"] == DEVICE_CUDA
+    out["_cuda"] = out["device_type"] != DEVICE_CPU
     out = out.sort_values(["_cuda", "max_allocated", "device_id"], ascending=[False, False, True])
     return out.drop(columns="_cuda").reset_index(drop=True)[cols]
 
 
 def _pick_device(trace: ChromeTrace, device_type: int | None, device_id: int | None) -> tuple[int, int] | None:
-    """Default device: the CUDA one with the largest Total Allocated, else CPU."""
+    """Default device: the accelerator with the largest Total Allocated, else CPU."""
     devs = devices(trace)
     if device_type is not None:
         devs = devs[devs["device_type"] == device_type]
@@ -143,7 +120,7 @@ def memory_timeline(trace: ChromeTrace, device_type: int | None = None, device_i
 
     Columns ``time_us`` (Unix µs), ``allocated`` (``Total Allocated``), ``reserved``
     (``Total Reserved``; 0 on CPU), ``bytes`` (the event's signed size). The device
-    defaults to the CUDA device with the largest ``Total Allocated``, else the CPU.
+    defaults to the accelerator with the largest ``Total Allocated``, else the CPU.
     """
     mem = _device_memory(trace, device_type, device_id)
     return pd.DataFrame({
@@ -187,8 +164,10 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     """``record_function`` ranges that look like pipeline stages, outermost first.
 
     Keeps canonical names (``load``, ``text_encode``, ``denoise``/``denoise/<i>``,
-    ``vae_decode``, ``other``) when any is present; otherwise every user annotation
-    except ``ProfilerStep#N`` / ``Optimizer.*`` (kept only when nothing else exists).
+    ``vae_decode``, ``other``) when any is present; otherwise every range, named by
+    :func:`snapviz.analyses.stages.range_stage` (``ProfilerStep#3`` -> ``step/3``,
+    ``Optimizer.step#…`` -> ``optimizer``, ``## Call CompiledFxGraph <key> ##`` ->
+    ``compiled graph/<key>``, ``## forward ##`` -> ``forward``).
     Nesting is by time containment across threads, not same-tid nesting, because
     allocations of other threads (autograd, data loaders) belong to the stage that
     encloses them in time. Columns: ``name``, ``start_us``, ``end_us``, ``group``
@@ -203,19 +182,17 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
                              "depth": pd.Series(dtype=np.int64), "tid": pd.Series(dtype=np.int64)})
     # Decide per distinct name (categories), then broadcast through the codes.
     cats = pd.Index(ann["name"].cat.categories).astype(str)
-    groups = np.array([stage_group(c) for c in cats], dtype=object)
-    canonical = np.isin(groups, CANONICAL)
-    housekeeping = np.array([bool(_HOUSEKEEPING.match(c)) for c in cats])
+    canonical = np.isin([stage_group(c) for c in cats], CANONICAL)
     codes = ann["name"].cat.codes.to_numpy()
     if canonical[codes].any():
-        keep_name = canonical
-    elif (~housekeeping)[codes].any():
-        keep_name = ~housekeeping
+        keep_name, names = canonical, cats.to_numpy().astype(object)
     else:
         keep_name = np.ones(len(cats), bool)
+        names = np.array([range_stage(c) for c in cats], dtype=object)
+    groups = np.array([stage_group(n) for n in names], dtype=object)
     rows = ann[keep_name[codes]]
     out = pd.DataFrame({
-        "name": cats.to_numpy()[rows["name"].cat.codes.to_numpy()].astype(object),
+        "name": names[rows["name"].cat.codes.to_numpy()],
         "start_us": rows["start_us"].to_numpy(),
         "end_us": rows["end_us"].to_numpy(),
         "group": groups[rows["name"].cat.codes.to_numpy()],
@@ -336,141 +313,9 @@ def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id:
 # --------------------------------------------------------------------------- attention
 
 
-def _parse_json_list(text: str) -> list[Any]:
-    if not text:
-        return []
-    try:
-        val = json.loads(text)
-    except ValueError:
-        return []
-    return val if isinstance(val, list) else []
-
-
-def _dims3(shape: Any) -> tuple[int, int, int] | None:
-    """A tensor shape flattened to (batch, rows, cols); None if not a >= 2-D int shape."""
-    if not isinstance(shape, list) or len(shape) < 2 or not all(isinstance(d, int) for d in shape):
-        return None
-    return int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1, shape[-2], shape[-1]
-
-
-def _score_shape(name: str, shapes: list[Any]) -> tuple[int, int, int] | None:
-    """(B, M, N) of the scores an op computes or would compute.
-
-    baddbmm(self, b1[B,M,K], b2[B,K,N]) and bmm(a[B,M,K], b[B,K,N]) output [B,M,N];
-    softmax's is its input; SDPA(q[...,L,E], k[...,S,E]) implies [prod(...), L, S],
-    the matrix a classic implementation would allocate and the fused kernel does not.
-    """
-    if name == "aten::baddbmm" and len(shapes) >= 3:
-        a, b = _dims3(shapes[1]), _dims3(shapes[2])
-        return (a[0], a[1], b[2]) if a and b else None
-    if name == "aten::bmm" and len(shapes) >= 2:
-        a, b = _dims3(shapes[0]), _dims3(shapes[1])
-        return (a[0], a[1], b[2]) if a and b else None
-    if name in _SOFTMAX_OPS and shapes:
-        return _dims3(shapes[0])
-    if _is_sdpa(name) and len(shapes) >= 2:
-        q, k = _dims3(shapes[0]), _dims3(shapes[1])
-        return (q[0], q[1], k[1]) if q and k else None
-    return None
-
-
-def _contraction(name: str, shapes: list[Any]) -> int | None:
-    """K of a bmm/baddbmm (the summed dimension)."""
-    first = shapes[1] if name == "aten::baddbmm" and len(shapes) > 1 else (shapes[0] if shapes else None)
-    d = _dims3(first)
-    return d[2] if d else None
-
-
-def _nested(start: np.ndarray, end: np.ndarray, tid: np.ndarray) -> np.ndarray:
-    """True for ops inside another listed op of the same thread (``_softmax`` in ``softmax``)."""
-    nested = np.zeros(len(start), bool)
-    order = np.lexsort((-end, start, tid))  # by tid, start, longer first
-    open_end, open_tid = -np.inf, None
-    for i in order:  # attention ops are few (thousands): a plain sweep is clear and fast
-        if tid[i] == open_tid and end[i] <= open_end:
-            nested[i] = True
-        else:
-            open_end, open_tid = end[i], tid[i]
-    return nested
-
-
 def attention_ops(trace: ChromeTrace) -> pd.DataFrame:
-    """Attention-related ``cpu_op`` events with shapes, score sizes and their stage.
-
-    Rows: ``aten::baddbmm``, ``aten::bmm``, ``aten::softmax``/``aten::_softmax``,
-    ``aten::scaled_dot_product_attention`` and ``aten::_scaled_dot_product_*``, in
-    time order. Columns: ``name``, ``start_us``, ``end_us``, ``tid``, ``shapes``
-    (list of input dims), ``dtype`` (``Input type`` of the first input), ``itemsize``,
-    ``score_shape`` ((B, M, N), see below), ``score_bytes`` (B·M·N·itemsize),
-    ``materializes_scores``, ``nested`` (inside another listed op of the same thread,
-    e.g. ``_softmax`` in ``softmax``), ``stage`` (innermost enclosing stage of
-    :func:`annotation_stages`, ``""`` if none).
-
-    ``score_shape`` is the output of baddbmm/bmm, the input of softmax, and for SDPA the
-    matrix a classic implementation would materialize (so ``score_bytes`` is what the
-    fused kernel saved). ``materializes_scores`` is True for a non-nested baddbmm/bmm
-    whose output is attention scores — the next listed op on its thread is a softmax
-    over that shape, or the output is square with a smaller contraction dim (self
-    attention) — and for a non-nested softmax over such an output. SDPA materializes
-    only when it ran the unfused math backend (``_scaled_dot_product_attention_math``
-    under it); the fused kernels (flash, efficient, cuDNN, CPU flash) never do. Sum
-    ``score_bytes`` over ``materializes_scores`` rows only.
-    """
-    ops = trace.ops
-    cols = ["name", "start_us", "end_us", "tid", "shapes", "dtype", "itemsize", "score_shape",
-            "score_bytes", "materializes_scores", "nested", "stage"]
-    names_cat = pd.Index(ops["name"].cat.categories).astype(str) if len(ops) else pd.Index([])
-    wanted = np.array([_is_attention(n) for n in names_cat], dtype=bool)
-    if not len(ops) or not wanted.any():
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
-    sel = ops[wanted[ops["name"].cat.codes.to_numpy()]]
-    # By thread, then time, outer op first on equal start: an op's children follow it.
-    sel = sel.iloc[np.lexsort((-sel["end_us"].to_numpy(), sel["start_us"].to_numpy(), sel["tid"].to_numpy()))]
-    n = len(sel)
-    names = names_cat.to_numpy()[sel["name"].cat.codes.to_numpy()].astype(object)
-    # Parse each distinct dims / types JSON text once.
-    dims_cat = sel["input_dims"].cat
-    dims_parsed = [_parse_json_list(str(s)) for s in dims_cat.categories]
-    shapes = [dims_parsed[c] if c >= 0 else [] for c in dims_cat.codes.to_numpy()]
-    types_cat = sel["input_types"].cat
-    first_type = [(_parse_json_list(str(s)) or [""])[0] for s in types_cat.categories]
-    dtype = np.array([first_type[c] if c >= 0 else "" for c in types_cat.codes.to_numpy()], dtype=object)
-    itemsize = np.array([ITEMSIZE.get(str(d), 0) for d in dtype], dtype=np.int64)
-
-    start, end, tid = sel["start_us"].to_numpy(), sel["end_us"].to_numpy(), sel["tid"].to_numpy()
-    nested = _nested(start, end, tid)
-    score = [_score_shape(nm, sh) for nm, sh in zip(names, shapes)]
-    numel = np.array([s[0] * s[1] * s[2] if s else 0 for s in score], dtype=np.int64)
-    score_bytes = numel * itemsize
-
-    # Classify along each thread's sequence of non-nested listed ops (rows are sorted by tid, start).
-    materializes = np.zeros(n, bool)
-    top = np.flatnonzero(~nested)
-    for j, i in enumerate(top):
-        nm, s = names[i], score[i]
-        if _is_sdpa(nm):
-            # The math backend is SDPA unfused: it builds the full score matrix inside.
-            kids = names[i + 1:top[j + 1] if j + 1 < len(top) else n]
-            materializes[i] = s is not None and any(str(k).startswith(_SDPA_MATH) for k in kids)
-            continue
-        if nm not in _SCORE_OPS or s is None:
-            continue
-        nxt = top[j + 1] if j + 1 < len(top) and tid[top[j + 1]] == tid[i] else None
-        followed_by_softmax = nxt is not None and names[nxt] in _SOFTMAX_OPS and score[nxt] == s
-        k = _contraction(nm, shapes[i])
-        square_self_attention = s[1] == s[2] and k is not None and k < s[2]
-        if followed_by_softmax or square_self_attention:
-            materializes[i] = True
-            if followed_by_softmax:
-                materializes[nxt] = True
-
-    stages = annotation_stages(trace)
-    out = pd.DataFrame({
-        "name": names, "start_us": start, "end_us": end, "tid": tid,
-        "shapes": pd.Series(shapes, dtype=object).to_numpy(),
-        "dtype": dtype, "itemsize": itemsize,
-        "score_shape": pd.Series(score, dtype=object).to_numpy(),
-        "score_bytes": score_bytes, "materializes_scores": materializes, "nested": nested,
-        "stage": stage_at(start, stages),
-    })
-    return out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)[cols]
+    """Attention-related ops (:func:`snapviz.analyses.trace_attention.attention_op_table`)
+    with ``stage``: the innermost enclosing stage of :func:`annotation_stages` (``""`` if none)."""
+    ops = attention_op_table(trace)
+    ops["stage"] = stage_at(ops["start_us"].to_numpy(dtype=np.float64), annotation_stages(trace)) if len(ops) else []
+    return ops

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from snapviz.errors import InputError
+from snapviz.load.chrome_trace import load_chrome_trace, scan_top_level
+from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
 from snapviz.load.snapshot import snapshot_from_dict
 from snapviz.model import Snapshot
@@ -35,11 +37,17 @@ class Run:
         raise AttributeError(name)
 
 
+RUN_JSON_MAX_BYTES = 16 << 20  # run.json is a few KiB; collectors write nothing larger
+
+
 def _read_run_json(path: str) -> dict[str, Any]:
+    check_regular_file(path)
+    if os.path.getsize(path) > RUN_JSON_MAX_BYTES:
+        raise InputError(f"{path}: run.json is over {RUN_JSON_MAX_BYTES >> 20} MiB, far more than a run's description")
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InputError(f"{path}: unreadable run.json ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("snapviz.run/"):
         raise InputError(f"{path}: not a snapviz run.json (no 'schema': 'snapviz.run/1')")
@@ -47,18 +55,38 @@ def _read_run_json(path: str) -> dict[str, Any]:
 
 
 def _sniff(path: str) -> str:
-    """'trace' for Chrome trace JSON, 'json' for other JSON, 'pickle' otherwise."""
+    """'trace', 'json' (other JSON) or 'pickle', decided by structure, not by a prefix.
+
+    JSON (first byte after whitespace and a BOM is ``{`` or ``[``; no pickle opcode is
+    either) has its top-level keys streamed until ``traceEvents``, however large the
+    values before it; everything else goes to the pickle reader, whose opcode scan
+    says precisely what is wrong with it.
+    """
+    limits = Limits.from_env()
     try:
-        with open_decompressed(path) as f:
-            head = f.read(4096)
+        with open_decompressed(path, limits=limits) as f:
+            first = b""
+            seen = 0
+            while not first:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    break
+                if seen == 0:
+                    chunk = chunk.removeprefix(b"\xef\xbb\xbf")
+                first = chunk.lstrip()[:1]
+                seen += len(chunk)
+                if seen > limits.header_bytes and not first:
+                    raise LimitExceeded(path, "header_bytes", seen, limits.header_bytes, " bytes")
     except InputError:
         raise
     except (OSError, EOFError, ValueError) as exc:  # bad gzip/xz header and the like
         raise InputError(f"{path}: corrupt compressed file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    stripped = head.lstrip()
-    if stripped[:1] in (b"{", b"["):
-        return "trace" if (b"traceEvents" in head or b"schemaVersion" in head) else "json"
-    return "pickle"
+    if first not in (b"{", b"["):
+        return "pickle"
+    if first == b"[":
+        return "trace"  # load_chrome_trace explains: a JSON array is not a trace object
+    top = scan_top_level(path, limits)
+    return "trace" if top.has_events or "schemaVersion" in top.meta else "json"
 
 
 @contextmanager
@@ -90,6 +118,7 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
     p = os.fspath(path)
     if not os.path.exists(p):
         raise InputError(f"{p}: no such file or directory")
+    check_regular_file(p)  # a FIFO would block here forever, a device never end
     run_json: dict[str, Any] | None = None
     snap_path = trace_path = None
     if os.path.isdir(p):
@@ -119,7 +148,6 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
     snapshot = load_snapshot(snap_path) if snap_path else None
     trace = None
     if trace_path:
-        from snapviz.load.chrome_trace import load_chrome_trace
         trace = load_chrome_trace(trace_path)
     if snapshot is not None:
         snapshot.run = run_json

@@ -13,30 +13,31 @@ snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``
 from __future__ import annotations
 
 import ast
-import gzip
-import lzma
 import json
 import os
-import zlib
 from array import array
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import ijson
 import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.load.safe_pickle import open_decompressed
+from snapviz.load.json_stream import (
+    CHUNK_BYTES,
+    TapReader,
+    TopLevel,
+    one_line,
+    open_json,
+    scan_top_level,
+)
+from snapviz.load.limits import Limits
 
-__all__ = ["ChromeTrace", "load_chrome_trace", "looks_like_chrome_trace"]
+__all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 MEMORY_EVENT_NAME = "[memory]"   # torch.autograd.profiler_util.MEMORY_EVENT_NAME
-CHUNK_BYTES = 64 << 10           # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
-HEAD_LIMIT_BYTES = 64 << 20      # "traceEvents" must start within this many bytes
 TAIL_WINDOW_BYTES = 4 << 20      # keys after the events array must fit in this window
-_GZIP_MAGIC = b"\x1f\x8b"
-_TRACE_EVENTS_KEY = b'"traceEvents"'
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -47,9 +48,12 @@ class ChromeTrace:
     Tables:
 
     * ``memory``: ``[memory]`` instant events, sorted by time (stable): ``time_us``,
-      ``device_type`` (int8, 0 CPU, 1 CUDA), ``device_id`` (int16, -1 for CPU),
-      ``bytes`` (int64, negative on free), ``addr``, ``total_allocated``,
-      ``total_reserved``, ``tid`` (int64; the allocating thread).
+      ``device_type`` (int8, c10::DeviceType: 0 CPU, 1 CUDA, 6 HIP, 12 XPU, 13 MPS,
+      19 MTIA, 20 PrivateUse1, ...), ``device_id`` (int16, -1 for CPU), ``bytes``
+      (int64, negative on free), ``addr``, ``total_allocated``, ``total_reserved``,
+      ``has_totals`` (bool: the event carried ``Total Allocated``; profilers of about
+      2021 wrote ``Bytes`` only, and their totals read 0 here), ``tid`` (int64; the
+      allocating thread).
     * ``annotations``: ``record_function`` ranges (``cat == "user_annotation"``):
       ``name`` (categorical), ``start_us``, ``end_us``, ``tid``, ``pid``.
     * ``ops``: ``cat == "cpu_op"``: ``name``, ``start_us``, ``end_us``, ``tid``,
@@ -76,172 +80,31 @@ class ChromeTrace:
 # --------------------------------------------------------------------------- input
 
 
-def _one_line(exc: BaseException) -> str:
-    """yajl's messages span several lines with a caret diagram; keep the first."""
-    text = str(exc).strip()
-    if text.startswith(("b'", 'b"')):
-        text = text[2:]
-    text = text.replace("\\n", "\n").splitlines()[0] if text else type(exc).__name__
-    return text.strip().rstrip(".")
-
-
-def _open(path: str) -> IO[bytes]:
-    """The decompressed byte stream; compression is recognised by its magic, not the suffix."""
-    return open_decompressed(path, what="Chrome trace file")
-
-
-class _TapReader:
-    """File-like wrapper handed to ijson: maps I/O damage to InputError and watches the
-    bytes go by (first byte, head up to ``"traceEvents"``, a tail window), so the
-    document is read once and the top-level keys come without a second pass.
-    """
-
-    def __init__(self, path: str, stream: IO[bytes]) -> None:
-        self.path = path
-        self.stream = stream
-        self.started = False
-        self.offset = 0                       # bytes handed to the parser so far
-        self.head = bytearray()
-        self.head_meta: dict[str, Any] | None = None
-        self.head_resume = 0                  # where in head the key search goes on
-        self.events_at = -1                   # offset of the events array's '['
-        self.tail: list[bytes] = []           # the last chunks, >= TAIL_WINDOW_BYTES of them
-        self.tail_bytes = 0
-
-    def read(self, size: int = -1) -> bytes:
-        try:
-            chunk = self.stream.read(size)
-        except EOFError:  # gzip stream cut short
-            raise InputError(f"{self.path}: truncated gzip file (compressed stream ended early)") from None
-        except lzma.LZMAError as exc:
-            raise InputError(f"{self.path}: corrupt xz file ({_one_line(exc)})") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise InputError(f"{self.path}: corrupt gzip file ({_one_line(exc)})") from None
-        if not chunk:
-            return chunk
-        if not self.started:
-            chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # yajl rejects a UTF-8 BOM
-            first = chunk.lstrip()[:1]
-            if not first:
-                chunk = b" "  # whitespace so far; b"" would mean end of file to ijson
-            else:
-                self.started = True
-                if first == b"[":
-                    raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
-                if first != b"{":
-                    raise InputError(f"{self.path}: not JSON (does not start with '{{')")
-        if self.head_meta is None:
-            self._scan_head(chunk)
-        self.offset += len(chunk)
-        self.tail.append(chunk)
-        self.tail_bytes += len(chunk)
-        while self.tail_bytes - len(self.tail[0]) >= TAIL_WINDOW_BYTES:
-            self.tail_bytes -= len(self.tail.pop(0))
-        return chunk
-
-    def _scan_head(self, chunk: bytes) -> None:
-        self.head += chunk
-        found, self.head_resume = _head_meta(self.head, self.head_resume)  # no copy: heads can be MBs
-        if found is not None:
-            meta, bracket = found
-            if bracket < 0:
-                raise InputError(f"{self.path}: not a Chrome trace (traceEvents is not a list)")
-            self.head_meta = meta
-            self.events_at = self.offset + len(chunk) - len(self.head) + bracket
-            self.head = bytearray()
-        elif len(self.head) > HEAD_LIMIT_BYTES:
-            raise InputError(f"{self.path}: not a Chrome trace (no traceEvents in the first {HEAD_LIMIT_BYTES >> 20} MiB)")
-
-    def after_events_start(self) -> bytes:
-        """The tail window, cut to start inside the events array (never in the head)."""
-        window = b"".join(self.tail)
-        window_at = self.offset - len(window)
-        return window[max(0, self.events_at + 1 - window_at, len(window) - TAIL_WINDOW_BYTES):]
-
-
 def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` (optionally gzipped) starts like a Chrome trace JSON object.
-
-    Sniffs the first 64 KiB (decompressed as far as they go, so a truncated gzip trace
-    still counts and then gets its precise error from :func:`load_chrome_trace`): a
-    ``{`` first, then ``"traceEvents"`` or ``"schemaVersion"``. Never raises.
+    """True when ``path`` (optionally compressed) is a JSON object with a ``traceEvents``
+    (or ``schemaVersion``) key at the top level, found by streaming its keys: a large
+    ``metadata`` object first does not matter. A truncated gzip trace still counts (and
+    then gets its precise error from :func:`load_chrome_trace`). Never raises.
     """
     try:
-        with open(os.fspath(path), "rb") as f:
-            head = f.read(64 << 10)
-        if head[:2] == _GZIP_MAGIC:
-            head = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, 64 << 10)
-    except (OSError, zlib.error):
+        top = scan_top_level(os.fspath(path))
+    except InputError:
         return False
-    head = head.removeprefix(b"\xef\xbb\xbf").lstrip()
-    return head[:1] == b"{" and (b'"traceEvents"' in head or b'"schemaVersion"' in head)
+    return top.has_events or "schemaVersion" in top.meta
 
 
 # --------------------------------------------------------------------------- meta
 
 
-def _head_meta(head: bytes | bytearray, start: int = 0) -> tuple[tuple[dict[str, Any], int] | None, int]:
-    """Top-level keys before ``"traceEvents"`` and the offset in ``head`` of its ``[``.
-
-    Returns ``(found, resume)``: ``found`` is ``(meta, offset)`` (offset -1 when the
-    value is not a list) or ``None`` while more input is needed, and ``resume`` is where
-    the next call should search from, so a long head is scanned once, not per chunk.
-    An occurrence of the string inside an earlier value is skipped: the text before it
-    is not then a complete object's member list.
-    """
-    while True:
-        pos = head.find(_TRACE_EVENTS_KEY, start)
-        if pos < 0:
-            return None, max(start, len(head) - len(_TRACE_EVENTS_KEY) + 1)
-        rest = head[pos + len(_TRACE_EVENTS_KEY):].lstrip()
-        if not rest[1:].lstrip():
-            return None, pos  # the ':' or the value's first byte is in the next chunk
-        start = pos + 1
-        members = head[:pos].rstrip()
-        if members.endswith(b","):
-            members = members[:-1]
-        try:
-            meta = json.loads(members + b"}")
-        except ValueError:
-            continue
-        if not isinstance(meta, dict) or rest[:1] != b":":
-            continue  # a nested '"traceEvents"' or a string value: keep looking
-        value = rest[1:].lstrip()
-        return (meta, (len(head) - len(value)) if value[:1] == b"[" else -1), pos
-
-
-def _tail_meta(tail: bytes) -> dict[str, Any] | None:
-    """Top-level keys after the events array, from the last bytes of the document.
-
-    The array ends at the earliest ``]`` whose remainder parses as the rest of an
-    object (``, "k": v ... }``); a ``]`` inside the last events leaves unbalanced
-    brackets behind it and fails. ``None`` when no candidate fits in the window.
-    """
-    best: dict[str, Any] | None = None
-    misses = 0
-    pos = len(tail)
-    # Walk backwards: the true end is usually within the last few hundred bytes.
-    # Keep the earliest fitting candidate; stop after a long run of misses (inside events).
-    while misses < 256:
-        pos = tail.rfind(b"]", 0, pos)
-        if pos < 0:
-            break
-        rest = tail[pos + 1:].lstrip()
-        if rest[:1] == b",":
-            text = b"{" + rest[1:]
-        elif rest[:1] == b"}":
-            text = rest
-        else:
-            misses += 1
-            continue
-        try:
-            val = json.loads(text)
-        except ValueError:
-            misses += 1
-            continue
-        if isinstance(val, dict) and "traceEvents" not in val:
-            best, misses = val, 0
-    return best
+def _tail_meta(after_end: bytes) -> dict[str, Any] | None:
+    """Top-level keys after the events array, from the bytes after its closing bracket."""
+    rest = after_end.lstrip()
+    text = b"{" + rest[1:] if rest[:1] == b"," else rest
+    try:
+        val = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return val if isinstance(val, dict) else None
 
 
 # --------------------------------------------------------------------------- columns
@@ -286,6 +149,7 @@ class _Columns:
         # memory
         self.m_ts, self.m_dtype, self.m_did = array("d"), array("b"), array("h")
         self.m_bytes, self.m_addr, self.m_alloc, self.m_res, self.m_tid = (array("q") for _ in range(5))
+        self.m_has_totals = array("b")
         # annotations
         self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = array("i"), array("d"), array("d"), array("q"), array("q")
         self.a_names = _Interner()
@@ -349,7 +213,9 @@ class _Columns:
         self.m_did.append(max(-32768, min(32767, _int(args.get("Device Id"), -1))))
         self.m_bytes.append(_int(args.get("Bytes"), 0))
         self.m_addr.append(_int(args.get("Addr"), 0))
-        self.m_alloc.append(_int(args.get("Total Allocated"), 0))
+        total = args.get("Total Allocated")
+        self.m_has_totals.append(total is not None)
+        self.m_alloc.append(_int(total, 0))
         self.m_res.append(_int(args.get("Total Reserved"), 0))
         self.m_tid.append(_int(ev.get("tid")))
 
@@ -372,6 +238,7 @@ class _Columns:
             "addr": i64(self.m_addr)[order],
             "total_allocated": i64(self.m_alloc)[order],
             "total_reserved": i64(self.m_res)[order],
+            "has_totals": (np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8))[order].astype(bool),
             "tid": i64(self.m_tid)[order],
         })
 
@@ -407,7 +274,13 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     :class:`snapviz.errors.InputError` with one line.
     """
     p = os.fspath(path)
-    reader = _TapReader(p, _open(p))
+    limits = Limits.from_env()
+    top = scan_top_level(p, limits)
+    if not top.has_events:
+        raise InputError(f"{p}: not a Chrome trace (no traceEvents list)")
+    if not top.events_is_list:
+        raise InputError(f"{p}: not a Chrome trace (traceEvents is not a list)")
+    reader = TapReader(p, open_json(p, limits), limits, watch=top.events_index, keep_tail=TAIL_WINDOW_BYTES)
     cols = _Columns()
     try:
         with reader.stream:
@@ -415,21 +288,16 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
             # API (items_coro) measured ~3x slower on the same input.
             cols.add(ijson.items(reader, "traceEvents.item", use_float=True, buf_size=CHUNK_BYTES))
     except ijson.JSONError as exc:  # IncompleteJSONError included
-        if not reader.started:
-            raise InputError(f"{p}: empty file") from None
-        raise InputError(f"{p}: not valid JSON ({_one_line(exc)})") from None
+        raise InputError(f"{p}: not valid JSON ({one_line(exc)})") from None
     except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not valid JSON (bad UTF-8: {_one_line(exc)})") from None
+        raise InputError(f"{p}: not valid JSON (bad UTF-8: {one_line(exc)})") from None
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
-        raise InputError(f"{p}: malformed trace event ({_one_line(exc)})") from None
-    if not reader.started:
-        raise InputError(f"{p}: empty file")
-    if reader.head_meta is None:
-        raise InputError(f"{p}: not a Chrome trace (no traceEvents list)")
+        raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 
-    meta = dict(reader.head_meta)
+    meta = dict(top.meta)
     notes: list[str] = []
-    after = _tail_meta(reader.after_events_start())
+    after_end = reader.after(reader.guard.watch_end + 1) if reader.guard.watch_end >= 0 else None
+    after = _tail_meta(after_end) if after_end is not None else None
     if after is None:
         notes.append(f"keys after traceEvents not read (beyond the last {TAIL_WINDOW_BYTES >> 20} MiB)")
     else:

@@ -17,6 +17,8 @@ import zlib
 from typing import IO, Any
 
 from snapviz.errors import InputError
+from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
+from snapviz.load.pickle_scan import scan_pickle
 
 _GZIP = b"\x1f\x8b"
 _XZ = b"\xfd7zXZ\x00"
@@ -27,7 +29,7 @@ _ZSTD = b"\x28\xb5\x2f\xfd"
 class _RefuseGlobals(pickle.Unpickler):
     """C-speed unpickler (subclass of ``_pickle.Unpickler``) that refuses every global."""
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: D401
+    def find_class(self, module: str, name: str) -> Any:
         raise InputError(
             f"refusing to load: the pickle asks for {module}.{name}; "
             "memory snapshots contain plain data only (this file may be malicious)"
@@ -65,7 +67,11 @@ class _DecompressErrors(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         try:
-            return self._inner.readinto(b)  # type: ignore[attr-defined,no-any-return]
+            # read1: one decompressed piece at a time, so the data before a truncation point
+            # is delivered before the error (a truncated trace is still recognised as one).
+            data = self._inner.read1(len(b))  # type: ignore[attr-defined]
+            b[:len(data)] = data
+            return len(data)
         except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             what = "truncated" if isinstance(exc, EOFError) else "corrupt"
@@ -79,11 +85,46 @@ class _DecompressErrors(io.RawIOBase):
             super().close()
 
 
-def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (and not a run directory)") -> IO[bytes]:
-    """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension."""
+class _Bounded(io.RawIOBase):
+    """Counts decompressed bytes as they come and stops a decompression bomb: more than
+    ``limits.ratio`` times the file's size (once past ``limits.ratio_floor``) is refused."""
+
+    def __init__(self, inner: IO[bytes], path: str, file_size: int, limits: Limits) -> None:
+        super().__init__()
+        self._inner, self._path = inner, path
+        self._budget = max(limits.ratio * file_size, limits.ratio_floor)
+        self._ratio = limits.ratio
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        got = self._inner.readinto(b)  # type: ignore[attr-defined]
+        self.count += got or 0
+        if self.count > self._budget:
+            raise LimitExceeded(self._path, "ratio", None, self._ratio, "x")
+        return got  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            super().close()
+
+
+def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (and not a run directory)",
+                      limits: Limits | None = None) -> IO[bytes]:
+    """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension.
+
+    Only regular files are opened (a FIFO would block, a device never ends), and the
+    decompressed stream stops at the decompression limit (:mod:`snapviz.load.limits`).
+    """
     p = os.fspath(path)
     if os.path.isdir(p):
         raise InputError(f"{p}: is a directory, not a {what}")
+    check_regular_file(p)
+    limits = limits or Limits.from_env()
     try:
         raw = open(p, "rb")
     except FileNotFoundError:
@@ -109,7 +150,18 @@ def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (
             raise InputError(f"{p}: the file is zstd-compressed; install 'zstandard' or decompress it first") from None
     else:
         return raw
-    return io.BufferedReader(_DecompressErrors(inner, raw, p, kind), 1 << 20)  # type: ignore[return-value]
+    size = os.fstat(raw.fileno()).st_size
+    return io.BufferedReader(_Bounded(_DecompressErrors(inner, raw, p, kind), p, size, limits), 1 << 20)  # type: ignore[return-value]
+
+
+def read_all(f: IO[bytes]) -> bytes:
+    """The whole (already bounded) stream as one bytes object, read in 1 MiB steps."""
+    parts = []
+    while True:
+        chunk = f.read(1 << 20)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
 
 
 def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
@@ -118,14 +170,16 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
     Every failure becomes an :class:`InputError` carrying one readable line.
     """
     p = os.fspath(path)
-    f = open_decompressed(p)
+    limits = Limits.from_env()
+    f = open_decompressed(p, limits=limits)
     try:
         with f:
-            buffered = f if isinstance(f, io.BufferedReader) else io.BufferedReader(f, 1 << 20)  # type: ignore[arg-type]
-            first = buffered.peek(1)[:1]
-            if not first:
-                raise InputError(f"{p}: empty file")
-            return _RefuseGlobals(buffered).load()
+            data = read_all(f)
+        if not data:
+            raise InputError(f"{p}: empty file")
+        # Every structural limit is checked on the opcodes before one object is built.
+        scan_pickle(data, p, limits)
+        return _RefuseGlobals(io.BytesIO(data)).load()
     except InputError as exc:
         msg = str(exc)
         raise InputError(msg if msg.startswith(p) else f"{p}: {msg}") from None

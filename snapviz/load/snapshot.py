@@ -7,6 +7,7 @@ that keep their stack under ``history``.
 """
 from __future__ import annotations
 
+import reprlib
 from operator import itemgetter
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.model import ACTION_CODE, A_OTHER, Snapshot
+from snapviz.model import A_OTHER, ACTION_CODE, Snapshot
 
 
 class _Interner:
@@ -40,7 +41,7 @@ class _Interner:
         for fr in frames:
             if not isinstance(fr, dict):
                 continue
-            fv = (str(fr.get("name", "?")), str(fr.get("filename", "")), int(fr.get("line", 0) or 0))
+            fv = (_text(fr.get("name", "?")), _text(fr.get("filename", "")), int(fr.get("line", 0) or 0))
             fid = self.frame_by_value.get(fv)
             if fid is None:
                 fid = len(self.frame_rows)
@@ -79,6 +80,25 @@ def _block_requested(block: dict[str, Any], size: int) -> int:
     return size
 
 
+ADDRESS_LIMIT = 1 << 62  # no allocator hands out sizes or addresses at or above 2**62
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxstring, _REPR.maxother = 3, 16, 16, 16, 1000, 200
+
+
+def _text(v: Any) -> str:
+    """A file value as text without walking it: strings as they are, scalars by ``str``,
+    containers by a depth- and length-bounded repr (a list shared a billion times over
+    must not turn into gigabytes of text)."""
+    if type(v) is str:
+        return v
+    if v is None or isinstance(v, (bool, int, float)):
+        try:
+            return str(v)
+        except ValueError:  # an int of more than 4300 digits
+            return "<int>"
+    return _REPR.repr(v) if isinstance(v, (dict, list, tuple)) else f"<{type(v).__name__}>"
+
+
 def _as_int(v: Any, default: int = 0) -> int:
     if isinstance(v, bool):
         return int(v)
@@ -90,6 +110,29 @@ def _as_int(v: Any, default: int = 0) -> int:
         return default
 
 
+def _settings(v: Any) -> dict[str, Any]:
+    """allocator_settings with scalar values kept and anything nested shown as bounded text
+    (it reaches every report; a shared, deeply nested value must not)."""
+    if not isinstance(v, dict):
+        return {}
+    return {_text(k): _flat(x) for k, x in list(v.items())[:200]}
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _flat(x: Any) -> Any:
+    """A scalar, or a dict/list of at most 1000 scalars (e.g. roundup_power2_divisions), kept
+    as a copy; anything deeper becomes bounded text."""
+    if type(x) in _SCALARS:
+        return x
+    if type(x) is dict and len(x) <= 1000 and all(type(k) in _SCALARS and type(y) in _SCALARS for k, y in x.items()):
+        return dict(x)
+    if type(x) in (list, tuple) and len(x) <= 1000 and all(type(y) in _SCALARS for y in x):
+        return list(x)
+    return _text(x)
+
+
 def _pool_str(v: Any) -> str:
     if isinstance(v, (tuple, list)) and len(v) == 2:
         return f"{_as_int(v[0])},{_as_int(v[1])}"
@@ -99,12 +142,37 @@ def _pool_str(v: Any) -> str:
 _FAST_KEYS = ("action", "addr", "size", "stream", "time_us")
 
 
+def _action_code(a: Any, missing: int | None = None) -> int:
+    if type(a) is not str:
+        if a is None and missing is not None:
+            return missing
+        raise TypeError(f"a trace action that is not a string ({_text(a)[:40]})")
+    return ACTION_CODE.get(a, A_OTHER)
+
+
 def _metadata_str(v: Any) -> str:
     """user_metadata is a str up to 2.13; newer torch may stamp dicts (unhashable)."""
-    return v if isinstance(v, str) else ("" if v is None else str(v))
+    return v if type(v) is str else ("" if v is None else _text(v))
 
 
-def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any) -> dict[str, np.ndarray]:
+# Entries the replay cannot do without: an allocation or free with no address or size
+# would silently become a 0-byte event and every figure after it would be wrong.
+_NEEDS_ADDR_AND_SIZE = frozenset(a for a in ACTION_CODE if a not in ("oom", "snapshot", "other"))
+
+
+def _require_replay_keys(entries: list[dict[str, Any]]) -> None:
+    """Raise ValueError (an input error, exit 2) for an entry the replay cannot use."""
+    for i, e in enumerate(entries):
+        act = e.get("action")
+        if act is None:
+            raise ValueError(f"trace entry {i} has no 'action'")
+        if act in _NEEDS_ADDR_AND_SIZE:
+            for key in ("addr", "size"):
+                if e.get(key) is None:
+                    raise ValueError(f"trace entry {i} ({act!r}) has no {key!r}")
+
+
+def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any, notes: list[str]) -> dict[str, np.ndarray]:
     """Columns of one device's trace entries.
 
     The fast path pulls the keys every modern entry has with one C-level ``itemgetter``
@@ -113,18 +181,29 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
     """
     n = len(entries)
     try:
+        # Factorize by identity (pickle memoizes the few action strings): nothing from the
+        # file is hashed, so a deeply nested tuple in this column cannot overflow the C stack.
         act = list(map(itemgetter("action"), entries))
-        acodes, auniq = pd.factorize(pd.Series(act, dtype=object), use_na_sentinel=False)
+        acodes, _ = pd.factorize(np.fromiter(map(id, act), np.int64, n))
+        _, first = np.unique(acodes, return_index=True)
+        action = np.array([_action_code(act[j]) for j in first.tolist()], dtype=np.int8)[acodes] if n else np.empty(0, np.int8)
         del act
-        action = np.array([ACTION_CODE.get(a, A_OTHER) for a in auniq], dtype=np.int8)[acodes]
-        addr_a = np.fromiter(map(itemgetter("addr"), entries), np.int64, n)
-        size_a = np.fromiter(map(itemgetter("size"), entries), np.int64, n)
+        addr_v, size_v = list(map(itemgetter("addr"), entries)), list(map(itemgetter("size"), entries))
+        if not set(map(type, addr_v)) | set(map(type, size_v)) <= {int}:
+            raise TypeError("a size or address that is not an integer")  # the slow path notes it
+        addr_a = np.fromiter(addr_v, np.int64, n)
+        size_a = np.fromiter(size_v, np.int64, n)
+        del addr_v, size_v
         stream_a = np.fromiter(map(itemgetter("stream"), entries), np.int64, n)
         time_a = np.fromiter(map(itemgetter("time_us"), entries), np.int64, n)
     except (KeyError, TypeError, ValueError, OverflowError):
-        action = np.fromiter((ACTION_CODE.get(e.get("action"), A_OTHER) for e in entries), np.int8, n)
+        _require_replay_keys(entries)
+        action = np.fromiter((_action_code(e.get("action"), A_OTHER) for e in entries), np.int8, n)
         addr_a = np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n)
         size_a = np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n)
+        odd = sum(1 for e in entries for k in ("addr", "size") if k in e and type(e[k]) is not int)
+        if odd:
+            notes.append(f"{odd:,} trace sizes/addresses are not integers (bool, float, text or missing): read as integers")
         stream_a = np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n)
         time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
     get = dict.get
@@ -156,6 +235,16 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any)
             "compile_id": interned("compile_context", ""), "device_free": device_free}
 
 
+def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) -> None:
+    """Sizes and addresses an allocator can produce: 0 <= v < 2**62. Anything else is a
+    corrupt or hostile file; sums of such values would wrap around in int64 silently."""
+    for name, col in (("address", addr), ("size", size)):
+        bad = np.flatnonzero((col < 0) | (col >= ADDRESS_LIMIT))
+        if len(bad):
+            raise InputError(f"{source}: {where}[{int(bad[0])}] has {name} {int(col[bad[0]]):,}, outside what an "
+                             f"allocator can produce (0 to 2**62); {len(bad):,} such values")
+
+
 def snapshot_from_dict(data: Any, source: str) -> Snapshot:
     """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
     # FIX (tests/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
@@ -180,7 +269,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     if not isinstance(data, dict):
         raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (top level is {type(data).__name__})")
     if "segments" not in data and "device_traces" not in data:
-        keys = ", ".join(sorted(map(str, data.keys()))[:6]) or "no keys"
+        keys = ", ".join(sorted(map(_text, list(data.keys())[:50]))[:6]) or "no keys"
         raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (keys: {keys})")
     segments_raw = data.get("segments") or []
     traces_raw = data.get("device_traces")
@@ -196,8 +285,8 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     def sid(s: Any) -> int:
         if s is None:
             return 0
-        if not isinstance(s, str):
-            s = str(s)
+        if type(s) is not str:
+            s = _text(s)
         i = string_ids.get(s)
         if i is None:
             i = len(strings)
@@ -217,7 +306,8 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         n = len(entries)
         if n == 0:
             continue
-        cols = _entry_columns(entries, interner, sid)
+        cols = _entry_columns(entries, interner, sid, notes)
+        _check_range(source, f"device_traces[{dev}]", cols["addr"], cols["size"])
         ev_cols["device"].append(np.full(n, dev, dtype=np.int16))
         ev_cols["idx"].append(np.arange(n, dtype=np.int64))
         for k, v in cols.items():
@@ -238,7 +328,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         seg_rows.append((
             _as_int(seg.get("device", 0)), addr, _as_int(seg.get("total_size", 0)),
             _as_int(seg.get("allocated_size", 0)), _as_int(seg.get("requested_size", 0)),
-            _as_int(seg.get("stream", 0)), str(seg.get("segment_type", "large")),
+            _as_int(seg.get("stream", 0)), _text(seg.get("segment_type", "large")),
             _pool_str(seg.get("segment_pool_id")), bool(seg.get("is_expandable", False)),
             interner.stack_id(seg.get("frames")),
         ))
@@ -247,7 +337,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
             if not isinstance(b, dict):
                 continue
             size = _as_int(b.get("size", 0))
-            state = str(b.get("state", "inactive"))
+            state = _text(b.get("state", "inactive"))
             if state == "active_awaiting_free":  # the docstring's spelling of the C++ state
                 state = "active_pending_free"
             blk_rows.append((
@@ -262,12 +352,14 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
                      (blocks, ("segment", "device", "address", "size", "requested_size", "stack_id"))):
         for c in cols:
             df[c] = df[c].astype(np.int64)
+    _check_range(source, "segments", segments["address"].to_numpy(), segments["total_size"].to_numpy())
+    _check_range(source, "blocks", blocks["address"].to_numpy(), blocks["size"].to_numpy())
     blocks["state"] = pd.Categorical(blocks["state"], categories=["active_allocated", "active_pending_free", "inactive"])
 
     ann_rows = []
     for a in data.get("external_annotations") or []:
         if isinstance(a, dict) and "name" in a:
-            ann_rows.append((_as_int(a.get("device", 0)), _as_int(a.get("time_us", -1), -1), str(a["name"]), str(a.get("stage", ""))))
+            ann_rows.append((_as_int(a.get("device", 0)), _as_int(a.get("time_us", -1), -1), _text(a["name"]), _text(a.get("stage", ""))))
     annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
     annotations["time_us"] = annotations["time_us"].astype(np.int64)
 
@@ -280,7 +372,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         "frame_id": np.fromiter((f for s in interner.stacks for f in s), np.int32, sum(lens)),
     })
     interner.keep_alive.clear()  # identities are no longer looked up
-    settings = data.get("allocator_settings") if isinstance(data.get("allocator_settings"), dict) else {}
+    settings = _settings(data.get("allocator_settings"))
     return Snapshot(source=source, events=events, frames=frames, stack_frames=stack_frames, stacks=interner.stacks,
                     strings=strings, segments=segments, blocks=blocks, annotations=annotations,
                     allocator_settings=dict(settings), format_notes=notes)

@@ -247,7 +247,9 @@ def _bars(data: dict[str, Any]) -> Any:
 
 def render_compare_report_data(data: dict[str, Any]) -> str:
     """The page for a :func:`compare_report_data` dict."""
-    from snapviz.render.html import build_page, esc
+    from snapviz.render.html import bounded_data, build_page, esc
+
+    data = bounded_data(data)
 
     labels = data["labels"]
     blocks: list[Any] = [_CSS, _hero(data)]

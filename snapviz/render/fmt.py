@@ -1,6 +1,8 @@
 """Number formatting shared by the renderers."""
 from __future__ import annotations
 
+from typing import Any
+
 
 def fmt_bytes(n: float | int | None) -> str:
     if n is None:
@@ -18,3 +20,33 @@ def fmt_bytes(n: float | int | None) -> str:
 def fmt_delta(n: float | int) -> str:
     return ("+" if n > 0 else "") + fmt_bytes(n)
 
+
+
+def fmt_device(doc: dict[str, Any]) -> str:
+    """``cuda:0``, ``hip:0, AMD ROCm/HIP GPU memory``, ``cpu``…; snapshots give an index."""
+    dev = doc.get("device")
+    if dev is None:
+        return "no device (no memory events)"
+    if isinstance(dev, int):
+        return f"cuda:{dev}"
+    kind = doc.get("device_kind")
+    return f"{dev}, {kind}" if kind and not str(dev).startswith(("cuda", "cpu")) else str(dev)
+
+
+def fmt_peak_where(peak: dict[str, Any]) -> str:
+    """`` in denoise/3 at event 1,234`` — only the parts the file knows."""
+    stage = peak.get("stage")
+    idx = peak.get("event_index")
+    if idx is None or idx < 0:
+        # The peak is the memory that existed when the recording started.
+        return " before the recording began" if stage == "before recording" else (f" in {stage}" if stage else "")
+    return (f" in {stage}" if stage else "") + f" at event {idx:,}"
+
+
+def fmt_peak_allocated(peak: dict[str, Any], events: int) -> str:
+    """The peak as a sentence fragment: exact, a lower bound, or not recorded."""
+    if not events and not peak.get("allocated_bytes"):
+        return "not recorded (the input has no memory events)"
+    a = int(peak["allocated_bytes"])
+    bound = "" if peak.get("exact", True) else "at least "
+    return f"{bound}{fmt_bytes(a)} ({a:,} B)"

@@ -30,6 +30,7 @@ from bokeh.transform import stack
 
 from snapviz import __version__
 from snapviz.render.fmt import fmt_bytes
+from snapviz.safe_text import bound
 from snapviz.render.report_data import (SERIES_COLORS, category_palette, report_data,  # noqa: F401 (re-exported)
                                         stage_palette, trace_report_data)
 
@@ -391,9 +392,11 @@ def _timeline_or_note(data: dict[str, Any], with_points: bool = True) -> str | U
 def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: dict[str, Any], pane: PreText) -> None:
     """Invisible markers on the allocated line: hover shows the event, a click its stack."""
     r = fig.scatter(x=x, y="allocated", source=src, size=8, fill_alpha=0, line_alpha=0)
-    r.selection_glyph = Scatter(fill_color=SERIES_COLORS["peak"], line_color="white", fill_alpha=1, line_alpha=1)
-    r.nonselection_glyph = Scatter(fill_alpha=0, line_alpha=0)
-    r.hover_glyph = Scatter(fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
+    # State glyphs need the renderer's own x/y fields: a bare Scatter() reads 'x'/'y', which the
+    # source lacks (Bokeh logged "nonexistent field" for each in the browser console).
+    r.selection_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["peak"], line_color="white", fill_alpha=1, line_alpha=1)
+    r.nonselection_glyph = Scatter(x=x, y="allocated", fill_alpha=0, line_alpha=0)
+    r.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
     stacks = data.get("stacks") or {"site": [], "frames": [], "more": [], "frame_text": []}
     nbytes = bytes_hover_formatter()
     tooltips = [("event", "@index{0,0}")]
@@ -438,7 +441,9 @@ def _stage_bar_block(data: dict[str, Any]) -> UIElement:
     labels = list(b["label"])
     src = _source({k: b[k] for k in ("label", "name", "group", "color", "peak_allocated", "peak_reserved",
                                       "allocator_peak", "duration_s")})
-    top = max([float(np.nanmax(b["peak_allocated"])) if len(labels) else 1.0, 1.0])
+    finite = np.asarray(b["peak_allocated"], np.float64)
+    finite = finite[np.isfinite(finite)]  # stages of a trace without memory events have no peak (NaN)
+    top = max([float(finite.max()) if len(finite) else 1.0, 1.0])
     fig = _base_figure(320, x_range=FactorRange(*labels) if labels else FactorRange(), y_range=Range1d(0, top * 1.1, bounds=(0, None)))
     fig.toolbar_location = None
     bars = fig.vbar(x="label", top="peak_allocated", width=0.8, source=src, fill_color="color", line_color=None,
@@ -532,7 +537,7 @@ def _category_area(data: dict[str, Any], src: ColumnDataSource, x: str, x_range:
     fig.step(x=x, y="allocated", source=src, mode="after", line_color=SERIES_COLORS["allocated"], line_width=1,
              line_alpha=0.7)
     probe = fig.scatter(x=x, y="allocated", source=src, size=6, fill_alpha=0, line_alpha=0)
-    probe.hover_glyph = Scatter(fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
+    probe.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1)
     nbytes = bytes_hover_formatter()
     tips = [("stage", "@stage{custom}"), ("allocated", "@allocated{custom}")]
     tips += [(cat, f"@c{i}{{custom}}") for i, cat in enumerate(cats)]
@@ -635,7 +640,7 @@ def _table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], 
     n = len(next(iter(columns.values()))) if columns else 0
     table = DataTable(source=src, columns=cols, height=min(max_height, 28 * n + 32), sizing_mode="stretch_width",
                       index_position=None, selectable=True, row_height=26, name=f"{name}-table",
-                      autosize_mode="none")
+                      autosize_mode="none", reorderable=False)  # reordering needs jquery-ui, which Bokeh does not bundle
     if stack_field is None:
         return Column(table, sizing_mode="stretch_width", name=name)
     pane = _stack_pane(hint)
@@ -650,8 +655,15 @@ if (ix.length) pane.text = src.data[field][ix[0]];
 # Reports
 # ---------------------------------------------------------------------------------------
 
+def bounded_data(data: dict[str, Any]) -> dict[str, Any]:
+    """Report data with every string from the input clipped (columns stay whole and aligned):
+    a page's size follows its rows, not the longest frame name in the snapshot."""
+    return bound(data, max_list=None, json_numbers=False)
+
+
 def render_report_data(data: dict[str, Any]) -> str:
     """The page for a :func:`~snapviz.render.report_data.report_data` dict."""
+    data = bounded_data(data)
     blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report"), _warnings(data), _advice_html(data)]
     blocks += [_card_open("Memory over time",
                           "allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd "
@@ -757,6 +769,7 @@ def render_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
 
 
 def render_trace_report_data(data: dict[str, Any]) -> str:
+    data = bounded_data(data)
     blocks: list[str | UIElement] = [_hero(data, "snapviz · GPU memory report (profiler trace)"), _warnings(data)]
     blocks += [_card_open("Memory over time", "From the trace's memory events. Drag to pan, scroll to zoom.",
                           "sv-timeline-card"), _timeline_or_note(data, with_points=False), "</section>"]

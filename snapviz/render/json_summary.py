@@ -1,10 +1,13 @@
-"""JSON renderer: the summary dict as text (numpy scalars made plain)."""
+"""JSON renderer: the summary dict as strict JSON text (numpy scalars made plain; strings
+clipped and non-finite numbers written as null with a warning, see :func:`bounded_doc`)."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
 import numpy as np
+
+from snapviz.safe_text import bounded_doc, clip
 
 
 def _plain(o: Any) -> Any:
@@ -18,8 +21,10 @@ def _plain(o: Any) -> Any:
         return o.tolist()
     if isinstance(o, (set, tuple)):
         return list(o)
-    return str(o)
+    return clip(str(o))
 
 
 def render_json(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, default=_plain) + "\n"
+    # allow_nan=False: NaN/Infinity are not JSON (JSON.parse rejects them); bounded_doc has
+    # replaced them, so this only guards against a renderer bug.
+    return json.dumps(bounded_doc(doc), indent=2, default=_plain, allow_nan=False) + "\n"

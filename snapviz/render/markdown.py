@@ -8,21 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapviz.render.fmt import fmt_bytes
+from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
+from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 
 MAX_STAGE_ROWS = 12
 MAX_TOP_ROWS = 10
 MIN_TOP_ROWS = 3
 
 
-def _cell(text: Any) -> str:
-    """Text safe inside a table cell (a '|' would split it)."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _code(text: Any) -> str:
-    s = _cell(text).replace("`", "'")
-    return f"`{s}`" if s else ""
+def _known_bytes(n: int | None) -> str:
+    return "not recorded" if n is None else fmt_bytes(n)
 
 
 def _span(lo: int, hi: int) -> str:
@@ -62,8 +57,9 @@ def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
         own = pk.get("top_allocations") or []
         out.append({
-            "name": str(s["name"]), "peak_allocated_bytes": int(s["peak_allocated_bytes"]),
-            "peak_reserved_bytes": int(s.get("peak_reserved_bytes") or 0),
+            # None where the input has no figure (trace without memory events or Total Reserved)
+            "name": str(s["name"]), "peak_allocated_bytes": s.get("peak_allocated_bytes"),
+            "peak_reserved_bytes": s.get("peak_reserved_bytes"),
             "intervals": len(ivs), "steps": len(s.get("steps") or []),
             "peak_interval": str(pk.get("name", s["name"])),
             "range": (min(peaks), max(peaks)) if len(peaks) > 1 else None,
@@ -94,16 +90,16 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
         n = r["steps"] or r["intervals"]
         what = f"{n} step{'s' if n != 1 else ''}" if r["steps"] else f"{n} intervals"
         if r["range"]:
-            steps = f"{what}, peak {_code(r['peak_interval'])}, {_span(*r['range'])}"
+            steps = f"{what}, peak {md_code(r['peak_interval'])}, {_span(*r['range'])}"
         else:
-            steps = what if r["steps"] else ""
-        line = (f"| `{_cell(r['name'])}` | {fmt_bytes(r['peak_allocated_bytes'])} | "
-                f"{fmt_bytes(r['peak_reserved_bytes'])} | {steps} |")
+            steps = what if r["steps"] else f"{n} interval{'s' if n != 1 else ''}"
+        line = (f"| {md_code(r['name'])} | {_known_bytes(r['peak_allocated_bytes'])} | "
+                f"{_known_bytes(r['peak_reserved_bytes'])} | {steps} |")
         if has_cats:
-            top = ", ".join(f"{c} {share:.0%}" for c, _, share in r["top"][:2])
+            top = ", ".join(f"{md_text(c)} {share:.0%}" for c, _, share in r["top"][:2])
             lg = r["largest"]
-            own = f"{fmt_bytes(lg['bytes'])} {_code(lg['site'])}" if lg else ""
-            line += f" {top} | {own} |"
+            own = f"{fmt_bytes(lg['bytes'])} {md_code(lg['site'])}" if lg else "none live at its peak"
+            line += f" {top or 'not itemized'} | {own} |"
         if has_rss:
             line += f" {fmt_bytes(rss[r['name']])} |"
         out.append(line)
@@ -114,17 +110,29 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
-    """Render a ``snapviz.summary/1`` dict."""
+    """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
+    :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping")."""
+    doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     run = doc.get("run") or {}
-    title = " ".join(str(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
+    title = " ".join(md_text(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
                                          run.get("dtype"), "+".join(run.get("techniques") or []) or None) if x)
-    kind = "CPU memory (profiler trace)" if str(doc.get("device")) == "cpu" else "GPU memory"
-    out: list[str] = [f"### {kind}: {title or doc['source']}", ""]
+    is_trace = doc.get("kind") == "trace"
+    kind = (doc.get("device_kind") or "memory") + " (profiler trace)" if is_trace else "GPU memory"
+    out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}", ""]
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
-    out += ["| | bytes | |", "|---|---:|---|",
-            f"| peak allocated{window} | {p['allocated_bytes']:,} | **{fmt_bytes(p['allocated_bytes'])}** in `{p['stage']}` (event {p['event_index']:,}) |",
-            f"| peak reserved | {p['reserved_bytes']:,} | {fmt_bytes(p['reserved_bytes'])} |"]
+    exact = p.get("exact", True)
+    where = md_text(fmt_peak_where(p).strip())
+    out += ["| | bytes | |", "|---|---:|---|"]
+    if h["events"] or p["allocated_bytes"]:
+        out.append(f"| peak allocated{window}{'' if exact else ' (lower bound)'} | {p['allocated_bytes']:,} | "
+                   f"**{'' if exact else 'at least '}{fmt_bytes(p['allocated_bytes'])}** {where} |")
+    else:
+        out.append("| peak allocated | not recorded | the input has no memory events |")
+    if p.get("reserved_bytes") is not None:
+        out.append(f"| peak reserved | {p['reserved_bytes']:,} | {fmt_bytes(p['reserved_bytes'])} |")
+    else:
+        out.append("| peak reserved | not recorded | this trace carries no Total Reserved |")
     if p.get("requested_bytes") is not None:
         out.append(f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} "
                    f"(rounding: {fmt_bytes(p['allocated_bytes'] - p['requested_bytes'])}) |")
@@ -137,33 +145,43 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
         out.append("**What would help** (from this run's live set at the peak):")
         for a in advice[:4]:
             saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
-            out.append(f"- **{a['technique']}**{saves}: {a['why']}. {_code(a['how'])}")
+            out.append(f"- **{md_text(a['technique'])}**{saves}: {md_text(a['why'])}. {md_code(a['how'])}")
         out.append("")
     out += _stage_table(doc)
     att = doc.get("attention") or {}
     if att.get("count"):
         lg = att["largest"]
-        out.append(f"**Attention scores:** {att['count']} materialized; largest {fmt_bytes(lg['bytes'])} "
-                   f"`{lg.get('shape')}` {lg.get('dtype') or ''}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
-                   "SDPA (the diffusers default) would not materialize them.")
+        shape = f" {md_code(lg['shape'])} {md_text(lg.get('dtype') or '')}" if lg.get("shape") else ""
+        out.append(f"**Attention scores:** {att['count']} materialized ({md_text(att.get('implementation'))}); largest "
+                   f"{fmt_bytes(lg['bytes'])}{shape}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
+                   "A fused kernel (SDPA / flash) would not materialize them.")
         out.append("")
     elif att:
-        out += [f"**Attention:** {att.get('implementation')}", ""]
+        out += [f"**Attention:** {md_text(att.get('implementation'))}", ""]
     cats = doc.get("categories") or []
     tail: list[str] = []
     if cats:
-        tail.append("By category at the peak: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
+        tail.append("By category at the peak: " + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
         tail.append("")
     settings = doc.get("allocator_settings") or {}
-    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
-    tail.append(f"Allocator: `PYTORCH_CUDA_ALLOC_CONF={conf or ''}`, expandable_segments={settings.get('expandable_segments', 'n/a')}; "
-                f"history {h['events']:,} events, baseline {fmt_bytes(h.get('baseline_allocated_bytes'))}; stages from `{doc.get('stage_source')}`.")
+    baseline = f"{'' if h.get('baseline_exact', True) else 'at least '}{fmt_bytes(h.get('baseline_allocated_bytes'))}"
+    if is_trace:
+        source = f"{h['events']:,} memory events on {md_text(fmt_device(doc))}, {baseline} allocated before the first one"
+    elif "PYTORCH_CUDA_ALLOC_CONF" in settings:
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        conf_code = md_code("PYTORCH_CUDA_ALLOC_CONF=" + str(conf or "(unset)"), limit=None)  # conf is clipped already
+        source = (f"Allocator: {conf_code}, expandable_segments={md_text(settings.get('expandable_segments', 'n/a'))}; "
+                  f"history {h['events']:,} events, baseline {baseline}")
+    else:
+        # Snapshots of torch < 2.1 carry no allocator_settings: say so rather than print empty values.
+        source = f"Allocator: settings not in this snapshot; history {h['events']:,} events, baseline {baseline}"
+    tail.append(f"{source}; stages from {md_code(doc.get('stage_source'))}.")
     if run.get("torch_version"):
-        tail.append(f"Recorded with torch {run['torch_version']} on {run.get('device_name')}.")
+        tail.append(f"Recorded with torch {md_text(run['torch_version'])} on {md_text(run.get('device_name'))}.")
     warnings = doc.get("warnings") or []
     if warnings:
         tail.append("")
-        tail += [f"> ⚠️ {w}" for w in warnings[:5]]
+        tail += [f"> ⚠️ {md_text(w)}" for w in warnings[:5]]
     tail += ["", "<sub>Generated by snapviz</sub>"]
     # The live-at-the-peak table takes the room that is left (the rest is worth more).
     top = doc.get("top_allocations") or []
@@ -178,12 +196,12 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
         else:
             out += ["| size | stage | allocated at |", "|---:|---|---|"]
         for t in top[:n_top]:
-            line = f"| {fmt_bytes(t['bytes'])} | `{_cell(t['stage'])}` | {_code(t['site'])} |"
+            line = f"| {fmt_bytes(t['bytes'])} | {md_code(t['stage'])} | {md_code(t['site'])} |"
             if has_ops:
-                line += f" {_code(t.get('op') or '')} |"
+                line += f" {md_code(t.get('op') or '')} |"
             out.append(line)
         out.append("")
     out += tail
     if len(out) > max_lines:
         out = out[: max_lines - 1] + ["<sub>(truncated)</sub>"]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line, None) for line in out) + "\n"

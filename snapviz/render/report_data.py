@@ -115,10 +115,6 @@ class _StackTable:
         self.more: list[int] = []
         self.frame_index: dict[int, int] = {}
         self.frame_text: list[str] = []
-        if snap is not None and len(snap.frames):
-            self._lines = snap.frames["line"].to_numpy()
-        else:
-            self._lines = np.empty(0, np.int64)
 
     def add(self, stack_id: int) -> int:
         stack_id = int(stack_id)
@@ -127,8 +123,8 @@ class _StackTable:
         got = self.index.get(stack_id)
         if got is not None:
             return got
-        # Same selection as SiteNamer.stack_text: C++ frames (line 0) dropped, innermost first.
-        fids = [f for f in self.snap.stacks[stack_id] if self._lines[f] != 0]
+        # Same selection as SiteNamer.stack_text (Python frames, or C++ ones when there are none).
+        fids = self.sites.shown_frames(stack_id) if self.sites is not None else list(self.snap.stacks[stack_id])
         shown = fids[:STACK_FRAME_LIMIT]
         local = []
         for f in shown:
@@ -257,7 +253,8 @@ def _metadata(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, Any]] 
         rows.append(("history events", f"{hist.get('events', 0):,}"))
         rows.append(("history truncated", str(bool(hist.get("truncated")))))
         if hist.get("baseline_allocated_bytes"):
-            rows.append(("allocated before recording", fmt_bytes(hist["baseline_allocated_bytes"])))
+            bound = "" if hist.get("baseline_exact", True) else "at least "
+            rows.append(("allocated before recording", bound + fmt_bytes(hist["baseline_allocated_bytes"])))
         if hist.get("end_state_matches") is not None:
             rows.append(("replay matches end state", str(hist["end_state_matches"])))
     for d in doc.get("devices") or []:
@@ -412,8 +409,8 @@ def _category_timeline(an: Any, t0_us: int, has_time: bool, max_points: int) -> 
              "categories": [], "colors": [], "bytes": {}, "total": 0, "note": ""}
     if not n or an.run.snapshot is None:
         return empty
-    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels, an.sites,
-                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)))
+    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels,
+                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
     rows = ct["row"].to_numpy(np.int64)
@@ -712,8 +709,10 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
                  "note": f"showing {len(ops_shown):,} of {len(ops):,} attention ops" if len(ops) > len(ops_shown) else ""}
     window = " (within the recorded window only)" if peak_doc.get("within_recorded_window") else ""
     when = f", at {peak['time_s']:.3f} s" if peak["time_s"] is not None else ""
-    verdict = (f"Peak {fmt_bytes(peak_alloc)} allocated ({fmt_bytes(peak['reserved'])} reserved) "
-               f"in {peak_stage}{when}{window}")
+    exact = peak_doc.get("exact", True)
+    reserved = f"{fmt_bytes(peak['reserved'])} reserved" if peak_doc.get("reserved_bytes") is not None else "reserved not recorded"
+    verdict = (f"Peak {'' if exact else 'at least '}{fmt_bytes(peak_alloc)} allocated ({reserved}) "
+               f"in {peak_stage}{when}{window}" if n else "No memory events in this trace: nothing to measure")
     lines = ["From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
              "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"]
     top = doc.get("top_allocations") or []

@@ -1,0 +1,161 @@
+"""Options that take a report where users already work: a Perfetto trace, a picture;
+and ``-o`` choosing the format by its extension.
+
+Kept out of :mod:`snapviz.cli` on purpose: a verb opts in with one decorator
+(:func:`analyze_share_options` / :func:`compare_picture_options`) and one call
+(:func:`share_outputs` / :func:`compare_picture_outputs`) once its analysis exists.
+The decorator validates the paths *before* the verb does any work (exit 2, nothing
+written), and stashes them on the click context for the call.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import click
+
+from snapviz.errors import InputError
+
+_META_KEY = "snapviz.share"
+_ANALYZE_OUTPUTS = ("html_out", "md_out", "json_out")
+
+
+_FLAGS = {"html_out": "-o", "md_out": "--markdown", "json_out": "--json"}
+
+
+def _check_paths(outputs: dict[str, str | None], inputs: list[str]) -> None:
+    """Every output of the verb, its own and these, through the one output check."""
+    from snapviz.render.output import check_outputs
+
+    check_outputs([(_FLAGS.get(k, k), v) for k, v in outputs.items()], inputs=[i for i in inputs if i])
+
+
+def _append_options(f: Callable[..., Any], options: list[click.Option]) -> Callable[..., Any]:
+    """Add ``options`` after the verb's own in ``--help`` (click lists params in reverse
+    order of decoration, so they go to the front of the list, reversed)."""
+    f.__click_params__ = list(reversed(options)) + list(getattr(f, "__click_params__", []))  # type: ignore[attr-defined]
+    return f
+
+
+def _picture_opts() -> list[click.Option]:
+    return [
+        click.Option(["--png", "png_out"], type=click.Path(dir_okay=False),
+                     help="Write a static PNG picture of the timeline, 900 px wide, for an issue or a PR comment "
+                          "(needs matplotlib: pip install 'snapviz[picture]')."),
+        click.Option(["--svg", "svg_out"], type=click.Path(dir_okay=False),
+                     help="The same picture as SVG."),
+    ]
+
+
+# ``-o FILE`` picks the format by extension, as profilers do; anything else stays HTML.
+_BY_EXTENSION = {".md": ("md_out", "--markdown"), ".markdown": ("md_out", "--markdown"), ".json": ("json_out", "--json"),
+                 ".png": ("png_out", "--png"), ".svg": ("svg_out", "--svg")}
+
+
+def route_by_extension(kw: dict[str, Any], opts: dict[str, Any]) -> None:
+    """Move ``-o`` (``html_out``) to the output its extension names (in place)."""
+    out = kw.get("html_out")
+    if not out:
+        return
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in _BY_EXTENSION:
+        return
+    key, flag = _BY_EXTENSION[ext]
+    target = opts if key in ("png_out", "svg_out") else kw
+    if target.get(key):
+        raise InputError(f"-o {out} and {flag} {target[key]} both ask for the {ext[1:]} output; give one")
+    target[key] = out
+    kw["html_out"] = None
+
+
+def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--perfetto``, ``--merge-into``, ``--png``, ``--svg`` for ``analyze``."""
+
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> Any:
+        opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "png_out", "svg_out")}
+        route_by_extension(kw, opts)
+        if opts["merge_into"] and not opts["perfetto_out"]:
+            raise InputError("--merge-into needs --perfetto FILE (the merged trace is written there, never in place)")
+        if opts["merge_into"] and not os.path.isfile(opts["merge_into"]):
+            raise InputError(f"--merge-into {opts['merge_into']}: no such file")
+        outs = {**{k: kw.get(k) for k in _ANALYZE_OUTPUTS}, "--perfetto": opts["perfetto_out"],
+                "--png": opts["png_out"], "--svg": opts["svg_out"]}
+        _check_paths(outs, [kw.get("input") or "", opts["merge_into"] or ""])
+        if opts["png_out"] or opts["svg_out"]:
+            _require_matplotlib()
+        click.get_current_context().meta[_META_KEY] = opts
+        return f(**kw)
+
+    return _append_options(wrapper, [
+        click.Option(["--perfetto", "perfetto_out"], type=click.Path(dir_okay=False),
+                     help="Write a Chrome/Perfetto trace (.json or .json.gz) of the replayed memory: counters, "
+                          "stages, steps, peak, OOMs, largest allocations with stacks (ui.perfetto.dev)."),
+        click.Option(["--merge-into", "merge_into"], type=click.Path(dir_okay=False), metavar="TRACE",
+                     help="With --perfetto: add the memory tracks to this torch.profiler trace (same clock); "
+                          "the result goes to the --perfetto file, the trace itself is not modified."),
+        *_picture_opts()])
+
+
+def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--png``/``--svg`` for ``compare``: the runs overlaid, aligned by stage."""
+
+    @functools.wraps(f)
+    def wrapper(**kw: Any) -> Any:
+        opts = {k: kw.pop(k) for k in ("png_out", "svg_out")}
+        route_by_extension(kw, opts)
+        outs = {**{k: kw.get(k) for k in _ANALYZE_OUTPUTS}, "--png": opts["png_out"], "--svg": opts["svg_out"]}
+        _check_paths(outs, list(kw.get("inputs") or ()))
+        if opts["png_out"] or opts["svg_out"]:
+            _require_matplotlib()
+        click.get_current_context().meta[_META_KEY] = opts
+        return f(**kw)
+
+    return _append_options(wrapper, _picture_opts())
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("--png/--svg need matplotlib: pip install 'snapviz[picture]' (or pip install matplotlib)") from None
+
+
+def _opts() -> dict[str, Any]:
+    ctx = click.get_current_context(silent=True)
+    return (ctx.meta.get(_META_KEY) if ctx is not None else None) or {}
+
+
+def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """Rendered Perfetto/PNG/SVG files for one analysis (nothing written yet).
+
+    ``an`` is None for a trace-only run, which has no replayed allocator to export.
+    """
+    opts = _opts()
+    wanted = [opts.get(k) for k in ("perfetto_out", "png_out", "svg_out")]
+    if not any(wanted):
+        return []
+    if an is None:
+        raise InputError("--perfetto/--png/--svg need a memory snapshot; this input is a trace only")
+    out: list[tuple[str, bytes]] = []
+    if opts.get("perfetto_out"):
+        from snapviz.render.perfetto import render_perfetto
+        out.append((opts["perfetto_out"], render_perfetto(an, opts["perfetto_out"], merge_into=opts.get("merge_into"))))
+    if opts.get("png_out") or opts.get("svg_out"):
+        from snapviz.render.picture import render_timeline_picture
+        for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
+            if opts.get(key):
+                out.append((opts[key], render_timeline_picture(an, doc, fmt)))
+    return out
+
+
+def compare_picture_outputs(cmp: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """Rendered PNG/SVG comparison pictures (nothing written yet)."""
+    opts = _opts()
+    if not (opts.get("png_out") or opts.get("svg_out")):
+        return []
+    from snapviz.render.picture import render_compare_picture
+
+    return [(opts[key], render_compare_picture(cmp, doc, fmt))
+            for key, fmt in (("png_out", "png"), ("svg_out", "svg")) if opts.get(key)]

@@ -1,0 +1,100 @@
+"""Input limits: how much structure an input file may make the loader build.
+
+Snapshots and traces come from strangers' bug tickets, so every quantity the file
+controls is bounded while it is read, before the objects exist (docs/security.md,
+"Limits"). Each limit is set by one environment variable, read when a file is opened,
+so it reaches every entry point alike: ``snapviz analyze``/``compare``/``check``,
+their worker processes, the pytest plugin and the library API. A file over a limit is
+an :class:`InputError` (exit 2) whose one line names the limit and the variable.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass, fields
+
+from snapviz.errors import InputError
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_VALUE_RE = re.compile(r"^\s*([0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every bound with its default. Real inputs sit far below them: the largest real
+    file we know (a 1M-event snapshot) has nesting depth 10, ~9M objects, strings under
+    1 KiB; real traces compress 20-40x (see docs/security.md for the measurements)."""
+
+    depth: int = 100                    # container nesting (pickle and JSON)
+    objects: int = 400_000_000          # objects a pickle creates / values in a JSON file
+    expansion: int = 20_000_000_000     # pickle tree size, counting every memo reference in full
+    string_length: int = 16 << 20       # one string (or bytes / big int) in bytes
+    string_bytes: int = 4 << 30         # all strings a pickle creates, in bytes
+    ratio: int = 200                    # decompressed size / file size ...
+    ratio_floor: int = 64 << 20         # ... once more than this many bytes came out
+    header_bytes: int = 64 << 20        # JSON before the "traceEvents" list starts
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
+        env = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = env.get(ENV[f.name])
+            if raw is None or not raw.strip():
+                continue
+            m = _VALUE_RE.match(raw)
+            factor = _SUFFIX.get(m.group(2).lower()) if m else None
+            if m is None or factor is None:
+                raise InputError(f"{ENV[f.name]}={raw!r}: not a number (write e.g. 1000000, 64MiB or 2G)")
+            values[f.name] = int(m.group(1)) * factor
+        return cls(**values)
+
+
+ENV: dict[str, str] = {
+    "depth": "SNAPVIZ_MAX_INPUT_DEPTH",
+    "objects": "SNAPVIZ_MAX_INPUT_OBJECTS",
+    "expansion": "SNAPVIZ_MAX_INPUT_EXPANSION",
+    "string_length": "SNAPVIZ_MAX_INPUT_STRING",
+    "string_bytes": "SNAPVIZ_MAX_INPUT_STRING_BYTES",
+    "ratio": "SNAPVIZ_MAX_INPUT_RATIO",
+    "ratio_floor": "SNAPVIZ_MAX_INPUT_RATIO_FLOOR",
+    "header_bytes": "SNAPVIZ_MAX_INPUT_HEADER",
+}
+DESCRIPTION: dict[str, str] = {
+    "depth": "nesting depth",
+    "objects": "number of objects",
+    "expansion": "size with shared references expanded",
+    "string_length": "length of one string",
+    "string_bytes": "total size of its strings",
+    "ratio": "decompressed size relative to the file size",
+    "ratio_floor": "decompressed size",
+    "header_bytes": "size of the JSON before traceEvents",
+}
+
+
+class LimitExceeded(InputError):
+    """An input over one of :class:`Limits`; the message names the variable to raise."""
+
+    def __init__(self, path: str, name: str, value: int | None, limit: int, unit: str = "") -> None:
+        got = f" ({value:,}{unit} or more)" if value is not None else ""
+        super().__init__(
+            f"{path}: input limit exceeded: {DESCRIPTION[name]} is over {limit:,}{unit}{got}; "
+            f"if the file is trusted, raise it with {ENV[name]}=<n> (docs/security.md)")
+        self.limit_name = name
+
+
+def check_regular_file(path: str) -> None:
+    """Refuse FIFOs, devices and sockets before opening: reading a FIFO blocks forever and
+    a device (``/dev/zero``) never ends. Symlinks are followed: their target must be regular."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+        return
+    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    raise InputError(f"{path}: is {kind}, not a regular file; copy the data to a file first")

@@ -1,0 +1,144 @@
+"""Reports inline in Jupyter and VS Code notebooks: ``snapviz.show(x)``.
+
+``x`` is a path (snapshot, trace or run directory), an :class:`~snapviz.analyses.summary.Analysis`,
+a trace-only analysis, a :class:`~snapviz.analyses.compare.Comparison`, or a list of paths
+(compared, the first as base). The interactive report is the same self-contained page the
+CLI writes (Bokeh with inline resources: no network), shown in an ``<iframe srcdoc>`` so each
+report keeps its own Bokeh, scripts and styles however many a notebook holds; the Markdown
+summary is the ``text/markdown`` alternative (GitHub and nbconvert show that one).
+
+:class:`Report` is what notebooks display (``_repr_html_``, ``_repr_markdown_``); analyses and
+comparisons display themselves through it.
+"""
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from snapviz.errors import InputError
+
+IFRAME_HEIGHT_PX = 900
+
+
+@dataclass
+class Report:
+    """A rendered report: the full HTML page and its Markdown summary."""
+
+    title: str
+    page: str       # the self-contained HTML document
+    markdown: str
+    summary: dict[str, Any]
+
+    def _repr_html_(self) -> str:
+        # srcdoc carries the whole page; quotes and ampersands escaped keep it one attribute.
+        return (f'<iframe title="{html.escape(self.title)}" srcdoc="{html.escape(self.page, quote=True)}" '
+                f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
+                'loading="eager"></iframe>')
+
+    def _repr_markdown_(self) -> str:
+        return self.markdown
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the HTML page (what ``snapviz analyze -o`` writes); returns the path."""
+        from snapviz.render.output import write_atomic
+
+        p = os.fspath(path)
+        write_atomic(p, self.page)
+        return p
+
+
+def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None,
+            stage_source: str = "auto") -> Any:
+    """A :class:`~snapviz.analyses.compare.Comparison` of runs, the first as base (in this process)."""
+    from snapviz.analyses.compare import compare_runs
+    from snapviz.cli_compare import _unique_labels, digest_input
+
+    ps = [os.fspath(p) for p in paths]
+    if len(ps) < 2:
+        raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
+    names = _unique_labels(ps, list(labels or []))
+    return compare_runs([digest_input(p, lab, stage_source) for p, lab in zip(ps, names)])
+
+
+def report(obj: Any, max_points: int = 20000) -> Report:
+    """Render ``obj`` (see the module doc) into a :class:`Report`."""
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
+
+    if isinstance(obj, (str, os.PathLike)):
+        from snapviz.load import load
+
+        run = load(obj)
+        if run.snapshot is None:
+            from snapviz.analyses.trace_summary import analyze_trace_run
+            obj = analyze_trace_run(run)
+        else:
+            from snapviz.analyses.summary import analyze_run
+            obj = analyze_run(run)
+    elif isinstance(obj, (list, tuple)):
+        obj = compare(obj)
+    if isinstance(obj, Analysis):
+        from snapviz.analyses.summary import summary_dict
+        from snapviz.render.html import render_html
+        from snapviz.render.markdown import render_markdown
+
+        doc = summary_dict(obj)
+        return Report(obj.run.label, render_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
+    if isinstance(obj, TraceRunAnalysis):
+        from snapviz.analyses.trace_summary import trace_summary_dict
+        from snapviz.render.html import render_trace_html
+        from snapviz.render.markdown import render_markdown
+
+        doc = trace_summary_dict(obj)
+        return Report(obj.run.label, render_trace_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
+    if isinstance(obj, Comparison):
+        from snapviz.analyses.compare import compare_dict
+        from snapviz.render.compare_html import render_compare_html
+        from snapviz.render.compare_md import render_compare_markdown
+
+        doc = compare_dict(obj)
+        return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)
+    raise TypeError(f"snapviz.show: expected a path, a list of paths, an analysis or a comparison, not {type(obj).__name__}")
+
+
+def show(obj: Any, max_points: int = 20000) -> Report | None:
+    """Display the interactive report of ``obj`` in the running notebook.
+
+    Outside a notebook (no IPython display), returns the :class:`Report` instead, whose
+    ``save(path)`` writes the page.
+    """
+    rep = report(obj, max_points=max_points)
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return rep
+    if get_ipython() is None:
+        return rep
+    display(rep)
+    return None
+
+
+def _markdown_of(obj: Any) -> str:
+    return report(obj).markdown
+
+
+def _html_of(obj: Any) -> str:
+    return report(obj)._repr_html_()
+
+
+# Result types that display as their report, by module and name: registering them needs no
+# import of the analyses (and the analyses stay free of any presentation code).
+DISPLAYED_TYPES = (("snapviz.analyses.summary", "Analysis"), ("snapviz.analyses.trace_summary", "TraceRunAnalysis"),
+                   ("snapviz.analyses.compare", "Comparison"))
+
+
+def register_formatters(ip: Any) -> None:
+    """Teach an IPython shell to display analyses and comparisons as reports."""
+    formatters = ip.display_formatter.formatters
+    for module, name in DISPLAYED_TYPES:
+        formatters["text/html"].for_type_by_name(module, name, _html_of)
+        formatters["text/markdown"].for_type_by_name(module, name, _markdown_of)

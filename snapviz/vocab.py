@@ -1,0 +1,33 @@
+"""The words every part of snapviz shares: stage grammar, canonical names, schema ids.
+
+A stage label is ``name`` or ``name/step`` (``denoise/3``); analyses group by the part before
+the ``/`` (docs/design.md, "Stage labels"). Each word is defined here once.
+"""
+from __future__ import annotations
+
+STAGE_SEP = "/"
+CANONICAL_STAGES: tuple[str, ...] = ("load", "text_encode", "denoise", "vae_decode", "other")
+UNLABELLED = "unlabelled"
+BEFORE_RECORDING = "before recording"  # memory allocated before the recorded history starts
+
+SUMMARY_SCHEMA = "snapviz.summary/1"
+COMPARE_SCHEMA = "snapviz.compare/1"
+RUN_SCHEMA = "snapviz.run/1"
+MATRIX_SCHEMA = "snapviz.matrix/1"
+RULES_SCHEMA = "snapviz.rules/1"
+
+
+def stage_group(label: object) -> str:
+    """``denoise/3`` -> ``denoise``; a label without a step is its own group."""
+    return str(label).split(STAGE_SEP, 1)[0]
+
+
+def stage_step(label: object) -> int | None:
+    """``denoise/3`` -> 3; ``None`` for a label without a numeric step."""
+    _, sep, step = str(label).partition(STAGE_SEP)
+    return int(step) if sep and step.isdigit() else None
+
+
+def stage_label(group: str, step: int | None = None) -> str:
+    """The inverse of :func:`stage_group`/:func:`stage_step`."""
+    return group if step is None else f"{group}{STAGE_SEP}{step}"

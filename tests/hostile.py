@@ -1,0 +1,208 @@
+"""Hostile inputs generated in code, and a runner that measures what they cost.
+
+Each builder writes one file that attacks the loader (issue 9, "bounded loading"): deep
+nesting, memo back-reference expansion, huge strings, decompression bombs, special
+files, integers that wrap. ``run_analyze`` runs ``snapviz analyze`` on it in a fresh
+process under a wall-clock limit and reports exit code, stderr, wall time and the child's
+peak RSS (``os.wait4``). An address-space cap keeps a regression from taking the machine
+down: it is above the 4 GiB the tests allow, so an unbounded loader still fails them.
+Used by tests/test_hostile_load.py and benchmarks/fuzz_loader.py.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+AS_CAP = 6 << 30          # address-space cap for the child (a safety net, not the bound tested)
+RSS_BOUND = 4 << 30       # what the tests allow
+TIME_BOUND = 30.0         # seconds
+
+
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    maxrss: int           # bytes
+    timed_out: bool
+
+    @property
+    def lines(self) -> list[str]:
+        return [ln for ln in self.stderr.splitlines() if ln.strip()]
+
+
+def _cap() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (AS_CAP, AS_CAP))
+
+
+def run_analyze(path: Path, *extra: str, timeout: float = 60.0, env: dict[str, str] | None = None) -> Result:
+    """``snapviz analyze PATH --json OUT -q`` in a child process, measured."""
+    out = Path(tempfile.mkdtemp(prefix="snapviz-hostile-")) / "out.json"
+    cmd = [sys.executable, "-m", "snapviz", "analyze", str(path), "--json", str(out), "-q", *extra]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=full_env, cwd=str(out.parent), preexec_fn=_cap)
+        timed_out = False
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout:
+                p.kill()
+                _, status, ru = os.wait4(p.pid, 0)
+                timed_out = True
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0)
+        fe.seek(0)
+        stdout, stderr = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
+    rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return Result(p.returncode, stdout, stderr, wall, rss, timed_out)
+
+
+# ----------------------------------------------------------------------------- pickles
+
+def _gz(raw: bytes) -> bytes:
+    return gzip.compress(raw, 9)
+
+
+def _snapshot_with(token: bytes, replacement: bytes, obj: dict) -> bytes:
+    """A protocol-2 pickle of ``obj`` with the string ``token`` replaced by raw opcodes."""
+    raw = pickle.dumps(obj, protocol=2)
+    tok = b"X" + len(token).to_bytes(4, "little") + token
+    assert raw.count(tok) == 1
+    return raw.replace(tok, replacement)
+
+
+def _entry(**kw: object) -> dict:
+    return {"action": "alloc", "addr": 1 << 20, "size": 512, "stream": 0, "time_us": 1, **kw}
+
+
+def deep_tuple(n: int) -> bytes:
+    return b"K\x01" + b"\x85" * n            # ((((1,),),),...) n deep
+
+
+def billion_laughs(levels: int, fanout: int = 10) -> list:
+    """A list that holds the list below it ``fanout`` times, ``levels`` deep: the pickler
+    memoizes each level once, so the file is small and the tree is fanout**levels."""
+    obj: list = [1] * fanout
+    for _ in range(levels):
+        obj = [obj] * fanout
+    return obj
+
+
+def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
+    """name -> (file, a word the one-line error must contain; '' where exit 0 is right)."""
+    c: dict[str, tuple[bytes, str]] = {}
+    c["deep_tuple_dict_key_gz"] = (_gz(b"\x80\x02}(" + deep_tuple(200_000) + b"K\x01u."), "nesting depth")
+    c["deep_tuple_frozenset_gz"] = (_gz(b"\x80\x04(" + deep_tuple(200_000) + b"\x91."), "nesting depth")
+    c["flat_frozenset"] = (b"\x80\x04(K\x01K\x02\x91.", "builds a frozenset")
+    c["tuple_dict_key"] = (b"\x80\x02}(K\x01K\x02\x86K\x03u.", "dict key")
+    c["deep_tuple_action_gz"] = (_gz(_snapshot_with(b"DEEP", deep_tuple(200_000), {
+        "segments": [], "device_traces": [[_entry(action="DEEP")]]})), "nesting depth")
+    laughs = billion_laughs(30)
+    c["billion_laughs_frame_name"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
+        frames=[{"name": laughs, "filename": "x.py", "line": 1}])]]}, protocol=4), "shared references")
+    c["billion_laughs_settings"] = (pickle.dumps({"segments": [], "device_traces": [[_entry()]],
+                                                 "allocator_settings": {"x": laughs}}, protocol=2), "shared references")
+    # The same over the fast-path size: the grammar check passes it (it cannot hurt the
+    # unpickler), and the reader never walks it: the name becomes bounded text.
+    c["billion_laughs_padded_2MiB"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
+        frames=[{"name": laughs, "filename": "x.py", "line": 1}])] + [_entry(addr=(1 << 20) + 512 * (i + 1), time_us=i)
+                                                                    for i in range(40_000)]]}, protocol=4), "")
+    c["memo_index_2_31"] = (b"\x80\x02Nr\xff\xff\xff\x7f.", "memo index")
+    c["binunicode8_length_2_62"] = (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.", "length of one string")
+    c["string_32MiB_plain"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
+        frames=[{"name": "n" * (32 << 20), "filename": "x.py", "line": 1}])]]}, protocol=4), "length of one string")
+    c["size_2_63_minus_1"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(size=(1 << 63) - 1)]]}), "2**62")
+    c["size_negative"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(size=-512)]]}), "2**62")
+    c["addr_2_62"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(addr=1 << 62)]]}), "2**62")
+    c["valid_control"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}), "")
+    out = {}
+    for name, (data, word) in c.items():
+        p = d / f"{name}.pickle"
+        p.write_bytes(data)
+        out[name] = (p, word)
+    out["gzip_bomb_512MiB"] = (_bomb(d / "bomb.pickle.gz", b"\x80\x04", 512 << 20), "decompressed size")
+    out["gzip_string_300MiB"] = (_bomb(d / "bigstr.pickle.gz", b"\x80\x04\x8d" + (300 << 20).to_bytes(8, "little"), 300 << 20),
+                                 "decompressed size")
+    return out
+
+
+def _bomb(path: Path, head: bytes, n: int, fill: bytes = b"\x00", tail: bytes = b"") -> Path:
+    """``head`` + ``n`` bytes of ``fill`` + ``tail``, gzip level 9 (about 1/1000 the size), streamed."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    block = fill * (1 << 20)
+    with open(path, "wb") as f:
+        f.write(z.compress(head))
+        for _ in range(n >> 20):
+            f.write(z.compress(block))
+        f.write(z.compress(tail))
+        f.write(z.flush())
+    return path
+
+
+# ----------------------------------------------------------------------------- traces
+
+_MEM = ('{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": %d, '
+        '"args": {"Addr": %d, "Bytes": %d, "Total Allocated": %d, "Total Reserved": 2097152, "Device Id": 0, "Device Type": 1}}')
+
+
+def memory_events() -> str:
+    return ", ".join([_MEM % (10, 1 << 20, 4096, 4096), _MEM % (20, 1 << 20, -4096, 0)])
+
+
+def trace_cases(d: Path) -> dict[str, tuple[Path, str]]:
+    c: dict[str, tuple[bytes, str]] = {}
+    n = 20_000_000
+    c["deep_array_gz"] = (_gz(b'{"traceEvents": [' + b"[" * n + b"]" * n + b"]}"), "nesting depth")
+    k = 65_536
+    c["nested_traceEvents_keys_gz"] = (_gz(b'{"m": ' + b'{"traceEvents": ' * k + b"1" + b"}" * k + b', "traceEvents": []}'),
+                                       "nesting depth")
+    many = ", ".join(['{"traceEvents": 0}'] * 65_536)
+    c["many_traceEvents_keys_gz"] = (_gz(('{"m": [' + many + '], "traceEvents": [' + memory_events() + "]}").encode()), "")
+    c["metadata_26KB_first"] = (('{"metadata": {' + ", ".join(f'"k{i}": "{"v" * 40}"' for i in range(500))
+                                 + '}, "traceEvents": [' + memory_events() + "]}").encode(), "")
+    c["leading_whitespace"] = ((" \n\t" * 40_000 + '{"traceEvents": [' + memory_events() + "]}").encode(), "")
+    out = {}
+    for name, (data, word) in c.items():
+        p = d / f"{name}.json"
+        p.write_bytes(data)
+        out[name] = (p, word)
+    out["long_string_200MiB_gz"] = (_bomb(d / "longstr.json.gz", b'{"traceEvents": [{"name": "', 200 << 20, b"a", b'"}]}'),
+                                    "length of one string")
+    out["gzip_bomb_whitespace"] = (_bomb(d / "ws.json.gz", b'{"traceEvents": [', 512 << 20, b" ", b"]}"), "decompressed size")
+    return out
+
+
+# ----------------------------------------------------------------------------- special files
+
+def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
+    fifo = d / "snapshot.pickle"
+    os.mkfifo(fifo)
+    tfifo = d / "trace.json"
+    os.mkfifo(tfifo)
+    run = d / "run"
+    run.mkdir()
+    os.mkfifo(run / "run.json")
+    return {"fifo_pickle": (fifo, "FIFO"), "fifo_trace": (tfifo, "FIFO"), "dev_zero": (Path("/dev/zero"), "device"),
+            "run_json_fifo": (run / "run.json", "FIFO")}
+
+
+BUILDERS: dict[str, Callable[[Path], dict[str, tuple[Path, str]]]] = {
+    "pickle": pickle_cases, "trace": trace_cases, "special": special_cases}

@@ -1,0 +1,106 @@
+"""--png/--svg pictures of real samples, decoded and checked pixel by pixel."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+Image = pytest.importorskip("PIL.Image")
+
+from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
+from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
+from snapviz.cli_compare import digest_input  # noqa: E402
+from snapviz.load import load  # noqa: E402
+from snapviz.render.picture import (PEAK_COLOR, compare_picture_data, picture_data,  # noqa: E402
+                                    render_compare_picture, render_timeline_picture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_snapshots"
+
+
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    h = hex_color.lstrip("#")
+    return int(h[0:2], 16), int(h[2:4], 16), int(h[4:6], 16)
+
+
+def _pixels(png: bytes) -> np.ndarray:
+    img = Image.open(io.BytesIO(png))
+    assert img.format == "PNG"
+    return np.asarray(img.convert("RGB"))
+
+
+def _mask(px: np.ndarray, color: str) -> np.ndarray:
+    return (px == np.array(_rgb(color), np.uint8)).all(axis=2)
+
+
+@pytest.fixture(scope="module", params=["sdxl-fp16-oom-10gb", "sd15-fp16-classic"])
+def run(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    an = analyze_run(load(str(SAMPLES / request.param)))
+    doc = summary_dict(an)
+    return an, doc, picture_data(an, doc)
+
+
+def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
+    an, doc, d = run
+    assert d["peak"]["bytes"] == an.replay.peak_allocated == int(d["allocated"].max())
+    assert d["peak"]["stage"] == doc["peak"]["stage"] and d["peak"]["stage"] in d["title"]
+    t = an.replay.events["time_us"].to_numpy()
+    assert d["peak"]["x"] == pytest.approx((t[an.replay.peak_index] - t[0]) / 1e6)
+    assert [s["group"] for s in d["spans"]][:3] == ["load", "text_encode", "denoise"]
+    # the categories stack up to the allocated series at every drawn point
+    total = sum(c["bytes"] for c in d["categories"])
+    assert np.array_equal(total.astype(np.int64), d["allocated"].astype(np.int64))
+
+
+def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> None:
+    an, doc, d = run
+    px = _pixels(render_timeline_picture(an, doc, "png"))
+    assert px.shape == (440, 900, 3)
+    red = _mask(px, PEAK_COLOR)
+    assert red.sum() > 60                            # a filled marker, not just anti-aliased text
+    # the marker's column follows the peak's time: rightmost for the OOM run's final decode
+    _, xs = np.nonzero(red)
+    x_frac = d["peak"]["x"] / d["x"][-1]
+    big = np.bincount(xs).argmax() / px.shape[1]     # the column with most red: the marker's centre
+    assert abs(big - (0.07 + 0.9 * x_frac)) < 0.08, (big, x_frac)
+    assert _mask(px, "#1f3b73").sum() > 200          # the allocated line
+
+
+def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
+    an, doc, _ = run
+    svg = render_timeline_picture(an, doc, "svg")
+    root = ET.fromstring(svg)
+    assert root.get("width") == "648pt"              # 9 in: 900 px at 100 dpi
+    text = svg.decode()
+    assert "allocated" in text and "peak" in text
+
+
+def test_compare_picture_overlays_runs_aligned_by_stage() -> None:
+    digests = [digest_input(str(SAMPLES / n), n) for n in ("sd15-fp16-sdpa", "sd15-fp16-classic")]
+    cmp = compare_runs(digests)
+    d = compare_picture_data(cmp, compare_dict(cmp))
+    assert [r["label"] for r in d["runs"]] == ["sd15-fp16-sdpa", "sd15-fp16-classic"]
+    assert [r["peak_bytes"] for r in d["runs"]] == [2831357440, 3324129280]     # README table
+    slots = list(cmp.slots)
+    # classic peaks in a denoise step, sdpa in vae_decode: the markers sit in those slots
+    assert slots[int(d["runs"][1]["peak_x"])].startswith("denoise/")
+    assert slots[int(d["runs"][0]["peak_x"])] == "vae_decode"
+    px = _pixels(render_compare_picture(cmp, compare_dict(cmp), "png"))
+    assert px.shape == (440, 900, 3)
+    for r in d["runs"]:
+        assert _mask(px, r["color"]).sum() > 50, r["label"]
+
+
+def test_cli_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "t.png"
+    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(SAMPLES / "sd15-fp16-sdpa"), "--png", str(out), "-q"],
+                       cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert _pixels(out.read_bytes()).shape == (440, 900, 3)
