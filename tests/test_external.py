@@ -32,7 +32,6 @@ pytestmark = pytest.mark.skipif(not FILES, reason=f"{EXTERNAL} absent (real thir
 TORCH_DEVICE_NAMES = {0: "cpu", 1: "cuda", 6: "hip"}
 # Input detection by structure (issue 8 item 1) is another branch's work; until it lands,
 # this trace (a 26 KB metadata object before traceEvents) is rejected by the CLI.
-DETECTION_PENDING = {"tracelens_h100_qwen05b.json.gz"}
 
 
 def _analyze(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -79,11 +78,6 @@ class _Capture:
         self.out, self.err = self._o.getvalue(), self._e.getvalue()
 
 
-def _params(names: list[str]) -> list[Any]:
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="input detection by structure: other branch"))
-            if n in DETECTION_PENDING else n for n in names]
-
-
 TRACES = [n for n in FILES if n.endswith(".gz")]
 SNAPSHOTS = [n for n in FILES if n.endswith(".pickle")]
 
@@ -91,7 +85,7 @@ SNAPSHOTS = [n for n in FILES if n.endswith(".pickle")]
 # ------------------------------------------------------------------ every file, via the CLI
 
 
-@pytest.mark.parametrize("name", _params(FILES))
+@pytest.mark.parametrize("name", FILES)
 def test_analyses_with_exit_0_and_no_stderr(reports: dict, name: str) -> None:
     rc, _, err, doc, md = reports[name]
     assert rc == 0, err
@@ -99,7 +93,7 @@ def test_analyses_with_exit_0_and_no_stderr(reports: dict, name: str) -> None:
     assert doc["peak"]["allocated_bytes"] > 0 and md
 
 
-@pytest.mark.parametrize("name", _params(FILES))
+@pytest.mark.parametrize("name", FILES)
 def test_no_placeholders_in_any_output(reports: dict, name: str) -> None:
     rc, term, _, doc, md = reports[name]
     assert rc == 0
@@ -137,7 +131,7 @@ def _expected_trace_peak(name: str) -> tuple[str, int, bool]:
     return (TORCH_DEVICE_NAMES[t] + (f":{i}" if i >= 0 else "")), peak, exact
 
 
-@pytest.mark.parametrize("name", _params(TRACES))
+@pytest.mark.parametrize("name", TRACES)
 def test_trace_peak_and_device_from_the_raw_events(reports: dict, name: str) -> None:
     rc, term, _, doc, md = reports[name]
     label, peak, exact = _expected_trace_peak(name)
@@ -156,7 +150,7 @@ def test_trace_peak_and_device_from_the_raw_events(reports: dict, name: str) -> 
 @pytest.mark.parametrize("name", TRACES)
 def test_trace_peak_through_the_trace_loader(name: str) -> None:
     """The same figures from the Chrome trace loader directly, so every trace is checked
-    now, including those the CLI's input detection still rejects (DETECTION_PENDING)."""
+    now."""
     from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
     from snapviz.load import Run
     from snapviz.load.chrome_trace import load_chrome_trace

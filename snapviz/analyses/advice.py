@@ -37,7 +37,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
                     "saves_up_to_bytes": att_live,
                     "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"
                            if diffusers else "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of "
-                                             "softmax(q @ k.transpose(-2, -1)) (transformers: attn_implementation=\"sdpa\")"})
+                                             "softmax(q @ k.mT) (transformers: attn_implementation=\"sdpa\")"})
     if stage == "vae_decode":
         vae = _cat(categories, "vae buffers") + _cat(categories, "activations")
         out.append({"technique": "VAE tiling or tiny VAE",
