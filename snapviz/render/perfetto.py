@@ -16,8 +16,8 @@ convention; a merge writes ``ts = time_us + offset - base`` on the user's trace'
 base, ``offset`` being the residual clock offset measured from ``record_function``
 ranges both files hold (:func:`snapviz.analyses.join.snapshot_trace_offset`).
 
-A merge never rewrites the user's trace in place: the user's bytes are copied
-unchanged, with our events spliced in at the head of its ``traceEvents`` array.
+A merge never rewrites the user's trace in place: the result goes to a new file, the
+user's keys and events unchanged, ours first in its ``traceEvents`` array.
 """
 from __future__ import annotations
 
@@ -232,21 +232,17 @@ def render_perfetto(an: Any, out_path: str, merge_into: str | None = None, top_n
 
 
 def splice_events(trace_path: str, events: list[dict[str, Any]]) -> bytes:
-    """The trace's decompressed bytes with ``events`` inserted first in its ``traceEvents``.
-
-    The user's own bytes are kept verbatim (their events, keys and formatting), so nothing
-    of the profiler's output is reinterpreted; only our events are added.
-    """
-    from snapviz.load.chrome_trace import _head_meta  # the loader's own locator of the array
+    """The trace with ``events`` inserted first in its ``traceEvents``; every other key and
+    event of the user's trace is kept as it was (values unchanged, order kept)."""
     from snapviz.load.safe_pickle import open_decompressed
 
     with open_decompressed(trace_path, what="Chrome trace file") as f:
         data = f.read()
-    data = data.removeprefix(b"\xef\xbb\xbf")
-    found, _ = _head_meta(data)
-    if found is None or found[1] < 0:
+    try:
+        doc = json.loads(data.removeprefix(b"\xef\xbb\xbf"))
+    except ValueError as exc:
+        raise InputError(f"{trace_path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise InputError(f"{trace_path}: not a Chrome trace (no traceEvents list)")
-    at = found[1] + 1
-    ours = b",".join(json.dumps(e, separators=(",", ":")).encode() for e in events)
-    sep = b"" if data[at:].lstrip()[:1] == b"]" else b","
-    return b"".join((data[:at], ours, sep, data[at:]))
+    doc["traceEvents"] = events + doc["traceEvents"]
+    return json.dumps(doc, separators=(",", ":")).encode()

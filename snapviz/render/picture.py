@@ -52,7 +52,8 @@ def picture_data(an: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> 
     times = ev["time_us"].to_numpy() if n else np.empty(0, np.int64)
     has_time = bool(n) and bool((times >= 0).all())
     x_all = (times - times[0]) / 1e6 if has_time else np.arange(n, dtype=np.float64)
-    ct = category_timeline(an.run.snapshot, rep, an.labels.labels, an.sites, max_points=max_points)
+    ct = category_timeline(an.run.snapshot, rep, an.labels.labels, max_points=max_points,
+                           rules=getattr(an, "rules", None), tables=getattr(an, "tables", None))
     rows = ct["row"].to_numpy(np.int64) if len(ct) else np.empty(0, np.int64)
     cat_cols = [c for c in ct.columns if c not in ("row", "time_us", "stage", "allocated")]
     cats = [c for c in order_categories(cat_cols) if len(ct) and ct[c].to_numpy().any()]
