@@ -11,6 +11,7 @@ Used by tests/test_hostile_load.py and benchmarks/fuzz_loader.py.
 from __future__ import annotations
 
 import gzip
+import lzma
 import os
 import pickle
 import resource
@@ -125,6 +126,12 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c["billion_laughs_padded_2MiB"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
         frames=[{"name": laughs, "filename": "x.py", "line": 1}])] + [_entry(addr=(1 << 20) + 512 * (i + 1), time_us=i)
                                                                     for i in range(40_000)]]}, protocol=4), "")
+    # One name just under the string limit, shared by 2,000 frames of 50 entries (issue 9's
+    # "9 KB input"): every per-frame step would hash, copy or print 16 MiB; the loader cuts it.
+    big = "x" * ((16 << 20) - 64)
+    shared = [{"name": big, "filename": big, "line": i} for i in range(2000)]
+    c["name_16MiB_in_2000_frames_xz"] = (lzma.compress(pickle.dumps({"segments": [], "device_traces": [[_entry(
+        addr=(1 << 20) + 512 * i, time_us=i, frames=shared) for i in range(50)]]}, protocol=4)), "")
     c["memo_index_2_31"] = (b"\x80\x02Nr\xff\xff\xff\x7f.", "memo index")
     c["binunicode8_length_2_62"] = (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.", "length of one string")
     c["string_32MiB_plain"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(

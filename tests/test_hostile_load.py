@@ -37,7 +37,7 @@ CASES = [f"pickle:{n}" for n in (
     "deep_tuple_dict_key_gz", "deep_tuple_frozenset_gz", "flat_frozenset", "tuple_dict_key", "deep_tuple_action_gz",
     "billion_laughs_frame_name", "billion_laughs_settings", "billion_laughs_padded_2MiB", "memo_index_2_31",
     "binunicode8_length_2_62", "string_32MiB_plain", "size_2_63_minus_1", "size_negative", "addr_2_62",
-    "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB")] + [f"trace:{n}" for n in (
+    "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz")] + [f"trace:{n}" for n in (
     "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
     "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace")] + [f"special:{n}" for n in (
     "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo")]

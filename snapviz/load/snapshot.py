@@ -41,7 +41,7 @@ class _Interner:
         for fr in frames:
             if not isinstance(fr, dict):
                 continue
-            fv = (_text(fr.get("name", "?")), _text(fr.get("filename", "")), int(fr.get("line", 0) or 0))
+            fv = (_name(fr.get("name", "?")), _name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
             fid = self.frame_by_value.get(fv)
             if fid is None:
                 fid = len(self.frame_rows)
@@ -99,6 +99,17 @@ def _text(v: Any) -> str:
     return _REPR.repr(v) if isinstance(v, (dict, list, tuple)) else f"<{type(v).__name__}>"
 
 
+# Names in frames, labels and annotations: the longest in any real file seen is about 2 KB.
+# Longer ones are cut here, once, so no later step hashes, copies or prints megabytes per row.
+MAX_NAME_CHARS = 4096
+
+
+def _name(v: Any) -> str:
+    """:func:`_text`, cut to :data:`MAX_NAME_CHARS` with the full length stated."""
+    t = _text(v)
+    return t if len(t) <= MAX_NAME_CHARS else f"{t[:MAX_NAME_CHARS]}… ({len(t):,} chars)"
+
+
 def _as_int(v: Any, default: int = 0) -> int:
     if isinstance(v, bool):
         return int(v)
@@ -152,7 +163,7 @@ def _action_code(a: Any, missing: int | None = None) -> int:
 
 def _metadata_str(v: Any) -> str:
     """user_metadata is a str up to 2.13; newer torch may stamp dicts (unhashable)."""
-    return v if type(v) is str else ("" if v is None else _text(v))
+    return ("" if v is None else _name(v)) if type(v) is not str or len(v) > MAX_NAME_CHARS else v
 
 
 # Entries the replay cannot do without: an allocation or free with no address or size
@@ -285,8 +296,8 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     def sid(s: Any) -> int:
         if s is None:
             return 0
-        if type(s) is not str:
-            s = _text(s)
+        if type(s) is not str or len(s) > MAX_NAME_CHARS:
+            s = _name(s)
         i = string_ids.get(s)
         if i is None:
             i = len(strings)
@@ -359,7 +370,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     ann_rows = []
     for a in data.get("external_annotations") or []:
         if isinstance(a, dict) and "name" in a:
-            ann_rows.append((_as_int(a.get("device", 0)), _as_int(a.get("time_us", -1), -1), _text(a["name"]), _text(a.get("stage", ""))))
+            ann_rows.append((_as_int(a.get("device", 0)), _as_int(a.get("time_us", -1), -1), _name(a["name"]), _name(a.get("stage", ""))))
     annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
     annotations["time_us"] = annotations["time_us"].astype(np.int64)
 
