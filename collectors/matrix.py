@@ -725,7 +725,7 @@ def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:
     """snapviz compare's page with the matrix table as its first card (or the table alone)."""
     card = matrix_card_html(doc)
     if cmp is not None and doc.get("compare"):
-        from snapviz.render.compare_html import render_compare_html
+        from snapviz.render.html import render_compare_html
 
         page = render_compare_html(cmp, doc["compare"])
         cut = page.find("</header>")

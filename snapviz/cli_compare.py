@@ -177,7 +177,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
         from snapviz.render.compare_md import render_compare_markdown
         outputs.append((md_out, render_compare_markdown(doc)))
     if html_out:
-        from snapviz.render.compare_html import render_compare_html
+        from snapviz.render.html import render_compare_html
         outputs.append((html_out, render_compare_html(cmp, doc)))
     written = write_outputs(outputs)
     to_stdout = json_out == "-" or md_out == "-"

@@ -316,7 +316,8 @@ def test_cli_bad_input_exits_2_with_one_line(files: dict[str, str], capsys: pyte
 # --------------------------------------------------------------------------- HTML
 
 def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], tmp_path: Path) -> None:
-    from snapviz.render.compare_html import compare_report_data, render_compare_report_data
+    from snapviz.render.html import render_compare_report_data
+    from snapviz.render.html.compare_data import compare_report_data
 
     cmp = pair["cmp"]
     data = compare_report_data(cmp, compare_dict(cmp))

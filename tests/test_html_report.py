@@ -21,7 +21,8 @@ import synth
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
-from snapviz.render.report_data import stack_text, stage_palette
+from snapviz.render.html.palette import stage_palette
+from snapviz.render.html.view_common import stack_text
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -166,7 +167,7 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, A
 
 @pytest.fixture(scope="module")
 def data(analysed: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = analysed
     return report_data(an, doc, max_points=300)
@@ -341,13 +342,13 @@ def test_stage_peak_bars_match_the_allocator(data: dict[str, Any], analysed: tup
 
 
 def test_repeated_stage_names_get_unique_bar_labels() -> None:
-    from snapviz.render.report_data import _unique_labels
+    from snapviz.render.html.view_common import unique_labels as _unique_labels
 
     assert _unique_labels(["other", "denoise/0", "other", "other"]) == ["other", "denoise/0", "other (2)", "other (3)"]
 
 
 def test_many_stage_intervals_collapse_to_one_bar_per_stage() -> None:
-    from snapviz.render.report_data import MAX_STAGE_BARS, report_data
+    from snapviz.render.html.snapshot_data import MAX_STAGE_BARS, report_data
 
     snap, run = make_run(steps=2, filler=100)
     for i, e in enumerate(snap["device_traces"][0]):  # labels that flip every few events
@@ -426,7 +427,7 @@ def test_stage_breakdown_by_category(data: dict[str, Any], analysed: tuple[Any, 
 
 
 def test_category_colors_are_the_same_everywhere(data: dict[str, Any]) -> None:
-    from snapviz.render.report_data import CATEGORY_COLORS, category_palette
+    from snapviz.render.html.palette import CATEGORY_COLORS, category_palette
 
     colors = data["category_colors"]
     b, ct, c = data["stage_breakdown"], data["category_timeline"], data["categories"]
@@ -497,7 +498,7 @@ def test_advice_is_handed_over(data: dict[str, Any], analysed: tuple[Any, dict[s
 def test_trace_ops_next_to_live_blocks(analysed: tuple[Any, dict[str, Any]]) -> None:
     import dataclasses
 
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = analysed
     assert report_data(an, doc, max_points=300)["top_allocations"]["has_ops"] is False
@@ -517,7 +518,7 @@ SAMPLE_WITH_TRACE = os.path.join(os.path.dirname(__file__), "..", "sample_snapsh
 def test_real_trace_ops_in_the_live_table() -> None:
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import load
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     an = analyze_run(load(SAMPLE_WITH_TRACE))
     doc = summary_dict(an)
@@ -530,7 +531,7 @@ def test_real_trace_ops_in_the_live_table() -> None:
 
 
 def test_no_attention_says_which_implementation_ran() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = _analyse(*make_run(steps=2, with_attention=False))
     d = report_data(an, doc, max_points=1000)
@@ -559,7 +560,7 @@ def test_headline_metadata_and_truth(data: dict[str, Any], analysed: tuple[Any, 
 
 
 def test_truth_mismatch_is_reported() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     snap, run = make_run(steps=1)
     run["allocator"]["max_memory_allocated"] += 3 * MiB
@@ -570,7 +571,7 @@ def test_truth_mismatch_is_reported() -> None:
 
 
 def test_warnings_and_oom_markers() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     snap, run = make_run(steps=2, oom=True, max_entries=150)
     an, doc = _analyse(snap, run)
@@ -582,7 +583,7 @@ def test_warnings_and_oom_markers() -> None:
 
 
 def test_end_state_only_snapshot() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     sim = synth.random_workload(seed=1, n_ops=200)
     an, doc = _analyse(sim.snapshot(layout="segments", marker=False))
@@ -594,7 +595,7 @@ def test_end_state_only_snapshot() -> None:
 
 
 def test_no_time_us_uses_the_event_axis() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     sim = synth.random_workload(seed=1, n_ops=200)
     an, doc = _analyse(sim.snapshot(omit=("time_us",), marker=False))
@@ -604,7 +605,7 @@ def test_no_time_us_uses_the_event_axis() -> None:
 
 
 def test_max_points_bounds_a_big_timeline() -> None:
-    from snapviz.render.report_data import report_data
+    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = _analyse(*make_run(steps=3, filler=3000))
     n = len(an.replay.events)
@@ -672,7 +673,7 @@ def test_html_size_for_a_million_events() -> None:
     assert len(an.replay.events) >= 1_000_000
     html = render_html(an, doc, max_points=20_000)
     assert len(html.encode()) < 5 * MiB, f"{len(html.encode()) / MiB:.2f} MiB"
-    from snapviz.render.report_data import MAX_CATEGORY_POINTS, report_data
+    from snapviz.render.html.snapshot_data import MAX_CATEGORY_POINTS, report_data
 
     d = report_data(an, doc, max_points=20_000)
     assert len(d["category_timeline"]["index"]) <= MAX_CATEGORY_POINTS + 3, "the category area is sampled too"
@@ -739,7 +740,7 @@ def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:
 
 
 def test_trace_report_data() -> None:
-    from snapviz.render.report_data import trace_report_data
+    from snapviz.render.html.trace_data import trace_report_data
 
     tan, doc = fake_trace_analysis()
     d = trace_report_data(tan, doc, max_points=400)

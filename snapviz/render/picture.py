@@ -44,7 +44,8 @@ def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[d
 def picture_data(an: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Series, stage spans and peak of one analysis, on an x axis in seconds (or event index)."""
     from snapviz.analyses.categories import category_timeline
-    from snapviz.render.report_data import category_palette, order_categories, stage_palette
+    from snapviz.analyses.report_view import order_categories
+    from snapviz.render.html.palette import category_palette, stage_palette
 
     rep = an.replay
     ev = rep.events
@@ -169,7 +170,7 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
 
 def compare_picture_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
     """Every run's allocated series on the stage-aligned axis (slot k = stage label k)."""
-    from snapviz.render.compare_html import compare_report_data
+    from snapviz.render.html.compare_data import compare_report_data
 
     rd = compare_report_data(cmp, doc)
     spans = _stage_spans(list(rd["slots"]), np.asarray(rd["bands"]["left"]), np.asarray(rd["bands"]["right"]))

@@ -1,0 +1,21 @@
+"""HTML reports: self-contained pages (Bokeh INLINE, no network).
+
+* :mod:`.page` — the page kit (template, cards, tables; CSS/JS/template in ``assets/``);
+* :mod:`.bokeh_kit` — sources, figures, axes and formatters shared by the reports;
+* :mod:`.palette` — stage, category and series colors;
+* view-models (plain columns, what tests assert on): :mod:`.snapshot_data`,
+  :mod:`.trace_data`, :mod:`.compare_data` (shared pieces in :mod:`.view_common`);
+* one renderer per report: :mod:`.snapshot` (plots in :mod:`.snapshot_plots`),
+  :mod:`.trace`, :mod:`.compare`.
+
+What needs computing comes from :mod:`snapviz.analyses.report_view`; renderers only draw.
+"""
+from __future__ import annotations
+
+from snapviz.render.html.compare import render_compare_html, render_compare_report_data
+from snapviz.render.html.page import build_page, esc
+from snapviz.render.html.snapshot import render_html, render_report_data
+from snapviz.render.html.trace import render_trace_html, render_trace_report_data
+
+__all__ = ["render_html", "render_report_data", "render_trace_html", "render_trace_report_data",
+           "render_compare_html", "render_compare_report_data", "build_page", "esc"]

@@ -1,0 +1,197 @@
+"""Pieces of the report view-models shared by the snapshot and trace reports: interned
+stacks, the time axis, decimation, the allocator-truth badge, title and run metadata.
+
+Strings that repeat per timeline point are interned: ``timeline["stage"]`` indexes
+``stage_names``, ``timeline["action"]`` indexes ``action_names`` and
+``timeline["stack"]`` indexes ``stacks`` (whose ``frames`` index ``frame_text``), so a
+20,000-point timeline stays a few hundred KB in the page.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.units import fmt_bytes
+
+STACK_FRAME_LIMIT = 12
+
+
+def intern_stages(labels: np.ndarray) -> tuple[list[str], np.ndarray]:
+    codes, names = pd.factorize(pd.Series(labels, dtype=object).astype(str), sort=False)
+    return [str(n) for n in names], codes.astype(np.int32)
+
+
+class StackTable:
+    """Stacks referenced by the report, with their frames interned once."""
+
+    def __init__(self, snap: Any, sites: Any) -> None:
+        self.snap = snap
+        self.sites = sites
+        self.index: dict[int, int] = {}
+        self.stack_id: list[int] = []
+        self.site: list[str] = []
+        self.frames: list[list[int]] = []
+        self.more: list[int] = []
+        self.frame_index: dict[int, int] = {}
+        self.frame_text: list[str] = []
+
+    def add(self, stack_id: int) -> int:
+        stack_id = int(stack_id)
+        if stack_id < 0 or self.snap is None or stack_id >= len(self.snap.stacks):
+            return -1
+        got = self.index.get(stack_id)
+        if got is not None:
+            return got
+        # Same selection as SiteNamer.stack_text (Python frames, or C++ ones when there are none).
+        fids = self.sites.shown_frames(stack_id) if self.sites is not None else list(self.snap.stacks[stack_id])
+        shown = fids[:STACK_FRAME_LIMIT]
+        local = []
+        for f in shown:
+            j = self.frame_index.get(f)
+            if j is None:
+                j = self.frame_index[f] = len(self.frame_text)
+                self.frame_text.append(self.sites.frame_str(f) if self.sites is not None else str(f))
+            local.append(j)
+        k = self.index[stack_id] = len(self.stack_id)
+        self.stack_id.append(stack_id)
+        self.site.append(self.sites.site(stack_id) if self.sites is not None else "")
+        self.frames.append(local)
+        self.more.append(len(fids) - len(shown))
+        return k
+
+    def add_many(self, stack_ids: np.ndarray) -> np.ndarray:
+        uniq, inv = np.unique(np.asarray(stack_ids, np.int64), return_inverse=True)
+        local = np.array([self.add(int(s)) for s in uniq], np.int32)
+        return local[inv] if len(uniq) else np.empty(0, np.int32)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stack_id": self.stack_id, "site": self.site, "frames": self.frames, "more": self.more,
+                "frame_text": self.frame_text}
+
+
+def stack_text(data: dict[str, Any], k: int) -> str:
+    """The text of stack ``k`` of a report's ``stacks`` table (what a click on the timeline shows)."""
+    st = data["stacks"]
+    if k < 0 or k >= len(st["frames"]):
+        return "(no frames recorded)"
+    lines = [st["frame_text"][f] for f in st["frames"][k]]
+    if st["more"][k]:
+        lines.append(f"... {st['more'][k]} more")
+    return "\n".join(lines) or "(no frames recorded)"
+
+
+def time_axis(time_us: np.ndarray) -> tuple[bool, int, np.ndarray]:
+    """(has_time, first time µs, seconds since the first event; NaN where unknown)."""
+    n = len(time_us)
+    if n == 0 or not (time_us >= 0).all():
+        return False, -1, np.full(n, np.nan)
+    t0 = int(time_us[0])
+    return True, t0, (time_us - t0) / 1e6
+
+
+def decimated_rows(n: int, series: Sequence[np.ndarray], max_points: int, force: Iterable[int] = (),
+                   time_us: np.ndarray | None = None) -> np.ndarray:
+    """Rows kept for the timeline: min/max per bucket of every series, plus ``force`` rows.
+
+    With ``time_us`` the budget is split between buckets in event order and buckets in
+    time, so both x axes of the report stay faithful: a slow stage with few events (model
+    loading) is not flattened into one bucket of a million-event index axis.
+    """
+    if time_us is not None and was_decimated(n, max_points):
+        half = max(2, max_points // 2)
+        keep = np.union1d(decimate_minmax(np.arange(n), *series, max_points=half),
+                          decimate_minmax(time_us, *series, max_points=max_points - half))
+    else:
+        keep = decimate_minmax(np.arange(n), *series, max_points=max_points)
+    extra = np.array([int(r) for r in force if 0 <= int(r) < n], np.int64)
+    return np.union1d(keep, extra) if len(extra) else keep
+
+
+def decimation_note(shown: int, total: int) -> dict[str, Any]:
+    dec = shown < total
+    note = (f"showing {shown:,} of {total:,} points (min/max per bucket, peak kept)" if dec
+            else f"showing all {total:,} points")
+    return {"decimated": bool(dec), "shown": int(shown), "total": int(total), "note": note}
+
+
+def allocator_truth(doc: dict[str, Any]) -> dict[str, Any] | None:
+    truth = doc.get("allocator_truth") or {}
+    want = truth.get("max_memory_allocated")
+    if not isinstance(want, (int, float)) or not want:
+        return None
+    got = int(doc["peak"]["allocated_bytes"])
+    diff = got - int(want)
+    rel = diff / want
+    if diff == 0:
+        text = f"matches the allocator's own max_memory_allocated to the byte ({want:,} B)"
+        status = "match"
+    else:
+        text = (f"allocator's own max_memory_allocated is {fmt_bytes(want)}; the replay is "
+                f"{'+' if diff > 0 else '-'}{fmt_bytes(abs(diff))} ({rel * 100:+.2f}%) off")
+        status = "close" if abs(rel) < 0.01 else "differs"
+    out = {"status": status, "text": text, "max_memory_allocated": int(want), "replay_allocated": got,
+           "diff_bytes": int(diff)}
+    if truth.get("max_memory_reserved"):
+        out["max_memory_reserved"] = int(truth["max_memory_reserved"])
+    return out
+
+
+def run_title(doc: dict[str, Any]) -> str:
+    run = doc.get("run") or {}
+    parts = [run.get("pipeline"), run.get("size"),
+             f"{run.get('height')}×{run.get('width')}" if run.get("height") and run.get("width") else None,
+             run.get("dtype"), "+".join(run.get("techniques") or []) or None]
+    label = " · ".join(str(p) for p in parts if p)
+    return label or str(doc.get("source", ""))
+
+
+def metadata_rows(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [("source", str(doc.get("source", "")))]
+    if doc.get("device") is not None:
+        rows.append(("device", str(doc["device"])))
+    if doc.get("stage_source"):
+        rows.append(("stages from", str(doc["stage_source"])))
+    if t0_us > 0:
+        start = _dt.datetime.fromtimestamp(t0_us / 1e6, tz=_dt.timezone.utc)
+        rows.append(("first event", start.strftime("%Y-%m-%d %H:%M:%S UTC")))
+    for k, v in extra:
+        rows.append((k, str(v)))
+    run = doc.get("run") or {}
+    for k, v in run.items():
+        if v is None or v == "" or v == []:
+            continue
+        rows.append((f"run.{k}", ", ".join(map(str, v)) if isinstance(v, list) else str(v)))
+    settings = doc.get("allocator_settings") or {}
+    for k, v in settings.items():
+        if isinstance(v, dict):
+            nz = {kk: vv for kk, vv in v.items() if vv not in (0, None, False, "")}
+            v = ", ".join(f"{kk}={vv}" for kk, vv in nz.items()) if nz else "(all default)"
+        rows.append((f"allocator.{k}", "(unset)" if v == "" else str(v)))
+    hist = doc.get("history") or {}
+    if hist:
+        rows.append(("history events", f"{hist.get('events', 0):,}"))
+        rows.append(("history truncated", str(bool(hist.get("truncated")))))
+        if hist.get("baseline_allocated_bytes"):
+            bound = "" if hist.get("baseline_exact", True) else "at least "
+            rows.append(("allocated before recording", bound + fmt_bytes(hist["baseline_allocated_bytes"])))
+        if hist.get("end_state_matches") is not None:
+            rows.append(("replay matches end state", str(hist["end_state_matches"])))
+    for d in doc.get("devices") or []:
+        if len(doc.get("devices") or []) > 1:
+            rows.append((f"device {d.get('device')} peak", f"{fmt_bytes(d.get('peak_allocated_bytes'))} allocated, "
+                                                           f"{fmt_bytes(d.get('peak_reserved_bytes'))} reserved"))
+    return rows
+
+
+def unique_labels(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for x in names:
+        k = seen.get(x, 0) + 1
+        seen[x] = k
+        out.append(x if k == 1 else f"{x} ({k})")
+    return out
