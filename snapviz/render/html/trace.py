@@ -46,3 +46,4 @@ def render_trace_report_data(data: dict[str, Any]) -> str:
 
 def render_trace_html(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
     """The report of a trace-only run (duck-typed ``tan``: see :func:`trace_report_data`)."""
+    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points))
