@@ -329,6 +329,10 @@ def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], 
     assert data["site_rows"][0]["site"].startswith("diffusers/models/autoencoders/")
     html = render_compare_report_data(data)
     assert "<script src=" not in html and "<link " not in html
+    # A lead block (the matrix's card) goes right after the header, before the first card.
+    led = render_compare_report_data(data, lead=['<section id="sv-lead"></section>'])
+    assert led.index("</header>") < led.index('id="sv-lead"') < led.index('id="sv-cmp-timeline-card"')
+    assert led.replace('<section id="sv-lead"></section>', "").count("sv-card") == html.count("sv-card")
     assert "tiled lowers peak allocated" in html
     path = tmp_path / "compare.html"
     path.write_text(html)

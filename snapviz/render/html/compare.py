@@ -2,11 +2,12 @@
 from :func:`~snapviz.render.html.compare_data.compare_report_data` with the page and Bokeh kits."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from bokeh.core.properties import value
 from bokeh.models import DataRange1d, FactorRange, FixedTicker, HoverTool, LegendItem, Range1d
+from bokeh.models.layouts import UIElement
 
 from snapviz import __version__
 from snapviz.render.html.bokeh_kit import (LineSpec, base_figure, bytes_hover_formatter, bytes_tick_formatter,
@@ -102,12 +103,14 @@ def _bars(data: dict[str, Any]) -> Any:
     return fig
 
 
-def render_compare_report_data(data: dict[str, Any]) -> str:
-    """The page for a :func:`compare_report_data` dict."""
+def render_compare_report_data(data: dict[str, Any], lead: Sequence[str | UIElement] = ()) -> str:
+    """The page for a :func:`compare_report_data` dict. ``lead``: blocks (escaped HTML or
+    Bokeh models) placed right after the header, before the comparison's own cards; a report
+    built on a comparison (the technique matrix) puts its card there."""
     data = bounded_data(data)
 
     labels = data["labels"]
-    blocks: list[Any] = [table_css(), _hero(data)]
+    blocks: list[Any] = [table_css(), _hero(data), *lead]
     if data["warnings"]:
         items = "".join(f"<li>{esc(w)}</li>" for w in data["warnings"][:12])
         blocks.append(f'<div class="sv-warn" id="sv-warnings"><h3>⚠ warnings</h3><ul>{items}</ul></div>')
@@ -135,5 +138,7 @@ def render_compare_report_data(data: dict[str, Any]) -> str:
     return build_page(f"snapviz compare: {data['title']}", blocks)
 
 
-def render_compare_html(cmp: Any, doc: dict[str, Any]) -> str:
-    return render_compare_report_data(compare_report_data(cmp, doc))
+def render_compare_html(cmp: Any, doc: dict[str, Any], lead: Sequence[str | UIElement] = ()) -> str:
+    """The comparison page of ``cmp`` and its ``snapviz.compare/1`` dict (``lead``: see
+    :func:`render_compare_report_data`)."""
+    return render_compare_report_data(compare_report_data(cmp, doc), lead)
