@@ -1,4 +1,4 @@
-"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (DESIGN.md)."""
+"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (docs/design.md)."""
 from __future__ import annotations
 
 import os

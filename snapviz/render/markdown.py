@@ -10,6 +10,7 @@ from typing import Any
 
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
+from snapviz.vocab import BEFORE_RECORDING
 
 MAX_STAGE_ROWS = 12
 MAX_TOP_ROWS = 10
@@ -52,7 +53,7 @@ def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         total = int(pk.get("peak_allocated_bytes") or 0)
         cats = {str(k): int(v) for k, v in (pk.get("categories_at_peak") or {}).items()}
         if cats and total > sum(cats.values()):
-            cats["before recording"] = cats.get("before recording", 0) + total - sum(cats.values())
+            cats[BEFORE_RECORDING] = cats.get(BEFORE_RECORDING, 0) + total - sum(cats.values())
         top = sorted(cats.items(), key=lambda kv: -kv[1])
         peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
         own = pk.get("top_allocations") or []
