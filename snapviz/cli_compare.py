@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -165,7 +166,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     check_outputs([("-o", html_out), ("--markdown", md_out), ("--json", json_out)], inputs=inputs)
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
     names = _unique_labels(inputs, labels)
-    digests = digest_inputs(list(zip(inputs, names)), stage_source, max_points, jobs)
+    digests = digest_inputs(list(zip(inputs, names, strict=True)), stage_source, max_points, jobs)
     cmp = compare_runs(digests)
     doc = bounded_doc(compare_dict(cmp, fail_over=pct))
 

@@ -28,8 +28,9 @@ import os
 import pickle
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

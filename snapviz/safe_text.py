@@ -64,7 +64,7 @@ def md_text(text: Any, limit: int = MAX_TEXT) -> str:
     return _MD_SPECIAL.sub(r"\\\1", printable(text, limit))
 
 
-def md_code(text: Any, limit: int = MAX_TEXT) -> str:
+def md_code(text: Any, limit: int | None = MAX_TEXT) -> str:
     """A Markdown code span showing ``text`` verbatim (backticks inside included), safe in a
     table cell; empty for an empty string."""
     s = printable(text, limit)

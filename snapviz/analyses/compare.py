@@ -8,8 +8,9 @@ data; renderers only render.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -227,8 +228,8 @@ def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels:
             v = values.get(key)
             a = v[0] if v else None
             res = v[1] if v else None
-            d = (a - base[0]) if (v and base) else None
-            dr = (res - base[1]) if (v and base) else None
+            d = (v[0] - base[0]) if (v and base) else None
+            dr = (v[1] - base[1]) if (v and base) else None
             rows.append({key_col: key, "run": r, "label": labels[r], "peak_allocated_bytes": a, "peak_reserved_bytes": res,
                          "delta_bytes": d, "delta_ratio": _ratio(d, base[0]) if (d is not None and base) else None,
                          "reserved_delta_bytes": dr})
@@ -450,7 +451,7 @@ def over_limit(cmp: Comparison, pct: float) -> list[str]:
 
 
 def _nums(values: Sequence[Any]) -> list[Any]:
-    out = []
+    out: list[Any] = []
     for v in values:
         if v is None or (not isinstance(v, str) and pd.isna(v)):
             out.append(None)

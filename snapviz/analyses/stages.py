@@ -67,7 +67,7 @@ def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFr
         ann = ann[(ann["device"] == device) | (ann["device"] < 0)]
     rows = []
     open_: dict[str, list[int]] = {}
-    for t, name, stage in zip(ann["time_us"].tolist(), ann["name"].tolist(), ann["stage"].tolist()):
+    for t, name, stage in zip(ann["time_us"].tolist(), ann["name"].tolist(), ann["stage"].tolist(), strict=True):
         if stage == "START":
             open_.setdefault(name, []).append(t)
         elif stage == "END" and open_.get(name):
@@ -83,7 +83,7 @@ def label_by_intervals(times: np.ndarray, intervals: pd.DataFrame, default: str 
         return labels
     iv = intervals.sort_values("start_us", kind="stable")
     # Later-starting intervals are applied last so that nested (inner) ranges win.
-    for name, s, e in zip(iv["name"].tolist(), iv["start_us"].to_numpy(), iv["end_us"].to_numpy()):
+    for name, s, e in zip(iv["name"].tolist(), iv["start_us"].to_numpy(), iv["end_us"].to_numpy(), strict=True):
         lo, hi = np.searchsorted(times, s, "left"), np.searchsorted(times, e, "right")
         labels[lo:hi] = name
     return labels

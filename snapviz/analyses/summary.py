@@ -151,7 +151,7 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
                     warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables)
 
 
-def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
+def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
                      rules: RuleSet, tables: StackTables, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What was live at each stage interval's own peak: bytes by category, and the largest
     blocks the stage itself allocated.
@@ -170,7 +170,7 @@ def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, st
     stacks = ev["stack_id"].to_numpy()[alloc_rows]
     live_rows, top_rows = [], []
     for k, (name, prow, srow) in enumerate(zip(stages["name"].tolist(), stages["peak_row"].tolist(),
-                                               stages["start_row"].tolist())):
+                                               stages["start_row"].tolist(), strict=True)):
         if prow < 0:
             continue
         m = (alloc_rows <= prow) & (frees > prow)
@@ -223,9 +223,9 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
                 "allocated_at_entry": int(r.allocated_at_entry), "allocated_at_exit": int(r.allocated_at_exit)}
         if iv in live_by_iv:
             g_ = live_by_iv[iv].sort_values("bytes", ascending=False)
-            item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"])}
+            item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"], strict=True)}
         if iv in top_by_iv:
-            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"])]
+            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"], strict=True)]
         item["duration_s"] = float(r.duration_s)
         if t is not None:
             item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")

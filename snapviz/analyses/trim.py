@@ -151,7 +151,7 @@ def _blocks_at(an: Any, last: int) -> list[tuple[int, int, int, str, int]]:
     b = an.run.snapshot.blocks
     b = b[(b["device"] == an.device) & (b["state"] != "inactive")]
     for a, size, rq, st, k_ in zip(b["address"].tolist(), b["size"].tolist(), b["requested_size"].tolist(),
-                                   b["state"].astype(str).tolist(), b["stack_id"].tolist()):
+                                   b["state"].astype(str).tolist(), b["stack_id"].tolist(), strict=True):
         if a not in touched:
             out.append((int(a), int(size), int(rq), st, int(k_)))
     seen: set[int] = set()
@@ -171,7 +171,7 @@ class _Frames:
         self.an = an
         sids = an.replay.events["stack_id"].to_numpy()
         uniq, first = np.unique(sids, return_index=True)
-        self.by_stack: dict[int, Any] = {int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first) if k >= 0}
+        self.by_stack: dict[int, Any] = {int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first, strict=True) if k >= 0}
 
     def __call__(self, stack_id: int) -> Any:
         if stack_id < 0:

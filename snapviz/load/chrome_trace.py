@@ -16,8 +16,9 @@ import ast
 import json
 import os
 from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import ijson
 import numpy as np

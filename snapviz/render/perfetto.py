@@ -143,7 +143,7 @@ def _stage_slices(an: Any, t: np.ndarray, pid: int) -> list[dict[str, Any]]:
     ends = np.r_[starts[1:], n - 1]
     rows = []
     for name, group, s, e, peak in zip(st["name"].astype(str), st["group"].astype(str), starts.tolist(),
-                                       ends.tolist(), st["peak_allocated_bytes"].tolist()):
+                                       ends.tolist(), st["peak_allocated_bytes"].tolist(), strict=True):
         rows.append((name, group, float(t[s]), float(t[e]), int(peak)))
     out: list[dict[str, Any]] = []
     # Merge consecutive intervals of one group (denoise/0, denoise/1, ... -> denoise).

@@ -32,7 +32,7 @@ GIB = float(1 << 30)
 def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[dict[str, Any]]:
     """Consecutive intervals of one stage group merged into one shaded span."""
     spans: list[dict[str, Any]] = []
-    for name, s, e in zip(names, start.tolist(), end.tolist()):
+    for name, s, e in zip(names, start.tolist(), end.tolist(), strict=True):
         g = stage_group(name)
         if spans and spans[-1]["group"] == g:
             spans[-1]["end"] = e
@@ -177,7 +177,7 @@ def compare_picture_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
     for s in spans:
         s["color"] = rd["bands"]["color"][list(rd["bands"]["group"]).index(s["group"])]
     runs = []
-    for tl, r in zip(rd["timelines"], cmp.runs.itertuples(index=False)):
+    for tl, r in zip(rd["timelines"], cmp.runs.itertuples(index=False), strict=True):
         alloc = np.asarray(tl["allocated"], np.float64)
         k = int(np.nanargmax(alloc)) if len(alloc) and np.isfinite(alloc).any() else -1
         runs.append({"label": tl["label"], "color": tl["color"], "x": np.asarray(tl["x"], np.float64), "allocated": alloc,
