@@ -6,7 +6,8 @@
   on CUDA, process RSS on CPU) and the ranking rule;
 * :mod:`.document` — the ``snapviz.matrix/1`` document with snapviz compare's stage-aligned
   comparison inside;
-* :mod:`.report` — Markdown and HTML rendered from that document.
+* :mod:`.report` — Markdown and HTML rendered from that document;
+* :mod:`.outputs` — ranking, comparison and report files at the end of a matrix.
 
 Importing this package imports no torch; :func:`screen_variants` and :func:`technique_names`
 import ``collectors.techniques`` (and so torch) when called. The verb is
@@ -17,6 +18,7 @@ import ``collectors.techniques`` (and so torch) when called. The verb is
 
 from __future__ import annotations
 
+from .outputs import write_reports
 from .document import SCHEMA, build_comparison, matrix_dict, run_json_summary
 from .ranking import RANKING_RULE, STAGE_GROUPS, measure, rank_results
 from .report import matrix_card_html, render_full_markdown, render_matrix_html, render_matrix_markdown, table_cells
@@ -25,7 +27,7 @@ from .variants import (DEFAULT_BASELINE, DEFAULT_VARIANTS, MatrixError, Variant,
                        parse_variant, run_dir_name, screen_variants, technique_names)
 
 __all__ = [
-    "SCHEMA", "build_comparison", "matrix_dict", "run_json_summary",
+    "write_reports", "SCHEMA", "build_comparison", "matrix_dict", "run_json_summary",
     "RANKING_RULE", "STAGE_GROUPS", "measure", "rank_results",
     "matrix_card_html", "render_full_markdown", "render_matrix_html", "render_matrix_markdown", "table_cells",
     "MatrixOptions", "VariantResult", "classify", "results_from_dir", "run_variants", "variant_row",
