@@ -65,7 +65,7 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     from snapviz.load import Run, _read_run_json, paused_gc
     from snapviz.load.safe_pickle import safe_load_pickle
     from snapviz.load.snapshot import snapshot_from_dict
-    from snapviz.render.fmt import fmt_bytes
+    from snapviz.units import fmt_bytes
     from snapviz.render.output import check_outputs, write_outputs
 
     if sum(x is not None for x in (stage, window, top)) != 1:

@@ -19,8 +19,8 @@ from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.score_evidence import fused_evidence, score_alloc_mask, score_stack_table
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
-from snapviz.analyses.stages import stage_group
 from snapviz.model import Snapshot
+from snapviz.vocab import stage_group
 
 SCORE_FUNCTIONS = frozenset({"get_attention_scores", "_native_math_attention", "eager_attention_forward"})
 CROSS_KEYS = (77, 300, 226, 120, 512, 256, 333, 154)

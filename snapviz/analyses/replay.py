@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from snapviz.model import (A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP,
-                           A_SEG_UNMAP, Snapshot)
+from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP, Snapshot
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool

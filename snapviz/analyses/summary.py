@@ -15,10 +15,10 @@ from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.load import Run
-from snapviz.model import Snapshot
-from snapviz.model import A_ALLOC, A_OOM
+from snapviz.model import A_ALLOC, A_OOM, Snapshot
+from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
 
-SCHEMA = "snapviz.summary/1"
+SCHEMA = SUMMARY_SCHEMA
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Analysis:
     @property
     def peak_stage(self) -> str:
         i = self.replay.peak_index
-        return str(self.labels.labels[i]) if i >= 0 else "before recording"
+        return str(self.labels.labels[i]) if i >= 0 else BEFORE_RECORDING
 
     def stage_groups(self) -> pd.DataFrame:
         """Stages grouped by name before '/': peak over every interval of the group."""
@@ -204,7 +204,7 @@ def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
 
 
 def summary_dict(an: Analysis) -> dict[str, Any]:
-    """The ``snapviz.summary/1`` document (DESIGN.md). Additions fine; renames need /2."""
+    """The ``snapviz.summary/1`` document (docs/design.md). Additions fine; renames need /2."""
     rep = an.replay
     ev = rep.events
     pi = rep.peak_index

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import stage_group
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
 from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
 from snapviz.load import Run
+from snapviz.vocab import SUMMARY_SCHEMA, stage_group
 
-SCHEMA = "snapviz.summary/1"
+SCHEMA = SUMMARY_SCHEMA
 
 
 @dataclass

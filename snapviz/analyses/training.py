@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult
-from snapviz.analyses.stages import stage_group
 from snapviz.model import A_ALLOC, Snapshot
+from snapviz.vocab import stage_group
 
 TRAINING_CATEGORIES = ("parameters", "gradients", "optimizer state", "saved activations",
                        "autocast weight copies", "temporaries", "other")

@@ -6,7 +6,7 @@ interned string codes, and drop the dict. A 500 MB trace therefore never exists 
 list of Python dicts (``json.load`` would need several times its size in RSS); see
 ``benchmarks/bench_trace.py`` for the measured speed and peak RSS.
 
-Time axis (reference §2.6, §5.1): ``ts`` is µs relative to ``baseTimeNanoseconds``;
+Time axis (docs/design.md, "Format facts"): ``ts`` is µs relative to ``baseTimeNanoseconds``;
 every ``*_us`` column here is absolute Unix µs, ``ts + base_us``, the same clock as a
 snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``ts``.
 """

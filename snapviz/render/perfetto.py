@@ -30,7 +30,7 @@ import numpy as np
 from snapviz.analyses.decimate import decimate_minmax
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_OOM
-from snapviz.render.fmt import fmt_bytes
+from snapviz.units import fmt_bytes
 
 # Real OS pids stay below pid_max (2**22 on Linux); kineto's GPU tracks use small ints.
 PID_BASE = 9_000_000

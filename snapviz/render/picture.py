@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from snapviz.model import A_OOM
-from snapviz.render.fmt import fmt_bytes
+from snapviz.units import fmt_bytes
+from snapviz.vocab import stage_group
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100   # 900 x 440 px
 PEAK_COLOR = "#d62728"
@@ -32,7 +33,7 @@ def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[d
     """Consecutive intervals of one stage group merged into one shaded span."""
     spans: list[dict[str, Any]] = []
     for name, s, e in zip(names, start.tolist(), end.tolist()):
-        g = name.split("/", 1)[0]
+        g = stage_group(name)
         if spans and spans[-1]["group"] == g:
             spans[-1]["end"] = e
             spans[-1]["steps"] += 1
