@@ -7,8 +7,9 @@ from typing import Any
 
 from snapviz.vocab import CANONICAL_STAGES, stage_group, stage_step
 
-# the table's per-stage columns: every canonical stage but the catch-all "other"
-STAGE_GROUPS: tuple[str, ...] = tuple(s for s in CANONICAL_STAGES if s != "other")
+# the table's per-stage columns: the inference pipeline's canonical stages (the matrix runs
+# inference only), without the catch-all "other" and the training phases that follow it
+STAGE_GROUPS: tuple[str, ...] = CANONICAL_STAGES[:CANONICAL_STAGES.index("other")]
 
 RANKING_RULE = (
     "Ranking, against the baseline: (1) variants that lower peak memory and make the pipe() call "
