@@ -19,7 +19,6 @@ from typing import Any, Iterator
 import torch
 
 PIPELINES = ("sd15", "sdxl", "pixart-sigma")
-SIZES = ("tiny", "full")
 
 _INIT_METHODS = (
     "normal_", "uniform_", "log_normal_", "exponential_", "geometric_", "cauchy_", "random_",
