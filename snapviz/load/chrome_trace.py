@@ -100,6 +100,8 @@ def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
 def _tail_meta(after_end: bytes) -> dict[str, Any] | None:
     """Top-level keys after the events array, from the bytes after its closing bracket."""
     rest = after_end.lstrip()
+    if rest[:1] == b"}":
+        return {}  # traceEvents was the last key: nothing after it
     text = b"{" + rest[1:] if rest[:1] == b"," else rest
     try:
         val = json.loads(text)
