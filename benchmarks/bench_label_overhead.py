@@ -29,7 +29,7 @@ def main() -> int:
     import torch
 
     from collectors.pipelines import build_pipeline, default_resolution
-    from collectors.record import Recorder
+    from collectors.recorder import Recorder
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pipeline", default="sd15")

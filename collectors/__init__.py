@@ -13,12 +13,12 @@ __all__ = ["record", "Recorder", "run", "RunOptions", "TrainRecorder", "record_t
 
 
 def __getattr__(name: str) -> Any:
-    # lazy, so `import collectors` (and snapviz --help) stays free of torch. The submodule
-    # collectors.record is itself callable (it forwards to record.record), so the name works
-    # whether Python resolves it to the module or to the function.
-    if name in ("record", "Recorder"):
-        module = importlib.import_module("collectors.record")
-        return module if name == "record" else module.Recorder
+    # lazy, so `import collectors` (and snapviz --help) stays free of torch. ``record`` is the
+    # function collectors.api.record (no submodule shares its name).
+    if name == "record":
+        return importlib.import_module("collectors.api").record
+    if name == "Recorder":
+        return importlib.import_module("collectors.recorder").Recorder
     if name in ("TrainRecorder", "record_training"):
         return getattr(importlib.import_module("collectors.train_record"), name)
     if name in ("run", "RunOptions"):

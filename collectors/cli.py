@@ -6,11 +6,11 @@ them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import sys
 
 import click
+
+from .errors import OptionError
 
 _TECHNIQUE_LIST = ("fp32 fp16 bf16 | sdpa classic sliced | vae-slicing vae-tiling tiny-vae | "
                    "model-offload sequential-offload group-offload | int8 nf4-text-encoder | "
@@ -30,16 +30,6 @@ Examples:
 Writes run.json (stage timeline and allocator peaks), snapshot.pickle (CUDA),
 trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
 """
-
-
-class OptionError(click.UsageError):
-    """A bad option or technique: exit 2 with one line on stderr (no usage block; names
-    from files escaped, as every snapviz error line)."""
-
-    def show(self, file: object = None) -> None:
-        from snapviz.safe_text import printable
-
-        click.echo(f"Error: {printable(self.format_message(), 1000)}", err=True)
 
 
 @click.command("collect", epilog=EPILOG,
@@ -265,7 +255,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
             opts, results, base = mx.results_from_dir(Path(from_dir), baseline)
         except mx.MatrixError as err:
             raise OptionError(str(err)) from None
-        _matrix_report(mx, opts, results, base, [], [f"re-reported from {from_dir}"], Path(from_dir),
+        mx.write_reports(opts, results, base, [], [f"re-reported from {from_dir}"], Path(from_dir),
                        html_out, md_out, json_out)
         return
     try:
@@ -358,53 +348,4 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
                    f"({gpu}{res.elapsed_s:.1f} s)", err=True)
 
     results = mx.run_variants(opts, chosen, slots, on_done=progress)
-    _matrix_report(mx, opts, results, base, skipped, notes, out_dir, html_out, md_out, json_out)
-
-def _matrix_report(mx: Any, opts: Any, results: list[Any], base: str, skipped: list[dict[str, str]],
-                   notes: list[str], out_dir: Any, html_out: str | None, md_out: str | None,
-                   json_out: str | None) -> None:
-    """Rank the variants, build the stage-aligned comparison, write the reports."""
-    rows = [mx.variant_row(r) for r in results]
-    ok = [r for r in rows if r["status"] == "ok" and r["measure"]]
-    if ok and base not in [r["label"] for r in ok]:
-        notes.append(f"the baseline {base} did not run ({next(r['status'] for r in rows if r['label'] == base)}); "
-                     f"everything is relative to {ok[0]['label']} instead")
-        base = ok[0]["label"]
-    if len({r["measure"]["memory_metric"] for r in ok}) > 1:
-        notes.append("variants mix allocator and RSS numbers; compare like with like")
-    cmp, compare_doc = None, None
-    if ok:
-        rows = mx.rank_results(rows, base)
-        built = mx.build_comparison(rows)
-        if built is not None:
-            cmp, compare_doc = built
-        else:
-            notes.append("the stage-aligned comparison needs two variants that ran")
-    doc = mx.matrix_dict(opts, rows, base if ok else None, skipped, notes, compare_doc)
-
-    from snapviz.errors import InputError
-    from snapviz.render.json_summary import render_json
-    from snapviz.render.output import write_outputs
-    from snapviz.safe_text import printable
-
-    outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
-               (md_out or str(out_dir / "matrix.md"), lambda: mx.render_full_markdown(doc)),
-               (html_out or str(out_dir / "matrix.html"), lambda: mx.render_matrix_html(doc, cmp))]
-    rendered = []
-    for path, make in outputs:
-        try:
-            rendered.append((path, make()))
-        except ImportError as err:  # e.g. a GPU box without bokeh: keep the JSON/Markdown
-            click.echo(f"  skipped {path}: {err} (re-render elsewhere with "
-                       f"snapviz matrix --from-dir {out_dir})", err=True)
-    try:
-        written = write_outputs(rendered)
-    except InputError as err:  # e.g. the disk filled up: nothing was written
-        raise OptionError(str(err)) from None
-    if "-" not in (json_out, md_out):
-        click.echo(mx.render_matrix_markdown(doc), nl=False)
-    for path in written:
-        click.echo(f"  wrote {printable(path, None)}", err=True)
-    if not ok:
-        click.echo(f"no variant ran successfully; see the logs in {out_dir}", err=True)
-        sys.exit(1)
+    mx.write_reports(opts, results, base, skipped, notes, out_dir, html_out, md_out, json_out)

@@ -3,7 +3,7 @@
 Memory depends only on shapes and dtypes, so random weights record the same allocations as a
 real checkpoint (every pipeline pads prompts to a fixed length; no shape depends on values).
 Two sizes: ``tiny`` (seconds on a CPU, for tests) and ``full`` (the published architectures,
-see shared/reference/diffusers.md §3).
+the configs published with each model on the Hugging Face Hub).
 
 Models are built on the CPU. Building skips torch's per-parameter initialisers (slow and serial
 on CPU: ~15 s for SD 1.5, over a minute for T5-XXL) and then fills every parameter from one
@@ -19,7 +19,6 @@ from typing import Any, Iterator
 import torch
 
 PIPELINES = ("sd15", "sdxl", "pixart-sigma")
-SIZES = ("tiny", "full")
 
 _INIT_METHODS = (
     "normal_", "uniform_", "log_normal_", "exponential_", "geometric_", "cauchy_", "random_",

@@ -15,7 +15,7 @@ import torch
 
 from . import techniques as tq
 from .pipelines import build_pipeline, default_resolution, denoiser
-from .record import DEFAULT_MAX_ENTRIES, Recorder
+from .recorder import DEFAULT_MAX_ENTRIES, Recorder
 
 PROMPT = "a photo of an astronaut riding a horse on mars"
 

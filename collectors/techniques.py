@@ -25,25 +25,6 @@ ALIASES = {
     "nf4": "nf4-text-encoder", "int8-weights": "int8",
 }
 
-HELP = {
-    "fp32": "weights and activations in float32",
-    "fp16": "float16 (SDXL still upcasts its VAE to fp32 for decode)",
-    "bf16": "bfloat16",
-    "sdpa": "F.scaled_dot_product_attention (diffusers' default AttnProcessor2_0)",
-    "classic": "AttnProcessor: materializes the QK^T score matrix (baddbmm + softmax)",
-    "sliced": "pipe.enable_attention_slicing(): score matrices one slice of heads at a time",
-    "vae-slicing": "pipe.vae.enable_slicing(): decode one image of the batch at a time",
-    "vae-tiling": "pipe.vae.enable_tiling(): decode in overlapping tiles",
-    "tiny-vae": "replace the VAE by AutoencoderTiny() (TAESD architecture)",
-    "model-offload": "pipe.enable_model_cpu_offload(): whole models move to the GPU when used",
-    "sequential-offload": "pipe.enable_sequential_cpu_offload(): leaf modules move per call",
-    "group-offload": "pipe.enable_group_offload(block_level, 1 block per group)",
-    "int8": "torchao Int8WeightOnlyConfig on the denoiser, applied once it is on the GPU",
-    "nf4-text-encoder": "bitsandbytes NF4 (4-bit) Linear4bit layers in the text encoder(s)",
-    "staged": "PixArt-Σ walkthrough: text encoder, then transformer, then VAE, one at a time",
-    "balanced": "device_map='balanced': whole components spread over the visible GPUs",
-}
-
 
 class TechniqueError(ValueError):
     """A technique that cannot be applied here (bad combination, missing device or package)."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from . import train_plan as tp
 from .pipelines import build_denoiser, default_resolution
-from .record import DEFAULT_MAX_ENTRIES
+from .recorder import DEFAULT_MAX_ENTRIES
 from .techniques import TechniqueError
 from .train_record import TrainRecorder
 

@@ -9,7 +9,7 @@ from typing import Any
 import click
 import torch
 
-from .cli import OptionError
+from .errors import OptionError
 from .techniques import TechniqueError
 from .train import TrainOptions, run_training, validate
 

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .record import STAGE_OTHER, Recorder
+from .recorder import STAGE_OTHER, Recorder
 
 PHASES = ("forward", "backward", "optimizer", "zero_grad")
 

@@ -10,14 +10,21 @@ The analyzer never imports torch. Typical use::
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 from snapviz.errors import CheckFailed, InputError
 from snapviz.load import Run, load
+
+if TYPE_CHECKING:  # the analyses load lazily: `import snapviz` stays light
+    from snapviz.analyses.summary import Analysis
 
 __version__ = "0.1.0"
 __all__ = ["load", "analyze", "show", "compare", "Run", "InputError", "CheckFailed", "__version__"]
 
 
-def analyze(run: "Run | str", device: int | None = None, rules: "str | None" = None):  # type: ignore[no-untyped-def]
+def analyze(run: Run | str, device: int | None = None, rules: str | None = None) -> Analysis:
     """Run every analysis on a loaded run (or a path); ``rules``: a rules file replacing or
     extending the built-in rules. See :mod:`snapviz.analyses.summary`."""
     from snapviz.analyses.frame_rules import load_rules
@@ -28,7 +35,7 @@ def analyze(run: "Run | str", device: int | None = None, rules: "str | None" = N
     return analyze_run(run, device=device, rules=load_rules(rules))
 
 
-def show(obj, max_points: int = 20000):  # type: ignore[no-untyped-def]
+def show(obj: Any, max_points: int = 20000) -> Any:
     """Display a path, analysis, comparison or list of paths as an interactive report in a
     notebook (see :mod:`snapviz.notebook`)."""
     from snapviz.notebook import show as _show
@@ -36,14 +43,14 @@ def show(obj, max_points: int = 20000):  # type: ignore[no-untyped-def]
     return _show(obj, max_points=max_points)
 
 
-def compare(paths, labels=None):  # type: ignore[no-untyped-def]
+def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None) -> Any:
     """Compare runs (paths), the first as base; see :func:`snapviz.notebook.compare`."""
     from snapviz.notebook import compare as _compare
 
     return _compare(paths, labels)
 
 
-def load_ipython_extension(ip) -> None:  # type: ignore[no-untyped-def]
+def load_ipython_extension(ip: Any) -> None:
     """``%load_ext snapviz``: analyses and comparisons display as reports."""
     from snapviz.notebook import register_formatters
 
@@ -55,7 +62,7 @@ def _register_in_running_notebook() -> None:
     import sys
 
     ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None  # type: ignore[attr-defined]
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is not None and hasattr(shell, "display_formatter"):
         load_ipython_extension(shell)
 

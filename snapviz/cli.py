@@ -1,4 +1,4 @@
-"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (DESIGN.md)."""
+"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (docs/design.md)."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from snapviz import __version__
-from snapviz.cli_share import analyze_share_options, share_outputs
+from snapviz.cli_share import analyze_share_options, picture_for_markdown, share_outputs
 from snapviz.errors import CheckFailed, InputError, error_line
 from snapviz.safe_text import bounded_doc, printable
 
@@ -132,7 +132,7 @@ def _emit(doc: dict[str, Any], html_out: str | None, html_builder: Any, md_out: 
     if json_out:
         outputs.append((json_out, render_json(doc)))
     if md_out:
-        outputs.append((md_out, render_markdown(doc)))
+        outputs.append((md_out, render_markdown(doc, picture=picture_for_markdown(md_out))))
     if html_out:
         outputs.append((html_out, html_builder()))
     if before_print is not None:

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -155,8 +156,8 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
       snapviz compare main.pickle pr.pickle --fail-over 5%    # CI: exit 1 on a >5% regression
     """
     from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
-    from snapviz.analyses.gate import parse_percent
     from snapviz.render.output import check_outputs, write_outputs
+    from snapviz.units import parse_percent
 
     if len(inputs) < 2:
         raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
@@ -165,7 +166,7 @@ def compare(inputs: tuple[str, ...], html_out: str | None, md_out: str | None, j
     check_outputs([("-o", html_out), ("--markdown", md_out), ("--json", json_out)], inputs=inputs)
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
     names = _unique_labels(inputs, labels)
-    digests = digest_inputs(list(zip(inputs, names)), stage_source, max_points, jobs)
+    digests = digest_inputs(list(zip(inputs, names, strict=True)), stage_source, max_points, jobs)
     cmp = compare_runs(digests)
     doc = bounded_doc(compare_dict(cmp, fail_over=pct))
 
@@ -218,7 +219,8 @@ def check(input: str, max_peak: str | None, max_reserved: str | None, stage_limi
       snapviz check runs/sdxl-fp16/ --max-peak 12GiB --max-stage-peak vae_decode=8GiB
       snapviz check pr.pickle --baseline main.pickle --max-increase 5% --junit-xml memory.xml
     """
-    from snapviz.analyses.gate import evaluate_gates, parse_percent, parse_size, parse_stage_limit
+    from snapviz.analyses.gate import evaluate_gates, parse_stage_limit
+    from snapviz.units import parse_percent, parse_size
 
     # Every option is validated before the (slow) analysis: bad options fail fast, exit 2.
     peak_limit = parse_size(max_peak, "--max-peak") if max_peak is not None else None

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -125,6 +126,17 @@ def _require_matplotlib() -> None:
 def _opts() -> dict[str, Any]:
     ctx = click.get_current_context(silent=True)
     return (ctx.meta.get(_META_KEY) if ctx is not None else None) or {}
+
+
+def picture_for_markdown(md_out: str | None) -> str | None:
+    """The --png (else --svg) picture's path relative to the Markdown file, for an image link;
+    None when there is no picture or the Markdown goes to stdout (no place to be relative to)."""
+    opts = _opts()
+    pic = opts.get("png_out") or opts.get("svg_out")
+    if not pic or not md_out or md_out == "-":
+        return None
+    rel = os.path.relpath(os.path.abspath(pic), os.path.dirname(os.path.abspath(md_out)))
+    return rel.replace(os.sep, "/")
 
 
 def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:

@@ -5,6 +5,7 @@ import gzip
 import lzma
 import os
 import pickle
+from typing import Any
 
 import click
 
@@ -28,7 +29,7 @@ def _snapshot_path(path: str) -> str:
     return path
 
 
-def encode_snapshot(data: dict, out_path: str) -> bytes:  # type: ignore[type-arg]
+def encode_snapshot(data: dict[str, Any], out_path: str) -> bytes:
     """Pickled with builtins only; compressed when the name asks for it (.gz, .xz)."""
     raw = pickle.dumps(data, protocol=PICKLE_PROTOCOL)
     if out_path.endswith(".gz"):
@@ -65,8 +66,8 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     from snapviz.load import Run, _read_run_json, paused_gc
     from snapviz.load.safe_pickle import safe_load_pickle
     from snapviz.load.snapshot import snapshot_from_dict
-    from snapviz.render.fmt import fmt_bytes
     from snapviz.render.output import check_outputs, write_outputs
+    from snapviz.units import fmt_bytes
 
     if sum(x is not None for x in (stage, window, top)) != 1:
         raise InputError("give exactly one of --stage, --window, --top")

@@ -1,4 +1,4 @@
-"""Errors that map to exit codes (DESIGN.md: 2 = bad input or options)."""
+"""Errors that map to exit codes (docs/design.md: 2 = bad input or options)."""
 from __future__ import annotations
 
 from snapviz.safe_text import printable

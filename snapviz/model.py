@@ -1,4 +1,4 @@
-"""Columnar in-memory model of a memory snapshot (DESIGN.md: one table per kind of record).
+"""Columnar in-memory model of a memory snapshot (docs/design.md: one table per kind of record).
 
 Nothing here holds a per-event Python object: trace entries, frames, stacks, segments,
 blocks and annotations are pandas DataFrames with numpy columns, strings interned once.

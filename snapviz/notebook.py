@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from snapviz.errors import InputError
 
@@ -59,7 +60,7 @@ def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | Non
     if len(ps) < 2:
         raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
     names = _unique_labels(ps, list(labels or []))
-    return compare_runs([digest_input(p, lab, stage_source) for p, lab in zip(ps, names)])
+    return compare_runs([digest_input(p, lab, stage_source) for p, lab in zip(ps, names, strict=True)])
 
 
 def report(obj: Any, max_points: int = 20000) -> Report:

@@ -7,17 +7,21 @@ new dependency.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import click
+
+
+def _no_step(n: int = 1) -> None:
+    """The step of a progress that shows nothing."""
 
 
 @contextmanager
 def progress(total: int, label: str, enabled: bool = True) -> Iterator[Callable[[int], None]]:
     """``with progress(n, "analysing runs") as step: ... step(1)`` (a no-op when not a TTY)."""
     if not (enabled and total > 1 and sys.stderr.isatty()):
-        yield lambda n=1: None
+        yield _no_step
         return
     with click.progressbar(length=total, label=label, file=sys.stderr, show_eta=True, show_pos=True) as bar:
         yield bar.update

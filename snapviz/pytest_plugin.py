@@ -28,8 +28,9 @@ import os
 import pickle
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -132,8 +133,8 @@ def _snapviz_limit_gpu_memory(request: pytest.FixtureRequest) -> Any:
     if marker is None:
         yield
         return
-    from snapviz.analyses.gate import parse_size
     from snapviz.errors import InputError
+    from snapviz.units import parse_size
 
     raw, stage = _marker_args(marker)
     try:
@@ -196,8 +197,8 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import Run
     from snapviz.load.snapshot import snapshot_from_dict
-    from snapviz.render.fmt import fmt_bytes
     from snapviz.render.markdown import render_markdown
+    from snapviz.units import fmt_bytes
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
     doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run=None)))

@@ -41,7 +41,10 @@ def clip(text: Any, limit: int | None = MAX_TEXT) -> str:
     m = _CUT.search(s, limit)
     if m is not None and m.start() == limit:
         return s
-    return f"{s[:limit]}… ({len(s):,} chars)"
+    # A string the loader already cut ends with its original length: state that one.
+    tail = _CUT.search(s)
+    full = tail.group(0) if tail is not None and tail.end() == len(s) else f"… ({len(s):,} chars)"
+    return f"{s[:limit]}{full}"
 
 
 def _visible(m: re.Match[str]) -> str:
@@ -61,7 +64,7 @@ def md_text(text: Any, limit: int = MAX_TEXT) -> str:
     return _MD_SPECIAL.sub(r"\\\1", printable(text, limit))
 
 
-def md_code(text: Any, limit: int = MAX_TEXT) -> str:
+def md_code(text: Any, limit: int | None = MAX_TEXT) -> str:
     """A Markdown code span showing ``text`` verbatim (backticks inside included), safe in a
     table cell; empty for an empty string."""
     s = printable(text, limit)

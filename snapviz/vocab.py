@@ -6,7 +6,9 @@ the ``/`` (docs/design.md, "Stage labels"). Each word is defined here once.
 from __future__ import annotations
 
 STAGE_SEP = "/"
-CANONICAL_STAGES: tuple[str, ...] = ("load", "text_encode", "denoise", "vae_decode", "other")
+# inference stages, then the training phases written by ``snapviz collect --train``
+CANONICAL_STAGES: tuple[str, ...] = ("load", "text_encode", "denoise", "vae_decode", "other",
+                                     "forward", "backward", "optimizer", "zero_grad")
 UNLABELLED = "unlabelled"
 BEFORE_RECORDING = "before recording"  # memory allocated before the recorded history starts
 

@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from synth import GiB, MiB, Sim, make_frames  # noqa: E402
 
-from snapviz.analyses.gate import evaluate_gates, parse_percent, parse_size  # noqa: E402
+from snapviz.analyses.gate import evaluate_gates  # noqa: E402
+from snapviz.units import parse_percent, parse_size  # noqa: E402
 from snapviz.errors import InputError  # noqa: E402
 
 

@@ -153,7 +153,7 @@ def diffusion_run(pipe: str = "sd15", *, steps: int = 4, images: int = 1, attent
     pr = PipelineRun(sim, desc)
     cur: list[str | None] = [None]
 
-    def mark(label: str | None) -> None:  # collectors.record.Recorder.mark
+    def mark(label: str | None) -> None:  # collectors.recorder.Recorder.mark
         if cur[0] is not None:
             pr.stages.append({"name": cur[0], "peak_allocated_bytes": sim.peak_allocated()})
         sim.set_label(label or "")

@@ -197,3 +197,8 @@ def test_module_entry_point_and_no_torch_at_import() -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]
     assert "unknown technique 'nope'" in res.stderr
+
+
+def test_table_columns_are_the_inference_stages() -> None:
+    # derived from snapviz.vocab, which also lists training phases the matrix never runs
+    assert mx.STAGE_GROUPS == ("load", "text_encode", "denoise", "vae_decode")

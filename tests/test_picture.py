@@ -104,3 +104,17 @@ def test_cli_writes_a_png(tmp_path: Path) -> None:
                        cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
     assert r.returncode == 0, r.stderr
     assert _pixels(out.read_bytes()).shape == (440, 900, 3)
+
+
+def test_markdown_shows_the_picture_relative_to_itself(tmp_path: Path) -> None:
+    """With --markdown and --png, the summary embeds the picture by a path relative to the
+    Markdown file, so both uploaded to a ticket (or committed side by side) show together."""
+    (tmp_path / "md").mkdir()
+    (tmp_path / "img dir").mkdir()
+    md, png = tmp_path / "md" / "s.md", tmp_path / "img dir" / "t.png"
+    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(SAMPLES / "sd15-fp16-sdpa"), "--png", str(png),
+                        "--markdown", str(md), "-q"],
+                       cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "![memory timeline](../img%20dir/t.png)" in md.read_text().splitlines()[:4]
+    assert png.stat().st_size > 10_000

@@ -11,6 +11,8 @@ from typing import Any
 
 import pandas as pd
 
+from snapviz.vocab import stage_group
+
 
 def _cat(categories: pd.DataFrame, name: str) -> int:
     if not len(categories):
@@ -23,7 +25,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
     """Ranked suggestions: ``technique``, ``why``, ``saves_up_to_bytes`` (None: unknown), ``how``."""
     peak = doc["peak"]
     total = int(peak["allocated_bytes"]) or 1
-    stage = str(peak.get("stage") or "").split("/", 1)[0]
+    stage = stage_group(peak.get("stage") or "")
     run = doc.get("run") or {}
     techniques = set(run.get("techniques") or [])
     dtype = str(run.get("dtype") or "")

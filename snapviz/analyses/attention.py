@@ -19,8 +19,8 @@ from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.score_evidence import fused_evidence, score_alloc_mask, score_stack_table
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
-from snapviz.analyses.stages import stage_group
 from snapviz.model import Snapshot
+from snapviz.vocab import stage_group
 
 SCORE_FUNCTIONS = frozenset({"get_attention_scores", "_native_math_attention", "eager_attention_forward"})
 CROSS_KEYS = (77, 300, 226, 120, 512, 256, 333, 154)
@@ -104,7 +104,7 @@ def guess_score_shape(nbytes: int, run: dict[str, Any] | None, tokens: list[int]
         itemsizes = [DTYPE_SIZES[dt]] if dt in DTYPE_SIZES else [2, 4]
         itemsizes += [s for s in (4, 2) if s not in itemsizes]  # softmax / upcast in fp32
     heads = known_heads or GENERIC_HEADS
-    best: tuple[tuple[int, ...], dict[str, Any]] | None = None
+    best: tuple[tuple[float, bool, int, int, int], dict[str, Any]] | None = None
     order = 0
     for ii, itemsize in enumerate(itemsizes):
         if nbytes % itemsize:
@@ -118,7 +118,7 @@ def guess_score_shape(nbytes: int, run: dict[str, Any] | None, tokens: list[int]
                 if not 1 <= bh <= 8192:
                     continue
                 order += 1
-                fact = 0
+                fact: float = 0
                 info: dict[str, Any] = {"heads": None, "batch": None}
                 for b_rank, b in enumerate(batches):
                     for h in heads:
@@ -190,13 +190,13 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     size_inv = np.asarray(size_inv).reshape(-1)
     # A size factors into [batch*heads, N, N] many ways: guess only with a diffusion run's
     # geometry (run.json) or inside a diffusion stage; elsewhere the shape stays unknown.
-    guesses = [guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)]))
+    raw_guesses = [guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)]))
                if run.get("height") or str(grp_uniques[int(k % n_grp)]) in DIFFUSION_STAGES else None
                for k in ukey]
-    guesses = [g or {} for g in guesses]
+    guesses = [g or {} for g in raw_guesses]
     ustacks, stack_inv = np.unique(stack, return_inverse=True)
     st_table = score_stack_table(snap, rules, tables)
-    func_by_stack = dict(zip(st_table["stack_id"].tolist(), st_table["function"].tolist()))
+    func_by_stack = dict(zip(st_table["stack_id"].tolist(), st_table["function"].tolist(), strict=True))
 
     def per_size(key: str) -> np.ndarray:
         return _objects([g.get(key) for g in guesses])[size_inv] if len(rows) else np.empty(0, object)
@@ -220,8 +220,8 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     if len(stages) and n:
         s_rows = stages["start_row"].to_numpy().astype(np.int64)
         e_rows = stages["end_row"].to_numpy().astype(np.int64)
-        max_in = [int(live[a:b].max()) if b > a else 0 for a, b in zip(s_rows, e_rows)]
-        for (name, peak_row, peak_b), mx in zip(stages[["name", "peak_row", "peak_allocated_bytes"]].itertuples(index=False), max_in):
+        max_in = [int(live[a:b].max()) if b > a else 0 for a, b in zip(s_rows, e_rows, strict=True)]
+        for (name, peak_row, peak_b), mx in zip(stages[["name", "peak_row", "peak_allocated_bytes"]].itertuples(index=False), max_in, strict=True):
             at_peak = int(live[peak_row]) if 0 <= peak_row < n else 0
             share = at_peak / peak_b if peak_b else 0.0
             item = {"stage": str(name), "peak_allocated_bytes": int(peak_b), "live_bytes_at_stage_peak": at_peak,

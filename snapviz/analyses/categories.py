@@ -26,12 +26,11 @@ from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.score_evidence import ATTENTION_CATEGORY, score_alloc_mask
 from snapviz.analyses.stack_tables import StackTables
-from snapviz.analyses.stages import stage_group
 from snapviz.model import A_ALLOC, Snapshot
+from snapviz.vocab import BEFORE_RECORDING, stage_group
 
 CATEGORIES = ("weights", "attention scores", "activations", "latents & embeddings", "vae buffers",
               "gradients & optimizer", "unknown")
-BEFORE_RECORDING = "before recording"
 _CODE = {c: i for i, c in enumerate(CATEGORIES)}
 # Fallback by the stage group an allocation was born in: (short-lived, long-lived).
 _BY_STAGE = {

@@ -8,18 +8,19 @@ data; renderers only render.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import live_at
-from snapviz.analyses.stages import stage_group
 from snapviz.model import A_ALLOC
+from snapviz.units import fmt_bytes
+from snapviz.vocab import BEFORE_RECORDING, COMPARE_SCHEMA, stage_group
 
-SCHEMA = "snapviz.compare/1"
-BEFORE_RECORDING = "(allocated before recording)"
+SCHEMA = COMPARE_SCHEMA
 UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated unchanged"
 UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
 
@@ -227,8 +228,8 @@ def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels:
             v = values.get(key)
             a = v[0] if v else None
             res = v[1] if v else None
-            d = (a - base[0]) if (v and base) else None
-            dr = (res - base[1]) if (v and base) else None
+            d = (v[0] - base[0]) if (v and base) else None
+            dr = (v[1] - base[1]) if (v and base) else None
             rows.append({key_col: key, "run": r, "label": labels[r], "peak_allocated_bytes": a, "peak_reserved_bytes": res,
                          "delta_bytes": d, "delta_ratio": _ratio(d, base[0]) if (d is not None and base) else None,
                          "reserved_delta_bytes": dr})
@@ -296,8 +297,6 @@ def verdict_line(base: RunDigest, other: RunDigest, stages: pd.DataFrame, run: i
 
     ``stages`` is the aligned stage-group table of :func:`compare_runs`; ``run`` is other's index.
     """
-    from snapviz.render.fmt import fmt_bytes
-
     d = other.peak_allocated - base.peak_allocated
     r = _ratio(d, base.peak_allocated)
     if (r is not None and abs(r) < UNCHANGED_PEAK) or (r is None and d == 0):
@@ -439,8 +438,6 @@ def _cat_bytes(d: RunDigest, category: str) -> int:
 
 def over_limit(cmp: Comparison, pct: float) -> list[str]:
     """``--fail-over PCT``: one line per other run whose peak exceeds the base by more than PCT."""
-    from snapviz.render.fmt import fmt_bytes
-
     base = cmp.runs.iloc[0]
     out = []
     for r in cmp.runs.iloc[1:].itertuples(index=False):
@@ -454,7 +451,7 @@ def over_limit(cmp: Comparison, pct: float) -> list[str]:
 
 
 def _nums(values: Sequence[Any]) -> list[Any]:
-    out = []
+    out: list[Any] = []
     for v in values:
         if v is None or (not isinstance(v, str) and pd.isna(v)):
             out.append(None)
@@ -477,7 +474,7 @@ def _wide(df: pd.DataFrame, key: str, keys: list[str], fields: dict[str, str]) -
 
 
 def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int = 25) -> dict[str, Any]:
-    """The ``snapviz.compare/1`` document (DESIGN.md). Arrays run base first."""
+    """The ``snapviz.compare/1`` document (docs/design.md). Arrays run base first."""
     stage_fields = {"peak_allocated_bytes": "peak_allocated_bytes", "peak_reserved_bytes": "peak_reserved_bytes",
                     "delta_bytes": "delta_bytes", "delta_ratio": "delta_ratio", "reserved_delta_bytes": "reserved_delta_bytes"}
     stages = _wide(cmp.stages, "name", list(dict.fromkeys(cmp.stages["name"].tolist())), stage_fields)

@@ -30,8 +30,8 @@ from importlib import resources
 from typing import Any
 
 from snapviz.errors import InputError
+from snapviz.vocab import RULES_SCHEMA
 
-RULES_SCHEMA = "snapviz.rules/1"
 KINDS = ("stage", "category", "phase", "attention")
 ATTACH = ("self", "previous", "next")
 LIFETIMES = ("any", "short", "long")

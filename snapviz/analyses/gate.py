@@ -5,58 +5,12 @@ output a list of :class:`GateResult`. The CLI prints them and maps failures to e
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from snapviz.errors import InputError
-from snapviz.render.fmt import fmt_bytes
-
-_UNITS: dict[str, int] = {
-    "": 1, "b": 1,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
-_PCT_RE = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*%?\s*$")
-SIZE_HELP = "e.g. 12GiB, 800MiB, 12GB (decimal), '1.5 GiB' or plain bytes"
-
-
-def parse_size(text: str | int, what: str = "size") -> int:
-    """``12GiB`` -> 12884901888; ``12GB`` is decimal (12e9); plain numbers are bytes.
-
-    Raises :class:`InputError` (exit 2) naming ``what`` on anything else, including the
-    ambiguous bare ``G``/``M``/``K``.
-    """
-    if isinstance(text, bool):
-        raise InputError(f"{what}: invalid size {text!r} ({SIZE_HELP})")
-    if isinstance(text, int):
-        if text < 0:
-            raise InputError(f"{what}: a size cannot be negative ({text})")
-        return text
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise InputError(f"{what}: invalid size {str(text)!r} ({SIZE_HELP})")
-    number, exp, unit = m.groups()
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
-        if unit.lower() in ("k", "m", "g", "t"):
-            raise InputError(f"{what}: ambiguous unit {unit!r} in {str(text)!r}: write {unit.upper()}iB (binary) or {unit.upper()}B (decimal)")
-        raise InputError(f"{what}: unknown unit {unit!r} in {str(text)!r} ({SIZE_HELP})")
-    value = float(number) * (10 ** int(exp) if exp else 1) * factor
-    if value > 2**62:
-        raise InputError(f"{what}: size {str(text)!r} is implausibly large")
-    return int(round(value))
-
-
-def parse_percent(text: str | float, what: str = "percentage") -> float:
-    """``5%``, ``5``, ``+2.5%``, ``-1%`` -> percent as a float (5.0)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    m = _PCT_RE.match(str(text))
-    if not m:
-        raise InputError(f"{what}: invalid percentage {str(text)!r} (e.g. 5% or 0.5%)")
-    return float(m.group(1))
+from snapviz.units import fmt_bytes, parse_size
+from snapviz.vocab import stage_group
 
 
 def parse_stage_limit(text: str) -> tuple[str, int]:
@@ -108,7 +62,7 @@ def describe_stages(names: list[str], limit: int = 12) -> str:
     """Stage names for an error message, steps folded: ``denoise/0..denoise/49``."""
     groups: dict[str, list[str]] = {}
     for n in names:
-        groups.setdefault(n.split("/", 1)[0], []).append(n)
+        groups.setdefault(stage_group(n), []).append(n)
     parts: list[str] = []
     for g, members in groups.items():
         steps = [m for m in members if m != g]

@@ -22,8 +22,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from snapviz.model import (A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP,
-                           A_SEG_UNMAP, Snapshot)
+from snapviz.model import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_DONE,
+    A_FREE_REQ,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_SEG_MAP,
+    A_SEG_UNMAP,
+    Snapshot,
+)
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool
@@ -87,7 +96,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     blocks = snap.blocks
     dev_blocks = blocks[blocks["device"] == device] if len(blocks) else blocks
     live_end = dev_blocks[dev_blocks["state"] == "active_allocated"] if len(dev_blocks) else dev_blocks
-    final_live_size: dict[int, int] = dict(zip(live_end["address"].tolist(), live_end["size"].tolist())) if len(live_end) else {}
+    final_live_size: dict[int, int] = dict(zip(live_end["address"].tolist(), live_end["size"].tolist(), strict=True)) if len(live_end) else {}
     segs = snap.segments
     dev_segs = segs[segs["device"] == device] if len(segs) else segs
     final_allocated = int(live_end["size"].sum()) if len(live_end) else 0
@@ -121,12 +130,12 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     s_touched, s_first = np.unique(s_addr, return_index=True)
     s_act, s_size = actions[sg], sizes[sg]
     seg_end: dict[int, int] = {}
-    for a0, fi in zip(s_touched.tolist(), s_first.tolist()):
+    for a0, fi in zip(s_touched.tolist(), s_first.tolist(), strict=True):
         if s_act[fi] == A_SEG_FREE:               # freed in the window, allocated before it
             seg_end[a0] = a0 + int(s_size[fi])
     s_touched_set = set(s_touched.tolist())
     if len(dev_segs):
-        for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist()):
+        for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist(), strict=True):
             if a0 not in s_touched_set:
                 seg_end[a0] = a0 + tot
     seg_starts = sorted(seg_end)
@@ -153,7 +162,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
         a = acts[i]
         if a == A_ALLOC:
-            addr = ad[i]; req = sz[i]
+            addr = ad[i]
+            req = sz[i]
             r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
             if r <= SMALL_SIZE or expandable_mode:
                 # remainders are multiples of 512, so ">= 512 splits" always hands out r
@@ -220,9 +230,6 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     reserved_s = np.cumsum(seg_sign * sizes) if n else np.zeros(0, np.int64)
     allocated = int(allocated_s[-1]) if n else 0
     reserved = int(reserved_s[-1]) if n else 0
-    block_size = np.array(block_size, dtype=np.int64)
-    free_row = np.array(free_row, dtype=np.int64)
-    alloc_row = np.array(alloc_row, dtype=np.int64)
 
     baseline_alloc = final_allocated - allocated if len(snap.segments) else 0
     baseline_res = final_reserved - reserved if len(snap.segments) else 0
@@ -269,10 +276,12 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     tot_alloc = allocated_s + baseline_alloc
     tot_res = reserved_s + baseline_res
     if n:
-        pi = int(np.argmax(tot_alloc)); peak = int(tot_alloc[pi])
+        pi = int(np.argmax(tot_alloc))
+        peak = int(tot_alloc[pi])
         if baseline_alloc >= peak:
             pi, peak = -1, baseline_alloc
-        pri = int(np.argmax(tot_res)); peak_res = max(int(tot_res[pri]), baseline_res)
+        pri = int(np.argmax(tot_res))
+        peak_res = max(int(tot_res[pri]), baseline_res)
         peak_req = max(int((requested_s + baseline_req).max()), baseline_req)
         over = tot_alloc - tot_res
         if len(snap.segments) and int(over.max()) > 0:
@@ -286,7 +295,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         warnings.append(f"the file contradicts itself: its end state holds {final_allocated:,} bytes of live blocks "
                         f"in {final_reserved:,} bytes of segments")
     out = ev.assign(allocated=tot_alloc, reserved=tot_res, requested=requested_s + baseline_req,
-                    block_size=block_size, free_row=free_row, alloc_row=alloc_row)
+                    block_size=np.array(block_size, dtype=np.int64), free_row=np.array(free_row, dtype=np.int64),
+                    alloc_row=np.array(alloc_row, dtype=np.int64))
     return ReplayResult(device=device, events=out, baseline_allocated=baseline_alloc, baseline_reserved=baseline_res,
                         peak_allocated=peak, peak_reserved=peak_res, peak_requested=peak_req, peak_index=pi,
                         peak_reserved_index=pri, final_allocated=final_allocated, final_reserved=final_reserved,

@@ -91,10 +91,10 @@ class SiteNamer:
             return next((f for f in py if not self._plumb[f]), py[0])
         names = [str(self._names[f]) for f in st]
         for rx in (_CPP_NODE, _CPP_OP):
-            hit = next((f for f, n in zip(st, names) if rx.search(n)), None)
+            hit = next((f for f, n in zip(st, names, strict=True) if rx.search(n)), None)
             if hit is not None:
                 return hit
-        return next((f for f, n in zip(st, names) if not _CPP_NOISE.search(n)), st[0] if st else -1)
+        return next((f for f, n in zip(st, names, strict=True) if not _CPP_NOISE.search(n)), st[0] if st else -1)
 
     def site(self, stack_id: int) -> str:
         s = self._cache.get(stack_id)

@@ -1,6 +1,6 @@
 """Stage attribution: every trace event gets a stage label.
 
-Sources, best first (DESIGN.md "Stage labels"): ``user_metadata`` stamped by
+Sources, best first (docs/design.md, "Stage labels"): ``user_metadata`` stamped by
 ``_set_memory_metadata``; ``external_annotations`` named like pipeline stages; the stage
 timeline of a run directory's ``run.json``; then the structure the file has:
 
@@ -31,16 +31,9 @@ from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.phases import OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import Snapshot
+from snapviz.vocab import CANONICAL_STAGES, UNLABELLED, stage_group
 
-# inference stages, then the training phases written by ``snapviz collect --train``
-CANONICAL = ("load", "text_encode", "denoise", "vae_decode", "other",
-             "forward", "backward", "optimizer", "zero_grad")
-UNLABELLED = "unlabelled"
-
-
-def stage_group(label: str) -> str:
-    """``denoise/3`` -> ``denoise``."""
-    return label.split("/", 1)[0]
+CANONICAL = CANONICAL_STAGES  # re-exported for the trace analyses
 
 
 def _looks_like_stage(name: str) -> bool:
@@ -74,7 +67,7 @@ def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFr
         ann = ann[(ann["device"] == device) | (ann["device"] < 0)]
     rows = []
     open_: dict[str, list[int]] = {}
-    for t, name, stage in zip(ann["time_us"].tolist(), ann["name"].tolist(), ann["stage"].tolist()):
+    for t, name, stage in zip(ann["time_us"].tolist(), ann["name"].tolist(), ann["stage"].tolist(), strict=True):
         if stage == "START":
             open_.setdefault(name, []).append(t)
         elif stage == "END" and open_.get(name):
@@ -90,7 +83,7 @@ def label_by_intervals(times: np.ndarray, intervals: pd.DataFrame, default: str 
         return labels
     iv = intervals.sort_values("start_us", kind="stable")
     # Later-starting intervals are applied last so that nested (inner) ranges win.
-    for name, s, e in zip(iv["name"].tolist(), iv["start_us"].to_numpy(), iv["end_us"].to_numpy()):
+    for name, s, e in zip(iv["name"].tolist(), iv["start_us"].to_numpy(), iv["end_us"].to_numpy(), strict=True):
         lo, hi = np.searchsorted(times, s, "left"), np.searchsorted(times, e, "right")
         labels[lo:hi] = name
     return labels

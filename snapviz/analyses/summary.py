@@ -15,10 +15,10 @@ from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.load import Run
-from snapviz.model import Snapshot
-from snapviz.model import A_ALLOC, A_OOM
+from snapviz.model import A_ALLOC, A_OOM, Snapshot
+from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
 
-SCHEMA = "snapviz.summary/1"
+SCHEMA = SUMMARY_SCHEMA
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Analysis:
     @property
     def peak_stage(self) -> str:
         i = self.replay.peak_index
-        return str(self.labels.labels[i]) if i >= 0 else "before recording"
+        return str(self.labels.labels[i]) if i >= 0 else BEFORE_RECORDING
 
     def stage_groups(self) -> pd.DataFrame:
         """Stages grouped by name before '/': peak over every interval of the group."""
@@ -151,7 +151,7 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
                     warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables)
 
 
-def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
+def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
                      rules: RuleSet, tables: StackTables, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What was live at each stage interval's own peak: bytes by category, and the largest
     blocks the stage itself allocated.
@@ -170,7 +170,7 @@ def _stage_live_sets(snap: "Snapshot", rep: ReplayResult, labels: np.ndarray, st
     stacks = ev["stack_id"].to_numpy()[alloc_rows]
     live_rows, top_rows = [], []
     for k, (name, prow, srow) in enumerate(zip(stages["name"].tolist(), stages["peak_row"].tolist(),
-                                               stages["start_row"].tolist())):
+                                               stages["start_row"].tolist(), strict=True)):
         if prow < 0:
             continue
         m = (alloc_rows <= prow) & (frees > prow)
@@ -204,7 +204,7 @@ def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
 
 
 def summary_dict(an: Analysis) -> dict[str, Any]:
-    """The ``snapviz.summary/1`` document (DESIGN.md). Additions fine; renames need /2."""
+    """The ``snapviz.summary/1`` document (docs/design.md). Additions fine; renames need /2."""
     rep = an.replay
     ev = rep.events
     pi = rep.peak_index
@@ -223,9 +223,9 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
                 "allocated_at_entry": int(r.allocated_at_entry), "allocated_at_exit": int(r.allocated_at_exit)}
         if iv in live_by_iv:
             g_ = live_by_iv[iv].sort_values("bytes", ascending=False)
-            item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"])}
+            item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"], strict=True)}
         if iv in top_by_iv:
-            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"])]
+            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"], strict=True)]
         item["duration_s"] = float(r.duration_s)
         if t is not None:
             item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")

@@ -137,7 +137,7 @@ def attention_op_table(trace: ChromeTrace) -> pd.DataFrame:
 
     start, end, tid = sel["start_us"].to_numpy(), sel["end_us"].to_numpy(), sel["tid"].to_numpy()
     nested = _nested(start, end, tid)
-    score = [_score_shape(nm, sh) for nm, sh in zip(names, shapes)]
+    score = [_score_shape(nm, sh) for nm, sh in zip(names, shapes, strict=True)]
     numel = np.array([s[0] * s[1] * s[2] if s else 0 for s in score], dtype=np.int64)
     score_bytes = numel * itemsize
 

@@ -109,7 +109,7 @@ def pick_trace_device(devs: pd.DataFrame, index: int | None, source: str) -> tup
         return int(row["device_type"]), int(row["device_id"])
     hit = accel[accel["device_id"] == index]
     if not len(hit):
-        order = sorted(zip(devs["device_type"], devs["device_id"]), key=lambda d: (d[0] == DEVICE_CPU, d[0], d[1]))
+        order = sorted(zip(devs["device_type"], devs["device_id"], strict=True), key=lambda d: (d[0] == DEVICE_CPU, d[0], d[1]))
         names = ", ".join(device_label(t, i) for t, i in order)
         raise InputError(f"{source}: no device {index} in this trace (devices: {names})")
     return int(hit["device_type"].iloc[0]), int(hit["device_id"].iloc[0])

@@ -57,7 +57,7 @@ def _python_stacks(trace: object, times: np.ndarray, tids: np.ndarray) -> tuple[
     if not len(pf):
         return ["(no Python stacks: record with with_stack=True)"] * len(times), [[] for _ in times]
     by_tid = {t: g.sort_values("start_us", kind="stable") for t, g in pf.groupby("tid")}
-    for t, tid in zip(times.tolist(), tids.tolist()):
+    for t, tid in zip(times.tolist(), tids.tolist(), strict=True):
         g = by_tid.get(tid)
         if g is None:  # allocations on another thread (autograd): use the busiest one
             g = max(by_tid.values(), key=len)
@@ -69,7 +69,7 @@ def _python_stacks(trace: object, times: np.ndarray, tids: np.ndarray) -> tuple[
             if mt and not n.startswith("<built-in"):
                 frames.append((mt["file"], int(mt["line"]), mt["func"]))
         stack = [f"{shorten_path(f)}:{line} {fn}" for f, line, fn in frames]
-        site = next((s for (f, _, _), s in zip(frames, stack) if not _PLUMBING.search("/" + f.lstrip("/"))),
+        site = next((s for (f, _, _), s in zip(frames, stack, strict=True) if not _PLUMBING.search("/" + f.lstrip("/"))),
                     stack[0] if stack else "")
         sites.append(site or "(no Python frame)")
         stacks.append(stack[:12])

@@ -2,7 +2,7 @@
 
 Pure functions from :class:`snapviz.load.chrome_trace.ChromeTrace` to DataFrames.
 
-Time axes (reference §2.6 and §5.1): every ``*_us`` column of a ``ChromeTrace`` is
+Time axes (docs/design.md, "Format facts"): every ``*_us`` column of a ``ChromeTrace`` is
 already absolute Unix µs (``ts + baseTimeNanoseconds / 1000``), the clock of a
 snapshot's ``time_us``; see :func:`trace_ts_to_unix_us` and :func:`align_offset_us`.
 """

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import stage_group
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
 from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
 from snapviz.load import Run
+from snapviz.vocab import SUMMARY_SCHEMA, stage_group
 
-SCHEMA = "snapviz.summary/1"
+SCHEMA = SUMMARY_SCHEMA
 
 
 @dataclass
@@ -68,7 +68,7 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
                            if floor else "") + "; reserved memory is not recorded")
     if dev is not None and dev[0] == DEVICE_CPU:
         warnings.append("CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)")
-    others = [device_label(t, i) for t, i in zip(ta.devices["device_type"], ta.devices["device_id"])
+    others = [device_label(t, i) for t, i in zip(ta.devices["device_type"], ta.devices["device_id"], strict=True)
               if dev is not None and (int(t), int(i)) != dev and int(t) != DEVICE_CPU]
     if others and device is None:
         warnings.append(f"this trace also holds {', '.join(others)}; showing {device_label(*dev)} "  # type: ignore[misc]
@@ -161,7 +161,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "devices": [{"device": device_label(t, i), "kind": device_kind(t), "events": int(n), "exact": bool(x),
                      "peak_allocated_bytes": int(m)}
                     for t, i, n, m, x in zip(*(an.trace.devices[c] for c in ("device_type", "device_id", "events",
-                                                                              "max_allocated", "exact")))],
+                                                                              "max_allocated", "exact")), strict=True)],
         "stage_source": "annotations" if len(st) else "none",
         "peak": peak,
         "history": {"events": int(len(tl)), "truncated": False, "baseline_allocated_bytes": baseline,

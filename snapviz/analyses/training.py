@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult
-from snapviz.analyses.stages import stage_group
 from snapviz.model import A_ALLOC, Snapshot
+from snapviz.vocab import stage_group
 
 TRAINING_CATEGORIES = ("parameters", "gradients", "optimizer state", "saved activations",
                        "autocast weight copies", "temporaries", "other")
@@ -85,7 +85,7 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
         # per forward interval, as autocast fills its cache anew in every forward; at most as
         # many copies of a size as there are parameters of twice that size
         sizes, counts = np.unique(size[params], return_counts=True)
-        per_size = dict(zip(sizes.tolist(), counts.tolist()))
+        per_size = dict(zip(sizes.tolist(), counts.tolist(), strict=True))
         for iv in np.unique(interval[rows[idx]]):
             pick = idx[interval[rows[idx]] == iv]
             taken: dict[int, int] = {}

@@ -27,6 +27,7 @@ import numpy as np
 
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
+from snapviz.vocab import stage_group
 
 SMALL_SEGMENT = 2 << 20  # the small pool's segment size (kSmallBuffer)
 
@@ -72,7 +73,7 @@ def window_from_times(an: Any, spec: str) -> Window:
 def window_from_stage(an: Any, stage: str) -> Window:
     """A stage label (``denoise/3``) or group (``vae_decode``): from its first event to its last."""
     labels = an.labels.labels
-    hit = np.flatnonzero((labels == stage) | np.array([str(x).split("/", 1)[0] == stage for x in labels], bool)) \
+    hit = np.flatnonzero((labels == stage) | np.array([stage_group(x) == stage for x in labels], bool)) \
         if "/" not in stage else np.flatnonzero(labels == stage)
     if not len(hit):
         names = list(dict.fromkeys(str(x) for x in an.stages["name"])) if len(an.stages) else []
@@ -150,7 +151,7 @@ def _blocks_at(an: Any, last: int) -> list[tuple[int, int, int, str, int]]:
     b = an.run.snapshot.blocks
     b = b[(b["device"] == an.device) & (b["state"] != "inactive")]
     for a, size, rq, st, k_ in zip(b["address"].tolist(), b["size"].tolist(), b["requested_size"].tolist(),
-                                   b["state"].astype(str).tolist(), b["stack_id"].tolist()):
+                                   b["state"].astype(str).tolist(), b["stack_id"].tolist(), strict=True):
         if a not in touched:
             out.append((int(a), int(size), int(rq), st, int(k_)))
     seen: set[int] = set()
@@ -170,7 +171,7 @@ class _Frames:
         self.an = an
         sids = an.replay.events["stack_id"].to_numpy()
         uniq, first = np.unique(sids, return_index=True)
-        self.by_stack: dict[int, Any] = {int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first) if k >= 0}
+        self.by_stack: dict[int, Any] = {int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first, strict=True) if k >= 0}
 
     def __call__(self, stack_id: int) -> Any:
         if stack_id < 0:

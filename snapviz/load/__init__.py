@@ -4,9 +4,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from snapviz.errors import InputError
 from snapviz.load.chrome_trace import load_chrome_trace, scan_top_level

@@ -6,7 +6,7 @@ interned string codes, and drop the dict. A 500 MB trace therefore never exists 
 list of Python dicts (``json.load`` would need several times its size in RSS); see
 ``benchmarks/bench_trace.py`` for the measured speed and peak RSS.
 
-Time axis (reference §2.6, §5.1): ``ts`` is µs relative to ``baseTimeNanoseconds``;
+Time axis (docs/design.md, "Format facts"): ``ts`` is µs relative to ``baseTimeNanoseconds``;
 every ``*_us`` column here is absolute Unix µs, ``ts + base_us``, the same clock as a
 snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``ts``.
 """
@@ -16,8 +16,9 @@ import ast
 import json
 import os
 from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import ijson
 import numpy as np
@@ -99,6 +100,8 @@ def looks_like_chrome_trace(path: str | os.PathLike[str]) -> bool:
 def _tail_meta(after_end: bytes) -> dict[str, Any] | None:
     """Top-level keys after the events array, from the bytes after its closing bracket."""
     rest = after_end.lstrip()
+    if rest[:1] == b"}":
+        return {}  # traceEvents was the last key: nothing after it
     text = b"{" + rest[1:] if rest[:1] == b"," else rest
     try:
         val = json.loads(text)

@@ -335,6 +335,7 @@ def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
     starts = [i, i]              # the last two run starts: known token boundaries
     while i < n:
         m = _RUN.match(data, i)
+        assert m is not None  # {0,256}: it matches the empty string at worst
         j = m.end()
         if j > i:
             starts = [starts[1], i]

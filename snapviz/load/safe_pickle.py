@@ -49,8 +49,8 @@ def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
             raise InputError(
                 "the file is zstd-compressed; install 'zstandard' or decompress it first"
             ) from exc
-        return zstd.ZstdFile(raw)  # type: ignore[no-any-return]
-    return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
+        return zstd.ZstdFile(raw)
+    return zstandard.ZstdDecompressor().stream_reader(raw)
 
 
 class _DecompressErrors(io.RawIOBase):
@@ -89,7 +89,7 @@ class _Bounded(io.RawIOBase):
     """Counts decompressed bytes as they come and stops a decompression bomb: more than
     ``limits.ratio`` times the file's size (once past ``limits.ratio_floor``) is refused."""
 
-    def __init__(self, inner: IO[bytes], path: str, file_size: int, limits: Limits) -> None:
+    def __init__(self, inner: _DecompressErrors, path: str, file_size: int, limits: Limits) -> None:
         super().__init__()
         self._inner, self._path = inner, path
         self._budget = max(limits.ratio * file_size, limits.ratio_floor)
@@ -100,11 +100,11 @@ class _Bounded(io.RawIOBase):
         return True
 
     def readinto(self, b: Any) -> int:
-        got = self._inner.readinto(b)  # type: ignore[attr-defined]
+        got = self._inner.readinto(b)
         self.count += got or 0
         if self.count > self._budget:
             raise LimitExceeded(self._path, "ratio", None, self._ratio, "x")
-        return got  # type: ignore[no-any-return]
+        return got
 
     def close(self) -> None:
         try:
@@ -139,9 +139,9 @@ def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (
     if head.startswith(_GZIP):
         inner = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     elif head.startswith(_XZ):
-        inner = lzma.LZMAFile(raw, "rb")  # type: ignore[assignment]
+        inner = lzma.LZMAFile(raw, "rb")
     elif head.startswith(_BZ2):
-        inner = bz2.BZ2File(raw, "rb")  # type: ignore[assignment]
+        inner = bz2.BZ2File(raw, "rb")
     elif head.startswith(_ZSTD):
         try:
             inner = _zstd_reader(raw)
@@ -151,12 +151,12 @@ def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (
     else:
         return raw
     size = os.fstat(raw.fileno()).st_size
-    return io.BufferedReader(_Bounded(_DecompressErrors(inner, raw, p, kind), p, size, limits), 1 << 20)  # type: ignore[return-value]
+    return io.BufferedReader(_Bounded(_DecompressErrors(inner, raw, p, kind), p, size, limits), 1 << 20)
 
 
 def read_all(f: IO[bytes]) -> bytes:
     """The whole (already bounded) stream as one bytes object, read in 1 MiB steps."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         chunk = f.read(1 << 20)
         if not chunk:

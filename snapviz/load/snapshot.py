@@ -332,7 +332,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
 
     seg_rows: list[tuple[Any, ...]] = []
     blk_rows: list[tuple[Any, ...]] = []
-    for si, seg in enumerate(segments_raw):
+    for seg in segments_raw:
         if not isinstance(seg, dict):
             continue
         addr = _as_int(seg.get("address", 0))
@@ -359,9 +359,9 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
     segments = pd.DataFrame(seg_rows, columns=["device", "address", "total_size", "allocated_size", "requested_size",
                                                "stream", "segment_type", "pool_id", "is_expandable", "stack_id"])
     blocks = pd.DataFrame(blk_rows, columns=["segment", "device", "address", "size", "requested_size", "state", "stack_id"])
-    for df, cols in ((segments, ("device", "address", "total_size", "allocated_size", "requested_size", "stream", "stack_id")),
-                     (blocks, ("segment", "device", "address", "size", "requested_size", "stack_id"))):
-        for c in cols:
+    for df, int_cols in ((segments, ("device", "address", "total_size", "allocated_size", "requested_size", "stream", "stack_id")),
+                         (blocks, ("segment", "device", "address", "size", "requested_size", "stack_id"))):
+        for c in int_cols:
             df[c] = df[c].astype(np.int64)
     _check_range(source, "segments", segments["address"].to_numpy(), segments["total_size"].to_numpy())
     _check_range(source, "blocks", blocks["address"].to_numpy(), blocks["size"].to_numpy())

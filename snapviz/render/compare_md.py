@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapviz.render.fmt import fmt_bytes, fmt_delta
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
+from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 
 MAX_LINES = 60
-
-
-def _pct(r: float | None) -> str:
-    return "" if r is None else f" ({r * 100:+.1f}%)"
 
 
 def _cell(value: int | None, delta: int | None, ratio: float | None, is_base: bool) -> str:
@@ -44,7 +40,7 @@ def _step_lines(doc: dict[str, Any], labels: list[str]) -> list[str]:
             missing = sum(1 for s in steps if s["peak_allocated_bytes"][r] is None)
             gone = f" ({missing} missing)" if missing else ""
             parts.append(f"{md_code(labels[r])} steps unchanged{gone}" if not d else
-                         f"{md_code(labels[r])} largest step change {fmt_delta(d)}{_pct(ratio)} at {md_code(worst['name'])}{gone}")
+                         f"{md_code(labels[r])} largest step change {fmt_delta(d)}{fmt_ratio_pct(ratio)} at {md_code(worst['name'])}{gone}")
         out.append(f"- {md_code(stage)}: {len(steps)} steps aligned by step number; " + "; ".join(parts))
     return out
 
@@ -67,7 +63,7 @@ def render_compare_markdown(doc: dict[str, Any], max_lines: int = MAX_LINES) -> 
         if i == 0:
             out.append(f"| {md_code(r['label'])} (base) | {fmt_bytes(p['allocated_bytes'])} | | {fmt_bytes(p['reserved_bytes'])} | | {md_code(p['stage'])} |")
         else:
-            out.append(f"| {md_code(r['label'])} | {fmt_bytes(p['allocated_bytes'])} | {fmt_delta(r['delta_bytes'])}{_pct(r.get('delta_ratio'))} "
+            out.append(f"| {md_code(r['label'])} | {fmt_bytes(p['allocated_bytes'])} | {fmt_delta(r['delta_bytes'])}{fmt_ratio_pct(r.get('delta_ratio'))} "
                        f"| {fmt_bytes(p['reserved_bytes'])} | {fmt_delta(r['reserved_delta_bytes'])} | {md_code(p['stage'])} |")
     out.append("")
     stages = doc.get("stages") or []

@@ -1,25 +1,12 @@
-"""Number formatting shared by the renderers."""
+"""Report phrases shared by the renderers (sizes themselves are :mod:`snapviz.units`)."""
 from __future__ import annotations
 
 from typing import Any
 
+from snapviz.units import fmt_bytes, fmt_delta
+from snapviz.vocab import BEFORE_RECORDING
 
-def fmt_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "n/a"
-    n = float(n)
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"
-
-
-def fmt_delta(n: float | int) -> str:
-    return ("+" if n > 0 else "") + fmt_bytes(n)
-
+__all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_allocated"]
 
 
 def fmt_device(doc: dict[str, Any]) -> str:
@@ -39,7 +26,7 @@ def fmt_peak_where(peak: dict[str, Any]) -> str:
     idx = peak.get("event_index")
     if idx is None or idx < 0:
         # The peak is the memory that existed when the recording started.
-        return " before the recording began" if stage == "before recording" else (f" in {stage}" if stage else "")
+        return " before the recording began" if stage == BEFORE_RECORDING else (f" in {stage}" if stage else "")
     return (f" in {stage}" if stage else "") + f" at event {idx:,}"
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
-from typing import Sequence
+from collections.abc import Sequence
 
 from snapviz.analyses.gate import GateResult
 from snapviz.safe_text import xml_text

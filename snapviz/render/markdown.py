@@ -7,9 +7,11 @@ steps are one row (the peak step and the range over steps), so a 50-step run fit
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
+from snapviz.vocab import BEFORE_RECORDING
 
 MAX_STAGE_ROWS = 12
 MAX_TOP_ROWS = 10
@@ -52,7 +54,7 @@ def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         total = int(pk.get("peak_allocated_bytes") or 0)
         cats = {str(k): int(v) for k, v in (pk.get("categories_at_peak") or {}).items()}
         if cats and total > sum(cats.values()):
-            cats["before recording"] = cats.get("before recording", 0) + total - sum(cats.values())
+            cats[BEFORE_RECORDING] = cats.get(BEFORE_RECORDING, 0) + total - sum(cats.values())
         top = sorted(cats.items(), key=lambda kv: -kv[1])
         peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
         own = pk.get("top_allocations") or []
@@ -109,9 +111,11 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
+def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | None = None) -> str:
     """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
-    :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping")."""
+    :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping"). ``picture``: the path of
+    a timeline picture written beside it (``--png``/``--svg``), relative to the Markdown file;
+    it is shown under the title (upload both to the ticket)."""
     doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     run = doc.get("run") or {}
@@ -120,6 +124,8 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60) -> str:
     is_trace = doc.get("kind") == "trace"
     kind = (doc.get("device_kind") or "memory") + " (profiler trace)" if is_trace else "GPU memory"
     out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}", ""]
+    if picture:
+        out += [f"![memory timeline]({quote(picture)})", ""]
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
     exact = p.get("exact", True)
     where = md_text(fmt_peak_where(p).strip())

@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 import tempfile
-from typing import Sequence
+from collections.abc import Sequence
 
 from snapviz.errors import InputError
 

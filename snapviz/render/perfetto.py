@@ -30,7 +30,7 @@ import numpy as np
 from snapviz.analyses.decimate import decimate_minmax
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_OOM
-from snapviz.render.fmt import fmt_bytes
+from snapviz.units import fmt_bytes
 
 # Real OS pids stay below pid_max (2**22 on Linux); kineto's GPU tracks use small ints.
 PID_BASE = 9_000_000
@@ -143,7 +143,7 @@ def _stage_slices(an: Any, t: np.ndarray, pid: int) -> list[dict[str, Any]]:
     ends = np.r_[starts[1:], n - 1]
     rows = []
     for name, group, s, e, peak in zip(st["name"].astype(str), st["group"].astype(str), starts.tolist(),
-                                       ends.tolist(), st["peak_allocated_bytes"].tolist()):
+                                       ends.tolist(), st["peak_allocated_bytes"].tolist(), strict=True):
         rows.append((name, group, float(t[s]), float(t[e]), int(peak)))
     out: list[dict[str, Any]] = []
     # Merge consecutive intervals of one group (denoise/0, denoise/1, ... -> denoise).

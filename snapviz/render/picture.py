@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from snapviz.model import A_OOM
-from snapviz.render.fmt import fmt_bytes
+from snapviz.units import fmt_bytes
+from snapviz.vocab import stage_group
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100   # 900 x 440 px
 PEAK_COLOR = "#d62728"
@@ -31,8 +32,8 @@ GIB = float(1 << 30)
 def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[dict[str, Any]]:
     """Consecutive intervals of one stage group merged into one shaded span."""
     spans: list[dict[str, Any]] = []
-    for name, s, e in zip(names, start.tolist(), end.tolist()):
-        g = name.split("/", 1)[0]
+    for name, s, e in zip(names, start.tolist(), end.tolist(), strict=True):
+        g = stage_group(name)
         if spans and spans[-1]["group"] == g:
             spans[-1]["end"] = e
             spans[-1]["steps"] += 1
@@ -177,7 +178,7 @@ def compare_picture_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
     for s in spans:
         s["color"] = rd["bands"]["color"][list(rd["bands"]["group"]).index(s["group"])]
     runs = []
-    for tl, r in zip(rd["timelines"], cmp.runs.itertuples(index=False)):
+    for tl, r in zip(rd["timelines"], cmp.runs.itertuples(index=False), strict=True):
         alloc = np.asarray(tl["allocated"], np.float64)
         k = int(np.nanargmax(alloc)) if len(alloc) and np.isfinite(alloc).any() else -1
         runs.append({"label": tl["label"], "color": tl["color"], "x": np.asarray(tl["x"], np.float64), "allocated": alloc,

@@ -4,8 +4,8 @@ Runs each spec as its own ``python -m collectors`` process (one allocator per pr
 concurrent runs on one GPU do not disturb each other's memory numbers), then checks and packs
 each sample: ``run.json`` + ``snapshot.pickle.xz`` (xz preset 9) + ``trace.json.gz``.
 
-    python -m collectors.samples samples --out DIR [--only a,b] [--deadline 480]
-    python -m collectors.samples table --out DIR [--steps 10]
+    python sample_snapshots/record_samples.py samples --out DIR [--only a,b] [--deadline 480]
+    python sample_snapshots/record_samples.py table --out DIR [--steps 10]
 
 Table runs use ``--no-history`` and run one at a time per GPU, so their wall times are honest.
 """
@@ -231,7 +231,7 @@ def cmd_table(out: Path, steps: int, deadline: float, pipeline: str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m collectors.samples")
+    ap = argparse.ArgumentParser(prog="python sample_snapshots/record_samples.py")
     ap.add_argument("what", choices=["samples", "table", "check"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--only", default="")

@@ -1,7 +1,7 @@
 """Make the training sample snapshots and the training timing table on one GPU.
 
-    python -m collectors.train_samples samples --out DIR [--only a,b] [--slots 3]
-    python -m collectors.train_samples table --out DIR [--only a,b] [--steps 4]
+    python sample_snapshots/record_train_samples.py samples --out DIR [--only a,b] [--slots 3]
+    python sample_snapshots/record_train_samples.py table --out DIR [--only a,b] [--steps 4]
 
 Samples record memory history (2 optimizer steps, so files stay small) and run a few at a
 time: each process has its own caching allocator, so memory numbers are unaffected, but their
@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .samples import _finish_sample, _run
+from record_samples import _finish_sample, _run  # its neighbour: scripts run from this folder
 
 SD15 = ["--train", "--pipeline", "sd15", "--size", "full", "--device", "cuda", "--batch", "4"]
 SDXL = ["--train", "--pipeline", "sdxl", "--size", "full", "--device", "cuda", "--batch", "1",
@@ -76,7 +76,7 @@ def cmd_table(out: Path, names: list[str], steps: int, deadline: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m collectors.train_samples")
+    ap = argparse.ArgumentParser(prog="python sample_snapshots/record_train_samples.py")
     ap.add_argument("what", choices=["samples", "table"])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--only", default="")

@@ -1,4 +1,4 @@
-"""Record a diffusion pipeline run with stage labels: the stage machinery and the run directory.
+"""The recorder: stage labels, the allocator's per-stage peaks, and the run directory.
 
 Stage contract (snapviz.run/1): ``load``, ``text_encode``, ``denoise/<i>`` (one per denoiser
 call), ``vae_decode`` and ``other``. A pipeline ``__call__`` starts ``text_encode``; a forward
@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import os
-import platform
 import shutil
-import sys
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -33,59 +29,16 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-RUN_SCHEMA = "snapviz.run/1"
+from .oom import attach_oom_observer, detach_oom_observer, is_oom
+from .rss import RssSampler
+from .run_info import run_info, write_run_json
+
 DEFAULT_MAX_ENTRIES = 1_000_000
 STAGE_OTHER = "other"
 
 
 def _now_us() -> int:
     return time.time_ns() // 1000
-
-
-class _RssSampler:
-    """Process RSS, sampled at stage boundaries and by a light background thread."""
-
-    def __init__(self, interval_s: float = 0.005) -> None:
-        self.interval_s = interval_s
-        self._peak = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        try:
-            import psutil
-
-            proc = psutil.Process()
-            self._read: Callable[[], int] = lambda: proc.memory_info().rss
-        except ImportError:  # Linux fallback
-            page = os.sysconf("SC_PAGE_SIZE")
-
-            def read_statm() -> int:
-                with open("/proc/self/statm") as fh:
-                    return int(fh.read().split()[1]) * page
-
-            self._read = read_statm
-
-    def start(self) -> None:
-        self._peak = self._read()
-        self._thread = threading.Thread(target=self._loop, name="snapviz-rss", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            rss = self._read()
-            if rss > self._peak:
-                self._peak = rss
-
-    def read_and_reset(self) -> tuple[int, int]:
-        """Return (current rss, peak since the last reset) and start a new peak window."""
-        rss = self._read()
-        peak = max(self._peak, rss)
-        self._peak = rss
-        return rss, peak
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=1.0)
 
 
 class Recorder:
@@ -154,7 +107,7 @@ class Recorder:
         self._orig_class: type | None = None
         # A thread waking every few ms takes the GIL from a launch-bound CUDA loop; on CUDA
         # the allocator's own counters are the truth, so RSS is only sampled coarsely there.
-        self._rss = _RssSampler(interval_s=0.1 if self.cuda else 0.005)
+        self._rss = RssSampler(interval_s=0.1 if self.cuda else 0.005)
         self._prof: Any = None
         self._t0 = 0.0
         self._start_us = 0
@@ -169,7 +122,7 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc is not None and _is_oom(exc):
+        if exc is not None and is_oom(exc):
             self.status = "oom"
         elif exc is not None:
             self.status = "error"
@@ -188,7 +141,7 @@ class Recorder:
                 enabled="all", context=self.context, stacks=self.stacks,
                 max_entries=self.max_entries)
         if self.cuda:
-            _attach_oom_observer(self)
+            attach_oom_observer(self)
         self._rss.start()
         if self.profile and (self.profile_scope == "all" or self.initial_stage != "load"):
             self._start_profiler()
@@ -219,7 +172,7 @@ class Recorder:
                 self._snapshot_dumped = True
             # disabling clears the ring buffer: only after the dump
             torch.cuda.memory._record_memory_history(enabled=None)
-        _detach_oom_observer(self)
+        detach_oom_observer(self)
         self.meta["wall_s"] = round(wall_s, 6)
         self._final = final
         info = self.run_info()
@@ -414,156 +367,7 @@ class Recorder:
     # --- output --------------------------------------------------------------------------------
 
     def run_info(self, status: str | None = None) -> dict[str, Any]:
-        import importlib.metadata as md
-
-        def version(name: str) -> str | None:
-            try:
-                return md.version(name)
-            except md.PackageNotFoundError:
-                return None
-
-        info: dict[str, Any] = {"schema": RUN_SCHEMA}
-        info.update(self.meta)
-        info["status"] = status or self.status
-        info["device"] = str(self.device)
-        info["device_name"] = (torch.cuda.get_device_name(self.device) if self.cuda
-                               else (platform.processor() or platform.machine() or "cpu"))
-        info["num_devices"] = len(self.devices) if self.cuda else 1
-        info["torch_version"] = torch.__version__
-        info["diffusers_version"] = version("diffusers")
-        info["transformers_version"] = version("transformers")
-        info["python_version"] = platform.python_version()
-        info["history"] = {
-            "enabled": self.history, "context": self.context if self.history else None,
-            "stacks": self.stacks if self.history else None,
-            "max_entries": self.max_entries if self.history else None,
-        }
-        info["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        info["record_start_us"] = self._start_us
-        stages = [s for s in self.stages]
-        info["stages"] = stages
-        if self.cuda:
-            final = getattr(self, "_final", None) or self._allocator_now()
-            per_dev = []
-            for d in self.devices:
-                rows = [next((p for p in s["per_device"] if p["device"] == d), None)
-                        for s in stages]
-                rows = [r for r in rows if r is not None]
-                per_dev.append({
-                    "device": d,
-                    "max_memory_allocated": max((r["peak_allocated_bytes"] for r in rows),
-                                                default=0),
-                    "max_memory_reserved": max((r["peak_reserved_bytes"] for r in rows),
-                                               default=0),
-                    "final_allocated": final["devices"][d]["allocated"],
-                    "final_reserved": final["devices"][d]["reserved"],
-                })
-            prim = next(p for p in per_dev if p["device"] == self.device.index)
-            info["allocator"] = {
-                "device": self.device.index,
-                "max_memory_allocated": prim["max_memory_allocated"],
-                "max_memory_reserved": prim["max_memory_reserved"],
-                "final_allocated": prim["final_allocated"],
-                "final_reserved": prim["final_reserved"],
-                "devices": per_dev,
-            }
-        else:
-            info["allocator"] = None
-        info["rss_peak_bytes"] = max((s["rss_peak_bytes"] for s in stages), default=None)
-        files = [n for n in ("snapshot.pickle", "trace.json.gz", "image.png")
-                 if (self.out_dir / n).exists()]
-        info["files"] = files
-        return info
+        return run_info(self, status)
 
     def write_run_json(self, info: dict[str, Any] | None = None) -> Path:
-        info = info if info is not None else self.run_info()
-        path = self.out_dir / "run.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(info, indent=1, default=str) + "\n")
-        tmp.replace(path)
-        return path
-
-    # --- OOM -------------------------------------------------------------------------------------
-
-    def _on_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
-        """Called by the allocator before it raises OutOfMemoryError: save what we have."""
-        try:
-            self.status = "oom"
-            self.meta["oom"] = {"device": device, "requested_bytes": alloc,
-                                "device_allocated": device_alloc, "device_free": device_free,
-                                "stage": self._current["name"] if self._current else None}
-            if self.history and not self._snapshot_dumped:
-                torch.cuda.memory._dump_snapshot(str(self.out_dir / "snapshot.pickle"))
-                self._snapshot_dumped = True
-            info = self.run_info(status="oom")
-            if self._current is not None:  # the stage in flight, unclosed
-                info["stages"] = info["stages"] + [{
-                    "name": self._current["name"], "start_us": self._current["start_us"],
-                    "end_us": None, "open": True}]
-            self.write_run_json(info)
-        except Exception as err:  # never mask the OOM itself
-            print(f"snapviz: could not save the OOM snapshot: {err}", file=sys.stderr)
-
-
-_ACTIVE: list[Recorder] = []
-_OBSERVER_ATTACHED = False
-
-
-def _attach_oom_observer(rec: Recorder) -> None:
-    # there is no detach in torch; one process-wide observer dispatches to the active recorder
-    global _OBSERVER_ATTACHED
-    _ACTIVE.append(rec)
-    if not _OBSERVER_ATTACHED and hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
-        def observer(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
-            if _ACTIVE:
-                _ACTIVE[-1]._on_oom(device, alloc, device_alloc, device_free)
-
-        torch._C._cuda_attach_out_of_memory_observer(observer)
-        _OBSERVER_ATTACHED = True
-
-
-def _detach_oom_observer(rec: Recorder) -> None:
-    if rec in _ACTIVE:
-        _ACTIVE.remove(rec)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
-
-
-def record(pipe: Any, out_dir: str | os.PathLike[str], *, stacks: str = "python",
-           context: str = "all", max_entries: int = DEFAULT_MAX_ENTRIES, profile: bool = False,
-           profile_scope: str = "all", history: bool = True,
-           device: str | torch.device | None = None,
-           devices: list[int] | None = None, meta: dict[str, Any] | None = None,
-           initial_stage: str = STAGE_OTHER,
-           on_step: Callable[[int], None] | None = None, sync_stages: bool = False,
-           train: bool = False) -> Recorder:
-    """A :class:`Recorder` for ``pipe`` writing to ``out_dir``; use it as a context manager.
-
-    ``train=True``: ``pipe`` is the model being trained, and the recorder is a
-    :class:`collectors.train_record.TrainRecorder` (phases, step marker, backward labelled)."""
-    if train:
-        # train_record subclasses Recorder, so it can only be imported once this module is
-        from .train_record import TrainRecorder
-
-        return TrainRecorder(pipe, out_dir, stacks=stacks, context=context,
-                             max_entries=max_entries, profile=profile,
-                             profile_scope=profile_scope, history=history, device=device,
-                             devices=devices, meta=meta, initial_stage=initial_stage,
-                             sync_stages=sync_stages)
-    return Recorder(pipe, out_dir, stacks=stacks, context=context, max_entries=max_entries,
-                    profile=profile, profile_scope=profile_scope, history=history,
-                    device=device, devices=devices, meta=meta, initial_stage=initial_stage,
-                    on_step=on_step, sync_stages=sync_stages)
-
-
-class _CallableModule(type(sys)):  # type: ignore[misc]
-    """``collectors.record`` is both this module and the function: calling it records."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Recorder:
-        return record(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+        return write_run_json(self.out_dir, info if info is not None else self.run_info())
