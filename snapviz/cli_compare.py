@@ -90,8 +90,8 @@ def summarize_input(path: str, label: str | None = None, stage_source: str = "au
 
 
 def digest_input(path: str, label: str, stage_source: str = "auto", points_per_label: int = 200) -> Any:
-    """One input reduced to a :class:`~snapviz.analyses.compare.RunDigest` (the analysis is dropped)."""
-    from snapviz.analyses.compare import digest_run, digest_summary
+    """One input reduced to a :class:`~snapviz.analyses.digest.RunDigest` (the analysis is dropped)."""
+    from snapviz.analyses.digest import digest_run, digest_summary
 
     an, doc = _analyze_input(path, label, stage_source)
     if an is None:

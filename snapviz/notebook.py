@@ -97,8 +97,8 @@ def report(obj: Any, max_points: int = 20000) -> Report:
         return Report(obj.run.label, render_trace_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
     if isinstance(obj, Comparison):
         from snapviz.analyses.compare import compare_dict
-        from snapviz.render.html import render_compare_html
         from snapviz.render.compare_md import render_compare_markdown
+        from snapviz.render.html import render_compare_html
 
         doc = compare_dict(obj)
         return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)

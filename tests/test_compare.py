@@ -17,8 +17,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from synth import GiB, MiB, Sim, make_frames  # noqa: E402
 
-from snapviz.analyses.compare import (compare_dict, compare_runs, digest_run, merge_orders,  # noqa: E402
-                                      stage_normalised_timeline)
+from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders  # noqa: E402
+from snapviz.analyses.digest import digest_run, stage_normalised_timeline  # noqa: E402
 from snapviz.analyses.summary import analyze_run  # noqa: E402
 from snapviz.load import Run  # noqa: E402
 from snapviz.load.snapshot import snapshot_from_dict  # noqa: E402

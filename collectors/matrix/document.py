@@ -43,7 +43,7 @@ def run_json_summary(info: dict[str, Any], label: str, source: str, warn: bool =
 def _snapshot_digest(run_dir: Path, label: str) -> Any:
     """The variant's snapshot through the analyses (timeline, sites, attention), reduced to a
     compare digest; None when the run directory holds no snapshot after all."""
-    from snapviz.analyses.compare import digest_run
+    from snapviz.analyses.digest import digest_run
     from snapviz.analyses.summary import analyze_run
     from snapviz.load import load
 
@@ -55,7 +55,8 @@ def _snapshot_digest(run_dir: Path, label: str) -> Any:
 
 def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> tuple[Any, dict[str, Any]] | None:
     """The stage-aligned comparison (base first, then ranked variants) via snapviz compare."""
-    from snapviz.analyses.compare import compare_dict, compare_runs, digest_summary
+    from snapviz.analyses.compare import compare_dict, compare_runs
+    from snapviz.analyses.digest import digest_summary
 
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     if len(ok) < 2:

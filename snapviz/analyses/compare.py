@@ -9,40 +9,19 @@ data; renderers only render.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.replay import live_at
-from snapviz.model import A_ALLOC
+from snapviz.analyses.digest import RunDigest
 from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING, COMPARE_SCHEMA, stage_group
+from snapviz.vocab import COMPARE_SCHEMA, stage_group
 
 SCHEMA = COMPARE_SCHEMA
 UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated unchanged"
 UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
-
-
-@dataclass
-class RunDigest:
-    """What a comparison needs from one analysed run (small; the Analysis can be dropped)."""
-
-    label: str
-    source: str
-    peak_allocated: int
-    peak_reserved: int
-    peak_stage: str
-    stages: pd.DataFrame      # name (label), group, peak_allocated_bytes, peak_reserved_bytes, order
-    timeline: pd.DataFrame    # name, pos (0..1 within the label), allocated, reserved
-    categories: pd.DataFrame  # category, bytes
-    attention: dict[str, Any]
-    sites: pd.DataFrame       # site, allocs, total_bytes, peak_live_bytes
-    stage_source: str = "none"
-    events: int = 0
-    truncated: bool = False
-    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -66,139 +45,6 @@ class Comparison:
 
 
 # ---------------------------------------------------------------- one run -> digest
-
-def _stage_rows(stages: pd.DataFrame) -> pd.DataFrame:
-    """Stage intervals merged per label (a label may recur), in order of first appearance."""
-    cols = ["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"]
-    if not len(stages):
-        return pd.DataFrame(columns=cols)
-    g = stages.groupby("name", sort=False).agg(peak_allocated_bytes=("peak_allocated_bytes", "max"),
-                                               peak_reserved_bytes=("peak_reserved_bytes", "max"),
-                                               order=("start_row", "min")).reset_index()
-    g["group"] = [stage_group(str(n)) for n in g["name"]]
-    g["name"] = g["name"].astype(str)
-    return g.sort_values("order", kind="stable")[cols].reset_index(drop=True)
-
-
-def stage_normalised_timeline(labels: np.ndarray, allocated: np.ndarray, reserved: np.ndarray,
-                              points_per_label: int = 200) -> pd.DataFrame:
-    """Each event's position within its own label (rank / count, in 0..1), decimated.
-
-    Per label, ``points_per_label`` buckets keep the rows of the bucket's min and max
-    allocated and max reserved, so the peak of every stage survives decimation.
-    """
-    cols = ["name", "pos", "allocated", "reserved"]
-    n = len(labels)
-    if n == 0:
-        return pd.DataFrame(columns=cols)
-    codes, uniques = pd.factorize(pd.Series(labels, dtype=object), sort=False)
-    counts = np.bincount(codes)
-    # Rank of each event among the events of its label (stable: file order).
-    order = np.argsort(codes, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n) - np.repeat(starts, counts)
-    pos = rank / counts[codes]
-    buckets = np.minimum((pos * points_per_label).astype(np.int64), points_per_label - 1)
-    key = codes.astype(np.int64) * points_per_label + buckets
-    if n > 3 * len(uniques) * points_per_label:
-        keep = np.zeros(n, bool)
-        o = order if len(uniques) == 1 else np.argsort(key, kind="stable")
-        ks = key[o]
-        first = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
-        sizes = np.diff(np.r_[first, n])
-        for series, reduce in ((allocated, np.maximum), (allocated, np.minimum), (reserved, np.maximum)):
-            # Row of the first extreme of ``series`` in each bucket.
-            sv = series[o]
-            hit = np.flatnonzero(sv == np.repeat(reduce.reduceat(sv, first), sizes))
-            bucket = np.searchsorted(first, hit, side="right") - 1
-            lead = np.r_[True, bucket[1:] != bucket[:-1]]
-            keep[o[hit[lead]]] = True
-        # First and last event of each label keep the stage edges exact.
-        keep[order[starts]] = True
-        keep[order[starts + counts - 1]] = True
-        rows = np.flatnonzero(keep)
-    else:
-        rows = np.arange(n)
-    rows = rows[np.lexsort((rank[rows], codes[rows]))]
-    return pd.DataFrame({"name": np.asarray(uniques, dtype=object)[codes[rows]].astype(str), "pos": pos[rows],
-                         "allocated": allocated[rows], "reserved": reserved[rows]})
-
-
-def site_table(an: Any) -> pd.DataFrame:
-    """Per allocation site (``SiteNamer.site``): allocations, bytes allocated in total, bytes live at the peak."""
-    rep = an.replay
-    ev = rep.events
-    cols = ["site", "allocs", "total_bytes", "peak_live_bytes"]
-    if not len(ev):
-        return pd.DataFrame(columns=cols)
-    is_alloc = ev["action"].to_numpy() == A_ALLOC
-    stacks = ev["stack_id"].to_numpy()[is_alloc]
-    sizes = ev["block_size"].to_numpy()[is_alloc].astype(np.int64)
-    live = live_at(rep, rep.peak_index)
-    live_stacks = live["stack_id"].to_numpy()
-    live_sizes = live["block_size"].to_numpy().astype(np.int64)
-    uniq, inv = np.unique(np.concatenate([stacks, live_stacks]), return_inverse=True)
-    k = len(stacks)
-    total = np.zeros(len(uniq), np.int64)
-    np.add.at(total, inv[:k], sizes)
-    count = np.bincount(inv[:k], minlength=len(uniq))
-    at_peak = np.zeros(len(uniq), np.int64)
-    np.add.at(at_peak, inv[k:], live_sizes)
-    namer = an.sites
-    names = [namer.site(int(s)) if namer is not None else f"stack {int(s)}" for s in uniq]
-    df = pd.DataFrame({"site": names, "allocs": count, "total_bytes": total, "peak_live_bytes": at_peak})
-    df = df.groupby("site", sort=False, as_index=False).sum()
-    if rep.baseline_allocated:
-        df = pd.concat([df, pd.DataFrame([{"site": BEFORE_RECORDING, "allocs": 0, "total_bytes": int(rep.baseline_allocated),
-                                           "peak_live_bytes": int(rep.baseline_allocated)}])],  # live at every instant
-                       ignore_index=True)
-    return df.sort_values(["peak_live_bytes", "total_bytes"], ascending=False, kind="stable").reset_index(drop=True)[cols]
-
-
-def digest_run(an: Any, label: str | None = None, points_per_label: int = 200) -> RunDigest:
-    """Reduce an :class:`~snapviz.analyses.summary.Analysis` to what a comparison needs."""
-    rep = an.replay
-    ev = rep.events
-    allocated = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
-    reserved = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
-    cats = an.categories[["category", "bytes"]].copy() if len(an.categories) else pd.DataFrame(columns=["category", "bytes"])
-    return RunDigest(
-        label=label or an.run.label, source=an.run.source,
-        peak_allocated=int(rep.peak_allocated), peak_reserved=int(rep.peak_reserved), peak_stage=str(an.peak_stage),
-        stages=_stage_rows(an.stages),
-        timeline=stage_normalised_timeline(an.labels.labels, allocated, reserved, points_per_label),
-        categories=cats, attention=dict(an.attention_summary), sites=site_table(an),
-        stage_source=an.labels.source, events=int(len(ev)), truncated=bool(rep.truncated), warnings=list(an.warnings))
-
-
-def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
-    """A digest from a ``snapviz.summary/1`` dict (e.g. a trace-only run): stages and peaks only."""
-    rows = []
-    order = 0
-    for s in doc.get("stages") or []:
-        for iv in s.get("intervals") or [s]:
-            rows.append({"name": str(iv["name"]), "group": stage_group(str(iv["name"])),
-                         # null in a trace without memory events: nothing measured there
-                         "peak_allocated_bytes": int(iv["peak_allocated_bytes"] or 0),
-                         "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0), "order": order})
-            order += 1
-    st = pd.DataFrame(rows, columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"])
-    if len(st):
-        st = st.groupby("name", sort=False).agg(group=("group", "first"), peak_allocated_bytes=("peak_allocated_bytes", "max"),
-                                               peak_reserved_bytes=("peak_reserved_bytes", "max"), order=("order", "min")).reset_index()
-    p = doc["peak"]
-    return RunDigest(label=label, source=str(doc.get("source", label)), peak_allocated=int(p["allocated_bytes"]),
-                     peak_reserved=int(p.get("reserved_bytes") or 0), peak_stage=str(p.get("stage")), stages=st,
-                     timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
-                     categories=pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"]),
-                     attention=dict(doc.get("attention") or {}),
-                     sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
-                     stage_source=str(doc.get("stage_source", "none")), events=int((doc.get("history") or {}).get("events", 0)),
-                     truncated=bool((doc.get("history") or {}).get("truncated", False)), warnings=list(doc.get("warnings") or []))
-
-
-# ---------------------------------------------------------------- digests -> comparison
 
 def merge_orders(orders: Sequence[Sequence[str]]) -> list[str]:
     """One order for every label: the base's, with labels only later runs have inserted

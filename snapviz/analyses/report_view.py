@@ -3,7 +3,8 @@ at each stage interval's own peak. Plain arrays and DataFrames; renderers only d
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -5,15 +5,35 @@ analyses. Byte values show in binary units (``1.5 GiB``) on axes and in tooltips
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from bokeh.core.properties import value
-from bokeh.models import (AdaptiveTicker, BoxZoomTool, ColumnDataSource, CustomJS, CustomJSHover,
-                          CustomJSTickFormatter, DataRange1d, DataTable, InlineStyleSheet, Label, Legend, LegendItem,
-                          NumeralTickFormatter, PanTool, PreText, Range1d, ResetTool, SaveTool, Span, TableColumn,
-                          WheelZoomTool)
+from bokeh.models import (
+    AdaptiveTicker,
+    BoxZoomTool,
+    ColumnDataSource,
+    CustomJS,
+    CustomJSHover,
+    CustomJSTickFormatter,
+    DataRange1d,
+    DataTable,
+    InlineStyleSheet,
+    Label,
+    Legend,
+    LegendItem,
+    NumeralTickFormatter,
+    PanTool,
+    PreText,
+    Range1d,
+    ResetTool,
+    SaveTool,
+    Span,
+    TableColumn,
+    WheelZoomTool,
+)
 from bokeh.models.layouts import Column, UIElement
 from bokeh.models.text import PlainText
 from bokeh.plotting import figure

@@ -2,7 +2,8 @@
 from :func:`~snapviz.render.html.compare_data.compare_report_data` with the page and Bokeh kits."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from bokeh.core.properties import value
@@ -10,8 +11,15 @@ from bokeh.models import DataRange1d, FactorRange, FixedTicker, HoverTool, Legen
 from bokeh.models.layouts import UIElement
 
 from snapviz import __version__
-from snapviz.render.html.bokeh_kit import (LineSpec, base_figure, bytes_hover_formatter, bytes_tick_formatter,
-                                           bytes_ticker, make_source, timeline_figure)
+from snapviz.render.html.bokeh_kit import (
+    LineSpec,
+    base_figure,
+    bytes_hover_formatter,
+    bytes_tick_formatter,
+    bytes_ticker,
+    make_source,
+    timeline_figure,
+)
 from snapviz.render.html.compare_data import compare_report_data
 from snapviz.render.html.page import bounded_data, build_page, esc, html_table, table_css
 
@@ -66,7 +74,7 @@ def _timeline(data: dict[str, Any]) -> Any:
     lines = [r for r in fig.renderers if getattr(r.glyph, "mode", None) == "after"]
     fig.y_range = DataRange1d(start=0, renderers=lines, only_visible=True, range_padding=0.08)
     hover_renderers = []
-    for t, src in sources:
+    for _t, src in sources:
         hover_renderers.append(fig.scatter(x="x", y="allocated", source=src, size=7, fill_alpha=0, line_alpha=0))
     fig.add_tools(HoverTool(renderers=hover_renderers, tooltips=[("stage", "@stage"), ("allocated", "@allocated{custom}"),
                                                                   ("reserved", "@reserved{custom}")],

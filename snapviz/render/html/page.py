@@ -7,9 +7,10 @@ The stylesheet, the byte-formatting JavaScript and the page template are package
 from __future__ import annotations
 
 import html as _html
+from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
-from typing import Any, Sequence
+from typing import Any
 
 from bokeh.embed import file_html
 from bokeh.models import PreText

@@ -1,7 +1,7 @@
 """Colors shared by every report and picture: a stage or category has one color everywhere."""
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from snapviz.analyses.report_view import order_categories
 from snapviz.vocab import BEFORE_RECORDING, UNLABELLED, stage_group

@@ -14,8 +14,16 @@ from bokeh.models import ColumnDataSource
 from bokeh.models.layouts import UIElement
 
 from snapviz.render.html.bokeh_kit import table_block
-from snapviz.render.html.page import (bounded_data, build_page, card_open, esc, metadata_html, report_footer,
-                                      report_hero, warnings_html)
+from snapviz.render.html.page import (
+    bounded_data,
+    build_page,
+    card_open,
+    esc,
+    metadata_html,
+    report_footer,
+    report_hero,
+    warnings_html,
+)
 from snapviz.render.html.snapshot_data import report_data
 from snapviz.render.html.snapshot_plots import category_block, stage_breakdown_block, timeline_or_note
 from snapviz.units import fmt_bytes

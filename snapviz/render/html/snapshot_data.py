@@ -8,18 +8,33 @@ on this dict. Byte columns are float64 (exact below 2**53).
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.report_view import (MAX_CATEGORY_POINTS, MAX_STAGE_BARS,  # noqa: F401 (tests read the limits here)
-                                          category_timeline_view, shown_intervals, stage_category_bytes)
+from snapviz.analyses.report_view import (  # noqa: F401 (tests read the limits here)
+    MAX_CATEGORY_POINTS,
+    MAX_STAGE_BARS,
+    category_timeline_view,
+    shown_intervals,
+    stage_category_bytes,
+)
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
 from snapviz.render.html.palette import category_palette, stage_palette
-from snapviz.render.html.view_common import (StackTable, allocator_truth, decimated_rows, decimation_note,
-                                             intern_stages, metadata_rows, run_title, stack_text, time_axis,
-                                             unique_labels)
+from snapviz.render.html.view_common import (
+    StackTable,
+    allocator_truth,
+    decimated_rows,
+    decimation_note,
+    intern_stages,
+    metadata_rows,
+    run_title,
+    stack_text,
+    time_axis,
+    unique_labels,
+)
 from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, stage_group, stage_step
 
@@ -66,7 +81,7 @@ def _stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> dict[s
                 "allocator_peak": np.full(len(g), np.nan), "duration_s": g["duration_s"].to_numpy(np.float64),
                 "note": f"{len(st):,} stage intervals: showing one bar per stage (peak over its intervals)"}
     names = [str(x) for x in st["name"]]
-    got = [truth.get((x, int(s))) for x, s in zip(names, st["start_us"])]
+    got = [truth.get((x, int(s))) for x, s in zip(names, st["start_us"], strict=False)]
     ap = np.array([float(t) if isinstance(t, (int, float)) else np.nan for t in got], np.float64)
     return {"label": unique_labels(names), "name": names, "group": [stage_group(x) for x in names],
             "color": [palette[x] for x in names],
@@ -188,7 +203,7 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
     life = np.where(free_row < n, free_row - rows, -1)
     if len(time_s) and np.isfinite(time_s).all():
         dt = np.where(free_row < n, time_s[np.clip(free_row, 0, n - 1)] - time_s[rows], np.nan)
-        lifetime = [f"{d * 1e3:,.2f} ms ({_events(e)})" if e >= 0 else "not freed" for d, e in zip(dt, life)]
+        lifetime = [f"{d * 1e3:,.2f} ms ({_events(e)})" if e >= 0 else "not freed" for d, e in zip(dt, life, strict=False)]
     else:
         lifetime = [_events(e) if e >= 0 else "not freed" for e in life]
     return {"summary": summary, "note": note, "rows": {

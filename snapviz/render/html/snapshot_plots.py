@@ -11,14 +11,39 @@ from typing import Any
 import numpy as np
 from bokeh.core.properties import value
 from bokeh.events import Tap
-from bokeh.models import (ColumnDataSource, CustomJS, FactorRange, HoverTool, Legend, LegendItem, NumeralTickFormatter,
-                          PreText, Range1d, Scatter, Span, TabPanel, Tabs, TapTool)
+from bokeh.models import (
+    ColumnDataSource,
+    CustomJS,
+    FactorRange,
+    HoverTool,
+    Legend,
+    LegendItem,
+    NumeralTickFormatter,
+    PreText,
+    Range1d,
+    Scatter,
+    Span,
+    TabPanel,
+    Tabs,
+    TapTool,
+)
 from bokeh.models.layouts import Column, UIElement
 from bokeh.transform import stack
 
-from snapviz.render.html.bokeh_kit import (LineSpec, base_figure, bytes_axis, bytes_hover_formatter,
-                                           bytes_tick_formatter, bytes_ticker, lookup_formatter, make_source,
-                                           seconds_tick_formatter, small_title, stack_pane, timeline_figure)
+from snapviz.render.html.bokeh_kit import (
+    LineSpec,
+    base_figure,
+    bytes_axis,
+    bytes_hover_formatter,
+    bytes_tick_formatter,
+    bytes_ticker,
+    lookup_formatter,
+    make_source,
+    seconds_tick_formatter,
+    small_title,
+    stack_pane,
+    timeline_figure,
+)
 from snapviz.render.html.page import BYTES_JS
 from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.units import fmt_bytes
@@ -206,7 +231,7 @@ def _category_area(data: dict[str, Any], src: ColumnDataSource, x: str, x_range:
     fig.min_border_bottom = 4
     fields = [f"c{i}" for i in range(len(cats))]
     items = []
-    for i, (cat, color) in enumerate(zip(cats, colors)):
+    for i, (cat, color) in enumerate(zip(cats, colors, strict=False)):
         r = fig.varea_step(x=x, y1=stack(*fields[:i]) if i else 0, y2=stack(*fields[:i + 1]), step_mode="after",
                            source=src, fill_color=color, fill_alpha=0.85)
         items.append(LegendItem(label=value(cat), renderers=[r]))
@@ -258,13 +283,13 @@ def stage_breakdown_block(data: dict[str, Any], height: int, linked: ColumnDataS
     renderers = fig.hbar_stack(fields, y="label", height=0.72, color=colors, source=src, line_color="white",
                                line_width=0.5, fill_alpha=0.9) if cats else []
     nbytes = bytes_hover_formatter()
-    for i, (cat, r) in enumerate(zip(cats, renderers)):
+    for i, (cat, r) in enumerate(zip(cats, renderers, strict=False)):
         tips = [("stage", "@name"), (cat, f"@c{i}{{custom}} (@s{i}{{0%}} of the stage's peak)"),
                 ("stage peak", "@total{custom}")]
         fig.add_tools(HoverTool(renderers=[r], tooltips=tips, formatters={f"@c{i}": nbytes, "@total": nbytes}))
     fig.text(x="total", y="label", text="total_label", source=src, x_offset=6, text_baseline="middle",
              text_font_size="11.5px", text_color="#4a5263")
-    items = [LegendItem(label=value(c), renderers=[r]) for c, r in zip(cats, renderers)]
+    items = [LegendItem(label=value(c), renderers=[r]) for c, r in zip(cats, renderers, strict=False)]
     if np.isfinite(np.asarray(b["allocator_peak"], np.float64)).any():
         m = fig.scatter(x="allocator_peak", y="label", source=src, marker="dash", angle=np.pi / 2, size=16,
                         line_width=2.5, line_color="#1d2330")

@@ -7,8 +7,16 @@ from typing import Any
 from bokeh.models.layouts import UIElement
 
 from snapviz.render.html.bokeh_kit import table_block
-from snapviz.render.html.page import (bounded_data, build_page, card_open, esc, metadata_html, report_footer,
-                                      report_hero, warnings_html)
+from snapviz.render.html.page import (
+    bounded_data,
+    build_page,
+    card_open,
+    esc,
+    metadata_html,
+    report_footer,
+    report_hero,
+    warnings_html,
+)
 from snapviz.render.html.snapshot_plots import stage_bar_block, timeline_or_note
 from snapviz.render.html.trace_data import trace_report_data
 

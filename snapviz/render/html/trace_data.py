@@ -13,8 +13,16 @@ import pandas as pd
 
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.snapshot_data import MAX_ATTENTION_ROWS
-from snapviz.render.html.view_common import (allocator_truth, decimated_rows, decimation_note, intern_stages,
-                                             metadata_rows, run_title, time_axis, unique_labels)
+from snapviz.render.html.view_common import (
+    allocator_truth,
+    decimated_rows,
+    decimation_note,
+    intern_stages,
+    metadata_rows,
+    run_title,
+    time_axis,
+    unique_labels,
+)
 from snapviz.units import fmt_bytes
 from snapviz.vocab import UNLABELLED, stage_group, stage_step
 
@@ -57,7 +65,7 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
     # Stage of each timeline point: the interval containing its time (innermost = latest start).
     stage_of = np.full(n, UNLABELLED, dtype=object)
     if len(st) and n:
-        for name, s, e in sorted(zip(names, st["start_us"].to_numpy(), st["end_us"].to_numpy()), key=lambda r: r[1]):
+        for name, s, e in sorted(zip(names, st["start_us"].to_numpy(), st["end_us"].to_numpy(), strict=False), key=lambda r: r[1]):
             lo, hi = np.searchsorted(time_us, s, "left"), np.searchsorted(time_us, e, "right")
             stage_of[lo:hi] = name
     stage_names, stage_codes = intern_stages(stage_of) if n else ([], np.empty(0, np.int32))

@@ -9,7 +9,8 @@ Strings that repeat per timeline point are interned: ``timeline["stage"]`` index
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
