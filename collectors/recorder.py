@@ -34,6 +34,30 @@ from .rss import RssSampler
 from .run_info import run_info, write_run_json
 
 DEFAULT_MAX_ENTRIES = 1_000_000
+
+
+def recording_args(o: Any) -> list[str]:
+    """The recording options of a collect command line (``o``: inference or training options),
+    shared by both so a run.json's ``command`` reproduces the recording either way."""
+    args: list[str] = []
+    if o.profile:
+        args.append("--profile")
+        if o.profile_scope != "all":
+            args += ["--profile-scope", o.profile_scope]
+    if o.memory_limit_gb:
+        args += ["--memory-limit-gb", f"{o.memory_limit_gb:g}"]
+    if o.sync_stages:
+        args.append("--sync-stages")
+    if o.history:
+        args += ["--stacks", o.stacks, "--context", o.context]
+        if o.max_entries != DEFAULT_MAX_ENTRIES:
+            args += ["--max-entries", str(o.max_entries)]
+    else:
+        args.append("--no-history")
+    args += ["--seed", str(o.seed)]
+    if o.out:
+        args += ["--out", o.out]
+    return args
 STAGE_OTHER = "other"
 
 

@@ -15,7 +15,7 @@ import torch
 
 from . import techniques as tq
 from .pipelines import build_pipeline, default_resolution, denoiser
-from .recorder import DEFAULT_MAX_ENTRIES, Recorder
+from .recorder import DEFAULT_MAX_ENTRIES, Recorder, recording_args
 
 PROMPT = "a photo of an astronaut riding a horse on mars"
 
@@ -57,22 +57,7 @@ class RunOptions:
                  "--batch", str(self.batch)]
         for t in p.names():
             args += ["--technique", t]
-        if self.profile:
-            args.append("--profile")
-            if self.profile_scope != "all":
-                args += ["--profile-scope", self.profile_scope]
-        if self.memory_limit_gb:
-            args += ["--memory-limit-gb", f"{self.memory_limit_gb:g}"]
-        if self.history:
-            args += ["--stacks", self.stacks, "--context", self.context]
-            if self.max_entries != DEFAULT_MAX_ENTRIES:
-                args += ["--max-entries", str(self.max_entries)]
-        else:
-            args.append("--no-history")
-        args += ["--seed", str(self.seed)]
-        if self.out:
-            args += ["--out", self.out]
-        return shlex.join(args)
+        return shlex.join(args + recording_args(self))
 
 
 def validate(opts: RunOptions) -> tq.Plan:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from . import train_plan as tp
 from .pipelines import build_denoiser, default_resolution
-from .recorder import DEFAULT_MAX_ENTRIES
+from .recorder import DEFAULT_MAX_ENTRIES, recording_args
 from .techniques import TechniqueError
 from .train_record import TrainRecorder
 
@@ -68,24 +68,7 @@ class TrainOptions:
                 "--optimizer", p.optimizer, "--lora-rank", str(p.lora_rank)]
         for t in [p.precision, p.attention] + [n for n in p.names() if n in tp.FLAGS]:
             args += ["--technique", t]
-        if self.profile:
-            args.append("--profile")
-            if self.profile_scope != "all":
-                args += ["--profile-scope", self.profile_scope]
-        if self.memory_limit_gb:
-            args += ["--memory-limit-gb", f"{self.memory_limit_gb:g}"]
-        if self.sync_stages:
-            args.append("--sync-stages")
-        if self.history:
-            args += ["--stacks", self.stacks, "--context", self.context]
-            if self.max_entries != DEFAULT_MAX_ENTRIES:
-                args += ["--max-entries", str(self.max_entries)]
-        else:
-            args.append("--no-history")
-        args += ["--seed", str(self.seed)]
-        if self.out:
-            args += ["--out", self.out]
-        return shlex.join(args)
+        return shlex.join(args + recording_args(self))
 
 
 def validate(opts: TrainOptions) -> tp.TrainPlan:
