@@ -5,7 +5,7 @@ Builds a ~1,000,000-event snapshot from a base snapshot by repeating its trace: 
 repetition is shifted to its own address range (segment events included, so the replay
 stays an exact allocator history) and later in time. The base is the largest
 ``sample_snapshots/*/snapshot.pickle.xz`` if there is one, else a synthetic diffusion-like
-run from ``tests/synth.py`` that ends with everything freed and ``empty_cache()`` (so
+run from ``tests/support/synth.py`` that ends with everything freed and ``empty_cache()`` (so
 each repetition is one more pipeline call and the peak is known exactly).
 
 Then, each in its own process (peak RSS per process from ``os.wait4``):
@@ -48,7 +48,7 @@ def _largest_sample() -> str | None:
 
 
 def _synthetic_base(n_ops: int, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
     import synth  # noqa: PLC0415 - test helper, only needed here
 
     sim = synth.random_workload(seed, n_ops, streams=2, delayed_frees=True)
@@ -69,7 +69,7 @@ def load_base(path: str | None, n_ops: int, seed: int) -> tuple[dict[str, Any], 
             raise SystemExit(f"{path}: a list of segments has no trace to repeat")
         return data, path, None
     data, truth = _synthetic_base(n_ops, seed)
-    return data, f"synthetic (tests/synth.py, {n_ops} ops)", truth
+    return data, f"synthetic (tests/support/synth.py, {n_ops} ops)", truth
 
 
 # ---------------------------------------------------------------------------- repetition

@@ -152,7 +152,7 @@ def build_snapshot(n_events: int, seed: int, steps: int = 30, vae_scale: float =
 
 def _bench_analyze_builder() -> Any:
     """bench_analyze.py's way of making a big snapshot: a base (a real sample when there are
-    some, else tests/synth.py) repeated to the target size. None when that file is absent."""
+    some, else tests/support/synth.py) repeated to the target size. None when that file is absent."""
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     try:
         import bench_analyze  # type: ignore[import-not-found]

@@ -10,7 +10,7 @@ snapshot reader, the trace parser). The only acceptable outcomes are a loaded ru
 With ``atheris`` installed (``pip install atheris``) libFuzzer drives the inputs from
 coverage of the snapviz modules; without it, hypothesis generates mutated seeds for the
 same budget. Seeds: small valid snapshots (protocols 0-5, gzip), a small trace, and the
-small hostile files of tests/hostile.py.
+small hostile files of tests/support/hostile.py.
 
     python benchmarks/fuzz_loader.py --seconds 300 [--corpus DIR]
 """
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
-import hostile  # noqa: E402  (tests/hostile.py: the hostile generators)
+import hostile  # noqa: E402  (tests/support/hostile.py: the hostile generators)
 
 WORK = Path(tempfile.mkdtemp(prefix="snapviz-fuzz-"))
 TARGET = WORK / "input"

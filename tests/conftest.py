@@ -1,4 +1,4 @@
-"""Shared fixtures: synthetic snapshots from ``tests/synth.py`` written to temp files.
+"""Shared fixtures: synthetic snapshots from ``tests/support/synth.py`` written to temp files.
 
 No torch and no GPU: every snapshot here is made by the reference allocator model.
 """
@@ -14,13 +14,7 @@ from typing import Any, Callable
 
 import pytest
 
-_TESTS = Path(__file__).resolve().parent
-_ROOT = _TESTS.parent
-for p in (str(_TESTS), str(_ROOT)):
-    if p not in sys.path:  # plain `pytest` from anywhere, without installing the package
-        sys.path.insert(0, p)
-
-import synth  # noqa: E402
+import synth  # tests/support, on the path through setup.cfg's [tool:pytest] pythonpath
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Writes edge_cases.json.gz, the hand-made trace used by tests/test_chrome_trace.py.
+"""Writes edge_cases.json.gz, the hand-made trace used by tests/unit/test_chrome_trace.py.
 
     python tests/data/traces/make_edge_trace.py
 

@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-sdpa"
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from paths import ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 PKG = REPO / "collectors"
 
 

@@ -1,6 +1,6 @@
 """Stages, sites and attention for programs the built-in rules do not know.
 
-Truth: a synthetic training loop on the oracle allocator (tests/synth.py) that labels every
+Truth: a synthetic training loop on the oracle allocator (tests/support/synth.py) that labels every
 trace entry with the phase it runs in (``user_metadata``, stripped before analysis) and
 knows which allocations are score matrices. Frames mirror a hand-written model: a user
 ``attention`` that builds ``q @ k.T`` and calls the user's own ``softmax``, a loss outside
@@ -26,6 +26,7 @@ from snapviz.analyses.stages import label_events
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.model import A_ALLOC
+from paths import ROOT
 
 USER = "/home/me/"
 UNWIND = [{"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
@@ -250,7 +251,7 @@ def test_bad_rules_schema_exits_2_with_one_line(tmp_path: Path) -> None:
     rules.write_text(json.dumps({"schema": "snapviz.rules/9", "rules": []}))
     out = tmp_path / "o.json"
     p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(snap_path), "--rules", str(rules), "--json", str(out), "-q"],
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+                       capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "schema" in p.stderr
     assert not out.exists()
 

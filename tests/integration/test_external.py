@@ -23,8 +23,8 @@ import pytest
 
 from placeholders import placeholder_lines, placeholder_strings
 from snapviz.cli import main
+from paths import EXTERNAL
 
-EXTERNAL = Path(__file__).resolve().parents[2] / "shared" / "external"
 FILES = sorted(p.name for p in EXTERNAL.glob("*") if p.suffix in (".pickle", ".gz")) if EXTERNAL.is_dir() else []
 pytestmark = pytest.mark.skipif(not FILES, reason=f"{EXTERNAL} absent (real third-party corpus)")
 

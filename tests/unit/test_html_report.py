@@ -23,13 +23,14 @@ from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.view_common import stack_text
+from paths import SAMPLES
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
 # --------------------------------------------------------------------------------------
-# A synthetic diffusion run on the reference allocator model (tests/synth.py): weights,
+# A synthetic diffusion run on the reference allocator model (tests/support/synth.py): weights,
 # text encoding, denoising steps with attention score matrices, a VAE decode; frames
 # shaped like diffusers' so attention and sites are recognised.
 # --------------------------------------------------------------------------------------
@@ -511,7 +512,7 @@ def test_trace_ops_next_to_live_blocks(analysed: tuple[Any, dict[str, Any]]) -> 
     assert d["op_input_dims"][:2] == ["16×4096×40, 16×40×4096", ""]
 
 
-SAMPLE_WITH_TRACE = os.path.join(os.path.dirname(__file__), "..", "sample_snapshots", "sd15-fp16-profile-1step")
+SAMPLE_WITH_TRACE = os.path.join(str(SAMPLES), "sd15-fp16-profile-1step")
 
 
 @pytest.mark.skipif(not os.path.isdir(SAMPLE_WITH_TRACE), reason="sample with a profiler trace not present")

@@ -6,8 +6,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-PKG = Path(__file__).resolve().parents[1] / "snapviz"
+PKG = ROOT / "snapviz"
 
 
 def _imports(path: Path) -> set[str]:

@@ -6,7 +6,7 @@ files, integers that wrap. ``run_analyze`` runs ``snapviz analyze`` on it in a f
 process under a wall-clock limit and reports exit code, stderr, wall time and the child's
 peak RSS (``os.wait4``). An address-space cap keeps a regression from taking the machine
 down: it is above the 4 GiB the tests allow, so an unbounded loader still fails them.
-Used by tests/test_hostile_load.py and benchmarks/fuzz_loader.py.
+Used by tests/unit/test_hostile_load.py and benchmarks/fuzz_loader.py.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 AS_CAP = 6 << 30          # address-space cap for the child (a safety net, not the bound tested)
 RSS_BOUND = 4 << 30       # what the tests allow
 TIME_BOUND = 30.0         # seconds

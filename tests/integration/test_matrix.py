@@ -23,8 +23,9 @@ from click.testing import CliRunner  # noqa: E402
 
 from collectors import matrix as mx  # noqa: E402
 from collectors.cli import matrix  # noqa: E402
+from paths import ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 VARIANTS = ["fp32", "fp32,vae-tiling", "fp32,model-offload"]  # the last needs CUDA: refused
 
 

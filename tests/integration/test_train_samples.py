@@ -14,8 +14,9 @@ import pytest
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.training import classify_allocations, live_by_category
 from snapviz.load import load
+from paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "sample_snapshots"
+ROOT = ROOT / "sample_snapshots"
 SAMPLES = sorted(p.parent for p in ROOT.glob("train-*/snapshot.pickle*"))
 EXPECTED = {"train-sd15-fp32", "train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt",
             "train-sd15-amp-fp16-adamw8bit", "train-sd15-amp-fp16-accum4",

@@ -1,6 +1,6 @@
 """Property: whatever shape a snapshot arrives in, snapviz is right or refuses it cleanly.
 
-Snapshots come from the reference allocator (tests/synth.py, the oracle) and then drift
+Snapshots come from the reference allocator (tests/support/synth.py, the oracle) and then drift
 the way real files do: keys missing (optional ones, and now and then one the replay
 needs), unknown extra keys, older layouts (pre-2.1 ``history`` blocks, a bare list of
 segments), no ``time_us`` (torch < 2.2), no ``allocator_settings``, C++ frames first in

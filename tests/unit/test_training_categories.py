@@ -1,5 +1,5 @@
 """Training categories from phase labels, on synthetic training steps written by the
-reference allocator (tests/synth.py): set_to_none on and off, AMP (autocast weight copies)
+reference allocator (tests/support/synth.py): set_to_none on and off, AMP (autocast weight copies)
 and plain fp32, checkpoint-style recomputation, a never-freed cuBLAS workspace."""
 from __future__ import annotations
 

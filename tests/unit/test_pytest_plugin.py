@@ -1,7 +1,7 @@
 """The pytest plugin: ``@pytest.mark.limit_gpu_memory`` passes, fails and skips.
 
 The inner test sessions (``pytester``) replace the CUDA recorder with a fake one that
-returns a snapshot recorded by the reference allocator model (tests/synth.py), so these
+returns a snapshot recorded by the reference allocator model (tests/support/synth.py), so these
 run on CPU. tests/gpu/test_plugin_gpu.py runs the real recorder on a GPU.
 """
 from __future__ import annotations
@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synth import GiB, MiB, Sim, make_frames  # noqa: E402
+from synth import GiB, MiB, Sim, make_frames
 
-from snapviz.pytest_plugin import CudaRecorder, Recording, evaluate_recording  # noqa: E402
+from snapviz.pytest_plugin import CudaRecorder, Recording, evaluate_recording
 
 pytest_plugins = ["pytester"]
 

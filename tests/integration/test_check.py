@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synth import GiB, MiB, Sim, make_frames  # noqa: E402
+from synth import GiB, MiB, Sim, make_frames
 
-from snapviz.analyses.gate import evaluate_gates  # noqa: E402
-from snapviz.units import parse_percent, parse_size  # noqa: E402
-from snapviz.errors import InputError  # noqa: E402
+from snapviz.analyses.gate import evaluate_gates
+from snapviz.units import parse_percent, parse_size
+from snapviz.errors import InputError
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -23,8 +23,8 @@ from snapviz.load import load
 from snapviz.load.chrome_trace import load_chrome_trace
 from snapviz.model import A_OOM
 from snapviz.render.perfetto import PID_BASE, render_perfetto
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_snapshots"
 PROFILED = SAMPLES / "sd15-fp16-profile-1step"
 

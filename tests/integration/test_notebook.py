@@ -16,8 +16,8 @@ import pytest
 
 import snapviz
 from snapviz.notebook import Report, report
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_snapshots"
 NOTEBOOK = ROOT / "docs" / "notebook.ipynb"
 

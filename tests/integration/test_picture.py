@@ -18,10 +18,10 @@ from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
 from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
 from snapviz.cli_compare import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
+from paths import ROOT  # noqa: E402
 from snapviz.render.picture import (PEAK_COLOR, compare_picture_data, picture_data,  # noqa: E402
                                     render_compare_picture, render_timeline_picture)
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_snapshots"
 
 

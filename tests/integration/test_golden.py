@@ -2,7 +2,7 @@
 
 They pin behaviour across refactors (a change of layout must not change a report). A deliberate
 change of output regenerates them, and the diff of ``tests/data/golden/`` is then reviewed like
-code: ``SNAPVIZ_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py``.
+code: ``SNAPVIZ_UPDATE_GOLDEN=1 python -m pytest tests/integration/test_golden.py``.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "golden"
 SAMPLES = sorted(p.name for p in (ROOT / "sample_snapshots").iterdir() if (p / "run.json").is_file())
 UPDATE = bool(os.environ.get("SNAPVIZ_UPDATE_GOLDEN"))

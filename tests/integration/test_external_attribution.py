@@ -19,8 +19,8 @@ from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
 from snapviz.load import load
 from snapviz.load.chrome_trace import load_chrome_trace
+from paths import EXTERNAL
 
-EXTERNAL = Path(__file__).resolve().parents[1].parent / "shared" / "external"
 SNAPSHOTS = ["cs336_kk_ctx128_fullstep.pickle", "selectn_llama_snapshot.pickle", "mosaic_test_output.pickle"]
 GiB = 1 << 30
 

@@ -1,6 +1,6 @@
 """Hostile inputs stop with exit 2 and one line, in bounded time and memory (issue 9 item 2,
 issue 8 item 1). Every case runs ``snapviz analyze`` in a fresh process and measures it:
-no case may run 30 s or reach 4 GiB RSS. The generators live in tests/hostile.py."""
+no case may run 30 s or reach 4 GiB RSS. The generators live in tests/support/hostile.py."""
 from __future__ import annotations
 
 import pickle

@@ -11,8 +11,9 @@ import pytest
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.trace_ops import analyze_trace
 from snapviz.load import load
+from paths import ROOT
 
-SAMPLE = Path(__file__).resolve().parents[1] / "sample_snapshots" / "sd15-fp16-profile-1step"
+SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-profile-1step"
 pytestmark = pytest.mark.skipif(not (SAMPLE / "trace.json.gz").is_file(), reason="profiled sample missing")
 
 

@@ -1,7 +1,7 @@
 """Stage labels from stack frames (``snapviz.analyses.frame_rules``).
 
 The truth comes from outside the code under test: a diffusion pipeline is played through
-``tests/synth.py`` (the reference allocator) with the frames diffusers really produces
+``tests/support/synth.py`` (the reference allocator) with the frames diffusers really produces
 (shared/reference/diffusers.md §5), labelled the way the collectors label a run (a
 label at ``__call__`` start, at each denoiser forward pre-hook, at ``vae.decode``, after
 the call) and with the allocator's own per-stage peaks taken after ``reset_peak()`` at
@@ -26,6 +26,7 @@ from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.load.snapshot import snapshot_from_dict
 from snapviz.model import A_ALLOC, A_FREE_DONE, A_FREE_REQ, Snapshot
+from paths import ROOT
 
 SP = "/opt/conda/lib/python3.11/site-packages/"
 _STACKS: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -623,7 +624,7 @@ def test_user_rules_replace_and_disable(tmp_path: Path) -> None:
 
 def test_docs_example_rules_file_loads(tmp_path: Path) -> None:
     """The example in docs/rules.md is a valid rules file that extends the built-ins."""
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    doc = (ROOT / "docs" / "rules.md").read_text()
     block = doc.split("```json", 1)[1].split("```", 1)[0]
     p = tmp_path / "example.json"
     p.write_text(block)
@@ -651,7 +652,7 @@ def test_bad_rules_file_is_input_error(tmp_path: Path, content: str, msg: str) -
 
 # --- the real samples (recorded by the collectors) -------------------------------------------------
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_snapshots"
+SAMPLES = ROOT / "sample_snapshots"
 
 
 def _sample_dirs() -> list[Path]:

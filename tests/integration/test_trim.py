@@ -19,8 +19,8 @@ from snapviz.cli_trim import encode_snapshot
 from snapviz.load import load
 from snapviz.load.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_snapshots"
 EXTERNAL = ROOT.parent / "shared" / "external"
 

@@ -13,8 +13,9 @@ import pytest
 
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import load
+from paths import ROOT
 
-SAMPLES = sorted(p.parent for p in pathlib.Path(__file__).resolve().parents[1].glob("sample_snapshots/*/snapshot.pickle*"))
+SAMPLES = sorted(p.parent for p in ROOT.glob("sample_snapshots/*/snapshot.pickle*"))
 
 
 def _ids(p: pathlib.Path) -> str:
@@ -65,7 +66,7 @@ def test_stage_peaks_match_allocator(sample: tuple) -> None:
         assert it["peak_reserved_bytes"] == it["allocator_peak_reserved_bytes"], (path.name, it["name"])
         checked += 1
     if rj.get("mode") == "train":
-        # phases, not denoise steps; phases without allocator events: tests/test_train_samples.py
+        # phases, not denoise steps; phases without allocator events: tests/integration/test_train_samples.py
         return
     # Every run.json stage that saw an allocation event was matched.
     assert checked >= len([s for s in rj["stages"] if s["name"] != "other"]) - 1

@@ -1,6 +1,6 @@
 """``snapviz compare``: stage/step alignment, exact deltas, N runs, verdict, JSON, Markdown, HTML.
 
-Runs are recorded by the reference allocator model (tests/synth.py), with the allocator's
+Runs are recorded by the reference allocator model (tests/support/synth.py), with the allocator's
 own per-stage peaks (``reset_peak`` at each stage start, as collectors do) as the truth.
 """
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-from synth import GiB, MiB, Sim, make_frames  # noqa: E402
+from synth import GiB, MiB, Sim, make_frames
 
-from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders  # noqa: E402
-from snapviz.analyses.digest import digest_run, stage_normalised_timeline  # noqa: E402
-from snapviz.analyses.summary import analyze_run  # noqa: E402
-from snapviz.load import Run  # noqa: E402
-from snapviz.load.snapshot import snapshot_from_dict  # noqa: E402
+from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders
+from snapviz.analyses.digest import digest_run, stage_normalised_timeline
+from snapviz.analyses.summary import analyze_run
+from snapviz.load import Run
+from snapviz.load.snapshot import snapshot_from_dict
+from paths import ROOT
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 SP = "/usr/lib/python3/site-packages/"
 FRAMES = {
     "weights": make_frames("load_model_dict_into_meta", SP + "diffusers/models/model_loading_utils.py", 231),
@@ -337,9 +337,9 @@ def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], 
     path = tmp_path / "compare.html"
     path.write_text(html)
     try:
-        from browser import check_report_in_browser, chromium_path, playwright_available  # tests/browser.py
+        from browser import check_report_in_browser, chromium_path, playwright_available  # tests/support/browser.py
     except ImportError:
-        pytest.skip("tests/browser.py (real-browser check) not available")
+        pytest.skip("tests/support/browser.py (real-browser check) not available")
     if not playwright_available() or chromium_path() is None:
         pytest.skip("no Playwright or no Chromium for the real-browser check")
     res = check_report_in_browser(str(path))

@@ -1,6 +1,6 @@
 """``replay_allocator`` against an independent model of the caching allocator.
 
-Every workload runs through ``tests/synth.py`` (the oracle: it tracks the allocator's
+Every workload runs through ``tests/support/synth.py`` (the oracle: it tracks the allocator's
 own ``allocated_bytes`` / ``reserved_bytes``), is turned into the snapshot dict torch
 would dump, loaded by ``snapshot_from_dict`` and replayed. The replay sees only the
 snapshot; the oracle's numbers are never derived from it.
@@ -21,6 +21,7 @@ from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.load.safe_pickle import safe_load_pickle
 from snapviz.load.snapshot import snapshot_from_dict
 from snapviz.model import A_ALLOC, A_FREE_REQ, Snapshot
+from paths import ROOT
 
 
 def load(d: Any) -> Snapshot:
@@ -76,7 +77,7 @@ def assert_exact(res: ReplayResult, t: dict[str, Any], *, from_start: bool = Tru
 
 # ---------------------------------------------------------------- the oracle against real torch
 
-SAMPLES = sorted(glob.glob(str(Path(__file__).resolve().parent.parent / "sample_snapshots" / "*" / "snapshot.pickle.xz")))
+SAMPLES = sorted(glob.glob(str(ROOT / "sample_snapshots" / "*" / "snapshot.pickle.xz")))
 
 
 @pytest.mark.skipif(not SAMPLES, reason="no sample_snapshots/*/snapshot.pickle.xz (real torch 2.11 dumps)")

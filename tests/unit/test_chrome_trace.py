@@ -22,8 +22,9 @@ from snapviz.analyses import trace_ops
 from snapviz.errors import InputError
 from snapviz.load import chrome_trace
 from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, looks_like_chrome_trace
+from paths import ROOT, TEST_DATA
 
-DATA = Path(__file__).parent / "data" / "traces"
+DATA = TEST_DATA / "traces"
 EDGE = DATA / "edge_cases.json.gz"
 
 # The workload's attention sizes: q, k, v are [B, L, D]; scores are [B, L, L].
@@ -148,7 +149,7 @@ def test_analyzer_never_imports_torch() -> None:
 
     code = ("import sys; from snapviz.load.chrome_trace import load_chrome_trace; from snapviz.analyses import trace_ops; "
             f"trace_ops.analyze_trace(load_chrome_trace({str(EDGE)!r})); assert 'torch' not in sys.modules")
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(ROOT)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root)
 

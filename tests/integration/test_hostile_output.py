@@ -23,11 +23,10 @@ from typing import Any, Callable
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import synth  # noqa: E402
-from synth import MiB  # noqa: E402
+import synth
+from synth import MiB
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
 
 # What a stranger's file can carry into a report: HTML, links, images, table breaks, code-span
