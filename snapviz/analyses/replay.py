@@ -106,7 +106,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     live: dict[int, tuple[int, int, int]] = {}      # addr -> (block size, requested, alloc row)
     pending: dict[int, tuple[int, int, int]] = {}
 
-    # FIX (tests/test_replay.py, pre-existing + truncated cases): free blocks are never
+    # FIX (tests/unit/test_replay.py, pre-existing + truncated cases): free blocks are never
     # tracked. Free blocks of a segment always merge with their free neighbours, so the
     # cached block an alloc takes runs from its address to the start of the next *non-free*
     # block (allocated or pending) of the same segment, or to the segment's end. Those

@@ -54,7 +54,7 @@ def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
 
 
 class _DecompressErrors(io.RawIOBase):
-    """FIX (tests/test_safe_load.py): a corrupt gzip/xz body raised zlib.error / LZMAError,
+    """FIX (tests/unit/test_safe_load.py): a corrupt gzip/xz body raised zlib.error / LZMAError,
     which no caller caught (``load()`` sniffs the first 4 KiB before unpickling). Every
     decompressor error now becomes one InputError line naming the file."""
 
@@ -186,7 +186,7 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
     except RecursionError:
         raise InputError(f"{p}: pickle nests too deeply to be a snapshot") from None
     except MemoryError:
-        # FIX (tests/test_safe_load.py): a corrupt length field asks for exabytes
+        # FIX (tests/unit/test_safe_load.py): a corrupt length field asks for exabytes
         raise InputError(f"{p}: not a readable snapshot pickle (a length field asks for more memory "
                          "than there is: corrupt, or too big for this machine)") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,

@@ -258,7 +258,7 @@ def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) ->
 
 def snapshot_from_dict(data: Any, source: str) -> Snapshot:
     """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
-    # FIX (tests/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
+    # FIX (tests/unit/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
     # a frame name nested 100k deep, a list where a string belongs) crashed with
     # OverflowError / RecursionError / TypeError; they are input errors (exit 2).
     try:
