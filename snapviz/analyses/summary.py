@@ -14,6 +14,8 @@ from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
+from snapviz.analyses.training_advice import advise_training
+from snapviz.analyses.training_view import TrainingView, training_dict, training_view
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
@@ -41,6 +43,7 @@ class Analysis:
     sites: SiteNamer | None = None
     rules: RuleSet | None = None       # the rules every frame-based analysis of this run used
     tables: StackTables | None = None  # the snapshot's stack tables, built once
+    training: TrainingView | None = None  # phases, steps and categories of a training run
 
     @property
     def events(self) -> pd.DataFrame:
@@ -148,7 +151,8 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
         warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
     return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
                     attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
-                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables)
+                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables,
+                    training=training_view(snap, rep, labels.labels, stages))
 
 
 def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
@@ -282,4 +286,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "warnings": an.warnings,
     }
     advise_doc.extend(advise(doc, an.categories))
+    if an.training is not None:
+        doc["training"] = training_dict(an.training)
+        advise_doc.extend(advise_training(an.training.phases, run or None))
+        advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
     return doc
