@@ -7,6 +7,7 @@ Markdown "per step" table and the HTML phase bands; nothing here renders.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.training import TRAINING_CATEGORIES, classify_allocations
 from snapviz.analyses.training_advice import PhasePeak, phase_peaks
 from snapviz.model import Snapshot
+from snapviz.vocab import BEFORE_RECORDING
 
 _STEP_STARTERS = ("forward", "backward")
 _STEP_ENDERS = ("optimizer", "zero_grad")
@@ -63,7 +65,7 @@ def training_view(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages:
     return TrainingView(allocs, phases, step_table(phases))
 
 
-def category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFrame:
+def training_category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFrame:
     """Allocator bytes live in each training category after every event (one column per category,
     one row per event): the stacked areas under the phase bands."""
     out = {}
@@ -76,6 +78,23 @@ def category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFrame:
         out[cat] = np.cumsum(delta[:n_events])
     return pd.DataFrame(out, columns=list(TRAINING_CATEGORIES))
 
+
+
+def training_timeline_view(view: TrainingView, base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (:func:`snapviz.analyses.report_view.category_timeline_view`'s sampled rows) with the
+    training categories stacked instead, so the report's area under the phase bands shows parameters,
+    gradients, optimizer state, saved activations... Memory from before the recording, which no
+    recorded allocation explains, is ``before recording``."""
+    rows = np.asarray(base["index"], np.int64)
+    if not len(rows):
+        return base
+    tl = training_category_timeline(view.allocs, int(rows.max()) + 1)
+    by = {c: tl[c].to_numpy(np.float64)[rows] for c in TRAINING_CATEGORIES}
+    rest = np.asarray(base["allocated"], np.float64) - np.sum(list(by.values()), axis=0)
+    by = {BEFORE_RECORDING: np.maximum(rest, 0.0), **by}
+    cats = [c for c, v in by.items() if v.any()]
+    return {**base, "categories": cats, "bytes": {c: by[c] for c in cats},
+            "note": f"training categories · {base['note']}"}
 
 
 def training_dict(view: TrainingView) -> dict[str, object]:

@@ -10,11 +10,13 @@ import re
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.training_advice import Estimate, training_estimates
 from snapviz.load import load
+from snapviz.render.html.snapshot_data import report_data
 from paths import ROOT, SAMPLES
 
 RUNS = ROOT / "docs" / "training-runs"   # timing runs (run.json only) for variants without a snapshot sample
@@ -112,3 +114,23 @@ def test_advice_names_the_technique_on_the_base_not_on_the_twin() -> None:
             assert advised[names[technique]]["estimated_peak_bytes"] == est[technique].new_peak
         if not twin.startswith("runs/") and technique != "set_to_none":   # the keep-grads twin is the plain run
             assert names[technique] not in {a["technique"] for a in summary_dict(analyze_run(load(str(SAMPLES / twin))))["advice"]}
+
+
+@pytest.mark.slow
+def test_reports_carry_the_training_view() -> None:
+    """JSON: per step, the peak and its categories (the worst step is the run's peak); HTML view-model:
+    the category area stacks the training categories, adding up to allocated at every sampled point,
+    under the phase bands."""
+    run = load(str(SAMPLES / "train-sd15-amp-fp16"))
+    an = analyze_run(run)
+    doc = summary_dict(an)
+    steps = doc["training"]["steps"]
+    assert [s["step"] for s in steps] == [0, 1]
+    worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
+    assert worst["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"] and worst["peak_phase"] == doc["peak"]["stage"]
+    assert sum(worst["categories_at_peak"].values()) == worst["peak_allocated_bytes"]
+    data = report_data(an, doc)
+    ct = data["category_timeline"]
+    assert {"parameters", "gradients", "optimizer state", "saved activations"} <= set(ct["categories"])
+    assert np.allclose(np.sum([ct["bytes"][c] for c in ct["categories"]], axis=0), ct["allocated"])
+    assert {"forward", "backward", "optimizer", "zero_grad"} <= set(data["bands"]["group"])
