@@ -100,10 +100,11 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
     _, k = _split(run)
     grads = _most(phases, GRADS)
     fwd_bwd = ("forward", "backward")
+    fp32_weights = _most(phases, CASTS) > 0   # autocast copies weights that are not already half
 
     def lora(p: PhasePeak) -> float:
         temps = p[TEMPS] if p.group == "optimizer" else 0   # the foreach lists scale with what is trained
-        half_base = p[PARAMS] / 2 if p[CASTS] or _most(phases, CASTS) else 0
+        half_base = p[PARAMS] / 2 if fp32_weights else 0
         return p[GRADS] + p[STATE] + temps + half_base + p[CASTS]
 
     cuts: dict[str, Callable[[PhasePeak], float]] = {
