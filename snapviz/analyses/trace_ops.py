@@ -286,7 +286,7 @@ def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | Non
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class TraceAnalysis:
     """Everything the trace-only report needs, as DataFrames (see the functions named)."""
 
