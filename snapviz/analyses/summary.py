@@ -7,13 +7,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import categorize_allocs, categorize_live
 from snapviz.analyses.frame_rules import RuleSet, load_rules
+from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
+from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
@@ -85,7 +88,6 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
     results = {d: replay_allocator(snap, d) for d in devs}
     if device is not None:
         if device not in results:
-            from snapviz.errors import InputError
             raise InputError(f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})")
         return device, results
     best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
@@ -116,7 +118,6 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     """
     snap = run.snapshot
     if snap is None:
-        from snapviz.errors import InputError
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
     rules = rules if rules is not None else load_rules()
     tables = StackTables(snap)
@@ -135,8 +136,6 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules, tables, run.run_json)
     if run.trace is not None and len(ev):
         # Same run profiled too: put exact op shapes next to allocations (one time axis).
-        from snapviz.analyses.join import ops_at, snapshot_trace_offset
-
         off = snapshot_trace_offset(snap, run.trace)
         top = pd.concat([top.reset_index(drop=True), ops_at(run.trace, top["time_us"].to_numpy(), off)], axis=1)
         if len(attention):
@@ -262,8 +261,6 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
-    from snapviz.analyses.advice import advise
-
     advise_doc: list[dict[str, Any]] = []
     doc = {
         "schema": SCHEMA,
