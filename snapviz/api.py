@@ -35,7 +35,9 @@ Rules: TypeAlias = str | os.PathLike[str] | RuleSet | None
 STAGE_SOURCES = ("auto", *SOURCES)
 
 
-def analyze(source: Source, *, device: int | None = None, rules: Rules = None, stages_from: str = "auto") -> RunAnalysis:
+def analyze(
+    source: Source, *, device: int | None = None, rules: Rules = None, stages_from: str = "auto"
+) -> RunAnalysis:
     """Analyse a snapshot pickle, a Chrome trace or a run directory (a path or a loaded run).
 
     ``device``: the device to analyse (default: the one with the highest peak). ``rules``: a
@@ -71,7 +73,11 @@ def analyze(source: Source, *, device: int | None = None, rules: Rules = None, s
 
 
 def compare(
-    before: Input, after: Input, *others: Input, labels: Sequence[str] = (), stages_from: str = "auto",
+    before: Input,
+    after: Input,
+    *others: Input,
+    labels: Sequence[str] = (),
+    stages_from: str = "auto",
     max_points: int = 200,
 ) -> Comparison:
     """Compare runs stage by stage against the first (``before``), as ``snapviz compare`` does.
@@ -97,9 +103,15 @@ def compare(
 
 
 def check(
-    source: Input, *, max_peak: int | str | None = None, max_reserved: int | str | None = None,
-    max_stage_peak: Mapping[str, int | str] | None = None, baseline: Input | None = None,
-    max_increase: float | str | None = None, device: int | None = None, rules: Rules = None,
+    source: Input,
+    *,
+    max_peak: int | str | None = None,
+    max_reserved: int | str | None = None,
+    max_stage_peak: Mapping[str, int | str] | None = None,
+    baseline: Input | None = None,
+    max_increase: float | str | None = None,
+    device: int | None = None,
+    rules: Rules = None,
     stages_from: str = "auto",
 ) -> CheckResult:
     """Gate a run on memory limits: the verdict of ``snapviz check``, one gate per limit.
@@ -120,7 +132,9 @@ def check(
     """
     peak_limit = parse_size(max_peak, "max_peak") if max_peak is not None else None
     reserved_limit = parse_size(max_reserved, "max_reserved") if max_reserved is not None else None
-    stage_limits = [(name, parse_size(limit, f"max_stage_peak[{name!r}]")) for name, limit in (max_stage_peak or {}).items()]
+    stage_limits = [
+        (name, parse_size(limit, f"max_stage_peak[{name!r}]")) for name, limit in (max_stage_peak or {}).items()
+    ]
     if (baseline is None) != (max_increase is None):
         raise InputError("baseline and max_increase go together (e.g. baseline='main.pickle', max_increase='5%')")
     increase = parse_percent(max_increase, "max_increase") if max_increase is not None else None
@@ -128,8 +142,14 @@ def check(
         raise InputError("nothing to check: give max_peak, max_reserved, max_stage_peak or baseline with max_increase")
     doc = _analysis(source, device, rules, stages_from).summary()
     base_doc = _analysis(baseline, None, rules, stages_from).summary() if baseline is not None else None
-    return check_summary(doc, max_peak=peak_limit, max_reserved=reserved_limit, stage_limits=stage_limits,
-                         baseline=base_doc, max_increase_pct=increase)
+    return check_summary(
+        doc,
+        max_peak=peak_limit,
+        max_reserved=reserved_limit,
+        stage_limits=stage_limits,
+        baseline=base_doc,
+        max_increase_pct=increase,
+    )
 
 
 def _analysis(item: Input, device: int | None, rules: Rules, stages_from: str) -> RunAnalysis:

@@ -1,4 +1,5 @@
 """Names of runs in a comparison, from their paths (``runs/sdxl-fp16/`` -> ``sdxl-fp16``)."""
+
 from __future__ import annotations
 
 import os

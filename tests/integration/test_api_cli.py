@@ -1,6 +1,7 @@
 """The Python API and the CLI give the same documents and verdicts: snapviz.analyze's summary is
 the golden ``analyze --json`` output, snapviz.compare's the ``compare --json`` output, and
 snapviz.check's gates the lines and exit code of ``snapviz check``."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ GOLDEN = ROOT / "tests" / "data" / "golden"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 @pytest.mark.parametrize("sample", ["sd15-fp16-classic", "sd15-fp16-profile-1step", "train-sd15-amp-fp16"])
@@ -48,10 +55,13 @@ def test_compare_summary_is_the_cli_json(tmp_path: Path) -> None:
     assert render_json(bounded_doc(snapviz.compare(a, b).summary())) == out.read_text()
 
 
-@pytest.mark.parametrize("limits", [
-    {"max_peak": "3GiB", "max_stage_peak": {"vae_decode": "3GiB", "denoise/0": "3GiB"}},
-    {"max_reserved": "4GiB"},
-])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"max_peak": "3GiB", "max_stage_peak": {"vae_decode": "3GiB", "denoise/0": "3GiB"}},
+        {"max_reserved": "4GiB"},
+    ],
+)
 def test_check_verdict_is_the_cli_verdict(limits: dict[str, object]) -> None:
     sample = str(SAMPLES / "sd15-fp16-classic")
     args = []

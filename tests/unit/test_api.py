@@ -1,5 +1,6 @@
 """The public API (snapviz.analyze / compare / check): its docstring examples, trace-only runs,
 typed frozen results, and no state hidden on the loaded run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,7 +73,12 @@ def test_trace_only_run_directory_is_analysed(trace_run_dir: Path) -> None:
 
 def test_analysis_attributes_named_in_docs_exist(classic: Analysis) -> None:
     ev = classic.events
-    assert list(ev[["time_us", "allocated", "reserved", "stage"]].columns) == ["time_us", "allocated", "reserved", "stage"]
+    assert list(ev[["time_us", "allocated", "reserved", "stage"]].columns) == [
+        "time_us",
+        "allocated",
+        "reserved",
+        "stage",
+    ]
     assert int(ev["allocated"].max()) == classic.replay.peak_allocated == CLASSIC_PEAK
     for table in (classic.stages, classic.top_allocations, classic.attention, classic.categories):
         assert isinstance(table, pd.DataFrame) and len(table)
@@ -89,8 +95,8 @@ def test_results_are_frozen(classic: Analysis) -> None:
 def test_run_json_is_held_once_and_nothing_is_forwarded(classic: Analysis) -> None:
     run = classic.run
     assert run.run_json is not None and run.run_json["allocator"]["max_memory_allocated"] == CLASSIC_PEAK
-    assert not hasattr(run.snapshot, "run")           # the snapshot is the file's content only
-    assert not hasattr(run, "events")                 # a Run does not pose as its snapshot
+    assert not hasattr(run.snapshot, "run")  # the snapshot is the file's content only
+    assert not hasattr(run, "events")  # a Run does not pose as its snapshot
 
 
 def test_rules_given_as_a_file_or_a_ruleset_alike(classic: Analysis, tmp_path: Path) -> None:
@@ -109,7 +115,7 @@ def test_bad_options_are_input_errors(classic: Analysis) -> None:
     with pytest.raises(snapviz.InputError, match="go together"):
         snapviz.check(classic, baseline=str(SDPA))
     with pytest.raises(snapviz.InputError, match="max_peak"):
-        snapviz.check(classic, max_peak="12G")          # ambiguous unit, as on the command line
+        snapviz.check(classic, max_peak="12G")  # ambiguous unit, as on the command line
     with pytest.raises(snapviz.InputError, match="'decode' is not in"):
         snapviz.check(classic, max_stage_peak={"decode": 1})
     with pytest.raises(snapviz.InputError, match="3 labels for 2 inputs"):
