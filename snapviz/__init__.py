@@ -23,17 +23,23 @@ from snapviz.errors import CheckFailed, InputError
 from snapviz.load import Run, load
 
 if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.gate import CheckResult, GateResult
+    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
     from snapviz.api import RunAnalysis, analyze, check, compare
     from snapviz.notebook import show
 
 __version__ = "0.1.0"
-__all__ = ["load", "analyze", "compare", "check", "show", "Run", "RunAnalysis", "InputError", "CheckFailed",
-           "__version__"]
+__all__ = ["load", "analyze", "compare", "check", "show", "Run", "RunAnalysis", "Analysis", "TraceRunAnalysis",
+           "Comparison", "CheckResult", "GateResult", "InputError", "CheckFailed", "__version__"]
 
 # Loaded on first use (PEP 562), so `import snapviz`, and with it `snapviz --help`, does not
 # import every analysis (nor the notebook's renderers).
 _LAZY = {"analyze": "snapviz.api", "compare": "snapviz.api", "check": "snapviz.api", "RunAnalysis": "snapviz.api",
-         "show": "snapviz.notebook"}
+         "Analysis": "snapviz.analyses.summary", "TraceRunAnalysis": "snapviz.analyses.trace_summary",
+         "Comparison": "snapviz.analyses.compare", "CheckResult": "snapviz.analyses.gate",
+         "GateResult": "snapviz.analyses.gate", "show": "snapviz.notebook"}
 
 
 def __getattr__(name: str) -> Any:
