@@ -50,7 +50,7 @@ def _analysed(name: str) -> tuple[dict[str, Estimate], dict]:
     run = load(str(SAMPLES / name))
     an = analyze_run(run)
     assert an.training is not None
-    return training_estimates(an.training.phases, run.run), summary_dict(an)
+    return training_estimates(an.training.phases, run.run_json), summary_dict(an)
 
 
 def _row(technique: str, base: str, twin: str) -> dict[str, float]:

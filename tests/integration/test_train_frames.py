@@ -29,7 +29,7 @@ def _unlabelled(path: Path) -> tuple[dict, Analysis]:
     """The raw snapshot, and the analysis of its stripped copy (no run.json either)."""
     raw = safe_load_pickle(path)
     snap = snapshot_from_dict(strip_labels(raw), str(path))
-    return raw, analyze_run(Run(source=str(path), label=path.name, snapshot=snap, trace=None, run=None))
+    return raw, analyze_run(Run(source=str(path), label=path.name, snapshot=snap, trace=None, run_json=None))
 
 
 def test_strip_labels_takes_out_labels_and_annotations_only() -> None:
