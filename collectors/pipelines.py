@@ -1,11 +1,12 @@
-"""Build SD 1.5, SDXL and PixArt-Σ pipelines from in-code configs, with random weights.
+"""Build SD 1.5, SDXL, PixArt-Σ (and, via flow_pipelines, Flux.1 and SD 3.5) pipelines from
+in-code configs, with random weights.
 
 Memory depends only on shapes and dtypes, so random weights record the same allocations as a
 real checkpoint (every pipeline pads prompts to a fixed length; no shape depends on values).
 Two sizes: ``tiny`` (seconds on a CPU, for tests) and ``full`` (the published architectures,
 the configs published with each model on the Hugging Face Hub).
 
-Models are built on the CPU. Building skips torch's per-parameter initialisers (slow and serial
+Models are built on the CPU unless a device is given (Flux and SD 3.5 on CUDA). Building skips torch's per-parameter initialisers (slow and serial
 on CPU: ~15 s for SD 1.5, over a minute for T5-XXL) and then fills every parameter from one
 pool of N(0, 0.02) samples, so weights are random-valued but cheap to make. Buffers computed
 in ``__init__`` (position embeddings) are left as the constructors computed them.
@@ -18,7 +19,10 @@ from typing import Any, Iterator
 
 import torch
 
-PIPELINES = ("sd15", "sdxl", "pixart-sigma")
+UNET_DIT_PIPELINES = ("sd15", "sdxl", "pixart-sigma")
+# flow_pipelines imports this module, so its names are spelled here rather than imported
+FLOW_PIPELINES = ("flux-dev", "flux-schnell", "sd35-medium", "sd35-large")
+PIPELINES = UNET_DIT_PIPELINES + FLOW_PIPELINES
 
 _INIT_METHODS = (
     "normal_", "uniform_", "log_normal_", "exponential_", "geometric_", "cauchy_", "random_",
@@ -46,16 +50,18 @@ def skip_random_init(dtype: torch.dtype | None = None) -> Iterator[None]:
 def fill_random(module: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Fill every floating parameter with N(0, std) values tiled from one random pool."""
     gen = torch.Generator().manual_seed(seed)
-    pools: dict[torch.dtype, torch.Tensor] = {}
+    # one pool per (dtype, device), made on the CPU and copied once: the same values on any device
+    pools: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
     offset = 0
     with torch.no_grad():
         for param in module.parameters():
             if not param.is_floating_point() or param.device.type == "meta":
                 continue
-            pool = pools.get(param.dtype)
+            pool = pools.get((param.dtype, param.device))
             if pool is None:
                 pool = (torch.randn(_POOL_ELEMENTS, generator=gen) * std).to(param.dtype)
-                pools[param.dtype] = pool
+                pool = pool.to(param.device)
+                pools[(param.dtype, param.device)] = pool
             flat = param.data.view(-1)
             start = 0
             while start < flat.numel():
@@ -67,8 +73,11 @@ def fill_random(module: torch.nn.Module, seed: int = 0, std: float = 0.02) -> No
             # random values anyway: they change no shape.
 
 
-def _build(factory: Any, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    with skip_random_init(dtype if dtype != torch.float32 else None):
+def _build(factory: Any, dtype: torch.dtype, seed: int,
+           device: torch.device | None = None) -> torch.nn.Module:
+    """Construct, cast and fill one model; on ``device`` directly when given (no CPU copy)."""
+    where = torch.device(device) if device is not None else contextlib.nullcontext()
+    with where, skip_random_init(dtype if dtype != torch.float32 else None):
         model = factory()
     model = model.to(dtype)  # buffers too (PixArt's pos_embed), as from_pretrained(dtype=) does
     fill_random(model, seed=seed)
@@ -139,7 +148,11 @@ def _vae(size: str, sdxl: bool) -> Any:
     return lambda: AutoencoderKL(**kw)
 
 
-def _clip(size: str, variant: str) -> Any:
+def _clip(size: str, variant: str, projection: bool | None = None) -> Any:
+    """CLIP text encoders: "L", "bigG" (full) and tiny ones ("L-sd15"/"tiny16": hidden 16).
+
+    ``projection`` picks CLIPTextModelWithProjection (default: only for bigG, as SDXL has it;
+    SD 3.5 uses it for both encoders)."""
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     if size == "full" and variant == "L":
@@ -155,13 +168,15 @@ def _clip(size: str, variant: str) -> Any:
                              projection_dim=1280, bos_token_id=49406, eos_token_id=49407,
                              pad_token_id=49407)
     else:
-        hidden = 32 if variant != "L-sd15" else 16
+        hidden = 16 if variant in ("L-sd15", "tiny16") else 32
         cfg = CLIPTextConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=37,
                              num_hidden_layers=2, num_attention_heads=4,
                              max_position_embeddings=77, hidden_act="gelu",
                              projection_dim=hidden, bos_token_id=512, eos_token_id=513,
                              pad_token_id=513)
-    cls = CLIPTextModelWithProjection if variant == "bigG" else CLIPTextModel
+    if projection is None:
+        projection = variant == "bigG"
+    cls = CLIPTextModelWithProjection if projection else CLIPTextModel
     return lambda: cls(cfg)
 
 
@@ -240,8 +255,17 @@ def default_resolution(pipeline: str, size: str) -> int:
 
 
 def build_pipeline(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
-                   seed: int = 0) -> Any:
-    """Return a diffusers pipeline on the CPU in ``dtype`` with random weights."""
+                   seed: int = 0, device: torch.device | None = None, t5: bool = True) -> Any:
+    """Return a diffusers pipeline in ``dtype`` with random weights.
+
+    Flux and SD 3.5 are built on ``device`` (default CPU); ``t5=False`` drops SD 3.5's T5. The
+    UNet/PixArt pipelines are always built on the CPU (they are small enough to copy).
+    """
+    if pipeline in FLOW_PIPELINES:
+        # imported here: flow_pipelines builds on this module's helpers
+        from .flow_pipelines import build_flow_pipeline
+
+        return build_flow_pipeline(pipeline, size, dtype, seed, device=device, t5=t5)
     from diffusers import (
         DDIMScheduler,
         DPMSolverMultistepScheduler,
@@ -287,6 +311,10 @@ def build_denoiser(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
                    seed: int = 0) -> torch.nn.Module:
     """The pipeline's UNet or DiT alone (what fine-tuning trains), as ``build_pipeline`` makes it."""
     factories = {"sd15": _sd15_unet, "sdxl": _sdxl_unet, "pixart-sigma": _pixart_transformer}
+    if pipeline in FLOW_PIPELINES:
+        from .flow_pipelines import flow_denoiser_factory  # see build_pipeline
+
+        return _build(flow_denoiser_factory(pipeline, size), dtype, seed + 2)
     if pipeline not in factories:
         raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
     return _build(factories[pipeline](size), dtype, seed + 2)  # the seed build_pipeline uses
