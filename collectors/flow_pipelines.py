@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from .pipelines import _build, _clip, _t5, clip_tokenizer, t5_tokenizer
+from .components import build_model, clip_text, clip_tokenizer, t5_encoder, t5_tokenizer
 
 FLUX = ("flux-dev", "flux-schnell")
 SD35 = ("sd35-medium", "sd35-large")
-PIPELINES = FLUX + SD35
+FLOW_PIPELINES = FLUX + SD35
 
 # tiny widths: SD3 concatenates the two CLIP hidden states (16 + 16) and zero-pads them to the
 # T5 width (32), so the CLIPs must be narrower than T5
@@ -111,16 +111,16 @@ def build_flow_pipeline(pipeline: str, size: str, dtype: torch.dtype, seed: int,
     from diffusers import FluxPipeline, StableDiffusion3Pipeline
 
     def build(factory: Any, offset: int) -> torch.nn.Module:
-        return _build(factory, dtype, seed + offset, device=device)
+        return build_model(factory, dtype, seed + offset, device=device)
 
     clip = "tiny16" if size == "tiny" else "L"
     if pipeline in FLUX:
         return FluxPipeline(
             scheduler=_scheduler(pipeline),
             vae=build(_flow_vae(size, flux=True), 0),
-            text_encoder=build(_clip(size, clip), 1),
+            text_encoder=build(clip_text(size, clip), 1),
             tokenizer=clip_tokenizer(),
-            text_encoder_2=build(_t5(size), 3),
+            text_encoder_2=build(t5_encoder(size), 3),
             tokenizer_2=t5_tokenizer(),
             transformer=build(_flux_transformer(size, guidance=pipeline == "flux-dev"), 2),
         )
@@ -129,15 +129,15 @@ def build_flow_pipeline(pipeline: str, size: str, dtype: torch.dtype, seed: int,
             transformer=build(_sd35_transformer(size, large=pipeline == "sd35-large"), 2),
             scheduler=_scheduler(pipeline),
             vae=build(_flow_vae(size, flux=False), 0),
-            text_encoder=build(_clip(size, clip, projection=True), 1),
+            text_encoder=build(clip_text(size, clip, projection=True), 1),
             tokenizer=clip_tokenizer(),
-            text_encoder_2=build(_clip(size, "bigG" if size == "full" else "tiny16",
+            text_encoder_2=build(clip_text(size, "bigG" if size == "full" else "tiny16",
                                        projection=True), 3),
             tokenizer_2=clip_tokenizer(),
-            text_encoder_3=build(_t5(size), 4) if t5 else None,
+            text_encoder_3=build(t5_encoder(size), 4) if t5 else None,
             tokenizer_3=t5_tokenizer() if t5 else None,
         )
-    raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
+    raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(FLOW_PIPELINES)}")
 
 
 def flow_denoiser_factory(pipeline: str, size: str) -> Any:
