@@ -2,9 +2,10 @@
 
 diffusers' and transformers' quantization configs only act inside ``from_pretrained``; these
 helpers do the same module surgery on an instantiated model, which is what the configs do
-under the hood. Each is applied to CPU-resident weights before the load stage, so the GPU sees
-only quantized (or fp8-stored) weights arrive, as with a quantized checkpoint — except torchao,
-whose tensor subclasses are quantized where the weights are (after the load, as before).
+under the hood. nf4 and layerwise fp8 are applied to CPU-resident weights before the load
+stage, so only 4-bit (or fp8-stored) weights arrive on the GPU, as from a quantized checkpoint;
+torchao (as it always did here) and quanto quantize where the weights are, after the load
+(quanto's frozen weights cannot be moved: see techniques.quantize_after_load).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ FLOW = ("flux-dev", "flux-schnell", "sd35-medium", "sd35-large")  # = pipelines.
 # techniques that change how weights are stored, or where they live between uses: the pipeline
 # is built on the CPU and the technique applied there, as a checkpoint load would
 CPU_FIRST = ("nf4-text-encoder", "nf4-transformer", "int8", "fp8", "qint8", "qfloat8",
-             "layerwise-fp8", "staged", "balanced")
+             "layerwise-fp8", "staged", "balanced")  # torchao/quanto: built like int8 always was
 
 
 class TechniqueError(ValueError):
@@ -165,6 +165,9 @@ def _check_weights(p: Plan, *, device: str, pipeline: str) -> None:
     for name in ("qint8", "qfloat8"):
         if p.has(name) and not _available("optimum.quanto"):
             raise TechniqueError(f"{name} needs the optimum-quanto package (pip install optimum-quanto)")
+        if p.has(name) and p.offload:
+            raise TechniqueError(f"{name} cannot be offloaded: quanto's frozen weights cannot be moved "
+                                 f"between devices (Module.to fails); drop {p.offload}")
     if p.has("offload-stream") and p.offload not in ("group-offload", "group-offload-leaf"):
         raise TechniqueError("offload-stream overlaps group offloading's transfers with compute; "
                              "add group-offload or group-offload-leaf")
@@ -218,19 +221,21 @@ def apply_module_techniques(pipe: Any, p: Plan, *, seed: int = 0, height: int | 
             qz.to_nf4(enc, compute_dtype=p.dtype)
     if p.has("nf4-transformer"):
         qz.to_nf4(den, compute_dtype=p.dtype)
-    elif p.has("qint8") or p.has("qfloat8"):
-        qz.quantize_quanto(den, "qint8" if p.has("qint8") else "qfloat8")
     elif p.has("layerwise-fp8"):
         qz.layerwise_fp8(den, compute_dtype=p.dtype)
 
 
 def quantize_after_load(pipe: Any, p: Plan) -> None:
-    """torchao quantizes the weights where they are: on the GPU after loading, or on the CPU
-    under offloading (the runner calls this at the right moment)."""
+    """torchao and quanto quantize the weights where they are: on the GPU after loading, or on
+    the CPU under offloading (the runner calls this at the right moment). Quanto's frozen
+    weights cannot be moved afterwards: ``Module.to`` fails with "Couldn't swap QConv2d.weight"
+    (measured, torch 2.13), so they are never quantized before a move."""
     from .pipelines import denoiser
 
     if p.has("int8") or p.has("fp8"):
         qz.quantize_torchao(denoiser(pipe), "int8" if p.has("int8") else "fp8")
+    elif p.has("qint8") or p.has("qfloat8"):
+        qz.quantize_quanto(denoiser(pipe), "qint8" if p.has("qint8") else "qfloat8")
 
 
 def shrink_tiles(vae: Any, height: int | None, width: int | None) -> None:
