@@ -117,3 +117,36 @@ def test_sample_script_on_cpu_records_what_cpu_allows(tmp_path: Path) -> None:
     assert no_t5["rc"] == 0 and no_t5["status"] == "ok" and no_t5["fits_2MB"]
     assert res.returncode == 1  # not every sample was recorded
     assert json.loads((tmp_path / "summary.json").read_text()) == lines
+
+
+def _tiny(pipeline: str, techniques: list[str]) -> tuple[object, object]:
+    from collectors import techniques as tq
+    from collectors.pipelines import build_pipeline
+
+    p = tq.plan(techniques, device="cpu", pipeline=pipeline, num_gpus=0)
+    pipe = build_pipeline(pipeline, "tiny", p.dtype)
+    pipe.set_progress_bar_config(disable=True)
+    tq.apply_module_techniques(pipe, p, height=64, width=64)
+    tq.quantize_after_load(pipe, p)
+    return pipe, p
+
+
+def test_layerwise_fp8_stores_the_transformer_in_fp8(tmp_path: Path) -> None:
+    import torch
+
+    pipe, _ = _tiny("sd35-large", ["bf16", "layerwise-fp8"])
+    linear = pipe.transformer.transformer_blocks[0].attn.to_q
+    assert linear.weight.dtype == torch.float8_e4m3fn  # stored in fp8, upcast per layer to run
+    assert pipe("a cat", num_inference_steps=1, height=64, width=64).images[0].size == (64, 64)
+
+
+@pytest.mark.parametrize("technique,module,cls", [("qint8", "optimum.quanto", "QLinear"),
+                                                   ("int8", "torchao", "Linear")])
+def test_weight_quantization_replaces_the_denoiser_weights(technique: str, module: str, cls: str) -> None:
+    pytest.importorskip(module)
+    pipe, _ = _tiny("pixart-sigma", ["fp32", technique])
+    q = pipe.transformer.transformer_blocks[0].attn1.to_q
+    assert type(q).__name__ == cls
+    assert type(q.weight).__name__ not in ("Parameter", "Tensor")  # a quantized tensor subclass
+    assert pipe("a cat", num_inference_steps=1, height=64, width=64, clean_caption=False,
+                use_resolution_binning=False).images[0].size == (64, 64)
