@@ -164,9 +164,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         pipe.set_progress_bar_config(disable=True)
 
     tmpdir = None
-    if on_device:
-        pass  # built and prepared in the load stage below
-    elif p.has("balanced"):
+    if p.has("balanced"):  # (never on_device: built and prepared in the load stage below)
         # device_map="balanced" exists only in from_pretrained: save the in-code pipeline first
         if not opts.model:
             tmpdir = tempfile.TemporaryDirectory(prefix="snapviz-balanced-")
@@ -175,7 +173,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         del pipe
         gc.collect()
         pipe = None
-    else:
+    elif not on_device:
         tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
                                    width=opts.width)
         if p.offload:

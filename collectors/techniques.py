@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import quantize as qz
+from .flow_pipelines import FLOW_PIPELINES as FLOW
 from .quantize import DENOISER_QUANT
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -32,7 +33,6 @@ ALIASES = {
     "layerwise-casting": "layerwise-fp8", "fp8-layerwise": "layerwise-fp8", "without-t5": "no-t5",
     "quanto-int8": "qint8", "quanto-fp8": "qfloat8", "torchao-int8": "int8", "torchao-fp8": "fp8",
 }
-FLOW = ("flux-dev", "flux-schnell", "sd35-medium", "sd35-large")  # = pipelines.FLOW_PIPELINES
 # techniques that change how weights are stored, or where they live between uses: the pipeline
 # is built on the CPU and the technique applied there, as a checkpoint load would
 CPU_FIRST = ("nf4-text-encoder", "nf4-transformer", "int8", "fp8", "qint8", "qfloat8",
@@ -64,10 +64,6 @@ class Plan:
 
     def has(self, name: str) -> bool:
         return name in self.flags or name == self.offload
-
-    @property
-    def denoiser_quant(self) -> str | None:
-        return next((n for n in DENOISER_QUANT if self.has(n)), None)
 
     def build_on_device(self, pipeline: str) -> bool:
         """Flux/SD 3.5 are built on the target device unless weights start on the CPU."""

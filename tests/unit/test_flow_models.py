@@ -86,4 +86,4 @@ def test_offload_and_quantization_keep_weights_on_the_cpu_first() -> None:
     assert not p.build_on_device("flux-dev")
     assert p.names() == ["bf16", "sdpa", "group-offload", "offload-stream"]
     p = tq.Plan(dtype_name="bf16", attention="sdpa", offload=None, flags={"nf4-transformer"})
-    assert not p.build_on_device("flux-dev") and p.denoiser_quant == "nf4-transformer"
+    assert not p.build_on_device("flux-dev")
