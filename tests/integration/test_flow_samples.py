@@ -21,7 +21,7 @@ def _sample(name: str) -> tuple[dict, dict]:
         pytest.skip(f"sample {name} not recorded yet")
     if name not in _DOCS:
         run = load(str(path))
-        _DOCS[name] = (run.run, summary_dict(analyze_run(run)))
+        _DOCS[name] = (run.run_json, summary_dict(analyze_run(run)))
     return _DOCS[name]
 
 
