@@ -13,9 +13,22 @@ Importing this package imports no torch.
 
 from __future__ import annotations
 
-from .plan import (BASELINE, DEFAULT_CANDIDATES, DEFAULT_CARDS, MEMORY_SAVING, WEIGHT_NEUTRAL, Card, FitError,
-                   Measured, default_candidates, measured_from, measuring_order, parse_card, parse_cards,
-                   prune_reason)
+from .plan import (
+                   BASELINE,
+                   DEFAULT_CANDIDATES,
+                   DEFAULT_CARDS,
+                   MEMORY_SAVING,
+                   WEIGHT_NEUTRAL,
+                   Card,
+                   FitError,
+                   Measured,
+                   default_candidates,
+                   measured_from,
+                   measuring_order,
+                   parse_card,
+                   parse_cards,
+                   prune_reason,
+)
 from .report import SCHEMA, fit_dict, render_fit_html, render_fit_markdown
 from .search import FitRow, plan_rows, run_fit
 

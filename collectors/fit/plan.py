@@ -22,8 +22,9 @@ technique never raises the peak; both are assumptions, named in every pruning re
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from collectors.matrix.variants import MatrixError, Variant, parse_variant
 

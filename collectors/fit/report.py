@@ -9,16 +9,16 @@ the matrix's own Markdown and HTML card.
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
-
-from snapviz.safe_text import bounded_doc, md_code, md_text, printable
-from snapviz.units import fmt_bytes
+from typing import Any
 
 from collectors.matrix.document import matrix_dict
 from collectors.matrix.ranking import STAGE_GROUPS, rank_results
 from collectors.matrix.report import matrix_card_html, render_matrix_markdown
 from collectors.matrix.runner import MatrixOptions, variant_row
+from snapviz.safe_text import bounded_doc, md_code, md_text, printable
+from snapviz.units import fmt_bytes
 
 from .plan import BASELINE, Card
 from .search import FitRow

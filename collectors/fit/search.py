@@ -8,8 +8,8 @@ runner; the CLI passes :func:`collectors.matrix.runner.run_one`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from collectors.matrix.runner import VariantResult
 from collectors.matrix.variants import Variant
