@@ -48,13 +48,18 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
     candidate depends on what the previous ones measured."""
     measured: list[Measured] = []
     rows: list[FitRow] = []
+    refused: dict[str, VariantResult] = {}   # the collector's refusal does not depend on the cap
     for card, v in plan_rows(cards, variants):
         why = prune_reason(v, card, measured)
         if why is not None:
             row = FitRow(card, v, pruned=why)
+        elif v.label in refused:
+            row = FitRow(card, v, result=refused[v.label])
         else:
             res = run_one(v, card)
             measured.append(measured_from(v.label, v.techniques, card, res.status, res.run))
+            if res.status == "unsupported":
+                refused[v.label] = res
             row = FitRow(card, v, result=res)
         rows.append(row)
         if on_done is not None:

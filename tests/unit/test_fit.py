@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fitfake import TRUTH, FakeRunner
@@ -177,3 +178,17 @@ def test_plan_rows_is_the_dry_run_order() -> None:
     assert [(c.label, v.label) for c, v in plan_rows(cards, vs)] == [
         ("24 GiB", "bf16+vae-tiling"), ("24 GiB", "bf16"), ("24 GiB", "bf16+model-offload"),
         ("16 GiB", "bf16+vae-tiling"), ("16 GiB", "bf16"), ("16 GiB", "bf16+model-offload")]
+
+
+def test_a_refused_combination_runs_once(tmp_path: Path) -> None:
+    """The collector refusing the options (exit 2) does not depend on the cap: asked once."""
+    fake = FakeRunner(tmp_path)
+
+    def run_one(v: Any, c: Card) -> Any:
+        res = fake(v, c)
+        if "nf4-t5" in v.techniques:
+            res.status, res.reason, res.measure = "unsupported", "nf4 needs bitsandbytes", None
+        return res
+
+    rows = run_fit(parse_cards(["24GiB", "16GiB", "12GiB"]), [parse_variant("bf16,nf4-transformer,nf4-t5")], run_one)
+    assert [r.result.status for r in rows if r.result] == ["unsupported"] * 3 and len(fake.calls) == 1
