@@ -97,7 +97,9 @@ def test_search_with_a_fake_collector(tmp_path: Path, flux_collectors: None, mon
         args += ["--variant", v]
     res = CliRunner().invoke(fit_cli.fit, args)
     assert res.exit_code == 0, res.output
-    assert {p.name for p in out.iterdir()} >= {"fit.json", "fit.md"}
+    assert {p.name for p in out.iterdir()} >= {"fit.json", "fit.md", "fit.html"}
+    page = (out / "fit.html").read_text()
+    assert page.count('class="sv-matrix"') == 2 + 2  # a fit table per card, then a matrix card per card
     doc = json.loads((out / "fit.json").read_text())
     assert doc["schema"] == "snapviz.fit/1" and doc["steps"] == 2
     by = {c["label"]: c for c in doc["cards"]}
