@@ -92,7 +92,9 @@ def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow],
         "time_text": (f"time per image: wall time of the pipe() call divided by the batch, at {opts.steps} "
                       f"denoising step{'s' if opts.steps != 1 else ''}; step s: median of steps 1..N-1"),
         "pruning_rule": PRUNING_RULE,
-        "runs": sum(1 for r in rows if r.result is not None), "pruned": sum(1 for r in rows if r.result is None),
+        # a refused combination is asked once and its one result shown on every card
+        "runs": len({str(r.result.run_dir) for r in rows if r.result is not None}),
+        "pruned": sum(1 for r in rows if r.pruned is not None),
         "cards": out_cards, "skipped": skipped, "notes": notes,
     }
 
