@@ -11,6 +11,9 @@ import sys
 import click
 
 from .errors import OptionError
+from .fit.cli import fit
+
+__all__ = ["collect", "fit", "matrix"]  # the verbs snapviz registers (fit beside matrix)
 
 _TECHNIQUE_LIST = ("fp32 fp16 bf16 | sdpa classic sliced | vae-slicing vae-tiling tiny-vae | "
                    "model-offload sequential-offload group-offload group-offload-leaf "

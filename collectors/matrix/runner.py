@@ -208,6 +208,11 @@ class _Runner:
         return sorted(results, key=lambda r: order[r.variant.label])
 
 
+def run_one(opts: MatrixOptions, v: Variant, gpu: str | None = None) -> VariantResult:
+    """One variant in its own collector process, now (``snapviz fit`` decides the next one from it)."""
+    return _Runner(opts, [gpu], lambda i, n, r: None).run_one(v, gpu)
+
+
 def run_variants(opts: MatrixOptions, variants: Sequence[Variant], slots: list[str | None],
                  on_done: Callable[[int, int, VariantResult], None] | None = None) -> list[VariantResult]:
     """Run every variant in its own collector process; results in ``variants`` order."""

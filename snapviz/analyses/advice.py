@@ -16,9 +16,11 @@ from snapviz.vocab import stage_group
 
 
 def _cat(categories: pd.DataFrame, name: str) -> int:
+    """Bytes of category ``name`` and of its per-model parts (``weights: T5`` counts as ``weights``)."""
     if not len(categories):
         return 0
-    m = categories["category"] == name
+    cat = categories["category"].astype(str)
+    m = (cat == name) | cat.str.startswith(name + ": ")
     return int(categories.loc[m, "bytes"].sum())
 
 

@@ -25,7 +25,11 @@ MAX_CATEGORY_POINTS = 10000
 def order_categories(names: Iterable[str]) -> list[str]:
     """``names`` in :data:`CATEGORY_ORDER`, then any other (user rule) category in first-seen order."""
     got = list(dict.fromkeys(str(x) for x in names))
-    return [c for c in CATEGORY_ORDER if c in got] + [c for c in got if c not in CATEGORY_ORDER]
+    out: list[str] = []
+    for c in CATEGORY_ORDER:  # per-model parts ("weights: T5") right after their category
+        out += [c] if c in got else []
+        out += sorted(x for x in got if x.startswith(c + ": "))
+    return out + [c for c in got if c not in out]
 
 
 def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
