@@ -89,9 +89,11 @@ def validate(opts: RunOptions) -> tq.Plan:
     writes_snapshot = device.startswith("cuda") and opts.history
     if opts.profile is None:
         opts.profile = not writes_snapshot
-    elif not opts.profile and not writes_snapshot:
-        why = "a CPU run has no CUDA memory snapshot" if not device.startswith("cuda") else "--no-history records no snapshot"
-        raise ValueError(f"--no-profile: {why}, so the run directory would hold nothing to analyse; drop --no-profile")
+    elif not opts.profile and not device.startswith("cuda"):
+        # on CUDA, run.json still holds the allocator's own per-stage peaks (what `fit` and
+        # `matrix` measure with --no-history --no-profile); on the CPU nothing would be left
+        raise ValueError("--no-profile: a CPU run has no CUDA memory snapshot, so the run directory would hold "
+                         "nothing to analyse; drop --no-profile")
     _check_sequence_length(opts)
     if opts.blocks_per_group < 1:
         raise ValueError("--offload-blocks must be at least 1")

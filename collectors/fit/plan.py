@@ -35,11 +35,11 @@ GIB = 2**30
 # not know is skipped with the collector's own reason, as the matrix skips a CUDA-only variant.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
     "flux": ("bf16", "bf16,vae-tiling", "bf16,layerwise-fp8", "bf16,layerwise-fp8,vae-tiling",
-             "bf16,torchao-int8", "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-t5",
-             "bf16,nf4-transformer,nf4-t5,vae-tiling", "bf16,group-offload", "bf16,group-offload,vae-tiling",
+             "bf16,int8", "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-text-encoder",
+             "bf16,nf4-transformer,nf4-text-encoder,vae-tiling", "bf16,group-offload", "bf16,group-offload,vae-tiling",
              "bf16,model-offload", "bf16,nf4-transformer,model-offload", "bf16,sequential-offload"),
     "sd35": ("bf16", "bf16,vae-tiling", "bf16,no-t5", "bf16,no-t5,vae-tiling", "bf16,layerwise-fp8",
-             "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-t5", "bf16,group-offload",
+             "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-text-encoder", "bf16,group-offload",
              "bf16,model-offload", "bf16,no-t5,model-offload", "bf16,sequential-offload"),
 }
 DEFAULT_CARDS = ("48GiB", "24GiB", "16GiB", "12GiB")
@@ -47,16 +47,15 @@ BASELINE = "bf16"
 
 # Techniques that lower the peak (rule 4); dtypes and attention implementations are not here.
 MEMORY_SAVING = frozenset({
-    "vae-tiling", "vae-slicing", "tiny-vae", "layerwise-fp8", "torchao-int8", "torchao-fp8", "quanto-qint8",
-    "quanto-qfloat8", "nf4-transformer", "nf4-t5", "nf4-text-encoder", "int8", "no-t5", "group-offload",
-    "group-offload-leaf", "group-offload-stream", "model-offload", "sequential-offload", "staged",
+    "vae-tiling", "vae-slicing", "tiny-vae", "layerwise-fp8", "fp8", "qint8", "qfloat8",
+    "nf4-transformer", "nf4-text-encoder", "int8", "no-t5", "group-offload", "group-offload-leaf", "offload-stream", "model-offload", "sequential-offload", "staged",
 })
 # Techniques that change nothing resident after the load stage (rule 3).
 WEIGHT_NEUTRAL = frozenset({"vae-tiling", "vae-slicing", "sdpa"})
 # Measuring order: a combination that offloads is slow to measure (every step moves weights), so
 # those go last, the slowest last; within a class, more techniques first, so that a superset's
 # failure can prune its subsets before they run (rule 4).
-_SLOW_LAST = ("group-offload", "group-offload-leaf", "group-offload-stream", "model-offload", "sequential-offload")
+_SLOW_LAST = ("group-offload", "group-offload-leaf", "offload-stream", "model-offload", "sequential-offload")
 
 
 class FitError(MatrixError):
@@ -128,6 +127,7 @@ class Measured:
     status: str                          # ok | oom | unsupported | failed | timeout
     peak_bytes: int | None = None        # ok: max_memory_allocated; oom: largest completed stage peak
     load_bytes: int | None = None        # peak allocated of the load stage (the weights), when it completed
+    reserved_bytes: int | None = None    # ok: max_memory_reserved
 
 
 def measured_from(label: str, techniques: tuple[str, ...], card: Card, status: str,
@@ -141,7 +141,24 @@ def measured_from(label: str, techniques: tuple[str, ...], card: Card, status: s
     alloc = (run or {}).get("allocator") or {}
     if status == "ok" and alloc.get("max_memory_allocated") is not None:
         peak = int(alloc["max_memory_allocated"])
-    return Measured(label, tuple(techniques), card, status, peak, loads[0] if loads else None)
+    reserved = alloc.get("max_memory_reserved") if status == "ok" else None
+    return Measured(label, tuple(techniques), card, status, peak, loads[0] if loads else None,
+                    int(reserved) if reserved is not None else None)
+
+
+def fits_without_running(v: Variant, card: Card, measured: Sequence[Measured]) -> Measured | None:
+    """A finished run of the same combination whose max reserved is at most ``card``, or None.
+
+    Exact, not an estimate: the cap (``set_per_process_memory_fraction``) is consulted only when
+    the allocator reserves a new segment and its reserved total would pass the cap, so a run that
+    never reserved more than ``card`` never met that card's cap either: under it, the run would
+    have been the same, allocation for allocation."""
+    mine = set(v.techniques)
+    for m in measured:
+        if (m.status == "ok" and set(m.techniques) == mine and m.reserved_bytes is not None
+                and m.reserved_bytes <= card.bytes):
+            return m
+    return None
 
 
 def _fmt(n: int) -> str:

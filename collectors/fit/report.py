@@ -44,7 +44,8 @@ def _row_dict(row: FitRow, batch: int) -> dict[str, Any]:
     res = row.result
     m = res.measure or {}
     call = m.get("call_s")
-    return {**base, "status": "fits" if res.ok else res.status, "reason": res.reason,
+    return {**base, "status": "fits" if res.ok else res.status, "reason": row.inferred or res.reason,
+            "inferred": row.inferred is not None,
             "peak_allocated_bytes": m.get("peak_allocated_bytes"), "peak_reserved_bytes": m.get("peak_reserved_bytes"),
             "stages": {g: (m.get("stages") or {}).get(g, {}).get("peak_allocated_bytes") for g in STAGE_GROUPS}
             if m else {},
@@ -95,6 +96,8 @@ def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow],
         # a refused combination is asked once and its one result shown on every card
         "runs": len({str(r.result.run_dir) for r in rows if r.result is not None}),
         "pruned": sum(1 for r in rows if r.pruned is not None),
+        # fits shown without a run of their own: a larger cap's run that never reserved this much
+        "inferred": sum(1 for r in rows if r.inferred is not None),
         "cards": out_cards, "skipped": skipped, "notes": notes,
     }
 
@@ -139,7 +142,8 @@ def render_fit_markdown(doc: dict[str, Any]) -> str:
     doc = bounded_doc(doc)
     out = [f"## {md_text(_title(doc))}", "",
            f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. "
-           f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}, {doc['pruned']} pruned.", ""]
+           f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}, {doc['pruned']} pruned, "
+           f"{doc.get('inferred', 0)} fit{'s' if doc.get('inferred', 0) != 1 else ''} inferred from a larger cap's run.", ""]
     for card in doc["cards"]:
         out += [f"### {md_text(card['label'])} card", "", _fastest_line(doc, card, md_code), ""]
         head, rows = fit_table(card)

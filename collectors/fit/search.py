@@ -14,17 +14,19 @@ from dataclasses import dataclass
 from collectors.matrix.runner import VariantResult
 from collectors.matrix.variants import Variant
 
-from .plan import Card, Measured, measured_from, measuring_order, prune_reason
+from .plan import Card, Measured, fits_without_running, measured_from, measuring_order, prune_reason
 
 
 @dataclass
 class FitRow:
-    """One candidate on one card: ``result`` when it ran, ``pruned`` (the reason) when not."""
+    """One candidate on one card: ``result`` when it ran, ``pruned`` (the reason) when not;
+    ``inferred`` (the reason) when a run under a larger cap already proves it fits this card."""
 
     card: Card
     variant: Variant
     result: VariantResult | None = None
     pruned: str | None = None
+    inferred: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -49,15 +51,23 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
     measured: list[Measured] = []
     rows: list[FitRow] = []
     refused: dict[str, VariantResult] = {}   # the collector's refusal does not depend on the cap
+    results: dict[tuple[str, int], VariantResult] = {}
     for card, v in plan_rows(cards, variants):
         why = prune_reason(v, card, measured)
+        same = fits_without_running(v, card, measured)
         if why is not None:
             row = FitRow(card, v, pruned=why)
+        elif same is not None:
+            row = FitRow(card, v, result=results[(same.label, same.card.bytes)],
+                         inferred=(f"the run under the {same.card.label} cap never reserved more than "
+                                   f"{same.reserved_bytes / 2**30:.2f} GiB, so the {card.label} cap was never "
+                                   "met: the run under it would be the same"))
         elif v.label in refused:
             row = FitRow(card, v, result=refused[v.label])
         else:
             res = run_one(v, card)
             measured.append(measured_from(v.label, v.techniques, card, res.status, res.run))
+            results[(v.label, card.bytes)] = res
             if res.status == "unsupported":
                 refused[v.label] = res
             row = FitRow(card, v, result=res)

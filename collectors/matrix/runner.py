@@ -50,6 +50,10 @@ class MatrixOptions:
             args += ["--technique", t]
         if not self.history:
             args.append("--no-history")
+            if self.device != "cpu" and not self.profile:
+                # run.json's allocator peaks are the measurement; a profiler would slow the steps
+                # it times and write gigabytes of trace at full size
+                args.append("--no-profile")
         args.append("--sync-stages")  # the table reports per-step wall times
         if self.profile:
             args += ["--profile", "--profile-scope", "after-load"]

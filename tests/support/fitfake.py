@@ -1,6 +1,7 @@
 """A fake collector for the fit finder's tests: per-combination peaks of a Flux-like model played
 back under a card's cap (fits exactly when the peak is at most the cap; out of memory otherwise,
-during load when the weights alone are over it), written as the collector writes run.json."""
+during load when the weights alone are over it), written as the collector writes run.json. The
+allocator reserves 1.5 GiB more than it allocates at the peak (RESERVE_SLACK), as real runs do."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collectors.matrix.runner import VariantResult
 from collectors.matrix.variants import Variant
 
 G = 2**30
+RESERVE_SLACK = int(1.5 * G)
 
 # (peak GiB, weights after load GiB, call s) of a Flux-like model, by combination
 TRUTH: dict[str, tuple[float, float, float]] = {
@@ -47,7 +49,7 @@ def run_json(label: str, cap: int, steps: int = 2) -> dict[str, Any]:
         return {"status": "oom", "oom": {"stage": "vae_decode"}, "stages": stages}
     return {"schema": "snapviz.run/1", "status": "ok", "pipeline": "flux-dev", "height": 1024, "width": 1024,
             "device_name": "NVIDIA H200", "stages": stages,
-            "allocator": {"max_memory_allocated": peak, "max_memory_reserved": peak}}
+            "allocator": {"max_memory_allocated": peak, "max_memory_reserved": peak + RESERVE_SLACK}}
 
 
 class FakeRunner:

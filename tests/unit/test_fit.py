@@ -133,7 +133,17 @@ def test_search_finds_every_fit_prunes_only_what_cannot_fit(tmp_path: Path) -> N
         if r.pruned is not None:
             assert not truly_fits
     pruned = [r for r in rows if r.pruned is not None]
-    assert len(fake.calls) + len(pruned) == len(rows) and len(pruned) >= 10
+    inferred = [r for r in rows if r.inferred is not None]
+    assert len(fake.calls) + len(pruned) + len(inferred) == len(rows) and len(pruned) >= 10
+    # a fit is inferred, never run again, only where an earlier run of the same combination under a
+    # larger cap reserved no more than this card: then this card's cap was never met
+    for r in inferred:
+        assert r.fits and r.result is not None
+        assert r.result.run["allocator"]["max_memory_reserved"] <= r.card.bytes
+    # group offload (6 GiB + 1.5 reserved) runs once, under 48 GiB; the other cards follow from it
+    assert [c for c in fake.calls if c[1] == "bf16+group-offload"] == [("48 GiB", "bf16+group-offload")]
+    # the nf4 pair (11 GiB allocated, 12.5 reserved) is inferred down to 16 GiB but must run under 12 GiB
+    assert ("12 GiB", "bf16+nf4-transformer+nf4-t5") in fake.calls
     # bf16 (35 GiB) measured under 48 GiB is never run again on smaller cards
     assert fake.calls.count(("48 GiB", "bf16")) == 1 and not [c for c in fake.calls if c[1] == "bf16" and c[0] != "48 GiB"]
     # on 16 GiB the nf4 transformer (17 GiB under 24) is pruned by its measured peak
@@ -160,7 +170,7 @@ def test_fit_document_fastest_and_markdown(tmp_path: Path) -> None:
     assert row["stages"]["load"] == 20 * G
     statuses = {r["label"]: r["status"] for r in by["12 GiB"]["rows"]}
     assert statuses["bf16"] == "pruned" and statuses["bf16+nf4-transformer+nf4-t5"] == "fits"
-    assert doc["runs"] + doc["pruned"] == 2 * len(TRUTH)
+    assert doc["runs"] + doc["pruned"] + doc["inferred"] == 2 * len(TRUTH) and doc["inferred"] > 0
     # each card's runs also as a ranked matrix document; bf16 did not run on 24 GiB (pruned), so
     # the first combination that fits there is the baseline, and pruned ones are not in it
     m24 = by["24 GiB"]["matrix"]
