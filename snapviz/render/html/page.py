@@ -64,7 +64,8 @@ def bounded_data(data: dict[str, Any]) -> dict[str, Any]:
 
 def card_open(title: str, hint: str = "", ident: str = "") -> str:
     """The opening of a card (``<section>``); the caller closes it with ``</section>``."""
-    return (f'<section class="sv-card"{f" id={esc(ident)!r}" if ident else ""}><h2>{esc(title)}</h2>'
+    ident_attr = f' id="{esc(ident)}"' if ident else ""
+    return (f'<section class="sv-card"{ident_attr}><h2>{esc(title)}</h2>'
             + (f'<p class="sv-hint">{esc(hint)}</p>' if hint else ""))
 
 
