@@ -5,7 +5,7 @@ analyses. Byte values show in binary units (``1.5 GiB``) on axes and in tooltips
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from bokeh.core.properties import value
 from bokeh.models import (
     AdaptiveTicker,
     BoxZoomTool,
+    Column,
     ColumnDataSource,
     CustomJS,
     CustomJSHover,
@@ -32,14 +33,15 @@ from bokeh.models import (
     SaveTool,
     Span,
     TableColumn,
+    UIElement,
     WheelZoomTool,
 )
-from bokeh.models.layouts import Column, UIElement
 from bokeh.models.text import PlainText
 from bokeh.plotting import figure
 
 from snapviz.render.html.page import BYTES_JS, load_asset
 from snapviz.render.html.palette import SERIES_COLORS
+from snapviz.render.html.view_models import Peak
 
 TABLE_WIDTH = 1320  # px: a card's inner width at the page's max width
 
@@ -126,8 +128,8 @@ def bytes_axis(fig: Any, ticks: int = 6) -> None:
 
 
 def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec], *, x_label: str,
-                    bands: dict[str, Any] | None = None, band_x: tuple[str, str] | None = None,
-                    peak: dict[str, Any] | None = None, peak_x: float | None = None, y_top: float | None = None,
+                    bands: Mapping[str, Any] | None = None, band_x: tuple[str, str] | None = None,
+                    peak: Peak | None = None, peak_x: float | None = None, y_top: float | None = None,
                     height: int = 380, x_range: Any = None, title: str | None = None) -> Any:
     """A memory-over-time figure: step lines of ``source`` columns over ``x``, stage
     bands (``bands`` columns ``band_x[0]``/``band_x[1]``, ``name``, ``group``, ``color``,
@@ -159,14 +161,14 @@ def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec],
     if peak is not None and peak_x is not None and np.isfinite(peak_x):
         fig.add_layout(Span(location=float(peak_x), dimension="height", line_color=SERIES_COLORS["peak"],
                             line_dash="dashed", line_width=1.5))
-        pr = fig.scatter(x=[float(peak_x)], y=[float(peak["allocated"])], size=11, marker="circle",
+        pr = fig.scatter(x=[float(peak_x)], y=[float(peak.allocated)], size=11, marker="circle",
                          fill_color=SERIES_COLORS["peak"], line_color="white", line_width=2)
         line_items.append(LegendItem(label=value("peak"), renderers=[pr]))
         # Keep the label inside the plot: put it left of the peak when the peak is near the right end.
         xs = np.asarray(source.data.get(x, []), dtype=np.float64)
         right_side = bool(len(xs)) and np.isfinite(xs).any() and \
             (float(peak_x) - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12)
-        fig.add_layout(Label(x=float(peak_x), y=float(peak["allocated"]), text=plain_text(peak["label"]),
+        fig.add_layout(Label(x=float(peak_x), y=float(peak.allocated), text=plain_text(peak.label),
                              x_offset=-8 if right_side else 8, y_offset=6, text_align="right" if right_side else "left",
                              text_font_size="12px", text_color=SERIES_COLORS["peak"], text_font_style="bold",
                              background_fill_color="white", background_fill_alpha=0.85))

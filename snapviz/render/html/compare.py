@@ -7,8 +7,7 @@ from typing import Any
 
 import numpy as np
 from bokeh.core.properties import value
-from bokeh.models import DataRange1d, FactorRange, FixedTicker, HoverTool, LegendItem, Range1d
-from bokeh.models.layouts import UIElement
+from bokeh.models import DataRange1d, FactorRange, FixedTicker, HoverTool, LegendItem, Range1d, UIElement
 
 from snapviz import __version__
 from snapviz.render.html.bokeh_kit import (
@@ -21,7 +20,8 @@ from snapviz.render.html.bokeh_kit import (
     timeline_figure,
 )
 from snapviz.render.html.compare_data import compare_report_data
-from snapviz.render.html.page import bounded_data, build_page, card_open, esc, html_table, table_css
+from snapviz.render.html.page import build_page, card_open, esc, html_table, table_css, warnings_html
+from snapviz.render.html.view_models import bounded
 
 
 def _hero(data: dict[str, Any]) -> str:
@@ -109,13 +109,11 @@ def render_compare_report_data(data: dict[str, Any], lead: Sequence[str | UIElem
     """The page for a :func:`compare_report_data` dict. ``lead``: blocks (escaped HTML or
     Bokeh models) placed right after the header, before the comparison's own cards; a report
     built on a comparison (the technique matrix) puts its card there."""
-    data = bounded_data(data)
+    data = bounded(data)
 
     labels = data["labels"]
     blocks: list[Any] = [table_css(), _hero(data), *lead]
-    if data["warnings"]:
-        items = "".join(f"<li>{esc(w)}</li>" for w in data["warnings"][:12])
-        blocks.append(f'<div class="sv-warn" id="sv-warnings"><h3>⚠ warnings</h3><ul>{items}</ul></div>')
+    blocks.append(warnings_html(data["warnings"][:12], "⚠ warnings"))
     if any(len(t["x"]) for t in data["timelines"]):
         blocks += [card_open("Memory over the pipeline, aligned by stage",
                          "Each stage label (every denoising step too) gets the same width in every run, so steps line "
