@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from snapviz.analyses.compare import changed_sites
+from snapviz.analyses.compare_sites import changed_sites
 from snapviz.render.html.palette import stage_palette
 from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 from snapviz.vocab import stage_group
