@@ -5,6 +5,7 @@ analyses. Byte values show in binary units (``1.5 GiB``) on axes and in tooltips
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -197,7 +198,10 @@ def stack_pane(text: str) -> PreText:
 
 def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], name: str, stack_field: str | None,
                  hint: str, max_height: int = 420) -> UIElement:
-    src = make_source(columns)
+    # The stacks shown on selection travel as one JSON string on the pane, not as a column:
+    # BokehJS decodes string columns value by value when the page opens (see timeline_plots).
+    stacks = list(columns[stack_field]) if stack_field is not None else []
+    src = make_source({k: v for k, v in columns.items() if k != stack_field})
     # Bokeh 3.9's content-based autosizing fails in the browser ("row is not defined") and
     # force_fit splits the width equally: fixed widths, scaled to the page's usual width.
     scale = max(1.0, TABLE_WIDTH / max(sum(w for _, _, w in spec), 1))
@@ -209,8 +213,10 @@ def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], n
     if stack_field is None:
         return Column(table, sizing_mode="stretch_width", name=name)
     pane = stack_pane(hint)
-    src.selected.js_on_change("indices", CustomJS(args={"src": src, "pane": pane, "field": stack_field}, code="""
-const ix = src.selected.indices;
-if (ix.length) pane.text = src.data[field][ix[0]];
+    pane.tags = [json.dumps(stacks)]
+    src.selected.js_on_change("indices", CustomJS(args={"pane": pane}, code="""
+const ix = cb_obj.indices;
+const texts = pane.sv_texts || (pane.sv_texts = JSON.parse(pane.tags[0]));
+if (ix.length && ix[0] < texts.length) pane.text = texts[ix[0]];
 """))
     return Column(table, pane, sizing_mode="stretch_width", name=name)

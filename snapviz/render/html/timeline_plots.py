@@ -19,6 +19,7 @@ from bokeh.models import (
     ColumnDataSource,
     CustomJS,
     CustomJSHover,
+    Div,
     HoverTool,
     Legend,
     LegendItem,
@@ -91,9 +92,26 @@ def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElem
         parts = [fig, area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
         views.append(TabPanel(title=tab, child=Column(*[p for p in parts if p is not None],
                                                       sizing_mode="stretch_width", spacing=0)))
-    body = Tabs(tabs=views, sizing_mode="stretch_width") if len(views) > 1 else views[0].child
+    body = _lazy_tabs(views) if len(views) > 1 else views[0].child
     show_pane = with_points and snap is not None
     return Column(*([body, pane] if show_pane else [body]), sizing_mode="stretch_width", name="sv-timeline")
+
+
+def _lazy_tabs(panels: list[TabPanel]) -> Tabs:
+    """Tabs whose hidden panels are built when first shown: until then each holds an empty
+    placeholder, and the real panel (kept in the callback, so it is in the document) replaces
+    it on the first click. BokehJS builds every panel's views up front otherwise."""
+    shown = [panels[0], *(TabPanel(title=p.title, child=Div(text="")) for p in panels[1:])]
+    tabs = Tabs(tabs=shown, sizing_mode="stretch_width")
+    tabs.js_on_change("active", CustomJS(args={"tabs": tabs, "real": panels}, code="""
+const i = tabs.active;
+if (i >= 0 && i < real.length && tabs.tabs[i] !== real[i]) {
+  const t = tabs.tabs.slice();
+  t[i] = real[i];
+  tabs.tabs = t;
+}
+"""))
+    return tabs
 
 
 def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, frag: np.ndarray) -> Any:
