@@ -714,6 +714,25 @@ def test_build_page_mixes_html_and_models() -> None:
     assert "<p id='first'>a &amp; b</p>" in build_page("x", ["<p id='first'>a &amp; b</p>"])
 
 
+def test_page_paints_before_bokeh_and_defers_later_roots() -> None:
+    """The blocks come before BokehJS (the header paints first); roots after the first are
+    named in the lazy list that assets/lazy_embed.js renders one per frame."""
+    import json
+    import re
+
+    from bokeh.models import Div
+
+    from snapviz.render.html import build_page
+
+    page = build_page("t", ["<header id='hero'>h</header>", Div(text="a", name="sv-first"), Div(text="b"),
+                            Div(text="c", name="sv-third")])
+    assert page.index("id='hero'") < page.index("/* BEGIN bokeh.min.js */") < page.index("Bokeh.embed.embed_items = ")
+    lazy = re.search(r'<script type="application/json" id="sv-lazy-roots">(.*?)</script>', page, re.S)
+    assert lazy is not None and json.loads(lazy.group(1)) == ["sv-root-1", "sv-third"]
+    eager = re.search(r'id="sv-lazy-roots">(.*?)</script>', build_page("t", [Div(text="a"), Div(text="b")], eager_roots=2))
+    assert eager is not None and json.loads(eager.group(1)) == []
+
+
 # --------------------------------------------------------------------------------------
 # Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
 # --------------------------------------------------------------------------------------
