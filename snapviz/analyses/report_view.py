@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.categories import category_timeline
+from snapviz.analyses.summary import Analysis
 from snapviz.vocab import BEFORE_RECORDING
 
 # Stacking order (bottom/left first): what was there before, then what persists across
@@ -42,7 +42,7 @@ def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
     return np.array([int(ix.to_numpy()[np.argmax(peak[ix.to_numpy()])]) for _, ix in order], np.int64)
 
 
-def stage_category_bytes(stages: pd.DataFrame, stage_live: Any, shown: np.ndarray) -> dict[str, np.ndarray]:
+def stage_category_bytes(stages: pd.DataFrame, stage_live: pd.DataFrame | None, shown: np.ndarray) -> dict[str, np.ndarray]:
     """Bytes by category at the peak of each ``shown`` stage interval, in stacking order.
 
     The categories cover what was allocated in the recorded history; the rest of the
@@ -51,7 +51,7 @@ def stage_category_bytes(stages: pd.DataFrame, stage_live: Any, shown: np.ndarra
     are left out.
     """
     totals = stages["peak_allocated_bytes"].to_numpy(np.float64)[shown] if len(stages) else np.empty(0)
-    live = stage_live if isinstance(stage_live, pd.DataFrame) else pd.DataFrame()
+    live = stage_live if stage_live is not None else pd.DataFrame()
     by: dict[str, np.ndarray] = {}
     if len(live) and len(shown):
         pos = {int(iv): j for j, iv in enumerate(shown)}
@@ -92,12 +92,12 @@ class ReportView:
     stage_category_bytes: dict[str, np.ndarray]  # bytes by category at each shown interval's peak
 
 
-def category_timeline_view(an: Any, t0_us: int, has_time: bool, max_points: int) -> CategoryTimelineView:
+def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points: int) -> CategoryTimelineView:
     """Live bytes by category over time (see :class:`CategoryTimelineView`)."""
     n = len(an.replay.events)
-    if not n or an.run.snapshot is None:
+    if not n:
         return CategoryTimelineView()
-    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels,
+    ct = category_timeline(an.snapshot, an.replay, an.labels.labels,
                            max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
@@ -111,7 +111,7 @@ def category_timeline_view(an: Any, t0_us: int, has_time: bool, max_points: int)
               else f"all {n:,} events"))
 
 
-def report_view(an: Any, max_points: int) -> ReportView:
+def report_view(an: Analysis, max_points: int) -> ReportView:
     """The report's own analyses of ``an`` (an :class:`~snapviz.analyses.summary.Analysis`)."""
     time_us = an.replay.events["time_us"].to_numpy(np.int64)
     has_time = bool(len(time_us)) and bool((time_us >= 0).all())
