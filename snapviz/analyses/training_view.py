@@ -6,8 +6,8 @@ Markdown "per step" table and the HTML phase bands; nothing here renders.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -17,6 +17,9 @@ from snapviz.analyses.training import TRAINING_CATEGORIES, classify_allocations
 from snapviz.analyses.training_advice import PhasePeak, phase_peaks
 from snapviz.model import Snapshot
 from snapviz.vocab import BEFORE_RECORDING
+
+if TYPE_CHECKING:  # report_view imports this module
+    from snapviz.analyses.report_view import CategoryTimelineView
 
 _STEP_STARTERS = ("forward", "backward")
 _STEP_ENDERS = ("optimizer", "zero_grad")
@@ -80,21 +83,20 @@ def training_category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFr
 
 
 
-def training_timeline_view(view: TrainingView, base: dict[str, Any]) -> dict[str, Any]:
+def training_timeline_view(view: TrainingView, base: CategoryTimelineView) -> CategoryTimelineView:
     """``base`` (:func:`snapviz.analyses.report_view.category_timeline_view`'s sampled rows) with the
     training categories stacked instead, so the report's area under the phase bands shows parameters,
     gradients, optimizer state, saved activations... Memory from before the recording, which no
     recorded allocation explains, is ``before recording``."""
-    rows = np.asarray(base["index"], np.int64)
+    rows = np.asarray(base.index, np.int64)
     if not len(rows):
         return base
     tl = training_category_timeline(view.allocs, int(rows.max()) + 1)
     by = {c: tl[c].to_numpy(np.float64)[rows] for c in TRAINING_CATEGORIES}
-    rest = np.asarray(base["allocated"], np.float64) - np.sum(list(by.values()), axis=0)
+    rest = np.asarray(base.allocated, np.float64) - np.sum(list(by.values()), axis=0)
     by = {BEFORE_RECORDING: np.maximum(rest, 0.0), **by}
     cats = [c for c, v in by.items() if v.any()]
-    return {**base, "categories": cats, "bytes": {c: by[c] for c in cats},
-            "note": f"training categories · {base['note']}"}
+    return replace(base, categories=cats, bytes={c: by[c] for c in cats}, note=f"training categories · {base.note}")
 
 
 def training_dict(view: TrainingView) -> dict[str, object]:
