@@ -30,7 +30,7 @@ def _needs_playwright() -> None:
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``snapviz analyze RUN -o report.html`` on a synthetic SD-like run (via the CLI)."""
     from snapviz.cli import main
-    from test_html_report import write_run
+    from sdrun import write_run
 
     d = tmp_path_factory.mktemp("browser")
     run = write_run(str(d / "run"), steps=4, filler=40, evil=True)
@@ -101,7 +101,7 @@ def test_clicks_show_stacks(report: Path, tmp_path_factory: pytest.TempPathFacto
 
 def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
     from snapviz.render.html import render_trace_html
-    from test_html_report import fake_trace_analysis
+    from sdrun import fake_trace_analysis
 
     tan, doc = fake_trace_analysis()
     path = tmp_path_factory.mktemp("trace") / "trace-report.html"
@@ -115,7 +115,7 @@ def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
 def test_end_state_only_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
     import synth
     from snapviz.render.html import render_html
-    from test_html_report import _analyse
+    from sdrun import _analyse
 
     an, doc = _analyse(synth.random_workload(seed=1, n_ops=200).snapshot(layout="segments", marker=False))
     path = tmp_path_factory.mktemp("legacy") / "legacy.html"

@@ -15,7 +15,7 @@ MiB = 1 << 20
 @pytest.fixture(scope="module")
 def fifty() -> dict[str, Any]:
     """The summary of a 50-step synthetic SD-like run with classic attention."""
-    from test_html_report import _analyse, make_run
+    from sdrun import _analyse, make_run
 
     _, doc = _analyse(*make_run(steps=50, filler=5))
     return doc
