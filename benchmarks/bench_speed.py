@@ -268,12 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     py = sys.executable
-    helps = {name: _best(cmd, env, max(3, args.repeat)) for name, cmd in (
+    helps = {name: min((_launch(cmd, env) for _ in range(max(3, args.repeat))), key=lambda r: r["cpu_s"]) for name, cmd in (
         ("python -c pass", [py, "-c", "pass"]), ("snapviz --help", [py, "-m", "snapviz", "--help"]),
         ("import snapviz.analyses.summary", [py, "-c", "import snapviz.analyses.summary"]))}
-    print("| startup | wall | peak RSS |\n|---|---:|---:|")
+    print("| startup | wall | CPU | peak RSS |\n|---|---:|---:|---:|")
     for name, r in helps.items():
-        print(f"| {name} | {r['wall_s']:.2f} s | {fmt_bytes(r['rss'])} |")
+        print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {fmt_bytes(r['rss'])} |")
     if args.events > 0:
         for src in args.source or DEFAULT_SOURCES:
             bench_snapshot(src, args, work, env)
