@@ -201,7 +201,7 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     from snapviz.units import fmt_bytes
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
-    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run=None)))
+    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
     if stage is None:
         actual, what = int(doc["peak"]["allocated_bytes"]), "peak allocated"
     else:

@@ -7,7 +7,9 @@ timeline of a run directory's ``run.json``; then the structure the file has:
 * ``frames``: the stage rules (:mod:`snapviz.analyses.frame_labels`), when they
   recognise the program (a diffusers pipeline, or a program a ``--rules`` file knows);
 * ``phases``: otherwise, generic PyTorch phases from frames (``forward``, ``backward``,
-  ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`);
+  ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`); also when the built-in
+  rules recognise the model but its frames hold a backward or an optimizer step (fine-tuning a
+  pipeline's UNet is training, not denoising);
 * over the phases (or nothing), ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
   ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
   ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
@@ -22,13 +24,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
-from snapviz.analyses.phases import OPTIMIZER, ZERO_GRAD, label_phases
+from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import Snapshot
 from snapviz.vocab import CANONICAL_STAGES, UNLABELLED, stage_group
@@ -175,9 +178,8 @@ def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
     return labels, bool(in_user.any())
 
 
-def _from_run_json(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
-    run = snap.run or {}
-    stages = run.get("stages") or []
+def _from_run_json(run_json: dict[str, Any] | None, ev: pd.DataFrame) -> np.ndarray | None:
+    stages = (run_json or {}).get("stages") or []
     if not stages or (ev["time_us"] < 0).all():
         return None
     iv = pd.DataFrame([(s["name"], s["start_us"], s["end_us"]) for s in stages if "start_us" in s],
@@ -185,22 +187,29 @@ def _from_run_json(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
     return label_by_intervals(ev["time_us"].to_numpy(), iv, default="other")
 
 
+def _trains(labels: np.ndarray) -> bool:
+    """Phase labels that hold a backward or an optimizer step: a training program."""
+    return bool({stage_group(str(x)) for x in np.unique(labels)} & {BACKWARD, OPTIMIZER})
+
+
 SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")
 
 
 def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto",
-                 rules: RuleSet | None = None, tables: StackTables | None = None) -> StageLabels:
+                 rules: RuleSet | None = None, tables: StackTables | None = None,
+                 run_json: dict[str, Any] | None = None) -> StageLabels:
     """Stage label of every event of one device, from the best source present.
 
     ``use`` forces a source (one of :data:`SOURCES`). ``rules`` defaults to the built-in
     rules, ``tables`` to the snapshot's stack tables (pass both when analysing further).
+    ``run_json`` (the run's ``run.json``, if any) supplies the collector's stage timeline.
     """
     want = SOURCES if use == "auto" else (use,)
     if "user_metadata" in want and (labels := _from_metadata(snap, ev)) is not None:
         return StageLabels(labels, "user_metadata")
     if "annotations" in want and (labels := _from_annotations(snap, ev, device)) is not None:
         return StageLabels(labels, "annotations")
-    if "run.json" in want and (labels := _from_run_json(snap, ev)) is not None:
+    if "run.json" in want and (labels := _from_run_json(run_json, ev)) is not None:
         return StageLabels(labels, "run.json")
     rules = rules if rules is not None else load_rules()
     tables = tables if tables is not None else StackTables(snap)
@@ -208,9 +217,13 @@ def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto
     if "frames" in want:
         base = label_from_frames(snap, ev, rules, tables)
         source = "frames" if base is not None else source
-    if base is None and "phases" in want:
-        base = label_phases(ev, rules, tables, UNLABELLED)
-        source = "phases" if base is not None else source
+    # Training a pipeline's model: the built-in stage rules call its forward a pipeline stage (a
+    # UNet call is 'denoise'), but backward and optimizer frames say what the program does. A
+    # user's rules file that names stages is taken at its word.
+    if "phases" in want and (base is None or (use == "auto" and rules.source == "builtin")):
+        phased = label_phases(ev, rules, tables, UNLABELLED)
+        if phased is not None and (base is None or _trains(phased)):
+            base, source = phased, "phases"
     # Ranges paint over generic phases only: a pipeline the rules recognise keeps its own
     # stages and step numbers (its ProfilerStep#N counts pipeline calls, not denoising steps).
     if "annotations" in want and source != "frames" and (painted := _with_annotations(snap, ev, device, base)) is not None:

@@ -15,6 +15,7 @@ from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
 
 if TYPE_CHECKING:
+    from snapviz.load.chrome_trace import ChromeTrace
     from snapviz.model import Snapshot
 
 # The table builders (snapshot, chrome_trace) need pandas, about a third of a second to
@@ -25,22 +26,19 @@ SNAPSHOT_NAMES = ("snapshot.pickle", "snapshot.pickle.gz", "snapshot.pickle.xz",
 TRACE_NAMES = ("trace.json.gz", "trace.json")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """Everything known about one run: a snapshot, a Chrome trace, and/or ``run.json``."""
+    """Everything known about one run: a snapshot, a Chrome trace, and/or ``run.json``.
+
+    ``run.json`` is held here only: analyses that read it (the stage timeline, the image
+    geometry) take it as an argument, so a snapshot is the file's content and nothing else.
+    """
 
     source: str
     label: str
     snapshot: Snapshot | None
-    trace: Any | None            # snapviz.load.chrome_trace.ChromeTrace
-    run: dict[str, Any] | None   # run.json (schema snapviz.run/1)
-
-    # Convenience: the snapshot's tables, for ``snapviz.load(p).events`` and friends.
-    def __getattr__(self, name: str) -> Any:
-        snap = self.__dict__.get("snapshot")
-        if snap is not None and hasattr(snap, name):
-            return getattr(snap, name)
-        raise AttributeError(name)
+    trace: ChromeTrace | None
+    run_json: dict[str, Any] | None  # run.json (schema snapviz.run/1), a run directory's or a sidecar
 
 
 RUN_JSON_MAX_BYTES = 16 << 20  # run.json is a few KiB; collectors write nothing larger
@@ -159,8 +157,5 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
         from snapviz.load.chrome_trace import load_chrome_trace  # pandas: see the imports above
 
         trace = load_chrome_trace(trace_path)
-    if snapshot is not None:
-        snapshot.run = run_json
-        snapshot.trace_path = trace_path
     name = label or (os.path.basename(os.path.normpath(p)) if os.path.isdir(p) else os.path.basename(p))
-    return Run(source=p, label=name, snapshot=snapshot, trace=trace, run=run_json)
+    return Run(source=p, label=name, snapshot=snapshot, trace=trace, run_json=run_json)

@@ -83,7 +83,7 @@ def pipeline_snapshot(*, steps: int = 4, denoise: int = GiB, vae: int = 3 * GiB,
 
 
 def digest(snap: dict[str, Any], label: str) -> Any:
-    run = Run(source=label, label=label, snapshot=snapshot_from_dict(snap, label), trace=None, run=None)
+    run = Run(source=label, label=label, snapshot=snapshot_from_dict(snap, label), trace=None, run_json=None)
     return digest_run(analyze_run(run), label)
 
 
@@ -380,12 +380,12 @@ def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
 
 
 def test_default_labels_are_unique_and_readable(tmp_path: Path) -> None:
-    from snapviz.cli_compare import _unique_labels
+    from snapviz.load.labels import unique_labels
 
     for d in ("fp16/snap", "tiling/snap", "runs/sdxl"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "snapshot.pickle").touch()
     p = [str(tmp_path / x) for x in ("fp16/snap", "tiling/snap", "runs/sdxl", "a/snapshot.pickle", "base.pickle.xz", "fp16/snap")]
-    assert _unique_labels(p, []) == ["fp16/snap", "tiling/snap", "sdxl", "a", "base", "fp16/snap#2"]
-    assert _unique_labels(p[:2], ["main"]) == ["main", "snap"]
+    assert unique_labels(p, []) == ["fp16/snap", "tiling/snap", "sdxl", "a", "base", "fp16/snap#2"]
+    assert unique_labels(p[:2], ["main"]) == ["main", "snap"]

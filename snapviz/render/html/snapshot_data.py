@@ -21,6 +21,7 @@ from snapviz.analyses.report_view import (  # noqa: F401 (tests read the limits 
     shown_intervals,
     stage_category_bytes,
 )
+from snapviz.analyses.training_view import training_timeline_view
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
 from snapviz.render.html.palette import category_palette, stage_palette
 from snapviz.render.html.view_common import (
@@ -304,6 +305,8 @@ def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> dict[s
     top = _top_allocations(an, time_s, stacks)
     attention = _attention(an, doc, time_s, stacks)
     cat_tl = category_timeline_view(an, t0, has_time, max_points)
+    if an.training is not None:   # training runs stack their own categories
+        cat_tl = training_timeline_view(an.training, cat_tl)
     cat_tl["stage"] = stage_codes[cat_tl["index"]] if n else np.empty(0, np.int32)  # indexes stage_names
     live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) and len(an.stage_live) else None
     colors = category_palette([*(c["category"] for c in doc.get("categories") or []), *cat_tl["categories"],
