@@ -16,12 +16,12 @@ began is the end-state ``segments`` minus the trace's net (the *baseline*).
 """
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.replay_loop import MIN_BLOCK, LoopInput, block_loop
 from snapviz.model import (
     A_ALLOC,
     A_FREE,
@@ -33,9 +33,6 @@ from snapviz.model import (
     A_SEG_UNMAP,
     Snapshot,
 )
-
-MIN_BLOCK = 512
-SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool
 
 
 def round_size(size: int) -> int:
@@ -103,9 +100,6 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     final_requested = int(live_end["requested_size"].sum()) if len(live_end) else 0
     final_reserved = int(dev_segs["total_size"].sum()) if len(dev_segs) else 0
 
-    live: dict[int, tuple[int, int, int]] = {}      # addr -> (block size, requested, alloc row)
-    pending: dict[int, tuple[int, int, int]] = {}
-
     # FIX (tests/unit/test_replay.py, pre-existing + truncated cases): free blocks are never
     # tracked. Free blocks of a segment always merge with their free neighbours, so the
     # cached block an alloc takes runs from its address to the start of the next *non-free*
@@ -138,94 +132,16 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist(), strict=True):
             if a0 not in s_touched_set:
                 seg_end[a0] = a0 + tot
-    seg_starts = sorted(seg_end)
-    has_free_done = bool((actions == A_FREE_DONE).any())
+    # The loop only decides block sizes and pairs allocs with frees (compiled when numba is
+    # installed); the series are cumulative sums of per-event deltas, computed vectorized here.
+    loop = block_loop(LoopInput(actions=actions, addrs=addrs, sizes=sizes, nonfree=nonfree, seg_end=seg_end,
+                                final_live_size=final_live_size, expandable=expandable_mode, max_split=max_split,
+                                has_free_done=bool((actions == A_FREE_DONE).any())))
+    orphans, unknown = loop.orphans, loop.unknown
+    delta, rdelta, block_size, free_row, alloc_row = loop.delta, loop.rdelta, loop.block_size, loop.free_row, loop.alloc_row
 
-    # The loop only decides block sizes and pairs allocs with frees; the series are
-    # cumulative sums of per-event deltas, computed vectorized afterwards.
-    delta = [0] * n          # allocated delta (block bytes)
-    rdelta = [0] * n         # requested delta
-    block_size = [0] * n
-    free_row = [n] * n       # for allocs: row of the free that ends them (n: never)
-    alloc_row = [-1] * n     # for frees: row of the matching alloc
-    orphans = unknown = 0
-    acts = actions.tolist()
-    ad = addrs.tolist()
-    sz = sizes.tolist()
-    bisect_right, insort = bisect.bisect_right, bisect.insort
-
-    def release(addr: int) -> None:
-        j = bisect.bisect_left(nonfree, addr)
-        if j < len(nonfree) and nonfree[j] == addr:
-            del nonfree[j]
-
-    for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
-        a = acts[i]
-        if a == A_ALLOC:
-            addr = ad[i]
-            req = sz[i]
-            r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
-            if r <= SMALL_SIZE or expandable_mode:
-                # remainders are multiples of 512, so ">= 512 splits" always hands out r
-                bsize = r
-            else:
-                j = bisect_right(seg_starts, addr) - 1
-                send = seg_end[seg_starts[j]] if j >= 0 else 0
-                k = bisect_right(nonfree, addr)
-                end_ = min(nonfree[k], send) if k < len(nonfree) else send
-                if addr >= send or end_ - addr < r or (k > 0 and nonfree[k - 1] == addr):
-                    bsize = final_live_size.get(addr, r)   # inconsistent history
-                    unknown += 1
-                elif r < max_split and end_ - addr - r > SMALL_SIZE:
-                    bsize = r
-                else:
-                    bsize = end_ - addr
-            insort(nonfree, addr)
-            live[addr] = (bsize, req, i)
-            block_size[i] = bsize
-            delta[i] = bsize
-            rdelta[i] = req
-        elif a == A_FREE_REQ or a == A_FREE:
-            addr = ad[i]
-            b = live.pop(addr, None)
-            if b is None:
-                orphans += 1
-                b = (round_size(sz[i]), sz[i], -1)
-            else:
-                free_row[b[2]] = i
-                alloc_row[i] = b[2]
-            block_size[i] = b[0]
-            delta[i] = -b[0]
-            rdelta[i] = -b[1]
-            if a == A_FREE or not has_free_done:
-                release(addr)
-            else:
-                pending[addr] = b
-        elif a == A_FREE_DONE:
-            addr = ad[i]
-            b = pending.pop(addr, None)
-            if b is None:
-                b = live.pop(addr, None)   # free_requested skipped (skip_actions) or lost
-                if b is not None:
-                    free_row[b[2]] = i
-                    alloc_row[i] = b[2]
-                    delta[i] = -b[0]
-                    rdelta[i] = -b[1]
-                else:
-                    orphans += 1
-            if b is not None:
-                block_size[i] = b[0]
-            release(addr)
-        elif a == A_SEG_ALLOC:
-            if ad[i] not in seg_end:
-                insort(seg_starts, ad[i])
-            seg_end[ad[i]] = ad[i] + sz[i]
-        elif a == A_SEG_FREE:
-            if seg_end.pop(ad[i], None) is not None:
-                del seg_starts[bisect.bisect_left(seg_starts, ad[i])]
-
-    allocated_s = np.cumsum(np.array(delta, dtype=np.int64)) if n else np.zeros(0, np.int64)
-    requested_s = np.cumsum(np.array(rdelta, dtype=np.int64)) if n else np.zeros(0, np.int64)
+    allocated_s = np.cumsum(delta) if n else np.zeros(0, np.int64)
+    requested_s = np.cumsum(rdelta) if n else np.zeros(0, np.int64)
     seg_sign = np.select([(actions == A_SEG_ALLOC) | (actions == A_SEG_MAP), (actions == A_SEG_FREE) | (actions == A_SEG_UNMAP)], [1, -1], 0)
     reserved_s = np.cumsum(seg_sign * sizes) if n else np.zeros(0, np.int64)
     allocated = int(allocated_s[-1]) if n else 0
@@ -265,7 +181,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     # The live set the replay ends with must be the end-state active blocks.
     end_ok: bool | None = None
     if len(snap.segments) and n:
-        replay_live = {a: b[0] for a, b in live.items()}
+        replay_live = loop.live
         if baseline_alloc == 0 and not orphans:
             end_ok = replay_live == final_live_size
         else:
@@ -295,8 +211,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         warnings.append(f"the file contradicts itself: its end state holds {final_allocated:,} bytes of live blocks "
                         f"in {final_reserved:,} bytes of segments")
     out = ev.assign(allocated=tot_alloc, reserved=tot_res, requested=requested_s + baseline_req,
-                    block_size=np.array(block_size, dtype=np.int64), free_row=np.array(free_row, dtype=np.int64),
-                    alloc_row=np.array(alloc_row, dtype=np.int64))
+                    block_size=block_size, free_row=free_row, alloc_row=alloc_row)
     return ReplayResult(device=device, events=out, baseline_allocated=baseline_alloc, baseline_reserved=baseline_res,
                         peak_allocated=peak, peak_reserved=peak_res, peak_requested=peak_req, peak_index=pi,
                         peak_reserved_index=pri, final_allocated=final_allocated, final_reserved=final_reserved,

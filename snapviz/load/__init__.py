@@ -7,14 +7,20 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapviz.errors import InputError
-from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, scan_top_level
+from snapviz.load.json_stream import scan_top_level
 from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
-from snapviz.model import Snapshot
+
+if TYPE_CHECKING:
+    from snapviz.load.chrome_trace import ChromeTrace
+    from snapviz.model import Snapshot
+
+# The table builders (snapshot, chrome_trace) need pandas, about a third of a second to
+# import: they are imported when a file is read, so `import snapviz`, `--help` and the
+# CLI's option checks stay light.
 
 SNAPSHOT_NAMES = ("snapshot.pickle", "snapshot.pickle.gz", "snapshot.pickle.xz", "snapshot.pickle.zst", "snapshot.pkl")
 TRACE_NAMES = ("trace.json.gz", "trace.json")
@@ -107,6 +113,8 @@ def paused_gc() -> Iterator[None]:
 
 def load_snapshot(path: str) -> Snapshot:
     """A snapshot pickle (any compression) as the columnar model."""
+    from snapviz.load.snapshot import snapshot_from_dict  # pandas: see the imports above
+
     with paused_gc():
         return snapshot_from_dict(safe_load_pickle(path), source=path)
 
@@ -144,6 +152,10 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
         if os.path.isfile(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
             run_json = _read_run_json(sidecar)
     snapshot = load_snapshot(snap_path) if snap_path else None
-    trace = load_chrome_trace(trace_path) if trace_path else None
+    trace = None
+    if trace_path:
+        from snapviz.load.chrome_trace import load_chrome_trace  # pandas: see the imports above
+
+        trace = load_chrome_trace(trace_path)
     name = label or (os.path.basename(os.path.normpath(p)) if os.path.isdir(p) else os.path.basename(p))
     return Run(source=p, label=name, snapshot=snapshot, trace=trace, run_json=run_json)

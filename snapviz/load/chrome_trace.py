@@ -1,8 +1,9 @@
 """torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
 
-The parser streams: ``ijson`` (C backend ``yajl2_c`` when installed) builds one event
-dict at a time, we copy the few fields we need into ``array.array`` columns and
-interned string codes, and drop the dict. A 500 MB trace therefore never exists as a
+The parser streams: the ``traceEvents`` array is read 1 MiB at a time, each read's
+complete events parsed in one C call (``orjson`` when installed, else the stdlib's
+``json``; see :func:`snapviz.load.json_stream.array_item_batches`), we copy the few fields
+we need into ``array.array`` columns and interned string codes, and drop the dicts. A 500 MB trace therefore never exists as a
 list of Python dicts (``json.load`` would need several times its size in RSS); see
 ``benchmarks/bench_trace.py`` for the measured speed and peak RSS.
 
@@ -18,17 +19,18 @@ import os
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
-import ijson
 import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
+from snapviz.load import paused_gc
 from snapviz.load.json_stream import (
-    CHUNK_BYTES,
     TapReader,
     TopLevel,
+    array_item_batches,
     one_line,
     open_json,
     scan_top_level,
@@ -286,14 +288,10 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     reader = TapReader(p, open_json(p, limits), limits, watch=top.events_index, keep_tail=TAIL_WINDOW_BYTES)
     cols = _Columns()
     try:
-        with reader.stream:
-            # ijson.items over a file object stays in C between reads; its coroutine
-            # API (items_coro) measured ~3x slower on the same input.
-            cols.add(ijson.items(reader, "traceEvents.item", use_float=True, buf_size=CHUNK_BYTES))
-    except ijson.JSONError as exc:  # IncompleteJSONError included
-        raise InputError(f"{p}: not valid JSON ({one_line(exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{p}: not valid JSON (bad UTF-8: {one_line(exc)})") from None
+        # The cyclic GC paused (see paused_gc): each batch is thousands of fresh dicts,
+        # which would trigger collections over everything parsed so far; events hold no cycles.
+        with reader.stream, paused_gc():
+            cols.add(chain.from_iterable(array_item_batches(reader, p)))
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
         raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 

@@ -7,9 +7,11 @@ string lengths and value counts are handled in one place (limits: :mod:`snapviz.
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import re
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -20,7 +22,15 @@ from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.safe_pickle import open_decompressed
 
+try:  # a C parser faster than the stdlib's on event arrays; optional
+    import orjson
+
+    _fast_loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    _fast_loads = json.loads
+
 CHUNK_BYTES = 64 << 10           # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
+BATCH_READ_BYTES = 1 << 20       # reads of the batched array parse: one C parse call per read
 
 
 def one_line(exc: BaseException) -> str:
@@ -42,6 +52,8 @@ _NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')   # deleted: 
 _STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")               # bracket -> +1 / -1 (int8)
 _IS_BRACKET = np.zeros(256, bool)
 _IS_BRACKET[list(b"[]{}")] = True
+_IS_STRUCTURE = _IS_BRACKET.copy()
+_IS_STRUCTURE[34] = True  # the bytes _NOT_STRUCTURE keeps
 _ESCAPE = re.compile(rb"\\[\s\S]")
 
 
@@ -65,7 +77,10 @@ class _JsonGuard:
         self.pending_escape = False
         self.values = 0
         self.top_closed = 0        # top-level containers closed so far
+        self.top_opened = 0
+        self.watch_start = -1      # offset of the watched container's opening bracket
         self.watch_end = -1        # offset of the watched container's closing bracket
+        self.last_item_end = -1    # offset of the last bracket closing an item of a top-level array
 
     def feed(self, chunk: bytes) -> None:
         if self.pending_escape and chunk:  # the byte after a backslash at the end of the last read
@@ -96,11 +111,24 @@ class _JsonGuard:
             if top > self.limits.depth:
                 raise LimitExceeded(self.path, "depth", top, self.limits.depth)
             if self.watch >= self.top_closed:
+                if self.watch >= self.top_opened:
+                    opens = np.flatnonzero((step == 1) & (depth == 2))
+                    k = self.watch - self.top_opened
+                    if k < len(opens):
+                        self.watch_start = self.offset + _bracket_offset(chunk, started_in_string, int(opens[k]))
+                    self.top_opened += len(opens)
                 closes = np.flatnonzero((step == -1) & (depth == 1))
                 k = self.watch - self.top_closed
                 if k < len(closes):
                     self.watch_end = self.offset + _bracket_offset(chunk, started_in_string, int(closes[k]))
                 self.top_closed += len(closes)
+                # The last item end of a top-level array (a container closing at depth 3 -> 2):
+                # its index among the kept quotes and brackets is its index among the
+                # structure bytes of the chunk.
+                ends = np.flatnonzero((step == -1) & (depth == 2))
+                if len(ends):
+                    j = int(np.flatnonzero(outside & ~is_quote)[ends[-1]])
+                    self.last_item_end = self.offset + int(np.flatnonzero(_IS_STRUCTURE[np.frombuffer(chunk, np.uint8)])[j])
             self.depth = int(depth[-1])
         if self.values > self.limits.objects:
             raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
@@ -153,7 +181,7 @@ class _JsonGuard:
 
 
 def _bracket_offset(chunk: bytes, started_in_string: bool, k: int) -> int:
-    """Offset in the chunk of its ``k``-th bracket outside strings (once per file)."""
+    """Offset in the chunk of its ``k``-th bracket outside strings (twice per file)."""
     a = np.frombuffer(chunk, np.uint8)
     pos = np.flatnonzero(_IS_BRACKET[a])
     outside = (np.searchsorted(np.flatnonzero(a == 34), pos) + int(started_in_string)) % 2 == 0
@@ -271,3 +299,55 @@ def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
     if not reader.started:
         raise InputError(f"{path}: empty file")
     return top
+
+
+def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
+    """The items of the top-level array the reader's guard watches (``traceEvents``), one
+    list per read. The guard has bounded each read (depth, string length, values) and says
+    where its last item ends, so the complete items of a read are one JSON array for a C
+    parser: no Python work per byte or per JSON token, and memory of one read plus one
+    unfinished item. The rest of the document is still read through the guard (the tail
+    window)."""
+    guard = reader.guard
+    carry: list[bytes | memoryview] = []  # unparsed item text from earlier reads
+    first = True                          # the next text starts right after the array's '['
+    opened = done = False
+    while chunk := reader.read(BATCH_READ_BYTES):
+        if done:
+            continue
+        start = guard.offset - len(chunk)
+        lo = 0
+        if not opened:
+            if guard.watch_start < start:  # not open yet (or whitespace before the document)
+                continue
+            opened, lo = True, guard.watch_start + 1 - start
+        if guard.watch_end >= start:
+            cut, done = guard.watch_end - start, True
+        elif guard.last_item_end >= start + lo:
+            cut = guard.last_item_end + 1 - start
+        else:
+            carry.append(chunk[lo:])
+            continue
+        view = memoryview(chunk)
+        # Later texts open with the comma after the previous item: a leading 0 makes them an
+        # array too (dropped below), and a missing or extra comma stays a parse error.
+        doc = b"".join([b"[" if first else b"[0", *carry, view[lo:cut], b"]"])
+        carry = [view[cut:]]
+        batch = _parse_items(doc, path)
+        batch = batch if first else batch[1:]
+        first = False
+        if batch:
+            yield batch
+    if opened and not done:
+        raise InputError(f"{path}: not valid JSON (it ends inside the traceEvents list)")
+
+
+def _parse_items(doc: bytes, path: str) -> list[Any]:
+    try:
+        items = _fast_loads(doc)
+    except ValueError:  # orjson refuses integers beyond 64 bits, which the stdlib reads
+        try:
+            items = json.loads(doc)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
+            raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
+    return items if isinstance(items, list) else []

@@ -8,8 +8,9 @@ that keep their stack under ``history``.
 from __future__ import annotations
 
 import reprlib
+from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -19,16 +20,31 @@ from snapviz.model import A_OTHER, ACTION_CODE, Snapshot
 
 
 class _Interner:
-    """Frames and stacks interned once. Frame lists are shared objects in the pickle, so a
-    stack is first looked up by the list's identity (cheap) and only then by value."""
+    """Frames and stacks interned once. Frame lists, and the frame dicts in them, are shared
+    objects in the pickle (c10 symbolizes each distinct frame once), so stacks and frames are
+    first looked up by identity (cheap) and only then by value."""
 
     def __init__(self) -> None:
         self.by_identity: dict[int, int] = {}
+        self.frame_by_identity: dict[int, int] = {}
         self.keep_alive: list[Any] = []
         self.stack_by_value: dict[tuple[int, ...], int] = {}
         self.stacks: list[tuple[int, ...]] = []
         self.frame_by_value: dict[tuple[str, str, int], int] = {}
         self.frame_rows: list[tuple[str, str, int]] = []
+
+    def _frame_id(self, fr: Any) -> int:
+        """The frame's id by value (-1: not a frame dict, skipped), remembered by identity."""
+        fid = -1
+        if isinstance(fr, dict):
+            fv = (_name(fr.get("name", "?")), _name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
+            fid = self.frame_by_value.get(fv, -1)
+            if fid < 0:
+                fid = len(self.frame_rows)
+                self.frame_by_value[fv] = fid
+                self.frame_rows.append(fv)
+        self.frame_by_identity[id(fr)] = fid  # alive as long as its list, kept below
+        return fid
 
     def stack_id(self, frames: Any) -> int:
         if not frames:
@@ -37,18 +53,13 @@ class _Interner:
         sid = self.by_identity.get(key)
         if sid is not None:
             return sid
-        ids = []
-        for fr in frames:
-            if not isinstance(fr, dict):
-                continue
-            fv = (_name(fr.get("name", "?")), _name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
-            fid = self.frame_by_value.get(fv)
-            if fid is None:
-                fid = len(self.frame_rows)
-                self.frame_by_value[fv] = fid
-                self.frame_rows.append(fv)
-            ids.append(fid)
-        tup = tuple(ids)
+        known = list(map(self.frame_by_identity.get, map(id, frames)))
+        # frame objects not seen before are interned by value, in order (ids stay first-seen)
+        if None in known:
+            ids = [self._frame_id(fr) if i is None else i for fr, i in zip(frames, known, strict=True)]
+        else:
+            ids = cast(list[int], known)
+        tup = tuple(i for i in ids if i >= 0) if -1 in ids else tuple(ids)
         sid = self.stack_by_value.get(tup)
         if sid is None:
             sid = len(self.stacks)
@@ -218,8 +229,9 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any,
         stream_a = np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n)
         time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
     get = dict.get
-    # Frames: factorize by object identity, intern each distinct list once.
-    frames_col = [get(e, "frames") for e in entries]
+    # Frames: factorize by object identity, intern each distinct list once. (map over
+    # dict.get with repeated arguments stays in C: no Python frame per entry.)
+    frames_col = list(map(get, entries, repeat("frames")))
     fcodes, funiq = pd.factorize(np.fromiter(map(id, frames_col), np.int64, n))
     _, first = np.unique(fcodes, return_index=True)
     stack_of_code = np.array([interner.stack_id(frames_col[j]) for j in first.tolist()], dtype=np.int32)
@@ -229,10 +241,7 @@ def _entry_columns(entries: list[dict[str, Any]], interner: _Interner, sid: Any,
     def interned(key: str, default: str) -> np.ndarray:
         # Factorize by object identity first (pickle memoizes repeated strings, so this is
         # an int factorize), then intern the few distinct objects by value.
-        try:
-            values = list(map(itemgetter(key), entries))
-        except KeyError:
-            values = [get(e, key, default) for e in entries]
+        values = list(map(get, entries, repeat(key), repeat(default)))
         codes, _ = pd.factorize(np.fromiter(map(id, values), np.int64, len(values)))
         _, first = np.unique(codes, return_index=True)
         ids = np.array([sid(_metadata_str(values[j])) for j in first.tolist()], dtype=np.int32)
@@ -313,7 +322,8 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
             continue
         if not isinstance(entries, list):
             raise InputError(f"{source}: malformed snapshot (device_traces[{dev}] is not a list)")
-        entries = [e for e in entries if isinstance(e, dict)]
+        if set(map(type, entries)) != {dict}:  # one C-level pass; a copy only when needed
+            entries = [e for e in entries if isinstance(e, dict)]
         n = len(entries)
         if n == 0:
             continue

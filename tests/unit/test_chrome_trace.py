@@ -20,7 +20,7 @@ import pytest
 
 from snapviz.analyses import trace_ops
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace
+from snapviz.load import chrome_trace, json_stream
 from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, looks_like_chrome_trace
 from paths import ROOT, TEST_DATA
 
@@ -394,12 +394,40 @@ def test_time_helpers(edge: ChromeTrace, real_traces: dict[str, Path]) -> None:
 
 @pytest.mark.parametrize("chunk", [1, 7, 100])
 def test_tiny_read_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch, edge: ChromeTrace, chunk: int) -> None:
-    # Key, ':' and '[' split across reads: the head/tail bookkeeping must not care.
-    monkeypatch.setattr(chrome_trace, "CHUNK_BYTES", chunk)
+    # Key, ':' and '[' split across reads, events across batches: the head/tail and batch
+    # bookkeeping must not care.
+    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", chunk)
     small = load_chrome_trace(EDGE)
     assert small.meta == edge.meta and small.event_count == edge.event_count
     for name in ("memory", "annotations", "ops", "python_functions"):
         pd.testing.assert_frame_equal(getattr(small, name), getattr(edge, name))
+
+
+def test_stdlib_parser_gives_the_same_trace(monkeypatch: pytest.MonkeyPatch, edge: ChromeTrace) -> None:
+    # orjson is optional (the `fast` extra): without it the stdlib parses the same batches.
+    monkeypatch.setattr(json_stream, "_fast_loads", json.loads)
+    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", 100)
+    plain = load_chrome_trace(EDGE)
+    assert plain.meta == edge.meta and plain.event_count == edge.event_count
+    for name in ("memory", "annotations", "ops", "python_functions"):
+        pd.testing.assert_frame_equal(getattr(plain, name), getattr(edge, name))
+
+
+def test_event_batches_keep_json_strict(tmp_path: Path) -> None:
+    # Items are parsed in batches cut at item ends: commas between batches must still be
+    # exactly one, and an integer beyond 64 bits (which orjson refuses) still reads.
+    head = b'{"traceEvents": ['
+    ev = b'{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1, "tid": 1}'
+    cases = {"missing comma": head + ev + b" " + ev + b"]}", "trailing comma": head + ev + b",]}",
+             "leading comma": head + b"," + ev + b"]}"}
+    for name, data in cases.items():
+        p = tmp_path / f"{name.replace(' ', '_')}.json"
+        p.write_bytes(data)
+        with pytest.raises(InputError, match="not valid JSON"):
+            load_chrome_trace(p)
+    big = tmp_path / "big_int.json"
+    big.write_bytes(head + ev.replace(b'"tid": 1', b'"tid": 123456789012345678901234567890') + b"]}")
+    assert load_chrome_trace(big).ops["tid"].tolist() == [-1]
 
 
 def test_keys_after_events_beyond_window(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,360 @@
+"""The allocator replay's sequential loop: block sizes and alloc/free pairs, event by event.
+
+Two implementations of one contract (see :mod:`snapviz.analyses.replay` for the allocator
+rules): :func:`block_loop_reference`, plain Python and the reference, and a numba-compiled
+kernel used when numba is installed (the ``fast`` extra). Their outputs are equal to the
+byte on every bundled sample and on the randomized oracle workloads
+(tests/unit/test_replay_compiled.py). :func:`block_loop` picks one.
+
+The compiled kernel replaces the reference's dicts keyed by address with arrays indexed
+by a dense code per distinct address (``np.unique``: codes sort as addresses do), its
+sorted multiset of non-free addresses with a count per code plus a bitmap of the codes
+present (next non-free block = next set bit, scanned word by word up to the segment's
+end), and keeps the few segments in sorted arrays; no Python object per event.
+"""
+from __future__ import annotations
+
+import bisect
+import functools
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
+
+MIN_BLOCK = 512
+SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool
+# Below this many events the reference is used even when numba is installed: importing
+# numba and loading the cached kernel takes about a second, more than the reference's loop.
+COMPILED_MIN_EVENTS = 200_000
+
+
+@dataclass
+class LoopResult:
+    """Per-event outputs (aligned with the device's events) and the live set left at the end."""
+
+    delta: np.ndarray        # allocated delta (block bytes)
+    rdelta: np.ndarray       # requested delta
+    block_size: np.ndarray
+    free_row: np.ndarray     # for allocs: row of the free that ends them (n: never)
+    alloc_row: np.ndarray    # for frees: row of the matching alloc (-1: none)
+    orphans: int             # frees of blocks never allocated in the window
+    unknown: int             # allocs whose cached block was not known
+    live: dict[int, int]     # addr -> block size, live at the end
+
+
+@dataclass
+class LoopInput:
+    """What the loop starts from (built by replay_allocator from the events and end state)."""
+
+    actions: np.ndarray               # int8 action codes
+    addrs: np.ndarray                 # int64
+    sizes: np.ndarray                 # int64
+    nonfree: list[int]                # sorted: blocks live or pending when the window began
+    seg_end: dict[int, int]           # segment start -> end, for segments existing at the start
+    final_live_size: dict[int, int]   # end-state active blocks: addr -> size
+    expandable: bool
+    max_split: int
+    has_free_done: bool
+
+
+def block_loop(inp: LoopInput) -> LoopResult:
+    """The compiled kernel for long histories when numba is installed, else the reference."""
+    if len(inp.actions) >= COMPILED_MIN_EVENTS and compiled_kernel() is not None:
+        return block_loop_compiled(inp)
+    return block_loop_reference(inp)
+
+
+@functools.cache
+def compiled_kernel() -> Callable[..., Any] | None:
+    """The numba-compiled kernel (None without numba). numba is imported here, not at module
+    import: it takes about a second, which only long histories win back."""
+    try:
+        import numba  # noqa: PLC0415 - optional (the `fast` extra) and slow to import
+    except ImportError:
+        return None
+    with warnings.catch_warnings():  # numba's own warnings are no business of the user's
+        warnings.simplefilter("ignore")
+        try:  # compiled once per machine, then loaded from numba's cache
+            return numba.njit(cache=True, nogil=True)(_kernel_py)
+        except RuntimeError:  # no writable cache location: compile in every process
+            return numba.njit(nogil=True)(_kernel_py)
+
+
+def block_loop_reference(inp: LoopInput) -> LoopResult:
+    """The reference: plain Python over lists, dicts and bisect."""
+    actions = inp.actions
+    n = len(actions)
+    nonfree = list(inp.nonfree)
+    seg_end = dict(inp.seg_end)
+    seg_starts = sorted(seg_end)
+    final_live_size, expandable_mode, max_split = inp.final_live_size, inp.expandable, inp.max_split
+    live: dict[int, tuple[int, int, int]] = {}  # addr -> (block size, requested, alloc row)
+    pending: dict[int, tuple[int, int, int]] = {}
+    delta = [0] * n
+    rdelta = [0] * n
+    block_size = [0] * n
+    free_row = [n] * n
+    alloc_row = [-1] * n
+    orphans = unknown = 0
+    acts = actions.tolist()
+    ad = inp.addrs.tolist()
+    sz = inp.sizes.tolist()
+    bisect_right, insort = bisect.bisect_right, bisect.insort
+
+    def release(addr: int) -> None:
+        j = bisect.bisect_left(nonfree, addr)
+        if j < len(nonfree) and nonfree[j] == addr:
+            del nonfree[j]
+
+    for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
+        a = acts[i]
+        if a == A_ALLOC:
+            addr = ad[i]
+            req = sz[i]
+            r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
+            if r <= SMALL_SIZE or expandable_mode:
+                # remainders are multiples of 512, so ">= 512 splits" always hands out r
+                bsize = r
+            else:
+                j = bisect_right(seg_starts, addr) - 1
+                send = seg_end[seg_starts[j]] if j >= 0 else 0
+                k = bisect_right(nonfree, addr)
+                end_ = min(nonfree[k], send) if k < len(nonfree) else send
+                if addr >= send or end_ - addr < r or (k > 0 and nonfree[k - 1] == addr):
+                    bsize = final_live_size.get(addr, r)  # inconsistent history
+                    unknown += 1
+                elif r < max_split and end_ - addr - r > SMALL_SIZE:
+                    bsize = r
+                else:
+                    bsize = end_ - addr
+            insort(nonfree, addr)
+            live[addr] = (bsize, req, i)
+            block_size[i] = bsize
+            delta[i] = bsize
+            rdelta[i] = req
+        elif a == A_FREE_REQ or a == A_FREE:
+            addr = ad[i]
+            b = live.pop(addr, None)
+            if b is None:
+                orphans += 1
+                b = (MIN_BLOCK if sz[i] < MIN_BLOCK else (sz[i] + 511) // 512 * 512, sz[i], -1)
+            else:
+                free_row[b[2]] = i
+                alloc_row[i] = b[2]
+            block_size[i] = b[0]
+            delta[i] = -b[0]
+            rdelta[i] = -b[1]
+            if a == A_FREE or not inp.has_free_done:
+                release(addr)
+            else:
+                pending[addr] = b
+        elif a == A_FREE_DONE:
+            addr = ad[i]
+            b = pending.pop(addr, None)
+            if b is None:
+                b = live.pop(addr, None)  # free_requested skipped (skip_actions) or lost
+                if b is not None:
+                    free_row[b[2]] = i
+                    alloc_row[i] = b[2]
+                    delta[i] = -b[0]
+                    rdelta[i] = -b[1]
+                else:
+                    orphans += 1
+            if b is not None:
+                block_size[i] = b[0]
+            release(addr)
+        elif a == A_SEG_ALLOC:
+            if ad[i] not in seg_end:
+                insort(seg_starts, ad[i])
+            seg_end[ad[i]] = ad[i] + sz[i]
+        elif a == A_SEG_FREE:
+            if seg_end.pop(ad[i], None) is not None:
+                del seg_starts[bisect.bisect_left(seg_starts, ad[i])]
+
+    def i64(v: list[int]) -> np.ndarray:
+        return np.array(v, dtype=np.int64) if n else np.zeros(0, np.int64)
+
+    return LoopResult(delta=i64(delta), rdelta=i64(rdelta), block_size=i64(block_size), free_row=i64(free_row),
+                      alloc_row=i64(alloc_row), orphans=orphans, unknown=unknown,
+                      live={a: b[0] for a, b in live.items()})
+
+
+def block_loop_compiled(inp: LoopInput) -> LoopResult:
+    """The numba kernel over dense address codes; same contract as the reference."""
+    kernel = compiled_kernel()
+    if kernel is None:
+        raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
+    n = len(inp.actions)
+    nonfree0 = np.array(inp.nonfree, dtype=np.int64)
+    uniq = np.unique(np.concatenate([inp.addrs.astype(np.int64), nonfree0]))
+    codes = np.searchsorted(uniq, inp.addrs)
+    fl_addr = np.fromiter(inp.final_live_size.keys(), np.int64, len(inp.final_live_size))
+    fl_size = np.fromiter(inp.final_live_size.values(), np.int64, len(inp.final_live_size))
+    final_by_code = np.full(len(uniq), -1, np.int64)  # end-state size of each event address (-1: none)
+    if len(fl_addr) and len(uniq):
+        pos = np.minimum(np.searchsorted(uniq, fl_addr), len(uniq) - 1)
+        hit = uniq[pos] == fl_addr
+        final_by_code[pos[hit]] = fl_size[hit]
+    seg_starts = np.array(sorted(inp.seg_end), dtype=np.int64)
+    seg_ends = np.array([inp.seg_end[a] for a in seg_starts.tolist()], dtype=np.int64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = kernel(inp.actions.astype(np.int8), inp.addrs.astype(np.int64), inp.sizes.astype(np.int64),
+                     codes.astype(np.int64), uniq, np.searchsorted(uniq, nonfree0),
+                     seg_starts, seg_ends, final_by_code, inp.expandable, inp.max_split, inp.has_free_done)
+    delta, rdelta, block_size, free_row, alloc_row, live_code, live_bsize, orphans, unknown = out
+    live = dict(zip(uniq[live_code].tolist(), live_bsize.tolist(), strict=True))
+    assert len(delta) == n
+    return LoopResult(delta=delta, rdelta=rdelta, block_size=block_size, free_row=free_row, alloc_row=alloc_row,
+                      orphans=int(orphans), unknown=int(unknown), live=live)
+
+
+def _kernel_py(acts: np.ndarray, ad: np.ndarray, sz: np.ndarray, code: np.ndarray, uniq: np.ndarray,
+               nonfree0: np.ndarray, seg_starts0: np.ndarray, seg_ends0: np.ndarray, final_by_code: np.ndarray,
+               expandable: bool, max_split: int, has_free_done: bool) -> Any:  # pragma: no cover - compiled
+    n = len(acts)
+    n_codes = len(uniq)
+    delta = np.zeros(n, np.int64)
+    rdelta = np.zeros(n, np.int64)
+    block_size = np.zeros(n, np.int64)
+    free_row = np.full(n, n, np.int64)
+    alloc_row = np.full(n, -1, np.int64)
+    # live / pending blocks by address code: row -1 means absent (block size, requested, alloc row)
+    live_row = np.full(n_codes, -1, np.int64)
+    live_b = np.zeros(n_codes, np.int64)
+    live_r = np.zeros(n_codes, np.int64)
+    pend_row = np.full(n_codes, -1, np.int64)
+    pend_b = np.zeros(n_codes, np.int64)
+    pend_r = np.zeros(n_codes, np.int64)
+    # The reference's sorted multiset of non-free addresses, by code (codes sort as addresses
+    # do): a count per code and a bitmap of codes with a non-zero count, for successor queries.
+    count = np.zeros(n_codes, np.int64)
+    bits = np.zeros(n_codes // 64 + 1, np.uint64)
+    for c in nonfree0:
+        count[c] += 1
+        bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+    n_seg = 0
+    for i in range(n):
+        if acts[i] == A_SEG_ALLOC:
+            n_seg += 1
+    starts = np.empty(len(seg_starts0) + n_seg + 1, np.int64)
+    ends = np.empty(len(seg_starts0) + n_seg + 1, np.int64)
+    ns = len(seg_starts0)
+    starts[:ns] = seg_starts0
+    ends[:ns] = seg_ends0
+    orphans = 0
+    unknown = 0
+    for i in range(n):
+        a = acts[i]
+        if a == A_ALLOC:
+            addr = ad[i]
+            req = sz[i]
+            c = code[i]
+            r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
+            if r <= SMALL_SIZE or expandable:
+                bsize = r
+            else:
+                j = np.searchsorted(starts[:ns], addr, side="right") - 1
+                send = ends[j] if j >= 0 else 0
+                # the next non-free code after c among the addresses below the segment's end
+                hi = np.searchsorted(uniq, send, side="left")
+                nxt = -1
+                if c + 1 < hi:
+                    w = (c + 1) >> 6
+                    word = bits[w] & ~((np.uint64(1) << np.uint64((c + 1) & 63)) - np.uint64(1))
+                    while True:
+                        if word != 0:
+                            b = 0
+                            while (word >> np.uint64(b)) & np.uint64(1) == 0:
+                                b += 1
+                            nxt = (w << 6) + b
+                            nxt = nxt if nxt < hi else -1
+                            break
+                        w += 1
+                        if w > (hi - 1) >> 6:
+                            break
+                        word = bits[w]
+                end_ = min(uniq[nxt], send) if nxt >= 0 else send
+                if addr >= send or end_ - addr < r or count[c] > 0:
+                    fb = final_by_code[c]
+                    bsize = fb if fb >= 0 else r
+                    unknown += 1
+                elif r < max_split and end_ - addr - r > SMALL_SIZE:
+                    bsize = r
+                else:
+                    bsize = end_ - addr
+            count[c] += 1
+            bits[c >> 6] |= np.uint64(1) << np.uint64(c & 63)
+            live_row[c] = i
+            live_b[c] = bsize
+            live_r[c] = req
+            block_size[i] = bsize
+            delta[i] = bsize
+            rdelta[i] = req
+        elif a == A_FREE_REQ or a == A_FREE:
+            c = code[i]
+            if live_row[c] < 0:
+                orphans += 1
+                bb = MIN_BLOCK if sz[i] < MIN_BLOCK else (sz[i] + 511) // 512 * 512
+                br = sz[i]
+                brow = -1
+            else:
+                bb, br, brow = live_b[c], live_r[c], live_row[c]
+                live_row[c] = -1
+                free_row[brow] = i
+                alloc_row[i] = brow
+            block_size[i] = bb
+            delta[i] = -bb
+            rdelta[i] = -br
+            if a == A_FREE or not has_free_done:
+                if count[c] > 0:  # released: one occurrence less
+                    count[c] -= 1
+                    if count[c] == 0:
+                        bits[c >> 6] &= ~(np.uint64(1) << np.uint64(c & 63))
+            else:
+                pend_row[c] = brow if brow >= 0 else -2  # -2: pending, allocated before the window
+                pend_b[c] = bb
+                pend_r[c] = br
+        elif a == A_FREE_DONE:
+            c = code[i]
+            if pend_row[c] != -1:
+                block_size[i] = pend_b[c]
+                pend_row[c] = -1
+            elif live_row[c] >= 0:  # free_requested skipped (skip_actions) or lost
+                brow = live_row[c]
+                live_row[c] = -1
+                free_row[brow] = i
+                alloc_row[i] = brow
+                delta[i] = -live_b[c]
+                rdelta[i] = -live_r[c]
+                block_size[i] = live_b[c]
+            else:
+                orphans += 1
+            if count[c] > 0:  # released
+                count[c] -= 1
+                if count[c] == 0:
+                    bits[c >> 6] &= ~(np.uint64(1) << np.uint64(c & 63))
+        elif a == A_SEG_ALLOC:
+            addr = ad[i]
+            j = np.searchsorted(starts[:ns], addr, side="left")
+            if not (j < ns and starts[j] == addr):
+                for m in range(ns, j, -1):
+                    starts[m] = starts[m - 1]
+                    ends[m] = ends[m - 1]
+                starts[j] = addr
+                ns += 1
+            ends[j] = addr + sz[i]
+        elif a == A_SEG_FREE:
+            addr = ad[i]
+            j = np.searchsorted(starts[:ns], addr, side="left")
+            if j < ns and starts[j] == addr:
+                for m in range(j, ns - 1):
+                    starts[m] = starts[m + 1]
+                    ends[m] = ends[m + 1]
+                ns -= 1
+    live_code = np.flatnonzero(live_row >= 0)
+    return delta, rdelta, block_size, free_row, alloc_row, live_code, live_b[live_code], orphans, unknown
