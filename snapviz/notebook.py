@@ -54,12 +54,12 @@ def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | Non
             stage_source: str = "auto") -> Any:
     """A :class:`~snapviz.analyses.compare.Comparison` of runs, the first as base (in this process)."""
     from snapviz.analyses.compare import compare_runs
-    from snapviz.cli_compare import _unique_labels, digest_input
+    from snapviz.cli.inputs import digest_input, unique_labels
 
     ps = [os.fspath(p) for p in paths]
     if len(ps) < 2:
         raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
-    names = _unique_labels(ps, list(labels or []))
+    names = unique_labels(ps, list(labels or []))
     return compare_runs([digest_input(p, lab, stage_source) for p, lab in zip(ps, names, strict=True)])
 
 

@@ -185,7 +185,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], messa
     lines = result.stderr.strip().splitlines()
     assert message in result.stderr
     if "--jobs" not in args:  # click's own range errors carry a usage block; ours are one line
-        assert len(lines) == 1 and lines[0].startswith("Error: ")
+        assert len(lines) == 1 and lines[0].startswith("snapviz: error: ")
     assert not out.exists()
 
 

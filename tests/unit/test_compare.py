@@ -360,7 +360,7 @@ def _sample(name: str) -> Path | None:
 @pytest.mark.skipif(not (_sample("sdxl-fp16") and _sample("sdxl-fp16-vae-tiling")),
                     reason="sample_snapshots/sdxl-fp16 and sdxl-fp16-vae-tiling not present yet")
 def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
-    from snapviz.cli_compare import digest_input
+    from snapviz.cli.inputs import digest_input
 
     base_dir, tiled_dir = _sample("sdxl-fp16"), _sample("sdxl-fp16-vae-tiling")
     assert base_dir and tiled_dir
@@ -380,12 +380,12 @@ def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
 
 
 def test_default_labels_are_unique_and_readable(tmp_path: Path) -> None:
-    from snapviz.cli_compare import _unique_labels
+    from snapviz.cli.inputs import unique_labels
 
     for d in ("fp16/snap", "tiling/snap", "runs/sdxl"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "snapshot.pickle").touch()
     p = [str(tmp_path / x) for x in ("fp16/snap", "tiling/snap", "runs/sdxl", "a/snapshot.pickle", "base.pickle.xz", "fp16/snap")]
-    assert _unique_labels(p, []) == ["fp16/snap", "tiling/snap", "sdxl", "a", "base", "fp16/snap#2"]
-    assert _unique_labels(p[:2], ["main"]) == ["main", "snap"]
+    assert unique_labels(p, []) == ["fp16/snap", "tiling/snap", "sdxl", "a", "base", "fp16/snap#2"]
+    assert unique_labels(p[:2], ["main"]) == ["main", "snap"]
