@@ -57,6 +57,7 @@ class Bar:
         self._stream = stream
         self._t0 = time.monotonic()
         self._drawn_at = 0.0
+        self._last = ""
         self._lock = threading.Lock()
 
     @property
@@ -82,8 +83,11 @@ class Bar:
     def _draw(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.show and (force or now - self._drawn_at >= _REDRAW_S):
-            self._drawn_at = now
-            self.stream.write(_CLEAR + self.line())
+            line = self.line()
+            if line == self._last and not force:
+                return  # a poll that found no new bytes: nothing to redraw
+            self._drawn_at, self._last = now, line
+            self.stream.write(_CLEAR + line)
             self.stream.flush()
 
     def set(self, done: float) -> None:
@@ -178,6 +182,9 @@ def reading(paths: Sequence[str], label: str, enabled: bool = True, poll_s: floa
     watcher.start()
     try:
         yield bar
+        stop.set()
+        watcher.join()
+        bar.set(total)  # the body returned: every byte was read (the files are closed, no offsets left)
     finally:
         stop.set()
         watcher.join()
