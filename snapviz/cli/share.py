@@ -1,5 +1,5 @@
-"""Options that take a report where users already work: a Perfetto trace, a picture;
-and ``-o`` choosing the format by its extension.
+"""Options that take a report where users already work: a Perfetto trace, a picture (``-o``
+with a .png/.svg name routes here too, :func:`snapviz.cli.outputs.route_by_extension`).
 
 Kept out of the verbs on purpose: a verb opts in with one decorator
 (:func:`analyze_share_options` / :func:`compare_picture_options`) and one call
