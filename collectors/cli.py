@@ -333,6 +333,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
         click.echo(f"  skip {s['label']}: {printable(s['reason'])}", err=True)
 
     bar = Bar(len(chosen), "snapviz matrix: variants", show=wanted())
+    bar.update(0)  # drawn at 0/N now: the first variant may take minutes
 
     def progress(i: int, n: int, res: mx.VariantResult) -> None:
         m = res.measure
