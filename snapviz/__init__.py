@@ -3,51 +3,52 @@
 The analyzer never imports torch. Typical use::
 
     import snapviz
-    run = snapviz.load("snapshot.pickle")
-    run.events            # trace entries as a DataFrame
-    result = snapviz.analyze(run)
-    result.timeline       # replayed allocated / reserved / requested series
+    run = snapviz.load("snapshot.pickle")    # or a Chrome trace, or a run directory
+    run.snapshot.events                      # trace entries as a DataFrame
+    an = snapviz.analyze(run)                # Analysis (snapshot) or TraceRunAnalysis (trace only)
+    an.events                                # replayed allocated / reserved / requested, and stage
+    an.stages, an.top_allocations            # per stage interval; live at the peak
+    an.summary()                             # the snapviz.summary/1 document (CLI --json)
+    snapviz.compare("before/", "after/").verdict
+    snapviz.check("run/", max_peak="12GiB").passed
+
+The functions live in :mod:`snapviz.api`, their examples run as tests.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from snapviz.errors import CheckFailed, InputError
 from snapviz.load import Run, load
 
-if TYPE_CHECKING:  # the analyses load lazily: `import snapviz` stays light
+if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.gate import CheckResult, GateResult
     from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
+    from snapviz.api import RunAnalysis, analyze, check, compare
+    from snapviz.notebook import show
 
 __version__ = "0.1.0"
-__all__ = ["load", "analyze", "show", "compare", "Run", "InputError", "CheckFailed", "__version__"]
+__all__ = ["load", "analyze", "compare", "check", "show", "Run", "RunAnalysis", "Analysis", "TraceRunAnalysis",
+           "Comparison", "CheckResult", "GateResult", "InputError", "CheckFailed", "__version__"]
+
+# Loaded on first use (PEP 562), so `import snapviz`, and with it `snapviz --help`, does not
+# import every analysis (nor the notebook's renderers).
+_LAZY = {"analyze": "snapviz.api", "compare": "snapviz.api", "check": "snapviz.api", "RunAnalysis": "snapviz.api",
+         "Analysis": "snapviz.analyses.summary", "TraceRunAnalysis": "snapviz.analyses.trace_summary",
+         "Comparison": "snapviz.analyses.compare", "CheckResult": "snapviz.analyses.gate",
+         "GateResult": "snapviz.analyses.gate", "show": "snapviz.notebook"}
 
 
-def analyze(run: Run | str, device: int | None = None, rules: str | None = None) -> Analysis:
-    """Run every analysis on a loaded run (or a path); ``rules``: a rules file replacing or
-    extending the built-in rules. See :mod:`snapviz.analyses.summary`."""
-    from snapviz.analyses.frame_rules import load_rules
-    from snapviz.analyses.summary import analyze_run
-
-    if isinstance(run, str):
-        run = load(run)
-    return analyze_run(run, device=device, rules=load_rules(rules))
-
-
-def show(obj: Any, max_points: int = 20000) -> Any:
-    """Display a path, analysis, comparison or list of paths as an interactive report in a
-    notebook (see :mod:`snapviz.notebook`)."""
-    from snapviz.notebook import show as _show
-
-    return _show(obj, max_points=max_points)
-
-
-def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None) -> Any:
-    """Compare runs (paths), the first as base; see :func:`snapviz.notebook.compare`."""
-    from snapviz.notebook import compare as _compare
-
-    return _compare(paths, labels)
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def load_ipython_extension(ip: Any) -> None:

@@ -54,8 +54,6 @@ class Snapshot:
     blocks: pd.DataFrame
     annotations: pd.DataFrame
     allocator_settings: dict[str, Any] = field(default_factory=dict)
-    run: dict[str, Any] | None = None
-    trace_path: str | None = None
     format_notes: list[str] = field(default_factory=list)
 
     @property

@@ -16,9 +16,19 @@ import html
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
+from snapviz.analyses.compare import Comparison, compare_dict
+from snapviz.analyses.summary import Analysis, summary_dict
+from snapviz.analyses.trace_summary import TraceRunAnalysis, trace_summary_dict
+from snapviz.api import analyze, compare
 from snapviz.errors import InputError
+from snapviz.render.output import write_atomic
+
+# A path (snapshot, trace or run directory), paths to compare, or a result to display.
+Displayable: TypeAlias = (
+    str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Analysis | TraceRunAnalysis | Comparison
+)
 
 IFRAME_HEIGHT_PX = 900
 
@@ -43,69 +53,37 @@ class Report:
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the HTML page (what ``snapviz analyze -o`` writes); returns the path."""
-        from snapviz.render.output import write_atomic
-
         p = os.fspath(path)
         write_atomic(p, self.page)
         return p
 
 
-def compare(paths: Sequence[str | os.PathLike[str]], labels: Sequence[str] | None = None,
-            stage_source: str = "auto") -> Any:
-    """A :class:`~snapviz.analyses.compare.Comparison` of runs, the first as base (in this process)."""
-    from snapviz.analyses.compare import compare_runs
-    from snapviz.cli.inputs import digest_input, unique_labels
-
-    ps = [os.fspath(p) for p in paths]
-    if len(ps) < 2:
-        raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
-    names = unique_labels(ps, list(labels or []))
-    return compare_runs([digest_input(p, lab, stage_source) for p, lab in zip(ps, names, strict=True)])
-
-
-def report(obj: Any, max_points: int = 20000) -> Report:
+def report(obj: Displayable, max_points: int = 20000) -> Report:
     """Render ``obj`` (see the module doc) into a :class:`Report`."""
-    from snapviz.analyses.compare import Comparison
-    from snapviz.analyses.summary import Analysis
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
+    if isinstance(obj, (list, tuple)):
+        if len(obj) < 2:
+            raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
+        obj = compare(*obj)
+    elif isinstance(obj, (str, os.PathLike)):
+        obj = analyze(obj)
+    # The renderers (Bokeh) load on the first report, not when a notebook imports snapviz.
+    from snapviz.render.compare_md import render_compare_markdown
+    from snapviz.render.html import render_compare_html, render_html, render_trace_html
+    from snapviz.render.markdown import render_markdown
 
-    if isinstance(obj, (str, os.PathLike)):
-        from snapviz.load import load
-
-        run = load(obj)
-        if run.snapshot is None:
-            from snapviz.analyses.trace_summary import analyze_trace_run
-            obj = analyze_trace_run(run)
-        else:
-            from snapviz.analyses.summary import analyze_run
-            obj = analyze_run(run)
-    elif isinstance(obj, (list, tuple)):
-        obj = compare(obj)
     if isinstance(obj, Analysis):
-        from snapviz.analyses.summary import summary_dict
-        from snapviz.render.html import render_html
-        from snapviz.render.markdown import render_markdown
-
         doc = summary_dict(obj)
         return Report(obj.run.label, render_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
     if isinstance(obj, TraceRunAnalysis):
-        from snapviz.analyses.trace_summary import trace_summary_dict
-        from snapviz.render.html import render_trace_html
-        from snapviz.render.markdown import render_markdown
-
         doc = trace_summary_dict(obj)
         return Report(obj.run.label, render_trace_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
     if isinstance(obj, Comparison):
-        from snapviz.analyses.compare import compare_dict
-        from snapviz.render.compare_md import render_compare_markdown
-        from snapviz.render.html import render_compare_html
-
         doc = compare_dict(obj)
         return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)
     raise TypeError(f"snapviz.show: expected a path, a list of paths, an analysis or a comparison, not {type(obj).__name__}")
 
 
-def show(obj: Any, max_points: int = 20000) -> Report | None:
+def show(obj: Displayable, max_points: int = 20000) -> Report | None:
     """Display the interactive report of ``obj`` in the running notebook.
 
     Outside a notebook (no IPython display), returns the :class:`Report` instead, whose
@@ -123,11 +101,11 @@ def show(obj: Any, max_points: int = 20000) -> Report | None:
     return None
 
 
-def _markdown_of(obj: Any) -> str:
+def _markdown_of(obj: Displayable) -> str:
     return report(obj).markdown
 
 
-def _html_of(obj: Any) -> str:
+def _html_of(obj: Displayable) -> str:
     return report(obj)._repr_html_()
 
 

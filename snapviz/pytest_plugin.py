@@ -205,7 +205,7 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     from snapviz.units import fmt_bytes
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
-    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run=None)))
+    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
     if stage is not None and stage not in (peaks := stage_peaks(doc)):
         # the gate would refuse it as bad input; a test gets the stages it has and how to label them
         return {"passed": False, "actual": None, "message": (

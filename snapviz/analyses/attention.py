@@ -171,14 +171,16 @@ def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], 
 
 
 def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame,
-                   sites: SiteNamer, rules: RuleSet, tables: StackTables) -> tuple[pd.DataFrame, dict[str, Any]]:
+                   sites: SiteNamer, rules: RuleSet, tables: StackTables,
+                   run_json: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Score-matrix allocations (one row each) and a summary: count, peak of simultaneously
     live score bytes, the largest (with a shape guess), share of each stage's peak, and
-    which attention implementation the run used."""
+    which attention implementation the run used (``run_json``: the run's geometry and
+    techniques, when it has a ``run.json``)."""
     ev = rep.events
     n = len(ev)
     rows = np.flatnonzero(score_alloc_mask(snap, ev, rules, tables)) if n else np.empty(0, np.int64)
-    run = snap.run or {}
+    run = run_json or {}
     stack = ev["stack_id"].to_numpy()[rows] if n else np.empty(0, np.int64)
     req = ev["size"].to_numpy()[rows] if n else np.empty(0, np.int64)
     # One shape guess per distinct (size, stage group), one site / function per distinct stack.

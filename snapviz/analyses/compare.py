@@ -24,9 +24,12 @@ UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated
 UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
-    """Base (run 0) against every other run. Long tables carry ``run`` (0 = base) and ``label``."""
+    """Base (run 0) against every other run. Long tables carry ``run`` (0 = base) and ``label``.
+
+    ``summary()`` is the ``snapviz.compare/1`` document the CLI writes with ``compare --json``.
+    """
 
     runs: pd.DataFrame
     stages: pd.DataFrame      # per stage group and run
@@ -42,6 +45,10 @@ class Comparison:
     @property
     def labels(self) -> list[str]:
         return [d.label for d in self.digests]
+
+    def summary(self, fail_over: float | None = None) -> dict[str, Any]:
+        """The ``snapviz.compare/1`` document (see :func:`compare_dict`)."""
+        return compare_dict(self, fail_over=fail_over)
 
 
 # ---------------------------------------------------------------- one run -> digest

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import live_at
+from snapviz.analyses.summary import Analysis
 from snapviz.model import A_ALLOC
 from snapviz.vocab import BEFORE_RECORDING, stage_group
 
@@ -94,7 +95,7 @@ def stage_normalised_timeline(labels: np.ndarray, allocated: np.ndarray, reserve
                          "allocated": allocated[rows], "reserved": reserved[rows]})
 
 
-def site_table(an: Any) -> pd.DataFrame:
+def site_table(an: Analysis) -> pd.DataFrame:
     """Per allocation site (``SiteNamer.site``): allocations, bytes allocated in total, bytes live at the peak."""
     rep = an.replay
     ev = rep.events
@@ -114,8 +115,7 @@ def site_table(an: Any) -> pd.DataFrame:
     count = np.bincount(inv[:k], minlength=len(uniq))
     at_peak = np.zeros(len(uniq), np.int64)
     np.add.at(at_peak, inv[k:], live_sizes)
-    namer = an.sites
-    names = [namer.site(int(s)) if namer is not None else f"stack {int(s)}" for s in uniq]
+    names = [an.sites.site(int(s)) for s in uniq]
     df = pd.DataFrame({"site": names, "allocs": count, "total_bytes": total, "peak_live_bytes": at_peak})
     df = df.groupby("site", sort=False, as_index=False).sum()
     if rep.baseline_allocated:
@@ -125,7 +125,7 @@ def site_table(an: Any) -> pd.DataFrame:
     return df.sort_values(["peak_live_bytes", "total_bytes"], ascending=False, kind="stable").reset_index(drop=True)[cols]
 
 
-def digest_run(an: Any, label: str | None = None, points_per_label: int = 200) -> RunDigest:
+def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 200) -> RunDigest:
     """Reduce an :class:`~snapviz.analyses.summary.Analysis` to what a comparison needs."""
     rep = an.replay
     ev = rep.events

@@ -1,7 +1,8 @@
 """Memory gates for CI: parse limits, evaluate them against a summary, one result per limit.
 
 Pure: the input is a ``snapviz.summary/1`` dict (so snapshots and traces gate alike), the
-output a list of :class:`GateResult`. The CLI prints them and maps failures to exit 1.
+output a list of :class:`GateResult` (or, with the notes that qualify them, a
+:class:`CheckResult`). The CLI prints them and maps failures to exit 1.
 """
 from __future__ import annotations
 
@@ -108,3 +109,36 @@ def evaluate_gates(doc: dict[str, Any], max_peak: int | None = None, max_reserve
                f"FAIL peak allocated vs baseline {fmt_bytes(a)} > {fmt_bytes(limit)}{extra}")
         results.append(GateResult("increase_over_baseline", limit, a, ok, msg))
     return results
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The verdict of ``snapviz check``: one :class:`GateResult` per limit, and the notes
+    that qualify it (a wrapped history: the peak is that of the recorded window)."""
+
+    source: str
+    gates: tuple[GateResult, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    @property
+    def failures(self) -> tuple[GateResult, ...]:
+        return tuple(g for g in self.gates if not g.passed)
+
+
+def history_notes(doc: dict[str, Any]) -> list[str]:
+    """The summary's warnings about the recorded history (wrapped, incomplete), which every
+    gate verdict on it must repeat."""
+    return [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
+
+
+def check_summary(doc: dict[str, Any], max_peak: int | None = None, max_reserved: int | None = None,
+                  stage_limits: list[tuple[str, int]] | None = None, baseline: dict[str, Any] | None = None,
+                  max_increase_pct: float | None = None) -> CheckResult:
+    """:func:`evaluate_gates` with the history notes: what ``snapviz check`` reports."""
+    gates = evaluate_gates(doc, max_peak=max_peak, max_reserved=max_reserved, stage_limits=stage_limits,
+                           baseline=baseline, max_increase_pct=max_increase_pct)
+    return CheckResult(str(doc.get("source", "")), tuple(gates), tuple(history_notes(doc)))

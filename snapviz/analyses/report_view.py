@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.categories import category_timeline
+from snapviz.analyses.summary import Analysis
 from snapviz.vocab import BEFORE_RECORDING
 
 # Stacking order (bottom/left first): what was there before, then what persists across
@@ -38,7 +39,7 @@ def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
     return np.array([int(ix.to_numpy()[np.argmax(peak[ix.to_numpy()])]) for _, ix in order], np.int64)
 
 
-def stage_category_bytes(stages: pd.DataFrame, stage_live: Any, shown: np.ndarray) -> dict[str, np.ndarray]:
+def stage_category_bytes(stages: pd.DataFrame, stage_live: pd.DataFrame | None, shown: np.ndarray) -> dict[str, np.ndarray]:
     """Bytes by category at the peak of each ``shown`` stage interval, in stacking order.
 
     The categories cover what was allocated in the recorded history; the rest of the
@@ -47,7 +48,7 @@ def stage_category_bytes(stages: pd.DataFrame, stage_live: Any, shown: np.ndarra
     are left out.
     """
     totals = stages["peak_allocated_bytes"].to_numpy(np.float64)[shown] if len(stages) else np.empty(0)
-    live = stage_live if isinstance(stage_live, pd.DataFrame) else pd.DataFrame()
+    live = stage_live if stage_live is not None else pd.DataFrame()
     by: dict[str, np.ndarray] = {}
     if len(live) and len(shown):
         pos = {int(iv): j for j, iv in enumerate(shown)}
@@ -62,7 +63,7 @@ def stage_category_bytes(stages: pd.DataFrame, stage_live: Any, shown: np.ndarra
     return {c: by[c] for c in order_categories(by) if by[c].any()}
 
 
-def category_timeline_view(an: Any, t0_us: int, has_time: bool, max_points: int) -> dict[str, Any]:
+def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points: int) -> dict[str, Any]:
     """Live bytes by category over time, on category_timeline's own (min/max) sampling.
 
     ``time_s`` is seconds since ``t0_us`` (NaN without timestamps); ``categories`` are the
@@ -71,9 +72,9 @@ def category_timeline_view(an: Any, t0_us: int, has_time: bool, max_points: int)
     n = len(an.replay.events)
     empty = {"index": np.empty(0, np.int64), "time_s": np.empty(0), "allocated": np.empty(0),
              "categories": [], "bytes": {}, "total": 0, "note": ""}
-    if not n or an.run.snapshot is None:
+    if not n:
         return empty
-    ct = category_timeline(an.run.snapshot, an.replay, an.labels.labels,
+    ct = category_timeline(an.snapshot, an.replay, an.labels.labels,
                            max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -175,9 +176,8 @@ def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
     return labels, bool(in_user.any())
 
 
-def _from_run_json(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
-    run = snap.run or {}
-    stages = run.get("stages") or []
+def _from_run_json(run_json: dict[str, Any] | None, ev: pd.DataFrame) -> np.ndarray | None:
+    stages = (run_json or {}).get("stages") or []
     if not stages or (ev["time_us"] < 0).all():
         return None
     iv = pd.DataFrame([(s["name"], s["start_us"], s["end_us"]) for s in stages if "start_us" in s],
@@ -189,18 +189,20 @@ SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")
 
 
 def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto",
-                 rules: RuleSet | None = None, tables: StackTables | None = None) -> StageLabels:
+                 rules: RuleSet | None = None, tables: StackTables | None = None,
+                 run_json: dict[str, Any] | None = None) -> StageLabels:
     """Stage label of every event of one device, from the best source present.
 
     ``use`` forces a source (one of :data:`SOURCES`). ``rules`` defaults to the built-in
     rules, ``tables`` to the snapshot's stack tables (pass both when analysing further).
+    ``run_json`` (the run's ``run.json``, if any) supplies the collector's stage timeline.
     """
     want = SOURCES if use == "auto" else (use,)
     if "user_metadata" in want and (labels := _from_metadata(snap, ev)) is not None:
         return StageLabels(labels, "user_metadata")
     if "annotations" in want and (labels := _from_annotations(snap, ev, device)) is not None:
         return StageLabels(labels, "annotations")
-    if "run.json" in want and (labels := _from_run_json(snap, ev)) is not None:
+    if "run.json" in want and (labels := _from_run_json(run_json, ev)) is not None:
         return StageLabels(labels, "run.json")
     rules = rules if rules is not None else load_rules()
     tables = tables if tables is not None else StackTables(snap)

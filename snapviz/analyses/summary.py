@@ -7,13 +7,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import categorize_allocs, categorize_live
 from snapviz.analyses.frame_rules import RuleSet, load_rules
+from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
+from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
@@ -21,9 +24,12 @@ from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
 SCHEMA = SUMMARY_SCHEMA
 
 
-@dataclass
+@dataclass(frozen=True)
 class Analysis:
-    """Every result for one device of one run. Tables are DataFrames (HTA style)."""
+    """Every result for one device of a run with a snapshot. Tables are DataFrames (HTA style).
+
+    ``summary()`` is the ``snapviz.summary/1`` document the CLI writes with ``--json``.
+    """
 
     run: Run
     device: int
@@ -32,15 +38,22 @@ class Analysis:
     stages: pd.DataFrame           # one row per stage interval (see stages.stage_table)
     top_allocations: pd.DataFrame  # live at the peak, largest first
     attention: pd.DataFrame        # one row per attention score allocation
-    attention_summary: dict[str, Any]
+    attention_summary: dict[str, Any]  # the summary's "attention" object (count, largest, implementation)
     categories: pd.DataFrame       # live bytes by category at the peak
     device_peaks: pd.DataFrame     # every device: peak allocated / reserved
+    sites: SiteNamer               # names an allocation site from its stack
+    rules: RuleSet                 # the rules every frame-based analysis of this run used
+    tables: StackTables            # the snapshot's stack tables, built once
     stage_live: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: bytes by category at its peak
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)   # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
-    sites: SiteNamer | None = None
-    rules: RuleSet | None = None       # the rules every frame-based analysis of this run used
-    tables: StackTables | None = None  # the snapshot's stack tables, built once
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The analysed snapshot (an Analysis is made only for a run that has one)."""
+        snap = self.run.snapshot
+        assert snap is not None
+        return snap
 
     @property
     def events(self) -> pd.DataFrame:
@@ -63,6 +76,10 @@ class Analysis:
             duration_s=("duration_s", "sum"))
         return g.reset_index().rename(columns={"group": "name"})
 
+    def summary(self) -> dict[str, Any]:
+        """The ``snapviz.summary/1`` document (see :func:`summary_dict`)."""
+        return summary_dict(self)
+
 
 def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult]]:
     snap = run.snapshot
@@ -71,7 +88,6 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
     results = {d: replay_allocator(snap, d) for d in devs}
     if device is not None:
         if device not in results:
-            from snapviz.errors import InputError
             raise InputError(f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})")
         return device, results
     best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
@@ -102,14 +118,13 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     """
     snap = run.snapshot
     if snap is None:
-        from snapviz.errors import InputError
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
     rules = rules if rules is not None else load_rules()
     tables = StackTables(snap)
     dev, results = _pick_device(run, device)
     rep = results[dev]
     ev = rep.events
-    labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables)
+    labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables, run_json=run.run_json)
     times = ev["time_us"].to_numpy() if len(ev) else np.empty(0, np.int64)
     alloc = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
     resv = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
@@ -118,11 +133,9 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     sites = SiteNamer(snap, tables)
     top = top_live(rep, labels.labels, sites, rep.peak_index)
 
-    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules, tables)
+    attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules, tables, run.run_json)
     if run.trace is not None and len(ev):
         # Same run profiled too: put exact op shapes next to allocations (one time axis).
-        from snapviz.analyses.join import ops_at, snapshot_trace_offset
-
         off = snapshot_trace_offset(snap, run.trace)
         top = pd.concat([top.reset_index(drop=True), ops_at(run.trace, top["time_us"].to_numpy(), off)], axis=1)
         if len(attention):
@@ -188,7 +201,7 @@ def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stag
 
 
 def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
-    run = an.run.run or {}
+    run = an.run.run_json or {}
     out: dict[tuple[str, int], dict[str, Any]] = {}
     seen: dict[str, int] = {}
     for s in run.get("stages") or []:
@@ -241,15 +254,13 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         g.setdefault("intervals", []).append(item)
         if "/" in str(r.name):
             g["steps"].append({"name": r.name, "step": str(r.name).split("/", 1)[1], **{k2: v for k2, v in item.items() if k2 != "name"}})
-    run = an.run.run or {}
+    run = an.run.run_json or {}
     top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
-            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines() if an.sites else [],
+            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
             **({"op": t.op} if getattr(t, "op", "") else {}),
             **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
            for t in an.top_allocations.itertuples(index=False)]
     att = an.attention_summary
-    from snapviz.analyses.advice import advise
-
     advise_doc: list[dict[str, Any]] = []
     doc = {
         "schema": SCHEMA,
@@ -277,7 +288,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "allocator_truth": {k: (run.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")} if run else None,
         "run": {k: run.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
                                           "device_name", "torch_version", "diffusers_version", "command")} if run else None,
-        "allocator_settings": an.run.snapshot.allocator_settings if an.run.snapshot else {},
+        "allocator_settings": an.snapshot.allocator_settings,
         "advice": advise_doc,
         "warnings": an.warnings,
     }

@@ -9,7 +9,7 @@ snapshot's ``time_us``; see :func:`trace_ts_to_unix_us` and :func:`align_offset_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -28,7 +28,11 @@ __all__ = [
 # --------------------------------------------------------------------------- time
 
 
-def trace_ts_to_unix_us(trace: ChromeTrace, ts: Any) -> Any:
+# A time or an array of times: the conversions keep the kind they are given.
+Times = TypeVar("Times", float, np.ndarray)
+
+
+def trace_ts_to_unix_us(trace: ChromeTrace, ts: Times) -> Times:
     """Raw Chrome ``ts`` (µs relative to ``baseTimeNanoseconds``) -> Unix µs.
 
     The rule: ``unix_us = ts + baseTimeNanoseconds / 1000`` (``base_us`` is 0 for old
@@ -40,7 +44,7 @@ def trace_ts_to_unix_us(trace: ChromeTrace, ts: Any) -> Any:
     return ts + trace.base_us
 
 
-def unix_us_to_trace_ts(trace: ChromeTrace, unix_us: Any) -> Any:
+def unix_us_to_trace_ts(trace: ChromeTrace, unix_us: Times) -> Times:
     """Inverse of :func:`trace_ts_to_unix_us`: Unix µs (e.g. snapshot ``time_us``) -> Chrome ``ts``."""
     return unix_us - trace.base_us
 
@@ -286,7 +290,7 @@ def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | Non
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class TraceAnalysis:
     """Everything the trace-only report needs, as DataFrames (see the functions named)."""
 

@@ -6,7 +6,7 @@ directory's stage timeline), attention from op shapes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -22,8 +22,13 @@ from snapviz.vocab import SUMMARY_SCHEMA, stage_group
 SCHEMA = SUMMARY_SCHEMA
 
 
-@dataclass
+@dataclass(frozen=True)
 class TraceRunAnalysis:
+    """Every result for one device of a run with a Chrome trace and no snapshot.
+
+    ``summary()`` is the ``snapviz.summary/1`` document (``"kind": "trace"``) the CLI writes.
+    """
+
     run: Run
     trace: TraceAnalysis
     warnings: list[str] = field(default_factory=list)
@@ -31,6 +36,7 @@ class TraceRunAnalysis:
 
     @property
     def timeline(self) -> pd.DataFrame:
+        """The device's ``[memory]`` events with the allocator's totals (``allocated``, ``reserved``)."""
         return self.trace.timeline
 
     @property
@@ -41,6 +47,10 @@ class TraceRunAnalysis:
     def attention_ops(self) -> pd.DataFrame:
         return self.trace.attention_ops
 
+    def summary(self) -> dict[str, Any]:
+        """The ``snapviz.summary/1`` document (see :func:`trace_summary_dict`)."""
+        return trace_summary_dict(self)
+
 
 def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
     """Analyse a trace-only run on one device (``device``: ``--device N``, see
@@ -49,14 +59,14 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
     tr = with_running_totals(run.trace)
     dev = pick_trace_device(devices(tr), device, run.source)
     ta = analyze_trace(tr, *(dev if dev is not None else (None, None)))
-    warnings = list(getattr(tr, "notes", []) or [])
-    rj = run.run or {}
+    warnings = list(tr.notes)
+    rj = run.run_json or {}
     if not len(ta.stages) and rj.get("stages"):
         # No record_function ranges in the trace: take the run's own stage timeline.
         st = pd.DataFrame([(s["name"], float(s["start_us"]), float(s["end_us"])) for s in rj["stages"]],
                           columns=["name", "start_us", "end_us"])
         peaks = stage_peaks(tr, st, *(dev if dev is not None else (None, None)))
-        ta.stages = pd.concat([st, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1)
+        ta = replace(ta, stages=pd.concat([st, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1))
     if not len(ta.timeline):
         warnings.append("the trace has no [memory] events: record with torch.profiler(profile_memory=True)")
     elif not _exact(ta):
@@ -106,7 +116,7 @@ def _max_known(a: int | None, b: int | None) -> int | None:
 def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     tl = an.timeline
     st = an.stages
-    rj = an.run.run or {}
+    rj = an.run.run_json or {}
     exact = _exact(an.trace)
     if len(tl):
         a = tl["allocated"].to_numpy()

@@ -24,9 +24,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from snapviz.analyses.summary import Analysis
 from snapviz.errors import InputError
-from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
+from snapviz.model import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_DONE,
+    A_FREE_REQ,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_SEG_MAP,
+    A_SEG_UNMAP,
+    Snapshot,
+)
 from snapviz.vocab import stage_group
 
 SMALL_SEGMENT = 2 << 20  # the small pool's segment size (kSmallBuffer)
@@ -41,7 +53,7 @@ class Window:
     reason: str
 
 
-def _time_s(an: Any) -> np.ndarray:
+def _time_s(an: Analysis) -> np.ndarray:
     t = an.replay.events["time_us"].to_numpy()
     if not len(t) or (t < 0).any():
         raise InputError(f"{an.run.source}: entries carry no time_us (torch < 2.2); use --stage or --top")
@@ -51,7 +63,7 @@ def _time_s(an: Any) -> np.ndarray:
 _WINDOW = re.compile(r"^\s*([0-9.]*)\s*s?\s*:\s*([0-9.]*)\s*s?\s*$")
 
 
-def window_from_times(an: Any, spec: str) -> Window:
+def window_from_times(an: Analysis, spec: str) -> Window:
     """``T0:T1`` in seconds since the first recorded event (either end may be left open)."""
     m = _WINDOW.match(spec)
     if not m:
@@ -70,7 +82,7 @@ def window_from_times(an: Any, spec: str) -> Window:
     return Window(first, last, f"window {t0:g}s to {min(t1, float(ts[-1])):g}s")
 
 
-def window_from_stage(an: Any, stage: str) -> Window:
+def window_from_stage(an: Analysis, stage: str) -> Window:
     """A stage label (``denoise/3``) or group (``vae_decode``): from its first event to its last."""
     labels = an.labels.labels
     hit = np.flatnonzero((labels == stage) | np.array([stage_group(x) == stage for x in labels], bool)) \
@@ -81,7 +93,7 @@ def window_from_stage(an: Any, stage: str) -> Window:
     return Window(int(hit[0]), int(hit[-1]), f"stage {stage}")
 
 
-def window_from_top(an: Any, n: int) -> Window:
+def window_from_top(an: Analysis, n: int) -> Window:
     """From the allocation of the oldest of the ``n`` largest blocks live at the peak, to the peak."""
     if n < 1:
         raise InputError("--top must be at least 1")
@@ -93,7 +105,7 @@ def window_from_top(an: Any, n: int) -> Window:
     return Window(first, pi, f"the {len(top)} largest blocks live at the peak, up to the peak")
 
 
-def _segments_at(snap: Any, ev: Any, device: int, last: int) -> dict[int, dict[str, Any]]:
+def _segments_at(snap: Snapshot, ev: pd.DataFrame, device: int, last: int) -> dict[int, dict[str, Any]]:
     """Segments existing right after row ``last``: the end state with later history undone."""
     segs: dict[int, dict[str, Any]] = {}
     s = snap.segments
@@ -120,7 +132,7 @@ def _segments_at(snap: Any, ev: Any, device: int, last: int) -> dict[int, dict[s
     return segs
 
 
-def _blocks_at(an: Any, last: int) -> list[tuple[int, int, int, str, int]]:
+def _blocks_at(an: Analysis, last: int) -> list[tuple[int, int, int, str, int]]:
     """(address, block size, requested, state, stack_id) of every busy block after row ``last``."""
     rep = an.replay
     ev = rep.events
@@ -148,7 +160,7 @@ def _blocks_at(an: Any, last: int) -> list[tuple[int, int, int, str, int]]:
     # Blocks from before the history: the end state's busy blocks the history never touches,
     # and blocks it frees after the window without having allocated them.
     touched = set(addr[blk].tolist())
-    b = an.run.snapshot.blocks
+    b = an.snapshot.blocks
     b = b[(b["device"] == an.device) & (b["state"] != "inactive")]
     for a, size, rq, st, k_ in zip(b["address"].tolist(), b["size"].tolist(), b["requested_size"].tolist(),
                                    b["state"].astype(str).tolist(), b["stack_id"].tolist(), strict=True):
@@ -167,7 +179,7 @@ class _Frames:
     """Frame lists by stack id, reusing the original entries' list objects so the pickle's
     memo stores each stack once (the end state would otherwise repeat every weight's stack)."""
 
-    def __init__(self, an: Any, entries: list[dict[str, Any]]) -> None:
+    def __init__(self, an: Analysis, entries: list[dict[str, Any]]) -> None:
         self.an = an
         sids = an.replay.events["stack_id"].to_numpy()
         uniq, first = np.unique(sids, return_index=True)
@@ -178,11 +190,11 @@ class _Frames:
             return []
         got = self.by_stack.get(stack_id)
         if got is None:   # a stack only the end state has (blocks from before the history)
-            got = self.by_stack[stack_id] = self.an.run.snapshot.stack(stack_id)
+            got = self.by_stack[stack_id] = self.an.snapshot.stack(stack_id)
         return got
 
 
-def trim_snapshot(raw: dict[str, Any], an: Any, window: Window) -> dict[str, Any]:
+def trim_snapshot(raw: dict[str, Any], an: Analysis, window: Window) -> dict[str, Any]:
     """The trimmed snapshot dict (builtins only) for ``window`` of ``an``'s device."""
     dev = int(an.device)
     ev = an.replay.events
@@ -200,7 +212,7 @@ def trim_snapshot(raw: dict[str, Any], an: Any, window: Window) -> dict[str, Any
             kept[r - first] = {**entries[r], "size": int(bsz[r])}
 
     frames = _Frames(an, entries)
-    segs = _segments_at(an.run.snapshot, ev, dev, last)
+    segs = _segments_at(an.snapshot, ev, dev, last)
     blocks = sorted(_blocks_at(an, last))
     seg_starts = sorted(segs)
     by_seg: dict[int, list[tuple[int, int, int, str, int]]] = {a: [] for a in seg_starts}

@@ -8,50 +8,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from snapviz.errors import InputError
+from snapviz.load import labels as load_labels
 from snapviz.progress import progress
-
-_SUFFIXES = (".gz", ".xz", ".zst", ".bz2", ".pickle", ".pkl", ".json")
-
-
-def default_label(path: str) -> str:
-    """``runs/sdxl-fp16/`` -> ``sdxl-fp16``; ``base.pickle.xz`` -> ``base``; a run directory's
-    ``snapshot.pickle`` or ``trace.json.gz`` -> the directory's name."""
-    norm = os.path.normpath(path)
-    if os.path.isdir(norm):
-        return os.path.basename(os.path.abspath(norm))
-    name = os.path.basename(norm)
-    if name.startswith(("snapshot.", "trace.json")) and os.path.basename(os.path.dirname(os.path.abspath(norm))):
-        return os.path.basename(os.path.dirname(os.path.abspath(norm)))
-    stem = name
-    while True:
-        for suf in _SUFFIXES:
-            if stem.endswith(suf) and len(stem) > len(suf):
-                stem = stem[: -len(suf)]
-                break
-        else:
-            return stem or name
 
 
 def unique_labels(paths: Sequence[str], given: Sequence[str]) -> list[str]:
     """``--label`` values in input order; the rest from file or directory names, made unique."""
-    if len(given) > len(paths):
-        raise InputError(f"{len(given)} --label values for {len(paths)} inputs")
-    labels = list(given)
-    for p in paths[len(given) :]:
-        labels.append(default_label(p))
-    dups = {lab for lab in labels if labels.count(lab) > 1}
-    for i, lab in enumerate(labels):
-        if lab in dups and i >= len(given):
-            parent = os.path.basename(os.path.dirname(os.path.abspath(paths[i])))
-            labels[i] = f"{parent}/{lab}" if parent else lab
-    seen: dict[str, int] = {}
-    for i, lab in enumerate(labels):
-        if lab in seen:
-            seen[lab] += 1
-            labels[i] = f"{lab}#{seen[lab]}"
-        else:
-            seen[lab] = 1
-    return labels
+    return load_labels.unique_labels(paths, given, what="--label values")
 
 
 def _analyze_input(path: str, label: str | None, stage_source: str) -> tuple[Any, dict[str, Any] | None]:

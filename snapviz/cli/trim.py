@@ -103,9 +103,8 @@ def trim(
         raise InputError(f"{path}: no trace history to trim (only an end state)")
     sidecar = os.path.join(os.path.dirname(path), "run.json")
     run_json = _read_run_json(sidecar) if os.path.isfile(sidecar) else None
-    snap.run = run_json
     an = analyze_run(
-        Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run=run_json), device=device
+        Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run_json=run_json), device=device
     )
     if not len(an.replay.events):
         raise InputError(f"{path}: device {an.device} has no trace history to trim")

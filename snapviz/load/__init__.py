@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapviz.errors import InputError
-from snapviz.load.chrome_trace import load_chrome_trace, scan_top_level
+from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, scan_top_level
 from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
 from snapviz.load.snapshot import snapshot_from_dict
@@ -20,22 +20,19 @@ SNAPSHOT_NAMES = ("snapshot.pickle", "snapshot.pickle.gz", "snapshot.pickle.xz",
 TRACE_NAMES = ("trace.json.gz", "trace.json")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """Everything known about one run: a snapshot, a Chrome trace, and/or ``run.json``."""
+    """Everything known about one run: a snapshot, a Chrome trace, and/or ``run.json``.
+
+    ``run.json`` is held here only: analyses that read it (the stage timeline, the image
+    geometry) take it as an argument, so a snapshot is the file's content and nothing else.
+    """
 
     source: str
     label: str
     snapshot: Snapshot | None
-    trace: Any | None            # snapviz.load.chrome_trace.ChromeTrace
-    run: dict[str, Any] | None   # run.json (schema snapviz.run/1)
-
-    # Convenience: the snapshot's tables, for ``snapviz.load(p).events`` and friends.
-    def __getattr__(self, name: str) -> Any:
-        snap = self.__dict__.get("snapshot")
-        if snap is not None and hasattr(snap, name):
-            return getattr(snap, name)
-        raise AttributeError(name)
+    trace: ChromeTrace | None
+    run_json: dict[str, Any] | None  # run.json (schema snapviz.run/1), a run directory's or a sidecar
 
 
 RUN_JSON_MAX_BYTES = 16 << 20  # run.json is a few KiB; collectors write nothing larger
@@ -147,11 +144,6 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
         if os.path.isfile(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
             run_json = _read_run_json(sidecar)
     snapshot = load_snapshot(snap_path) if snap_path else None
-    trace = None
-    if trace_path:
-        trace = load_chrome_trace(trace_path)
-    if snapshot is not None:
-        snapshot.run = run_json
-        snapshot.trace_path = trace_path
+    trace = load_chrome_trace(trace_path) if trace_path else None
     name = label or (os.path.basename(os.path.normpath(p)) if os.path.isdir(p) else os.path.basename(p))
-    return Run(source=p, label=name, snapshot=snapshot, trace=trace, run=run_json)
+    return Run(source=p, label=name, snapshot=snapshot, trace=trace, run_json=run_json)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.decimate import decimate_minmax
+from snapviz.analyses.summary import Analysis
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_OOM
 from snapviz.units import fmt_bytes
@@ -71,13 +72,11 @@ def _counter_rows(allocated: np.ndarray, reserved: np.ndarray, max_points: int) 
     return rows
 
 
-def _stack_args(an: Any, stack_id: int) -> list[str]:
-    if an.sites is None:
-        return []
+def _stack_args(an: Analysis, stack_id: int) -> list[str]:
     return an.sites.stack_text(int(stack_id), limit=MAX_FRAMES).splitlines()
 
 
-def perfetto_events(an: Any, base_us: float, offset_us: float = 0.0, top_n: int = TOP_ALLOCATIONS,
+def perfetto_events(an: Analysis, base_us: float, offset_us: float = 0.0, top_n: int = TOP_ALLOCATIONS,
                     max_points: int = MAX_COUNTER_POINTS) -> list[dict[str, Any]]:
     """Trace events for one :class:`~snapviz.analyses.summary.Analysis` (see module doc).
 
@@ -131,7 +130,7 @@ def perfetto_events(an: Any, base_us: float, offset_us: float = 0.0, top_n: int 
     return out
 
 
-def _stage_slices(an: Any, t: np.ndarray, pid: int) -> list[dict[str, Any]]:
+def _stage_slices(an: Analysis, t: np.ndarray, pid: int) -> list[dict[str, Any]]:
     """Stage groups on one thread, steps (``denoise/3``) on another: each thread's slices
     abut without overlapping, so no importer has to guess a nesting."""
     st = an.stages
@@ -163,7 +162,7 @@ def _stage_slices(an: Any, t: np.ndarray, pid: int) -> list[dict[str, Any]]:
     return out
 
 
-def _allocation_slices(an: Any, t: np.ndarray, pid: int, top_n: int) -> list[dict[str, Any]]:
+def _allocation_slices(an: Analysis, t: np.ndarray, pid: int, top_n: int) -> list[dict[str, Any]]:
     """The ``top_n`` largest allocations of the run, plus every one in the peak's top list."""
     ev = an.replay.events
     n = len(ev)
@@ -180,7 +179,7 @@ def _allocation_slices(an: Any, t: np.ndarray, pid: int, top_n: int) -> list[dic
     for r in sorted(pick.tolist()):
         size = int(ev["block_size"].iat[r])
         sid = int(ev["stack_id"].iat[r])
-        site = an.sites.site(sid) if an.sites is not None else ""
+        site = an.sites.site(sid)
         f = int(free_row[r])
         common = {"cat": "snapviz.allocation", "id": f"alloc-{an.device}-{r}", "pid": pid, "tid": TID_ALLOCS,
                   "name": f"{fmt_bytes(size)} {site}"}
@@ -194,7 +193,7 @@ def _allocation_slices(an: Any, t: np.ndarray, pid: int, top_n: int) -> list[dic
 # ---------------------------------------------------------------- files
 
 
-def standalone_trace(an: Any, top_n: int = TOP_ALLOCATIONS) -> dict[str, Any]:
+def standalone_trace(an: Analysis, top_n: int = TOP_ALLOCATIONS) -> dict[str, Any]:
     """A trace document of its own: ``ts`` relative to the first event, as torch.profiler writes."""
     times = an.replay.events["time_us"].to_numpy()
     has_time = _has_time(times)
@@ -212,7 +211,7 @@ def _encode(path: str, data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=6, mtime=0) if path.endswith(".gz") else data
 
 
-def render_perfetto(an: Any, out_path: str, merge_into: str | None = None, top_n: int = TOP_ALLOCATIONS) -> bytes:
+def render_perfetto(an: Analysis, out_path: str, merge_into: str | None = None, top_n: int = TOP_ALLOCATIONS) -> bytes:
     """The file's bytes (gzip when ``out_path`` ends in ``.gz``); with ``merge_into``, the
     user's trace with our events added on its clock. Raises InputError for a bad trace."""
     if merge_into is None:
@@ -225,8 +224,7 @@ def render_perfetto(an: Any, out_path: str, merge_into: str | None = None, top_n
         raise InputError(f"{an.run.source}: the snapshot has no time_us (torch < 2.2), so it cannot be placed "
                          "on a trace's clock; use --perfetto without --merge-into")
     trace = load_chrome_trace(merge_into)
-    snap = an.run.snapshot
-    offset = snapshot_trace_offset(snap, trace) if snap is not None else 0.0
+    offset = snapshot_trace_offset(an.snapshot, trace)
     events = perfetto_events(an, base_us=trace.base_us, offset_us=offset, top_n=top_n)
     return _encode(out_path, splice_events(merge_into, events))
 

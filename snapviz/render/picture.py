@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.compare import Comparison
+from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
@@ -42,7 +44,7 @@ def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[d
     return spans
 
 
-def picture_data(an: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
+def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Series, stage spans and peak of one analysis, on an x axis in seconds (or event index)."""
     from snapviz.analyses.categories import category_timeline
     from snapviz.analyses.report_view import order_categories
@@ -54,8 +56,7 @@ def picture_data(an: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> 
     times = ev["time_us"].to_numpy() if n else np.empty(0, np.int64)
     has_time = bool(n) and bool((times >= 0).all())
     x_all = (times - times[0]) / 1e6 if has_time else np.arange(n, dtype=np.float64)
-    ct = category_timeline(an.run.snapshot, rep, an.labels.labels, max_points=max_points,
-                           rules=getattr(an, "rules", None), tables=getattr(an, "tables", None))
+    ct = category_timeline(an.snapshot, rep, an.labels.labels, max_points=max_points, rules=an.rules, tables=an.tables)
     rows = ct["row"].to_numpy(np.int64) if len(ct) else np.empty(0, np.int64)
     cat_cols = [c for c in ct.columns if c not in ("row", "time_us", "stage", "allocated")]
     cats = [c for c in order_categories(cat_cols) if len(ct) and ct[c].to_numpy().any()]
@@ -125,7 +126,7 @@ def _gib_axis(ax: Any, y_top: float) -> None:
         ax.spines[side].set_visible(False)
 
 
-def render_timeline_picture(an: Any, doc: dict[str, Any], fmt: str = "png") -> bytes:
+def render_timeline_picture(an: Analysis, doc: dict[str, Any], fmt: str = "png") -> bytes:
     """One run's timeline as PNG or SVG bytes (see module doc)."""
     return draw_timeline(picture_data(an, doc), fmt)
 
@@ -169,7 +170,7 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
 # ---------------------------------------------------------------- compare
 
 
-def compare_picture_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
+def compare_picture_data(cmp: Comparison, doc: dict[str, Any]) -> dict[str, Any]:
     """Every run's allocated series on the stage-aligned axis (slot k = stage label k)."""
     from snapviz.render.html.compare_data import compare_report_data
 
@@ -189,7 +190,7 @@ def compare_picture_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
             "base_label": base["label"]}
 
 
-def render_compare_picture(cmp: Any, doc: dict[str, Any], fmt: str = "png") -> bytes:
+def render_compare_picture(cmp: Comparison, doc: dict[str, Any], fmt: str = "png") -> bytes:
     return draw_compare(compare_picture_data(cmp, doc), fmt)
 
 

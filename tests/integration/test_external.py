@@ -157,7 +157,7 @@ def test_trace_peak_through_the_trace_loader(name: str) -> None:
 
     path = str(EXTERNAL / name)
     doc = trace_summary_dict(analyze_trace_run(Run(source=path, label=name, snapshot=None,
-                                                   trace=load_chrome_trace(path), run=None)))
+                                                   trace=load_chrome_trace(path), run_json=None)))
     label, peak, exact = _expected_trace_peak(name)
     assert (doc["device"], doc["peak"]["allocated_bytes"], doc["peak"]["exact"]) == (label, peak, exact)
 

@@ -40,7 +40,7 @@ def test_ipython_displays_analyses_as_reports() -> None:
     an = snapviz.analyze(str(SAMPLES / "sd15-fp16-sdpa"))
     data, _ = shell.display_formatter.format(an)
     assert data["text/html"].startswith("<iframe") and "vae_decode" in data["text/markdown"]
-    cmp = snapviz.compare([str(SAMPLES / "sd15-fp16-sdpa"), str(SAMPLES / "sd15-fp16-classic")])
+    cmp = snapviz.compare(str(SAMPLES / "sd15-fp16-sdpa"), str(SAMPLES / "sd15-fp16-classic"))
     data, _ = shell.display_formatter.format(cmp)
     assert "sd15-fp16-classic" in data["text/markdown"] and data["text/html"].startswith("<iframe")
 

@@ -29,7 +29,7 @@ def test_samples_present() -> None:
 @pytest.fixture(scope="module", params=SAMPLES, ids=_ids)
 def sample(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, list]:
     run = load(str(request.param))
-    rj = run.run
+    rj = run.run_json
     assert rj is not None and rj["schema"] == "snapviz.run/1"
     devices = [d["device"] for d in (rj["allocator"].get("devices") or [{"device": rj["allocator"]["device"]}])]
     docs = [(d, summary_dict(analyze_run(run, device=d))) for d in devices]

@@ -32,10 +32,10 @@ def test_training_samples_present() -> None:
 @pytest.fixture(scope="module", params=SAMPLES, ids=lambda p: p.name)
 def analysed(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict, pd.DataFrame, pd.DataFrame]:
     run = load(str(request.param))
-    assert run.run is not None and run.run["mode"] == "train"
+    assert run.run_json is not None and run.run_json["mode"] == "train"
     an = analyze_run(run)
     allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
-    return request.param, run.run, summary_dict(an), an.stages, allocs
+    return request.param, run.run_json, summary_dict(an), an.stages, allocs
 
 
 @pytest.fixture()

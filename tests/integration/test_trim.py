@@ -73,7 +73,7 @@ def test_trimmed_windows_replay_like_the_original(original: Any, tmp_path: Path)
 def test_peak_window_holds_the_allocator_exact_peak(original: Any, tmp_path: Path) -> None:
     """--stage of the peak's stage, and --top: the trimmed file alone reproduces max_memory_allocated."""
     an, raw = original
-    truth = an.run.run["allocator"]["max_memory_allocated"]
+    truth = an.run.run_json["allocator"]["max_memory_allocated"]
     for w in (window_from_stage(an, an.peak_stage), window_from_top(an, 3)):
         out = tmp_path / "peak.pickle.xz"
         data = encode_snapshot(trim_snapshot(raw, an, w), str(out))

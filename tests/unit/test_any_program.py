@@ -132,7 +132,7 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
 
 def analyse(d: dict[str, Any], rules: str | None = None) -> Any:
     snap = load_dict(d)
-    return analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run=None),
+    return analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None),
                        rules=load_rules(rules))
 
 
@@ -235,7 +235,7 @@ def test_rules_do_not_leak_between_analyses(tmp_path: Path) -> None:
     rules.write_text(json.dumps({"schema": "snapviz.rules/1", "extends": "builtin", "rules": [
         {"name": "denoise", "function": "^forward$", "file": "model\\.py$", "priority": 100}]}))
     snap = load_dict(d)
-    run = Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run=None)
+    run = Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None)
     with_rules = analyze_run(run, rules=load_rules(str(rules)))
     assert with_rules.labels.source == "frames" and any(str(x).startswith("denoise/") for x in with_rules.labels.labels)
     plain = analyze_run(run)

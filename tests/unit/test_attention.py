@@ -26,15 +26,16 @@ from snapviz.analyses.stages import label_events, stage_intervals, stage_table
 from snapviz.model import A_ALLOC, Snapshot
 
 
-def analyse(snap: Snapshot, labels: np.ndarray | None = None, rules: str | None = None) -> tuple[Any, Any, dict[str, Any]]:
+def analyse(snap: Snapshot, labels: np.ndarray | None = None, rules: str | None = None,
+            run_json: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str, Any]]:
     rep = replay_allocator(snap, 0)
     ev = rep.events
     if labels is None:
-        labels = label_events(snap, ev, 0, rules=load_rules(rules)).labels
+        labels = label_events(snap, ev, 0, rules=load_rules(rules), run_json=run_json).labels
     st = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
                      ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
     tables = StackTables(snap)
-    table, summary = find_attention(snap, rep, labels, st, SiteNamer(snap, tables), load_rules(rules), tables)
+    table, summary = find_attention(snap, rep, labels, st, SiteNamer(snap, tables), load_rules(rules), tables, run_json)
     return rep, table, summary
 
 
@@ -83,7 +84,7 @@ def test_guess_without_run_still_multiplies_out() -> None:
                          ids=lambda c: "-".join(str(v) for v in c.values()))
 def test_classic_attention_count_peak_and_shape(case: dict[str, Any]) -> None:
     pr = diffusion_run(**case)
-    snap = load_dict(pr.snapshot_dict(labels=False), run=None)
+    snap = load_dict(pr.snapshot_dict(labels=False))
     rep, table, s = analyse(snap)
     assert s["count"] == len(pr.score_bytes)
     assert sorted(table["requested_bytes"].tolist()) == sorted(pr.score_bytes)
@@ -93,8 +94,7 @@ def test_classic_attention_count_peak_and_shape(case: dict[str, Any]) -> None:
     assert "get_attention_scores" in s["implementation"]
     assert set(table["function"]) == {"get_attention_scores"}
     # with run.json: the guess uses the run's geometry and heads
-    snap = load_dict(pr.snapshot_dict(labels=False), run=pr.run)
-    _, table, s = analyse(snap)
+    _, table, s = analyse(snap, run_json=pr.run)
     d = pr.desc
     n = d.tokens[0]
     b = 2 * pr.run["batch"]
@@ -106,9 +106,9 @@ def test_classic_attention_count_peak_and_shape(case: dict[str, Any]) -> None:
 
 def test_share_of_each_stage_peak() -> None:
     pr = diffusion_run("sd15", images=2)
-    snap = load_dict(pr.snapshot_dict(), run=pr.run)
+    snap = load_dict(pr.snapshot_dict())
     labels = pr.truth_labels()
-    rep, table, s = analyse(snap, labels)
+    rep, table, s = analyse(snap, labels, run_json=pr.run)
     truth_live = pr.score_live_series()
     alloc = rep.events["allocated"].to_numpy()
     # independent: per denoise step, the row of the allocator's peak and the scores live then
@@ -130,8 +130,7 @@ def test_sdpa_run_materializes_nothing() -> None:
     _, table, s = analyse(snap)
     assert s["count"] == 0 and len(table) == 0 and s["peak_live_bytes"] == 0
     assert s["implementation"].startswith(FUSED) and not s["materialized"] and s["fused"]
-    snap = load_dict(pr.snapshot_dict(labels=False), run=pr.run)
-    _, _, s = analyse(snap)
+    _, _, s = analyse(snap, run_json=pr.run)
     assert s["implementation_source"] == "run.json" and "SDPA" in s["implementation"]
 
 
@@ -206,10 +205,10 @@ def test_native_math_attention_single_line_kernel() -> None:
     want: list[bool] = []
     for _ in range(2):
         _one_call(sim, [("q", h * n * d * 2, fr), ("score", h * n * n * 2, fr), ("score", h * n * n * 2, fr), ("out", h * n * d * 2, fr)], want)
-    snap = load_dict(sim.snapshot(marker=False), run={"pipeline": "flux", "height": 1024, "width": 1024, "batch": 1, "dtype": "bf16"})
+    snap = load_dict(sim.snapshot(marker=False))
     ev = snap.device_events(0)
     assert list(score_alloc_mask(snap, ev, load_rules(), StackTables(snap))[ev["action"].to_numpy() == A_ALLOC]) == want
-    _, table, s = analyse(snap)
+    _, table, s = analyse(snap, run_json={"pipeline": "flux", "height": 1024, "width": 1024, "batch": 1, "dtype": "bf16"})
     assert s["count"] == 4 and "math" in s["implementation"]
     assert s["largest"]["shape"] == [24, 4608, 4608] and s["largest"]["heads"] == 24
 

@@ -83,7 +83,7 @@ def pipeline_snapshot(*, steps: int = 4, denoise: int = GiB, vae: int = 3 * GiB,
 
 
 def digest(snap: dict[str, Any], label: str) -> Any:
-    run = Run(source=label, label=label, snapshot=snapshot_from_dict(snap, label), trace=None, run=None)
+    run = Run(source=label, label=label, snapshot=snapshot_from_dict(snap, label), trace=None, run_json=None)
     return digest_run(analyze_run(run), label)
 
 
@@ -380,7 +380,7 @@ def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
 
 
 def test_default_labels_are_unique_and_readable(tmp_path: Path) -> None:
-    from snapviz.cli.inputs import unique_labels
+    from snapviz.load.labels import unique_labels
 
     for d in ("fp16/snap", "tiling/snap", "runs/sdxl"):
         (tmp_path / d).mkdir(parents=True)

@@ -363,10 +363,8 @@ def diffusion_run(pipe: str = "sd15", *, steps: int = 4, images: int = 1, attent
     return pr
 
 
-def load_dict(d: dict[str, Any], run: dict[str, Any] | None = None) -> Snapshot:
-    snap = snapshot_from_dict(d, source="<synthetic>")
-    snap.run = run
-    return snap
+def load_dict(d: dict[str, Any]) -> Snapshot:
+    return snapshot_from_dict(d, source="<synthetic>")
 
 
 def frames_labels(pr: PipelineRun, **kw: Any) -> tuple[Snapshot, Any, np.ndarray]:
@@ -541,7 +539,7 @@ def test_analyze_run_falls_back_to_frames() -> None:
     from snapviz.analyses.summary import analyze_run, summary_dict
     pr = diffusion_run("sd15", steps=3)
     snap = load_dict(pr.snapshot_dict(labels=False))
-    an = analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run=None))
+    an = analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None))
     doc = summary_dict(an)
     assert doc["stage_source"] == "frames"
     names = [s["name"] for s in doc["stages"]]
@@ -681,11 +679,10 @@ def test_real_samples_without_labels(sample: Path | None) -> None:
     assert snap is not None
     snap.events["metadata_id"] = 0
     snap.annotations = snap.annotations.iloc[0:0]
-    snap.run = None
-    main = analyze_run(Run(source=str(sample), label=sample.name, snapshot=snap, trace=None, run=None)).device
+    main = analyze_run(Run(source=str(sample), label=sample.name, snapshot=snap, trace=None, run_json=None)).device
     want_steps = sorted({s["name"] for s in truth_run.get("stages") or [] if s["name"].startswith("denoise/")})
     for device in snap.devices:
-        an = analyze_run(Run(source=str(sample), label=sample.name, snapshot=snap, trace=None, run=None),
+        an = analyze_run(Run(source=str(sample), label=sample.name, snapshot=snap, trace=None, run_json=None),
                          device=device, stage_source="auto")
         assert an.labels.source == "frames"
         truth: dict[str, int] = {}

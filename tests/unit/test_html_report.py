@@ -180,8 +180,7 @@ def _analyse(snap: dict[str, Any], run: dict[str, Any] | None = None, source: st
     from snapviz.load.snapshot import snapshot_from_dict
 
     sn = snapshot_from_dict(snap, source)
-    sn.run = run
-    an = analyze_run(Run(source=source, label=source, snapshot=sn, trace=None, run=run))
+    an = analyze_run(Run(source=source, label=source, snapshot=sn, trace=None, run_json=run))
     return an, summary_dict(an)
 
 
@@ -337,7 +336,7 @@ def test_stage_peak_bars_match_the_allocator(data: dict[str, Any], analysed: tup
     bars = data["stage_bars"]
     assert bars["label"] == data["bands"]["name"]
     assert np.array_equal(bars["peak_allocated"], an.stages["peak_allocated_bytes"].to_numpy())
-    truth = [s["peak_allocated_bytes"] for s in an.run.run["stages"]]
+    truth = [s["peak_allocated_bytes"] for s in an.run.run_json["stages"]]
     assert bars["allocator_peak"].tolist() == truth, "per-stage peaks equal the allocator's own"
     assert bars["color"][2] == bars["color"][5] == data["stage_colors"]["denoise/0"]
 

@@ -280,7 +280,6 @@ def test_loaded_from_files(snapshot_pickle: Path, snapshot_gz: Path, snapshot_xz
     for p in (snapshot_pickle, snapshot_gz, snapshot_xz):
         run = load(str(p))
         assert run.snapshot is not None and len(run.snapshot.events) == n
-        assert run.events is run.snapshot.events  # the Run forwards the snapshot's tables
 
 
 def test_actions_old_and_unknown(write_pickle: Callable[..., Path]) -> None:
