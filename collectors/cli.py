@@ -18,10 +18,18 @@ from snapviz.cli.options import CONTEXT_SETTINGS
 from snapviz.progress import Bar, wanted
 
 from .errors import OptionError
+from .fit.cli import fit
+
+__all__ = ["collect", "fit", "matrix"]  # the verbs snapviz registers (fit beside matrix)
 
 _TECHNIQUE_LIST = ("fp32 fp16 bf16 | sdpa classic sliced | vae-slicing vae-tiling tiny-vae | "
-                   "model-offload sequential-offload group-offload | int8 nf4-text-encoder | "
+                   "model-offload sequential-offload group-offload group-offload-leaf "
+                   "offload-stream | int8 fp8 (torchao) qint8 qfloat8 (quanto) layerwise-fp8 "
+                   "nf4-transformer nf4-text-encoder (bitsandbytes) | no-t5 (SD 3.5) | "
                    "staged | balanced")
+# = collectors.pipelines.PIPELINES, spelled here so --help needs no torch (a test keeps them equal)
+PIPELINE_NAMES = ("sd15", "sdxl", "pixart-sigma", "flux-dev", "flux-schnell", "sd35-medium",
+                  "sd35-large")
 
 EPILOG = f"""\b
 Techniques (repeat --technique, or comma-separate; each is validated):
@@ -33,6 +41,8 @@ Examples:
   snapviz collect --pipeline sdxl --size full -t fp16 -t vae-tiling --out runs/sdxl-tiling
   snapviz collect --pipeline pixart-sigma --size full -t staged,int8,nf4-text-encoder
   snapviz collect --pipeline sdxl --model ./my-sdxl-checkpoint -t fp16 -t model-offload
+  snapviz collect --pipeline flux-dev --size full --steps 4 -t bf16 -t group-offload,offload-stream
+  snapviz collect --pipeline sd35-large --size full -t bf16 -t no-t5 --max-sequence-length 128
 \b
 Writes run.json (stage timeline and allocator peaks), snapshot.pickle (CUDA),
 trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
@@ -40,10 +50,14 @@ trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
 
 
 @click.command("collect", cls=CollectorCommand, epilog=EPILOG, context_settings=CONTEXT_SETTINGS)
-@click.option("--pipeline", required=True, type=click.Choice(["sd15", "sdxl", "pixart-sigma"]),
+@click.option("--pipeline", required=True, type=click.Choice(PIPELINE_NAMES),
               help="Pipeline family to build.")
 @click.option("--size", default="tiny", show_default=True, type=click.Choice(["tiny", "full"]),
               help="tiny: seconds on CPU; full: the real architecture (random weights).")
+@click.option("--max-sequence-length", type=int, default=None,
+              help="T5 prompt tokens (PixArt-Σ 300, Flux-dev 512, Flux-schnell/SD 3.5 256 by default).")
+@click.option("--offload-blocks", type=int, default=1, show_default=True,
+              help="group-offload: transformer blocks moved to the GPU together (num_blocks_per_group).")
 @click.option("--model", type=click.Path(file_okay=False), default=None,
               help="Local diffusers checkpoint folder (from_pretrained) instead of in-code "
                    "configs.")
@@ -92,7 +106,8 @@ trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
               help="--train: adamw adamw-foreach adamw-loop adamw-fused adamw8bit adafactor sgd.")
 @click.option("--lora-rank", default=0, show_default=True, type=click.IntRange(min=0),
               help="--train: peft LoRA of this rank on the attention projections (0: full).")
-def collect(pipeline: str, size: str, model: str | None, device: str, steps: int,
+def collect(pipeline: str, size: str, max_sequence_length: int | None, offload_blocks: int,
+            model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
             profile: bool | None, profile_scope: str, stacks: str, context: str, max_entries: int,
             no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
@@ -111,6 +126,10 @@ def collect(pipeline: str, size: str, model: str | None, device: str, steps: int
                                "pip install 'snapviz[collect]'") from None
 
     if train:
+        if pipeline not in PIPELINE_NAMES[:3]:
+            raise OptionError(f"--train fine-tunes sd15, sdxl or pixart-sigma; not {pipeline}")
+        if max_sequence_length is not None or offload_blocks != 1:
+            raise OptionError("--max-sequence-length and --offload-blocks are inference options; drop --train")
         from .train_cli import collect_train
 
         return collect_train(pipeline=pipeline, size=size, model=model, device=device,
@@ -131,7 +150,8 @@ def collect(pipeline: str, size: str, model: str | None, device: str, steps: int
                       profile=profile, profile_scope=profile_scope, stacks=stacks,
                       context=context, max_entries=max_entries,
                       history=not no_history, seed=seed, out=out,
-                      memory_limit_gb=memory_limit_gb, sync_stages=sync_stages)
+                      memory_limit_gb=memory_limit_gb, sync_stages=sync_stages,
+                      max_sequence_length=max_sequence_length, blocks_per_group=offload_blocks)
     try:
         plan = validate(opts)
     except (TechniqueError, ValueError) as err:

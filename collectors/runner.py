@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 
 from . import techniques as tq
-from .pipelines import build_pipeline, default_resolution, denoiser
+from .flow_pipelines import default_max_sequence_length
+from .pipelines import FLOW_PIPELINES, build_pipeline, default_resolution, denoiser
 from .recorder import DEFAULT_MAX_ENTRIES, Recorder, recording_args
 
 PROMPT = "a photo of an astronaut riding a horse on mars"
@@ -42,6 +43,8 @@ class RunOptions:
     out: str | None = None
     save_image: bool = True
     memory_limit_gb: float | None = None
+    max_sequence_length: int | None = None  # T5 tokens (PixArt, Flux, SD 3.5); None: pipeline's
+    blocks_per_group: int = 1               # group-offload: blocks moved together
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -57,6 +60,10 @@ class RunOptions:
                  "--batch", str(self.batch)]
         for t in p.names():
             args += ["--technique", t]
+        if self.max_sequence_length:
+            args += ["--max-sequence-length", str(self.max_sequence_length)]
+        if self.blocks_per_group != 1:
+            args += ["--offload-blocks", str(self.blocks_per_group)]
         return shlex.join(args + recording_args(self))
 
 
@@ -82,13 +89,30 @@ def validate(opts: RunOptions) -> tq.Plan:
     writes_snapshot = device.startswith("cuda") and opts.history
     if opts.profile is None:
         opts.profile = not writes_snapshot
-    elif not opts.profile and not writes_snapshot:
-        why = "a CPU run has no CUDA memory snapshot" if not device.startswith("cuda") else "--no-history records no snapshot"
-        raise ValueError(f"--no-profile: {why}, so the run directory would hold nothing to analyse; drop --no-profile")
+    elif not opts.profile and not device.startswith("cuda"):
+        # on CUDA, run.json still holds the allocator's own per-stage peaks (what `fit` and
+        # `matrix` measure with --no-history --no-profile); on the CPU nothing would be left
+        raise ValueError("--no-profile: a CPU run has no CUDA memory snapshot, so the run directory would hold "
+                         "nothing to analyse; drop --no-profile")
+    _check_sequence_length(opts)
+    if opts.blocks_per_group < 1:
+        raise ValueError("--offload-blocks must be at least 1")
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     if opts.memory_limit_gb is not None and not device.startswith("cuda"):
         raise ValueError("--memory-limit-gb caps the CUDA caching allocator; this run is on cpu")
     return tq.plan(opts.techniques, device=device, pipeline=opts.pipeline, num_gpus=gpus)
+
+
+def _check_sequence_length(opts: RunOptions) -> None:
+    n = opts.max_sequence_length
+    if n is None:
+        return
+    if opts.pipeline in ("sd15", "sdxl"):
+        raise ValueError(f"--max-sequence-length sets T5's prompt length; {opts.pipeline} has only "
+                         "CLIP (77 tokens)")
+    top = 512 if opts.pipeline.startswith("flux") or opts.pipeline.startswith("sd35") else 300
+    if not 1 <= n <= top:
+        raise ValueError(f"--max-sequence-length must be between 1 and {top} for {opts.pipeline}")
 
 
 def default_out(opts: RunOptions, p: tq.Plan) -> str:
@@ -103,6 +127,12 @@ def _call_kwargs(opts: RunOptions, generator: torch.Generator) -> dict[str, Any]
                               generator=generator)
     if opts.pipeline == "pixart-sigma":
         kw.update(clean_caption=False, use_resolution_binning=False)
+    if opts.pipeline in FLOW_PIPELINES:
+        kw["max_sequence_length"] = opts.max_sequence_length or default_max_sequence_length(opts.pipeline)
+        if opts.pipeline == "flux-schnell":
+            kw["guidance_scale"] = 0.0  # timestep-distilled: no guidance embedding, no CFG
+    elif opts.max_sequence_length:
+        kw["max_sequence_length"] = opts.max_sequence_length
     return kw
 
 
@@ -121,16 +151,22 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
     torch.manual_seed(opts.seed)
 
     build_t0 = time.perf_counter()
+    # Flux/SD 3.5 on CUDA are built inside the recording, straight on the GPU: the load stage
+    # is then their construction (no CPU copy of a 12B transformer)
+    on_device = not opts.model and device.type == "cuda" and p.build_on_device(opts.pipeline)
+    no_t5: dict[str, Any] = {"text_encoder_3": None, "tokenizer_3": None} if p.has("no-t5") else {}
+    pipe: Any = None
     if opts.model:
         from diffusers import DiffusionPipeline
 
-        pipe = DiffusionPipeline.from_pretrained(opts.model, dtype=p.dtype)
-    else:
-        pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed)
-    pipe.set_progress_bar_config(disable=True)
+        pipe = DiffusionPipeline.from_pretrained(opts.model, dtype=p.dtype, **no_t5)
+    elif not on_device:
+        pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed, t5=not no_t5)
+    if pipe is not None:
+        pipe.set_progress_bar_config(disable=True)
 
     tmpdir = None
-    if p.has("balanced"):
+    if p.has("balanced"):  # (never on_device: built and prepared in the load stage below)
         # device_map="balanced" exists only in from_pretrained: save the in-code pipeline first
         if not opts.model:
             tmpdir = tempfile.TemporaryDirectory(prefix="snapviz-balanced-")
@@ -139,11 +175,11 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         del pipe
         gc.collect()
         pipe = None
-    else:
+    elif not on_device:
         tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
                                    width=opts.width)
-        if p.has("int8") and p.offload:
-            tq.quantize_int8(denoiser(pipe))  # offload keeps weights on CPU: quantize there
+        if p.offload:
+            tq.quantize_after_load(pipe, p)  # offload keeps weights on CPU: quantize there
     build_s = time.perf_counter() - build_t0
 
     meta: dict[str, Any] = {
@@ -152,7 +188,8 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         "width": opts.width, "steps": opts.steps, "batch": opts.batch,
         "dtype": p.dtype_name, "seed": opts.seed, "prompt": PROMPT,
         "command": opts.command(p), "build_s": round(build_s, 3),
-        "profile": opts.profile,
+        "profile": opts.profile, "built_on_device": on_device,
+        "max_sequence_length": _call_kwargs(opts, torch.Generator()).get("max_sequence_length"),
         "profile_scope": opts.profile_scope if opts.profile else None,
         "env": {k: os.environ.get(k) for k in ("HF_DEACTIVATE_ASYNC_LOAD",
                                                 "CUDA_VISIBLE_DEVICES")},
@@ -174,14 +211,18 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         rec.meta["memory_limit_bytes"] = limit
     generator = torch.Generator("cpu").manual_seed(opts.seed)
     image = None
-    vae = getattr(pipe, "vae", None)
-    if p.has("vae-tiling") and vae is not None:
-        meta["vae_tiling"] = {"tile_sample_min_size": vae.tile_sample_min_size,
-                              "tile_latent_min_size": vae.tile_latent_min_size,
-                              "tile_overlap_factor": vae.tile_overlap_factor}
-    rec.meta.update({k: meta[k] for k in ("vae_tiling",) if k in meta})
+    _tiling_meta(rec, pipe, p)
     with rec:
-        if p.has("balanced"):
+        if on_device:
+            pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed, device=device,
+                                  t5=not no_t5)
+            pipe.set_progress_bar_config(disable=True)
+            tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height, width=opts.width)
+            _tiling_meta(rec, pipe, p)
+            rec.pipe = pipe
+            rec._install_hooks()
+            image = pipe(PROMPT, **_call_kwargs(opts, generator)).images[0]
+        elif p.has("balanced"):
             from diffusers import DiffusionPipeline
 
             pipe = DiffusionPipeline.from_pretrained(source, dtype=p.dtype,
@@ -199,11 +240,10 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
             image = _run_staged(pipe, rec, opts, p, device, generator)
         else:
             if p.offload:
-                tq.apply_offload(pipe, p, device)
+                tq.apply_offload(pipe, p, device, blocks_per_group=opts.blocks_per_group)
             else:
                 pipe.to(device)
-                if p.has("int8"):
-                    tq.quantize_int8(denoiser(pipe))
+                tq.quantize_after_load(pipe, p)
             image = pipe(PROMPT, **_call_kwargs(opts, generator)).images[0]
     if tmpdir is not None:
         tmpdir.cleanup()
@@ -211,6 +251,14 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         image.save(out / "image.png")
         rec.write_run_json(rec.run_info())
     return out
+
+
+def _tiling_meta(rec: Recorder, pipe: Any, p: tq.Plan) -> None:
+    vae = getattr(pipe, "vae", None)
+    if p.has("vae-tiling") and vae is not None:
+        rec.meta["vae_tiling"] = {"tile_sample_min_size": vae.tile_sample_min_size,
+                                  "tile_latent_min_size": vae.tile_latent_min_size,
+                                  "tile_overlap_factor": vae.tile_overlap_factor}
 
 
 def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
@@ -229,8 +277,7 @@ def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
     gc.collect()
     torch.cuda.empty_cache() if device.type == "cuda" else None
     pipe.transformer.to(device)
-    if p.has("int8"):
-        tq.quantize_int8(pipe.transformer)
+    tq.quantize_after_load(pipe, p)
     rec.call_start_label = None  # no text encoding in this call (embeddings are passed in)
     rec.mark("other")
     latents = pipe(prompt=None, negative_prompt=None, prompt_embeds=embeds,

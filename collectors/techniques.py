@@ -12,18 +12,31 @@ from typing import Any
 
 import torch
 
+from . import quantize as qz
+from .flow_pipelines import FLOW_PIPELINES as FLOW
+from .quantize import DENOISER_QUANT
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ATTENTION = ("sdpa", "classic", "sliced")
-OFFLOAD = ("model-offload", "sequential-offload", "group-offload")
+OFFLOAD = ("model-offload", "sequential-offload", "group-offload", "group-offload-leaf")
 OTHER = ("vae-slicing", "vae-tiling", "tiny-vae", "int8", "nf4-text-encoder", "staged",
-         "balanced")
+         "balanced", "no-t5", "nf4-transformer", "fp8", "qint8", "qfloat8", "layerwise-fp8",
+         "offload-stream")
 ALL = tuple(DTYPES) + ATTENTION + OFFLOAD + OTHER
 ALIASES = {
     "offload-model": "model-offload", "offload-sequential": "sequential-offload",
     "offload-group": "group-offload", "model": "model-offload", "sequential": "sequential-offload",
     "group": "group-offload", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-    "nf4": "nf4-text-encoder", "int8-weights": "int8",
+    "nf4": "nf4-text-encoder", "int8-weights": "int8", "nf4-t5": "nf4-text-encoder",
+    "nf4-denoiser": "nf4-transformer", "group-offload-block": "group-offload",
+    "offload-group-leaf": "group-offload-leaf", "leaf": "group-offload-leaf",
+    "layerwise-casting": "layerwise-fp8", "fp8-layerwise": "layerwise-fp8", "without-t5": "no-t5",
+    "quanto-int8": "qint8", "quanto-fp8": "qfloat8", "torchao-int8": "int8", "torchao-fp8": "fp8",
 }
+# techniques that change how weights are stored, or where they live between uses: the pipeline
+# is built on the CPU and the technique applied there, as a checkpoint load would
+CPU_FIRST = ("nf4-text-encoder", "nf4-transformer", "int8", "fp8", "qint8", "qfloat8",
+             "layerwise-fp8", "staged", "balanced")  # torchao/quanto: built like int8 always was
 
 
 class TechniqueError(ValueError):
@@ -52,9 +65,16 @@ class Plan:
     def has(self, name: str) -> bool:
         return name in self.flags or name == self.offload
 
+    def build_on_device(self, pipeline: str) -> bool:
+        """Flux/SD 3.5 are built on the target device unless weights start on the CPU."""
+        return pipeline in FLOW and not self.offload and not any(self.has(n) for n in CPU_FIRST)
+
 
 def _available(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # "optimum.quanto" without optimum
+        return False
 
 
 def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
@@ -90,15 +110,7 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
     if p.offload and not cuda:
         raise TechniqueError(f"{p.offload} needs a CUDA device (offloading moves weights "
                              f"between CPU and accelerator); this run is on {device}")
-    if p.has("nf4-text-encoder"):
-        if not cuda:
-            raise TechniqueError("nf4-text-encoder needs a CUDA device (bitsandbytes 4-bit "
-                                 f"quantizes on the GPU); this run is on {device}")
-        if not _available("bitsandbytes"):
-            raise TechniqueError("nf4-text-encoder needs the bitsandbytes package "
-                                 "(pip install bitsandbytes)")
-    if p.has("int8") and not _available("torchao"):
-        raise TechniqueError("int8 needs the torchao package (pip install torchao)")
+    _check_weights(p, device=device, pipeline=pipeline)
     if p.has("staged"):
         if pipeline != "pixart-sigma":
             raise TechniqueError("staged is the PixArt-Σ walkthrough; use --pipeline pixart-sigma")
@@ -111,7 +123,7 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
         if num_gpus < 2:
             raise TechniqueError(f"balanced spreads components over GPUs but only {num_gpus} "
                                  "is visible")
-        clash = [n for n in ("tiny-vae", "int8", "nf4-text-encoder") if p.has(n)]
+        clash = [n for n in ("tiny-vae", "nf4-text-encoder", *DENOISER_QUANT) if p.has(n)]
         if p.offload:
             clash.append(p.offload)
         if clash:
@@ -121,6 +133,49 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
         # CPU fp16 kernels are missing or very slow for several ops; bf16 is the CPU half type
         raise TechniqueError("fp16 on CPU is not supported here; use bf16 or fp32")
     return p
+
+
+def _check_weights(p: Plan, *, device: str, pipeline: str) -> None:
+    """Quantization, T5 and architecture checks (one TechniqueError line each)."""
+    cuda = device.startswith("cuda")
+    quants = [n for n in DENOISER_QUANT if p.has(n)]
+    if len(quants) > 1:
+        raise TechniqueError(f"pick one weight format for the denoiser, not {' and '.join(quants)}")
+    for name in ("nf4-text-encoder", "nf4-transformer"):
+        if p.has(name):
+            if not cuda:
+                raise TechniqueError(f"{name} needs a CUDA device (bitsandbytes 4-bit quantizes on "
+                                     f"the GPU); this run is on {device}")
+            if not _available("bitsandbytes"):
+                raise TechniqueError(f"{name} needs the bitsandbytes package (pip install bitsandbytes)")
+    for name in ("int8", "fp8"):
+        if p.has(name) and not _available("torchao"):
+            raise TechniqueError(f"{name} needs the torchao package (pip install torchao)")
+    if p.has("fp8"):
+        if not cuda:
+            raise TechniqueError(f"fp8 (torchao float8 weights) needs a CUDA GPU; this run is on {device}")
+        major, minor = torch.cuda.get_device_capability(torch.device(device))
+        if (major, minor) < (8, 9):
+            raise TechniqueError(f"fp8 needs a GPU of compute capability 8.9 or newer (this one is "
+                                 f"{major}.{minor}); use layerwise-fp8 or int8")
+    for name in ("qint8", "qfloat8"):
+        if p.has(name) and not _available("optimum.quanto"):
+            raise TechniqueError(f"{name} needs the optimum-quanto package (pip install optimum-quanto)")
+        if p.has(name) and p.offload:
+            raise TechniqueError(f"{name} cannot be offloaded: quanto's frozen weights cannot be moved "
+                                 f"between devices (Module.to fails); drop {p.offload}")
+    if p.has("offload-stream") and p.offload not in ("group-offload", "group-offload-leaf"):
+        raise TechniqueError("offload-stream overlaps group offloading's transfers with compute; "
+                             "add group-offload or group-offload-leaf")
+    if p.has("no-t5") and not pipeline.startswith("sd35"):
+        raise TechniqueError(f"no-t5 drops SD 3.5's optional third text encoder; {pipeline} "
+                             "cannot run without its T5")
+    if pipeline in FLOW:
+        clash = [n for n in ("classic", "sliced") if p.attention == n]
+        clash += [n for n in ("tiny-vae",) if p.has(n)]
+        if clash:
+            raise TechniqueError(f"{clash[0]} does not apply to {pipeline} (joint-attention "
+                                 "processors; 16-channel latents)")
 
 
 # --- application ---------------------------------------------------------------------------------
@@ -159,7 +214,24 @@ def apply_module_techniques(pipe: Any, p: Plan, *, seed: int = 0, height: int | 
         from .pipelines import text_encoders
 
         for _, enc in text_encoders(pipe):
-            to_nf4(enc, compute_dtype=p.dtype)
+            qz.to_nf4(enc, compute_dtype=p.dtype)
+    if p.has("nf4-transformer"):
+        qz.to_nf4(den, compute_dtype=p.dtype)
+    elif p.has("layerwise-fp8"):
+        qz.layerwise_fp8(den, compute_dtype=p.dtype)
+
+
+def quantize_after_load(pipe: Any, p: Plan) -> None:
+    """torchao and quanto quantize the weights where they are: on the GPU after loading, or on
+    the CPU under offloading (the runner calls this at the right moment). Quanto's frozen
+    weights cannot be moved afterwards: ``Module.to`` fails with "Couldn't swap QConv2d.weight"
+    (measured, torch 2.13), so they are never quantized before a move."""
+    from .pipelines import denoiser
+
+    if p.has("int8") or p.has("fp8"):
+        qz.quantize_torchao(denoiser(pipe), "int8" if p.has("int8") else "fp8")
+    elif p.has("qint8") or p.has("qfloat8"):
+        qz.quantize_quanto(denoiser(pipe), "qint8" if p.has("qint8") else "qfloat8")
 
 
 def shrink_tiles(vae: Any, height: int | None, width: int | None) -> None:
@@ -180,43 +252,14 @@ def shrink_tiles(vae: Any, height: int | None, width: int | None) -> None:
         vae.tile_latent_min_size = tile // scale
 
 
-def to_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> int:
-    """Swap every nn.Linear for bitsandbytes Linear4bit (NF4); weights quantize on .to(cuda).
-
-    This is what transformers' ``replace_with_bnb_linear`` does under
-    ``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")``.
-    """
-    import bitsandbytes as bnb
-
-    count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, torch.nn.Linear):
-            q = bnb.nn.Linear4bit(child.in_features, child.out_features,
-                                  bias=child.bias is not None, compute_dtype=compute_dtype,
-                                  quant_type="nf4", device="cpu")
-            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False,
-                                         quant_type="nf4")
-            if child.bias is not None:
-                q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-            setattr(module, name, q)
-            count += 1
-        else:
-            count += to_nf4(child, compute_dtype)
-    return count
-
-
-def quantize_int8(module: torch.nn.Module) -> None:
-    """torchao int8 weight-only quantization of every Linear in ``module`` (in place)."""
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    quantize_(module, Int8WeightOnlyConfig())
-
-
-def apply_offload(pipe: Any, p: Plan, device: torch.device) -> None:
+def apply_offload(pipe: Any, p: Plan, device: torch.device, blocks_per_group: int = 1) -> None:
     if p.offload == "model-offload":
         pipe.enable_model_cpu_offload(device=device)
     elif p.offload == "sequential-offload":
         pipe.enable_sequential_cpu_offload(device=device)
-    elif p.offload == "group-offload":
+    elif p.offload in ("group-offload", "group-offload-leaf"):
+        kw: dict[str, Any] = dict(offload_type="block_level", num_blocks_per_group=blocks_per_group)
+        if p.offload == "group-offload-leaf":
+            kw = dict(offload_type="leaf_level")
         pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
-                                  offload_type="block_level", num_blocks_per_group=1)
+                                  use_stream=p.has("offload-stream"), **kw)

@@ -7,7 +7,6 @@ and HTML renderers each escape those values for their own sink.
 
 from __future__ import annotations
 
-import html
 from typing import Any, Callable, NamedTuple
 
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
@@ -145,30 +144,21 @@ def render_full_markdown(doc: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- HTML
 
-_MATRIX_CSS = """<style>
-table.sv-matrix { border-collapse: collapse; width: 100%; font-size: 13px; }
-table.sv-matrix th { text-align: left; font-weight: 600; border-bottom: 1px solid #ccc; padding: 4px 8px; }
-table.sv-matrix td { border-top: 1px solid #e3e3e3; padding: 4px 8px; font-variant-numeric: tabular-nums; white-space: nowrap; }
-.sv-matrix-wrap { overflow-x: auto; }
-</style>"""
-
-
-def _esc(text: Any) -> str:
-    # one visible line, as in the Markdown (control characters shown as escapes), HTML-escaped
-    return html.escape(printable(text, None))
+def _line(text: Any) -> str:
+    # one visible line, as in the Markdown (control characters shown as escapes); the page kit escapes it
+    return printable(text, None)
 
 
 def matrix_card_html(doc: dict[str, Any]) -> str:
-    """The matrix table, its rule and notes as one HTML card (escaped here, from plain values)."""
+    """The matrix table, its rule and notes as one card of the shared page kit."""
+    from snapviz.render.html.page import card_open, esc, html_table
+
     head, rows = table_cells(doc)
-    th = "".join(f"<th>{_esc(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{_esc(c.value)}</td>" for c in row) + "</tr>" for row in rows)
-    items = "".join(f"<li>{_esc(n)}</li>" for n in _notes(bounded_doc(doc), str, str))
-    return (f'{_MATRIX_CSS}<section class="sv-card" id="sv-matrix"><h2>Technique matrix</h2>'
-            f'<p class="sv-hint">{_esc(doc["memory_metric_text"])}. {_esc(doc["time_text"])}.</p>'
-            f'<div class="sv-matrix-wrap"><table class="sv-matrix" id="sv-matrix-table"><thead><tr>{th}</tr></thead>'
-            f'<tbody>{body}</tbody></table></div><p class="sv-hint">{_esc(doc["ranking_rule"])}</p>'
-            f'{"<ul>" + items + "</ul>" if items else ""}</section>')
+    table = html_table([_line(h) for h in head], [[_line(c.value) for c in row] for row in rows], "sv-matrix-table")
+    items = "".join(f"<li>{esc(_line(n))}</li>" for n in _notes(bounded_doc(doc), str, str))
+    return (card_open("Technique matrix", f"{_line(doc['memory_metric_text'])}. {_line(doc['time_text'])}.", "sv-matrix")
+            + f'<div class="sv-cmp-wrap">{table}</div><p class="sv-hint">{esc(_line(doc["ranking_rule"]))}</p>'
+            + (f"<ul>{items}</ul>" if items else "") + "</section>")
 
 
 def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:
@@ -176,18 +166,10 @@ def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:
 
     bokeh is imported here, not at module level: a GPU box without it still writes the JSON
     and Markdown (the caller reports the ImportError and carries on)."""
-    from snapviz.render.html import build_page
+    from snapviz.render.html import build_page, render_compare_html
+    from snapviz.render.html.page import table_css
 
     card = matrix_card_html(doc)
     if cmp is not None and doc.get("compare"):
-        from snapviz.render.html import render_compare_html
-
-        page = render_compare_html(cmp, doc["compare"])
-        cut = page.find("</header>")
-        if cut >= 0:
-            cut += len("</header>")
-            return page[:cut] + card + page[cut:]
-        cut = page.find("<footer")
-        if cut >= 0:
-            return page[:cut] + card + page[cut:]
-    return build_page(f"snapviz matrix: {doc['pipeline']}", [card])
+        return render_compare_html(cmp, doc["compare"], lead=[card])
+    return build_page(f"snapviz matrix: {doc['pipeline']}", [table_css(), card])

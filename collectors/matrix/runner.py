@@ -52,6 +52,10 @@ class MatrixOptions:
             args += ["--technique", t]
         if not self.history:
             args.append("--no-history")
+            if self.device != "cpu" and not self.profile:
+                # run.json's allocator peaks are the measurement; a profiler would slow the steps
+                # it times and write gigabytes of trace at full size
+                args.append("--no-profile")
         args.append("--sync-stages")  # the table reports per-step wall times
         if self.profile:
             args += ["--profile", "--profile-scope", "after-load"]
@@ -213,6 +217,11 @@ class _Runner:
             raise
         order = {v.label: i for i, v in enumerate(variants)}
         return sorted(results, key=lambda r: order[r.variant.label])
+
+
+def run_one(opts: MatrixOptions, v: Variant, gpu: str | None = None) -> VariantResult:
+    """One variant in its own collector process, now (``snapviz fit`` decides the next one from it)."""
+    return _Runner(opts, [gpu], lambda i, n, r: None).run_one(v, gpu)
 
 
 def run_variants(opts: MatrixOptions, variants: Sequence[Variant], slots: list[str | None],

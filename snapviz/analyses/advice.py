@@ -11,13 +11,16 @@ from typing import Any
 
 import pandas as pd
 
+from snapviz.analyses.training_advice import TRAIN_PHASES
 from snapviz.vocab import stage_group
 
 
 def _cat(categories: pd.DataFrame, name: str) -> int:
+    """Bytes of category ``name`` and of its per-model parts (``weights: T5`` counts as ``weights``)."""
     if not len(categories):
         return 0
-    m = categories["category"] == name
+    cat = categories["category"].astype(str)
+    m = (cat == name) | cat.str.startswith(name + ": ")
     return int(categories.loc[m, "bytes"].sum())
 
 
@@ -52,7 +55,10 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
         out.append({"technique": "fp16/bf16 weights", "why": f"fp32 weights take {weights / total:.0%} of the peak",
                     "saves_up_to_bytes": weights // 2,
                     "how": "DiffusionPipeline.from_pretrained(..., torch_dtype=torch.float16)  (bf16 also avoids SDXL's fp32 VAE upcast)"})
-    if weights and not techniques & {"model-offload", "sequential-offload", "group-offload", "offload"} and weights / total > 0.4:
+    # training keeps every weight busy in each step (the frozen base of a LoRA too): nothing idles to offload
+    training = stage in TRAIN_PHASES
+    if (weights and not training and not techniques & {"model-offload", "sequential-offload", "group-offload", "offload"}
+            and weights / total > 0.4):
         out.append({"technique": "model CPU offload",
                     "why": f"weights are {weights / total:.0%} of the peak, but only one model runs at a time",
                     "saves_up_to_bytes": None,

@@ -171,7 +171,7 @@ def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, max
     """Bytes live per category after each sampled event row, ready for a stacked area.
 
     Columns: ``row``, ``time_us``, ``stage``, ``allocated``, one per category (CATEGORIES,
-    then any a user rule adds), and ``before recording`` (memory from before the recorded window:
+    then any other a rule names that this run allocates), and ``before recording`` (memory from before the recorded window:
     ``allocated`` minus the categories, so each row's categories add up to ``allocated``).
     Computed with one cumulative sum per category over all events.
     """
@@ -180,19 +180,24 @@ def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, max
     rules = rules if rules is not None else load_rules()
     tables = tables if tables is not None else StackTables(snap)
     names = category_names(rules)
-    cols = ["row", "time_us", "stage", "allocated", *names, BEFORE_RECORDING]
     if not n:
-        return pd.DataFrame(columns=cols)
+        return pd.DataFrame(columns=["row", "time_us", "stage", "allocated", *CATEGORIES, BEFORE_RECORDING])
     allocated = ev["allocated"].to_numpy().astype(np.int64)
     rows_out = sample_rows(allocated, max_points)
     arows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
     codes = _category_codes(snap, rep, labels, arows, rules, tables)
+    # a rule's own category (weights: T5, rotary embeddings, a user's) is a column only where it occurs
+    used = set(np.unique(codes).tolist())
+    cols = ["row", "time_us", "stage", "allocated",
+            *(c for i, c in enumerate(names) if i < len(CATEGORIES) or i in used), BEFORE_RECORDING]
     size = ev["block_size"].to_numpy()[arows].astype(np.float64)
     end = np.minimum(ev["free_row"].to_numpy()[arows], n)
     data: dict[str, np.ndarray] = {"row": rows_out, "time_us": ev["time_us"].to_numpy()[rows_out],
                                    "stage": labels[rows_out], "allocated": allocated[rows_out]}
     total = np.zeros(len(rows_out), np.int64)
     for ci, cat in enumerate(names):
+        if cat not in cols:
+            continue
         m = codes == ci
         if m.any():
             delta = np.bincount(arows[m], weights=size[m], minlength=n + 1)

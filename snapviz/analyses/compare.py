@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.compare_sites import changed_sites, compare_sites
+from snapviz.analyses.compare_verdict import change_ratio, verdict_line
 from snapviz.analyses.digest import RunDigest
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
 
 SCHEMA = COMPARE_SCHEMA
-UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated unchanged"
-UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,6 @@ def merge_orders(orders: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _ratio(delta: float, base: float) -> float | None:
-    if base is None or pd.isna(base) or base == 0 or delta is None or pd.isna(delta):
-        return None
-    return float(delta) / float(base)
-
-
 def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels: list[str], key_col: str) -> pd.DataFrame:
     """Long table key x run with peaks and deltas vs run 0 (missing: NA)."""
     rows = []
@@ -84,7 +78,7 @@ def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels:
             d = (v[0] - base[0]) if (v and base) else None
             dr = (v[1] - base[1]) if (v and base) else None
             rows.append({key_col: key, "run": r, "label": labels[r], "peak_allocated_bytes": a, "peak_reserved_bytes": res,
-                         "delta_bytes": d, "delta_ratio": _ratio(d, base[0]) if (d is not None and base) else None,
+                         "delta_bytes": d, "delta_ratio": change_ratio(d, base[0]) if (d is not None and base) else None,
                          "reserved_delta_bytes": dr})
     df = pd.DataFrame(rows, columns=[key_col, "run", "label", "peak_allocated_bytes", "peak_reserved_bytes", "delta_bytes",
                                      "delta_ratio", "reserved_delta_bytes"])
@@ -92,127 +86,6 @@ def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels:
         df[c] = df[c].astype("Int64")
     df["delta_ratio"] = df["delta_ratio"].astype("Float64")
     return df
-
-
-def compare_sites(digests: Sequence[RunDigest]) -> pd.DataFrame:
-    """Sites of every run matched by site string; status of each other run vs the base."""
-    cols = ["site", "run", "label", "allocs", "total_bytes", "peak_live_bytes", "delta_total_bytes", "delta_peak_live_bytes", "status"]
-    frames = [d.sites.assign(run=i, label=d.label) for i, d in enumerate(digests) if len(d.sites)]
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    allr = pd.concat(frames, ignore_index=True)
-    sites = list(dict.fromkeys(allr["site"].tolist()))
-    full = pd.MultiIndex.from_product([sites, range(len(digests))], names=["site", "run"])
-    t = allr.set_index(["site", "run"])[["allocs", "total_bytes", "peak_live_bytes"]].reindex(full)
-    present = t["allocs"].notna().to_numpy().reshape(len(sites), len(digests))
-    vals = {c: t[c].fillna(0).to_numpy(np.int64).reshape(len(sites), len(digests)) for c in ("allocs", "total_bytes", "peak_live_bytes")}
-    d_total = vals["total_bytes"] - vals["total_bytes"][:, :1]
-    d_live = vals["peak_live_bytes"] - vals["peak_live_bytes"][:, :1]
-    status = np.full((len(sites), len(digests)), "same", dtype=object)
-    main = np.where(d_live != 0, d_live, d_total)
-    status[main > 0] = "grew"
-    status[main < 0] = "shrank"
-    status[present & ~present[:, :1]] = "appeared"
-    status[~present & present[:, :1]] = "vanished"
-    status[~present & ~present[:, :1]] = "absent"
-    no_sites = np.array([len(d.sites) == 0 for d in digests])  # trace-only runs: sites unknown, not vanished
-    status[:, no_sites | no_sites[0]] = "n/a"
-    status[:, 0] = "base"
-    out = pd.DataFrame({
-        "site": np.repeat(np.array(sites, dtype=object), len(digests)), "run": np.tile(np.arange(len(digests)), len(sites)),
-        "label": np.tile(np.array([d.label for d in digests], dtype=object), len(sites)),
-        "allocs": vals["allocs"].ravel(), "total_bytes": vals["total_bytes"].ravel(),
-        "peak_live_bytes": vals["peak_live_bytes"].ravel(), "delta_total_bytes": d_total.ravel(),
-        "delta_peak_live_bytes": d_live.ravel(), "status": status.ravel()})
-    return out[cols]
-
-
-def changed_sites(sites: pd.DataFrame, limit: int = 25) -> list[str]:
-    """Sites that grew, shrank, appeared or vanished in some run, biggest change first."""
-    if not len(sites):
-        return []
-    others = sites[sites["run"] > 0]
-    ch = others[others["status"].isin(["grew", "shrank", "appeared", "vanished"])]
-    if not len(ch):
-        return []
-    score = np.maximum(ch["delta_peak_live_bytes"].abs().to_numpy(), ch["delta_total_bytes"].abs().to_numpy())
-    best = pd.Series(score, index=ch["site"].to_numpy()).groupby(level=0).max().sort_values(ascending=False, kind="stable")
-    return best.index[:limit].tolist()
-
-
-def _signed_pct(r: float) -> str:
-    s = f"{abs(r) * 100:.1f}%"
-    return ("−" if r < 0 else "+") + s
-
-
-def verdict_line(base: RunDigest, other: RunDigest, stages: pd.DataFrame, run: int) -> str:
-    """One line: "OTHER lowers peak allocated by 2.31 GiB (−20.6%), mostly in vae_decode; denoise unchanged (±0.3%)".
-
-    ``stages`` is the aligned stage-group table of :func:`compare_runs`; ``run`` is other's index.
-    """
-    d = other.peak_allocated - base.peak_allocated
-    r = _ratio(d, base.peak_allocated)
-    if (r is not None and abs(r) < UNCHANGED_PEAK) or (r is None and d == 0):
-        head = f"{other.label} leaves peak allocated unchanged at {fmt_bytes(other.peak_allocated)} (±{abs(r or 0) * 100:.1f}%)"
-        direction = 0
-    else:
-        verb = "lowers" if d < 0 else "raises"
-        head = f"{other.label} {verb} peak allocated by {fmt_bytes(abs(d))}" + (f" ({_signed_pct(r)})" if r is not None else "")
-        direction = -1 if d < 0 else 1
-    base_peaks = stages[stages["run"] == 0].set_index("name")["peak_allocated_bytes"]
-    mine = stages[stages["run"] == run]
-    both, gone, new = [], [], []
-    for rec in mine.itertuples(index=False):
-        b = base_peaks.get(rec.name)
-        has_b, has_o = b is not None and not pd.isna(b), not pd.isna(rec.peak_allocated_bytes)
-        if has_b and has_o:
-            ratio = None if pd.isna(rec.delta_ratio) else float(rec.delta_ratio)
-            both.append((str(rec.name), int(b), int(rec.delta_bytes), ratio))
-        elif has_b:
-            gone.append(str(rec.name))
-        elif has_o:
-            new.append(str(rec.name))
-    main: str | None = None
-    if direction and both:
-        name, _, delta, _ = max(both, key=lambda x: x[2] * direction)
-        # Comparable moves everywhere (dtype, offload, weights) are not "mostly" anywhere.
-        alike = [x for x in both if x[2] * direction >= 0.5 * delta * direction]
-        if delta * direction > 0 and len(both) >= 3 and len(alike) == len(both):
-            head += ", in every stage"
-        elif delta * direction > 0:
-            main = name
-            head += f", mostly in {main}"
-    clauses: list[str] = []
-    others = [x for x in sorted(both, key=lambda x: -x[1]) if x[0] != main]  # biggest stages first
-    for k, (name, _, delta, ratio) in enumerate(others):
-        if len(clauses) == 3:
-            break
-        if ratio is not None and abs(ratio) < UNCHANGED_STAGE or (ratio is None and delta == 0):
-            if k == 0:  # only the biggest other stage is worth an "unchanged"
-                clauses.append(f"{name} unchanged (±{abs(ratio or 0) * 100:.1f}%)")
-        else:
-            pct = f" ({_signed_pct(ratio)})" if ratio is not None else ""
-            clauses.append(f"{name} {'+' if delta > 0 else '−'}{fmt_bytes(abs(delta))}{pct}")
-    if gone:
-        clauses.append("no " + ", ".join(gone[:3]) + (" stage" if len(gone) == 1 else " stages"))
-    if new:
-        clauses.append(("new stage " if len(new) == 1 else "new stages ") + ", ".join(new[:3]))
-    counts = [_step_counts(d) for d in (base, other)]
-    for g in counts[0]:
-        if g in counts[1] and counts[1][g] != counts[0][g]:
-            clauses.append(f"{counts[1][g]} {g} steps instead of {counts[0][g]}")
-    if stage_group(other.peak_stage) != stage_group(base.peak_stage):
-        clauses.append(f"peak moves from {stage_group(base.peak_stage)} to {stage_group(other.peak_stage)}")
-    return head + ("; " + "; ".join(clauses) if clauses else "")
-
-
-def _step_counts(d: RunDigest) -> dict[str, int]:
-    names = [n for n in d.stages["name"].tolist() if "/" in n] if len(d.stages) else []
-    out: dict[str, int] = {}
-    for n in names:
-        g = stage_group(n)
-        out[g] = out.get(g, 0) + 1
-    return out
 
 
 def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
@@ -228,9 +101,9 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         "run": i, "label": d.label, "source": d.source, "peak_allocated_bytes": d.peak_allocated,
         "peak_reserved_bytes": d.peak_reserved, "peak_stage": d.peak_stage,
         "delta_bytes": d.peak_allocated - base.peak_allocated,
-        "delta_ratio": _ratio(d.peak_allocated - base.peak_allocated, base.peak_allocated),
+        "delta_ratio": change_ratio(d.peak_allocated - base.peak_allocated, base.peak_allocated),
         "reserved_delta_bytes": d.peak_reserved - base.peak_reserved,
-        "reserved_delta_ratio": _ratio(d.peak_reserved - base.peak_reserved, base.peak_reserved),
+        "reserved_delta_ratio": change_ratio(d.peak_reserved - base.peak_reserved, base.peak_reserved),
         "events": d.events, "truncated": d.truncated, "stage_source": d.stage_source} for i, d in enumerate(digests)])
 
     group_peaks: list[dict[str, tuple[int, int]]] = []
@@ -262,7 +135,7 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         b = _cat_bytes(base, c)
         for i, d in enumerate(digests):
             v = _cat_bytes(d, c)
-            cat_rows.append({"category": c, "run": i, "label": d.label, "bytes": v, "delta_bytes": v - b, "delta_ratio": _ratio(v - b, b)})
+            cat_rows.append({"category": c, "run": i, "label": d.label, "bytes": v, "delta_bytes": v - b, "delta_ratio": change_ratio(v - b, b)})
     categories = pd.DataFrame(cat_rows, columns=["category", "run", "label", "bytes", "delta_bytes", "delta_ratio"])
 
     slot_of = {s: k for k, s in enumerate(slots)}

@@ -17,8 +17,11 @@ Per framed event (vectorized, per unique stack then gathers):
   otherwise: nothing here guesses ``load``;
 * frees no rule explains, and events without frames, inherit the previous event's label;
 * steps: a ``forward`` that follows a ``backward``, ``optimizer`` or ``zero_grad`` phase
-  (after an earlier forward) starts a new training step; with several steps every
-  training phase is numbered ``phase/<step>`` (``load`` is not).
+  (after an earlier forward) starts a new micro-batch, an ``optimizer`` phase a new optimizer
+  step; with several, ``forward``/``backward`` are numbered ``phase/<micro-batch>`` and
+  ``optimizer``/``zero_grad`` ``phase/<step>`` (``load`` is not), as the collector labels them;
+* gradient checkpointing's recomputation (module frames under ``torch/utils/checkpoint.py``'s
+  unpack hook) is ``backward``: a phase rule says so.
 
 Returns None when no event matches a phase rule (the caller then says it does not know
 the program's stages).
@@ -70,7 +73,7 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     joins = ~matched & np.isin(prev_code, [code_of[FORWARD], code_of[BACKWARD]])
     code = np.where(matched, code, np.where(joins, prev_code, code_of[unlabelled]))
 
-    # Training steps: a forward right after a backward or optimizer phase starts the next one.
+    # Micro-batches: a forward right after a backward or optimizer phase starts the next one.
     definite = matched
     last = ffill_index(definite)
     before = np.r_[-1, last[:-1]]
@@ -78,14 +81,22 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     is_fwd = definite & (code == code_of[FORWARD])
     after_a_forward = (np.cumsum(is_fwd) - is_fwd) > 0
     starts = is_fwd & after_a_forward & np.isin(before_code, [code_of[BACKWARD], code_of[OPTIMIZER], code_of[ZERO_GRAD]])
-    step = np.cumsum(starts)
+    micro = np.cumsum(starts)
+    # Optimizer steps: a micro-batch that follows an optimizer or zero_grad phase starts the next
+    # one. Counted apart, so that with gradient accumulation forward/backward carry the micro-batch
+    # and optimizer/zero_grad the step (as `snapviz collect --train` labels them); counted from the
+    # forwards, since a step that allocates nothing (fused AdamW once its state exists) leaves no
+    # optimizer event to count.
+    step = np.cumsum(starts & np.isin(before_code, [code_of[OPTIMIZER], code_of[ZERO_GRAD]]))
 
     # Frameless events and unexplained frees inherit the previous framed event's label.
     fi = ffill_index(framed)
     src = np.where(fi >= 0, fi, int(np.argmax(framed)) if framed.any() else 0)
-    code, step = code[src], step[src]
+    code, micro, step = code[src], micro[src], step[src]
     labels = np.array(vocab, dtype=object)[code]
-    if int(step.max()) > 0:
+    if int(micro.max()) > 0 or int(step.max()) > 0:
+        by_step = np.isin(code, [code_of[OPTIMIZER], code_of[ZERO_GRAD]])
+        number = np.where(by_step, step, micro)
         numbered = ~np.isin(code, [code_of[unlabelled], code_of[LOAD]])   # steps of training, not set-up
-        labels = np.where(numbered, labels + "/" + step.astype(str).astype(object), labels)
+        labels = np.where(numbered, labels + "/" + number.astype(str).astype(object), labels)
     return labels

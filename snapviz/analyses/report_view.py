@@ -1,16 +1,20 @@
 """What the reports draw that takes computing: categories over time, and bytes by category
 at each stage interval's own peak. Plain arrays and DataFrames; renderers only draw them.
+
+:func:`report_view` runs these once per report (the HTML report's analysis step); the
+view-model builders in ``render/html`` read its :class:`ReportView` and compute nothing.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.categories import category_timeline
 from snapviz.analyses.summary import Analysis
+from snapviz.analyses.training_view import training_timeline_view
 from snapviz.vocab import BEFORE_RECORDING
 
 # Stacking order (bottom/left first): what was there before, then what persists across
@@ -25,7 +29,11 @@ MAX_CATEGORY_POINTS = 10000
 def order_categories(names: Iterable[str]) -> list[str]:
     """``names`` in :data:`CATEGORY_ORDER`, then any other (user rule) category in first-seen order."""
     got = list(dict.fromkeys(str(x) for x in names))
-    return [c for c in CATEGORY_ORDER if c in got] + [c for c in got if c not in CATEGORY_ORDER]
+    out: list[str] = []
+    for c in CATEGORY_ORDER:  # per-model parts ("weights: T5") right after their category
+        out += [c] if c in got else []
+        out += sorted(x for x in got if x.startswith(c + ": "))
+    return out + [c for c in got if c not in out]
 
 
 def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
@@ -63,17 +71,37 @@ def stage_category_bytes(stages: pd.DataFrame, stage_live: pd.DataFrame | None, 
     return {c: by[c] for c in order_categories(by) if by[c].any()}
 
 
-def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points: int) -> dict[str, Any]:
+@dataclass
+class CategoryTimelineView:
     """Live bytes by category over time, on category_timeline's own (min/max) sampling.
 
-    ``time_s`` is seconds since ``t0_us`` (NaN without timestamps); ``categories`` are the
-    non-empty ones in stacking order, ``bytes`` their columns.
+    ``time_s`` is seconds since the first event (NaN without timestamps); ``categories`` are
+    the non-empty ones in stacking order, ``bytes`` their columns.
     """
+
+    index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    time_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    allocated: np.ndarray = field(default_factory=lambda: np.empty(0))
+    categories: list[str] = field(default_factory=list)
+    bytes: dict[str, np.ndarray] = field(default_factory=dict)
+    total: int = 0
+    note: str = ""
+
+
+@dataclass
+class ReportView:
+    """What an HTML report of one analysis shows beyond the analysis' own tables."""
+
+    category_timeline: CategoryTimelineView
+    shown_intervals: np.ndarray                 # stage intervals that get a bar
+    stage_category_bytes: dict[str, np.ndarray]  # bytes by category at each shown interval's peak
+
+
+def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points: int) -> CategoryTimelineView:
+    """Live bytes by category over time (see :class:`CategoryTimelineView`)."""
     n = len(an.replay.events)
-    empty = {"index": np.empty(0, np.int64), "time_s": np.empty(0), "allocated": np.empty(0),
-             "categories": [], "bytes": {}, "total": 0, "note": ""}
     if not n:
-        return empty
+        return CategoryTimelineView()
     ct = category_timeline(an.snapshot, an.replay, an.labels.labels,
                            max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
     fixed = {"row", "time_us", "stage", "allocated"}
@@ -81,8 +109,21 @@ def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points:
     rows = ct["row"].to_numpy(np.int64)
     time_s = (ct["time_us"].to_numpy(np.int64) - t0_us) / 1e6 if has_time else np.full(len(rows), np.nan)
     shown = len(rows)
-    return {"index": rows, "time_s": time_s, "allocated": ct["allocated"].to_numpy(np.float64),
-            "categories": cats,
-            "bytes": {c: ct[c].to_numpy(np.float64) for c in cats}, "total": n,
-            "note": (f"sampled at {shown:,} of {n:,} events (min/max of allocated per bucket, peak kept)"
-                     if shown < n else f"all {n:,} events")}
+    return CategoryTimelineView(
+        index=rows, time_s=time_s, allocated=ct["allocated"].to_numpy(np.float64), categories=cats,
+        bytes={c: ct[c].to_numpy(np.float64) for c in cats}, total=n,
+        note=(f"sampled at {shown:,} of {n:,} events (min/max of allocated per bucket, peak kept)" if shown < n
+              else f"all {n:,} events"))
+
+
+def report_view(an: Analysis, max_points: int) -> ReportView:
+    """The report's own analyses of ``an`` (an :class:`~snapviz.analyses.summary.Analysis`)."""
+    time_us = an.replay.events["time_us"].to_numpy(np.int64)
+    has_time = bool(len(time_us)) and bool((time_us >= 0).all())
+    t0 = int(time_us[0]) if has_time else -1
+    shown = shown_intervals(an.stages)
+    cat_tl = category_timeline_view(an, t0, has_time, max_points)
+    if an.training is not None:  # training runs stack their own categories under the phase bands
+        cat_tl = training_timeline_view(an.training, cat_tl)
+    return ReportView(category_timeline=cat_tl, shown_intervals=shown,
+                      stage_category_bytes=stage_category_bytes(an.stages, an.stage_live, shown))

@@ -7,7 +7,9 @@ timeline of a run directory's ``run.json``; then the structure the file has:
 * ``frames``: the stage rules (:mod:`snapviz.analyses.frame_labels`), when they
   recognise the program (a diffusers pipeline, or a program a ``--rules`` file knows);
 * ``phases``: otherwise, generic PyTorch phases from frames (``forward``, ``backward``,
-  ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`);
+  ``optimizer``, ``zero_grad``, ``load``; :mod:`snapviz.analyses.phases`); also when the built-in
+  rules recognise the model but its frames hold a backward or an optimizer step (fine-tuning a
+  pipeline's UNet is training, not denoising);
 * over the phases (or nothing), ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
   ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
   ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
@@ -29,7 +31,7 @@ import pandas as pd
 
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
-from snapviz.analyses.phases import OPTIMIZER, ZERO_GRAD, label_phases
+from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import Snapshot
 from snapviz.vocab import CANONICAL_STAGES, UNLABELLED, stage_group
@@ -185,6 +187,11 @@ def _from_run_json(run_json: dict[str, Any] | None, ev: pd.DataFrame) -> np.ndar
     return label_by_intervals(ev["time_us"].to_numpy(), iv, default="other")
 
 
+def _trains(labels: np.ndarray) -> bool:
+    """Phase labels that hold a backward or an optimizer step: a training program."""
+    return bool({stage_group(str(x)) for x in np.unique(labels)} & {BACKWARD, OPTIMIZER})
+
+
 SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")
 
 
@@ -210,9 +217,13 @@ def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto
     if "frames" in want:
         base = label_from_frames(snap, ev, rules, tables)
         source = "frames" if base is not None else source
-    if base is None and "phases" in want:
-        base = label_phases(ev, rules, tables, UNLABELLED)
-        source = "phases" if base is not None else source
+    # Training a pipeline's model: the built-in stage rules call its forward a pipeline stage (a
+    # UNet call is 'denoise'), but backward and optimizer frames say what the program does. A
+    # user's rules file that names stages is taken at its word.
+    if "phases" in want and (base is None or (use == "auto" and rules.source == "builtin")):
+        phased = label_phases(ev, rules, tables, UNLABELLED)
+        if phased is not None and (base is None or _trains(phased)):
+            base, source = phased, "phases"
     # Ranges paint over generic phases only: a pipeline the rules recognise keeps its own
     # stages and step numbers (its ProfilerStep#N counts pipeline calls, not denoising steps).
     if "annotations" in want and source != "frames" and (painted := _with_annotations(snap, ev, device, base)) is not None:

@@ -16,6 +16,8 @@ from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
+from snapviz.analyses.training_advice import advise_training
+from snapviz.analyses.training_view import TrainingView, training_dict, training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, Snapshot
@@ -47,6 +49,7 @@ class Analysis:
     stage_live: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: bytes by category at its peak
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)   # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
+    training: TrainingView | None = None  # phases, steps and categories of a training run
 
     @property
     def snapshot(self) -> Snapshot:
@@ -161,7 +164,8 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
         warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
     return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
                     attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
-                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables)
+                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables,
+                    training=training_view(snap, rep, labels.labels, stages))
 
 
 def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
@@ -293,4 +297,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "warnings": an.warnings,
     }
     advise_doc.extend(advise(doc, an.categories))
+    if an.training is not None:
+        doc["training"] = training_dict(an.training)
+        advise_doc.extend(advise_training(an.training.phases, run or None))
+        advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
     return doc

@@ -4,7 +4,7 @@
 * :mod:`.options` — option decorators the verbs share; :mod:`.outputs` — the one output-path rule set;
 * :mod:`.share` — ``--perfetto``/``--png``/``--svg``; :mod:`.inputs` — labels and per-input analysis;
 * one module per verb: :mod:`.analyze`, :mod:`.compare`, :mod:`.check`, :mod:`.trim`; the collectors'
-  verbs (``collect``, ``matrix``: torch, diffusers) are registered by name and imported on use (:mod:`.lazy`).
+  verbs (``collect``, ``matrix``, ``fit``: torch, diffusers) are registered by name and imported on use (:mod:`.lazy`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ _COLLECT_INSTALL = "install the collectors' dependencies: pip install 'snapviz[c
 LAZY_VERBS = {
     "collect": LazyVerb(
         "collectors.cli:collect", "Run a diffusion pipeline with stage labels and record its memory.", _COLLECT_INSTALL
+    ),
+    "fit": LazyVerb(
+        "collectors.cli:fit",
+        "Find the technique combinations that fit each card, their peaks and times, and the fastest.",
+        _COLLECT_INSTALL,
     ),
     "matrix": LazyVerb(
         "collectors.cli:matrix",

@@ -111,6 +111,21 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _training_table(doc: dict[str, Any]) -> list[str]:
+    """Training runs: per optimizer step, its peak and the training categories live at it."""
+    steps = (doc.get("training") or {}).get("steps") or []
+    if not steps:
+        return []
+    cats = [c for c in doc["training"]["categories"] if any(s["categories_at_peak"].get(c) for s in steps)]
+    out = ["Per optimizer step, the peak and what it is made of (allocator blocks):", "",
+           "| step | peak | in | " + " | ".join(md_text(c) for c in cats) + " |",
+           "|---:|---:|---|" + "---:|" * len(cats)]
+    for s in steps[:MAX_STAGE_ROWS]:
+        out.append(f"| {s['step']} | {fmt_bytes(s['peak_allocated_bytes'])} | {md_code(s['peak_phase'])} | "
+                   + " | ".join(fmt_bytes(s["categories_at_peak"].get(c, 0)) for c in cats) + " |")
+    return out + [""]
+
+
 def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | None = None) -> str:
     """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
     :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping"). ``picture``: the path of
@@ -154,6 +169,7 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
             out.append(f"- **{md_text(a['technique'])}**{saves}: {md_text(a['why'])}. {md_code(a['how'])}")
         out.append("")
     out += _stage_table(doc)
+    out += _training_table(doc)
     att = doc.get("attention") or {}
     if att.get("count"):
         lg = att["largest"]

@@ -175,18 +175,18 @@ def compare_picture_data(cmp: Comparison, doc: dict[str, Any]) -> dict[str, Any]
     from snapviz.render.html.compare_data import compare_report_data
 
     rd = compare_report_data(cmp, doc)
-    spans = _stage_spans(list(rd["slots"]), np.asarray(rd["bands"]["left"]), np.asarray(rd["bands"]["right"]))
+    spans = _stage_spans(list(rd.slots), np.asarray(rd.bands.left), np.asarray(rd.bands.right))
     for s in spans:
-        s["color"] = rd["bands"]["color"][list(rd["bands"]["group"]).index(s["group"])]
-    runs = []
-    for tl, r in zip(rd["timelines"], cmp.runs.itertuples(index=False), strict=True):
-        alloc = np.asarray(tl["allocated"], np.float64)
+        s["color"] = rd.bands.color[list(rd.bands.group).index(s["group"])]
+    runs: list[dict[str, Any]] = []
+    for tl, r in zip(rd.timelines, cmp.runs.itertuples(index=False), strict=True):
+        alloc = np.asarray(tl.allocated, np.float64)
         k = int(np.nanargmax(alloc)) if len(alloc) and np.isfinite(alloc).any() else -1
-        runs.append({"label": tl["label"], "color": tl["color"], "x": np.asarray(tl["x"], np.float64), "allocated": alloc,
-                     "peak_x": float(tl["x"][k]) if k >= 0 else 0.0, "peak_bytes": int(r.peak_allocated_bytes)})
+        runs.append({"label": tl.label, "color": tl.color, "x": np.asarray(tl.x, np.float64), "allocated": alloc,
+                     "peak_x": float(tl.x[k]) if k >= 0 else 0.0, "peak_bytes": int(r.peak_allocated_bytes)})
     base = runs[0]
     parts = [f"{r['label']} {fmt_bytes(r['peak_bytes'])}" for r in runs]
-    return {"title": "peak allocated: " + " vs ".join(parts), "runs": runs, "spans": spans, "n_slots": len(rd["slots"]),
+    return {"title": "peak allocated: " + " vs ".join(parts), "runs": runs, "spans": spans, "n_slots": len(rd.slots),
             "base_label": base["label"]}
 
 

@@ -29,6 +29,12 @@ def render_terminal(doc: dict[str, Any]) -> str:
     stages = [s for s in doc.get("stages") or [] if s.get("peak_allocated_bytes") is not None]
     if stages:
         lines.append("  stages: " + "  ".join(f"{s['name']} {fmt_bytes(s['peak_allocated_bytes'])}" for s in stages[:8]))
+    steps = (doc.get("training") or {}).get("steps") or []
+    if steps:
+        worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
+        parts = sorted(worst["categories_at_peak"].items(), key=lambda kv: -kv[1])
+        lines.append(f"  training peak in {worst['peak_phase']}: "
+                     + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b)[:400])
     top = doc.get("top_allocations") or []
     if top:
         lines.append(f"  top of the peak: {fmt_bytes(top[0]['bytes'])} at {top[0]['site']}")

@@ -213,3 +213,23 @@ def test_module_entry_point_and_no_torch_at_import() -> None:
 def test_table_columns_are_the_inference_stages() -> None:
     # derived from snapviz.vocab, which also lists training phases the matrix never runs
     assert mx.STAGE_GROUPS == ("load", "text_encode", "denoise", "vae_decode")
+
+
+def test_matrix_card_is_a_page_kit_card_with_escaped_text() -> None:
+    """Without a comparison the page is the matrix card alone, built with the shared card and table."""
+    G = 2**30
+    rows = mx.rank_results([_row("base", 12 * G, 3.0), _row("tiling", 8 * G, 4.0),
+                            _row("oom", 0, 0.0, status="oom")], "base")
+    for r in rows:
+        r.setdefault("reason", "out of memory <b>")
+        r.setdefault("verdict", None)
+    doc = {"memory_metric": rows[0]["measure"]["memory_metric"], "baseline": "base", "variants": rows,
+           "ranking_rule": mx.RANKING_RULE, "memory_metric_text": "RSS <i>", "time_text": "call s",
+           "notes": ["a <note>"], "skipped": [], "jobs": 1, "device": "cpu", "pipeline": "sd15"}
+    html = mx.render_matrix_html(doc, None)
+    card = html[html.index('<section class="sv-card" id="sv-matrix">'):]
+    card = card[:card.index("</section>")]
+    head, cells = mx.table_cells(doc)
+    assert card.count("<tr>") == 1 + len(cells) and card.count("<th>") == len(head)
+    assert "RSS &lt;i&gt;" in card and "a &lt;note&gt;" in card and "OOM: out of memory &lt;b&gt;" in card
+    assert "<b>" not in card and "table.sv-matrix" not in html, "escaped, and styled by the page kit's table CSS"

@@ -43,6 +43,11 @@ def playwright_available() -> bool:
     return True
 
 
+_COMPLETE = """
+() => (window.snapviz_pending === undefined || window.snapviz_pending === 0) && window.Bokeh.index
+      && Object.values(window.Bokeh.index).length > 0 && Object.values(window.Bokeh.index).every(v => v.has_finished())
+"""
+
 # Runs in the page once Bokeh reports its documents: counts what actually rendered,
 # looking inside the shadow roots where Bokeh 3 draws.
 _PROBE = """
@@ -122,11 +127,12 @@ def check_report_in_browser(path: str, screenshot_dir: str | None = None, width:
             page.wait_for_function(
                 "() => window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.length > 0 && "
                 "window.Bokeh.documents[0].roots().length > 0", timeout=timeout_ms)
-            # Views are built asynchronously after the document: wait until Bokeh says
-            # every root has finished rendering (Document.is_idle).
+            # Views are built asynchronously after the document, and snapviz pages add the roots
+            # below the first screen one per frame (render/html/assets/lazy_embed.js): wait until
+            # every root is added and every view has finished rendering. (Document.is_idle stays
+            # false for roots added after the first idle notification, so it cannot tell.)
             try:
-                page.wait_for_function("() => window.Bokeh.documents.every(d => d.is_idle !== false)",
-                                       timeout=timeout_ms)
+                page.wait_for_function(_COMPLETE, timeout=timeout_ms)
             except Exception as exc:  # noqa: BLE001 - reported, and the counts below tell the rest
                 errors.append(f"timeout waiting for Bokeh to finish rendering: {type(exc).__name__}")
             page.wait_for_timeout(300)

@@ -321,12 +321,12 @@ def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], 
 
     cmp = pair["cmp"]
     data = compare_report_data(cmp, compare_dict(cmp))
-    assert data["slots"] == cmp.slots and list(data["bands"]["left"]) == list(range(len(cmp.slots)))
+    assert data.slots == cmp.slots and list(data.bands.left) == list(range(len(cmp.slots)))
     k = cmp.slots.index("vae_decode")
-    peaks = [float(t["allocated"][(t["x"] >= k) & (t["x"] < k + 1)].max()) for t in data["timelines"]]
+    peaks = [float(t.allocated[(t.x >= k) & (t.x < k + 1)].max()) for t in data.timelines]
     assert peaks == [5 * GiB + 10 * MiB, 2 * GiB + 10 * MiB + 768 * MiB]
-    assert ("vae_decode", "tiled") in data["bars"]["factors"]
-    assert data["site_rows"][0]["site"].startswith("diffusers/models/autoencoders/")
+    assert ("vae_decode", "tiled") in data.bars.factors
+    assert data.site_rows[0].name.startswith("diffusers/models/autoencoders/")
     html = render_compare_report_data(data)
     assert "<script src=" not in html and "<link " not in html
     # A lead block (the matrix's card) goes right after the header, before the first card.

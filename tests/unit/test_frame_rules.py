@@ -401,7 +401,11 @@ def test_builtin_rules_are_valid_package_data() -> None:
     (("forward", "diffusers/models/unets/unet_2d_condition.py"), "denoise"),
     (("forward", "diffusers/models/transformers/transformer_flux.py"), "denoise"),
     (("forward", "diffusers/models/unets/unet_2d_blocks.py"), None),       # also inside the VAE
-    (("forward", "transformers/models/t5/modeling_t5.py"), None),          # HF transformers is not a denoiser
+    (("forward", "transformers/models/t5/modeling_t5.py"), "text_encode"),  # a text encoder, never a denoiser
+    (("forward", "transformers/models/clip/modeling_clip.py"), "text_encode"),
+    (("forward", "transformers/models/llama/modeling_llama.py"), None),    # other HF models: no pipeline stage
+    (("forward", "diffusers/models/transformers/transformer_sd3.py"), "denoise"),
+    (("_prepare_latent_image_ids", "diffusers/pipelines/flux/pipeline_flux.py"), None),  # attach previous: no stage of its own
     (("tiled_decode", "diffusers/models/autoencoders/autoencoder_kl.py"), "vae_decode"),
     (("decode", "diffusers/models/autoencoders/autoencoder_tiny.py"), "vae_decode"),
     (("forward", "diffusers/models/autoencoders/vae.py"), "vae_decode"),

@@ -22,7 +22,7 @@ from snapviz.analyses.decimate import decimate_minmax, was_decimated
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
 from snapviz.render.html.palette import stage_palette
-from snapviz.render.html.view_common import stack_text
+from snapviz.render.html.view_models import SnapshotReport
 from paths import SAMPLES
 
 GiB = 1 << 30
@@ -167,11 +167,18 @@ def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, A
 
 
 @pytest.fixture(scope="module")
-def data(analysed: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
-    from snapviz.render.html.snapshot_data import report_data
+def data(analysed: tuple[Any, dict[str, Any]]) -> SnapshotReport:
 
     an, doc = analysed
     return report_data(an, doc, max_points=300)
+
+
+def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> SnapshotReport:
+    """The snapshot report's view-model, after the report's own analysis step (as render_html does)."""
+    from snapviz.analyses.report_view import report_view
+    from snapviz.render.html.snapshot_data import report_data as build
+
+    return build(an, doc, report_view(an, max_points), max_points=max_points)
 
 
 def _analyse(snap: dict[str, Any], run: dict[str, Any] | None = None, source: str = "snap") -> tuple[Any, dict[str, Any]]:
@@ -263,82 +270,82 @@ def test_decimate_million_points_keeps_the_peak() -> None:
 # report_data: what the renderer is handed
 # --------------------------------------------------------------------------------------
 
-def test_timeline_columns_are_aligned_and_decimated(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_timeline_columns_are_aligned_and_decimated(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    tl = data["timeline"]
-    n = len(tl["index"])
-    assert n <= 300 + 3 and all(len(v) == n for v in tl.values())
+    tl = data.timeline
+    n = len(tl.index)
+    assert n <= 300 + 3 and all(len(v) == n for v in tl.columns().values())
     ev = an.replay.events
-    rows = tl["index"]
-    assert np.array_equal(tl["allocated"], ev["allocated"].to_numpy()[rows])
-    assert np.array_equal(tl["reserved"], ev["reserved"].to_numpy()[rows])
-    assert np.array_equal(tl["requested"], ev["requested"].to_numpy()[rows])
-    assert np.array_equal(tl["fragmentation"], tl["reserved"] - tl["allocated"])
-    assert tl["time_s"][0] == 0.0 and np.all(np.diff(tl["time_s"]) >= 0)
+    rows = tl.index
+    assert np.array_equal(tl.allocated, ev["allocated"].to_numpy()[rows])
+    assert np.array_equal(tl.reserved, ev["reserved"].to_numpy()[rows])
+    assert np.array_equal(tl.requested, ev["requested"].to_numpy()[rows])
+    assert np.array_equal(tl.fragmentation, tl.reserved - tl.allocated)
+    assert tl.time_s[0] == 0.0 and np.all(np.diff(tl.time_s) >= 0)
     us = ev["time_us"].to_numpy()
-    assert np.allclose(tl["time_s"], (us[rows] - us[0]) / 1e6)
-    dec = data["decimation"]
-    assert dec["decimated"] and dec["total"] == len(ev) and dec["shown"] == n
-    assert dec["note"] == f"showing {n:,} of {len(ev):,} points (min/max per bucket, peak kept)"
+    assert np.allclose(tl.time_s, (us[rows] - us[0]) / 1e6)
+    dec = data.decimation
+    assert dec.decimated and dec.total == len(ev) and dec.shown == n
+    assert dec.note == f"showing {n:,} of {len(ev):,} points (min/max per bucket, peak kept)"
 
 
-def test_peak_is_kept_and_marked(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_peak_is_kept_and_marked(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    p = data["peak"]
-    assert p["allocated"] == doc["peak"]["allocated_bytes"] == doc["allocator_truth"]["max_memory_allocated"]
-    assert p["index"] == doc["peak"]["event_index"] and p["stage"] == doc["peak"]["stage"]
-    tl = data["timeline"]
-    k = int(np.flatnonzero(tl["index"] == p["index"])[0])
-    assert tl["allocated"][k] == p["allocated"] == tl["allocated"].max()
-    assert p["time_s"] == pytest.approx(tl["time_s"][k])
-    assert p["label"] == f"peak {fmt_bytes(p['allocated'])} · {p['stage']}"
-    assert data["peak"]["reserved_index"] in set(tl["index"].tolist())
+    p = data.peak
+    assert p.allocated == doc["peak"]["allocated_bytes"] == doc["allocator_truth"]["max_memory_allocated"]
+    assert p.index == doc["peak"]["event_index"] and p.stage == doc["peak"]["stage"]
+    tl = data.timeline
+    k = int(np.flatnonzero(tl.index == p.index)[0])
+    assert tl.allocated[k] == p.allocated == tl.allocated.max()
+    assert p.time_s == pytest.approx(tl.time_s[k])
+    assert p.label == f"peak {fmt_bytes(p.allocated)} · {p.stage}"
+    assert data.peak.reserved_index in set(tl.index.tolist())
 
 
-def test_point_stage_action_size_and_site(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_point_stage_action_size_and_site(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     from snapviz.model import A_ALLOC, ACTIONS
 
     an, _ = analysed
-    tl, ev = data["timeline"], an.replay.events
-    rows = tl["index"]
+    tl, ev = data.timeline, an.replay.events
+    rows = tl.index
     labels = np.asarray(an.labels.labels, dtype=object)
-    assert [data["stage_names"][c] for c in tl["stage"]] == [str(x) for x in labels[rows]]
-    assert [data["action_names"][c] for c in tl["action"]] == [ACTIONS[a] for a in ev["action"].to_numpy()[rows]]
+    assert [data.stage_names[c] for c in tl.stage] == [str(x) for x in labels[rows]]
+    assert [data.action_names[c] for c in tl.action] == [ACTIONS[a] for a in ev["action"].to_numpy()[rows]]
     is_alloc = ev["action"].to_numpy()[rows] == A_ALLOC
     assert is_alloc.any()
-    assert np.array_equal(tl["size"][is_alloc], ev["block_size"].to_numpy()[rows][is_alloc])
-    stacks = data["stacks"]
-    for k, row in zip(tl["stack"][is_alloc], rows[is_alloc]):
+    assert np.array_equal(tl.size[is_alloc], ev["block_size"].to_numpy()[rows][is_alloc])
+    stacks = data.stacks
+    for k, row in zip(tl.stack[is_alloc], rows[is_alloc]):
         sid = int(ev["stack_id"].iat[row])
-        assert stacks["stack_id"][k] == sid
-        assert stacks["site"][k] == an.sites.site(sid)
-        assert stack_text(data, int(k)) == an.sites.stack_text(sid)
+        assert stacks.stack_id[k] == sid
+        assert stacks.site[k] == an.sites.site(sid)
+        assert data.stacks.text(int(k)) == an.sites.stack_text(sid)
 
 
-def test_stage_bands_and_colors(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_stage_bands_and_colors(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, _ = analysed
-    b = data["bands"]
-    assert b["name"] == ["load", "text_encode", "denoise/0", "denoise/1", "denoise/2", "denoise/3", "vae_decode"]
-    assert b["group"] == ["load", "text_encode", "denoise", "denoise", "denoise", "denoise", "vae_decode"]
-    colors = dict(zip(b["name"], b["color"]))
+    b = data.bands
+    assert b.name == ["load", "text_encode", "denoise/0", "denoise/1", "denoise/2", "denoise/3", "vae_decode"]
+    assert b.group == ["load", "text_encode", "denoise", "denoise", "denoise", "denoise", "vae_decode"]
+    colors = dict(zip(b.name, b.color))
     assert len({colors[f"denoise/{i}"] for i in range(4)}) == 1, "steps share their stage's color"
     assert len({colors["load"], colors["text_encode"], colors["denoise/0"], colors["vae_decode"]}) == 4
-    assert colors == {k: v for k, v in data["stage_colors"].items() if k in colors}
-    assert b["alpha"][2] != b["alpha"][3], "consecutive steps alternate shade"
-    assert np.array_equal(b["start_index"], an.stages["start_row"].to_numpy())
-    assert np.all(b["end_s"] >= b["start_s"]) and np.all(b["start_s"][1:] >= b["end_s"][:-1] - 1e-9)
+    assert colors == {k: v for k, v in data.stage_colors.items() if k in colors}
+    assert b.alpha[2] != b.alpha[3], "consecutive steps alternate shade"
+    assert np.array_equal(b.start_index, an.stages["start_row"].to_numpy())
+    assert np.all(b.end_s >= b.start_s) and np.all(b.start_s[1:] >= b.end_s[:-1] - 1e-9)
     assert stage_palette(["denoise/7", "my_stage", "load"]) == stage_palette(["denoise/7", "my_stage", "load"])
     assert stage_palette(["denoise/0"])["denoise/0"] == stage_palette(["denoise"])["denoise"]
 
 
-def test_stage_peak_bars_match_the_allocator(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_stage_peak_bars_match_the_allocator(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    bars = data["stage_bars"]
-    assert bars["label"] == data["bands"]["name"]
-    assert np.array_equal(bars["peak_allocated"], an.stages["peak_allocated_bytes"].to_numpy())
+    bars = data.stage_bars
+    assert bars.label == data.bands.name
+    assert np.array_equal(bars.peak_allocated, an.stages["peak_allocated_bytes"].to_numpy())
     truth = [s["peak_allocated_bytes"] for s in an.run.run_json["stages"]]
-    assert bars["allocator_peak"].tolist() == truth, "per-stage peaks equal the allocator's own"
-    assert bars["color"][2] == bars["color"][5] == data["stage_colors"]["denoise/0"]
+    assert bars.allocator_peak.tolist() == truth, "per-stage peaks equal the allocator's own"
+    assert bars.color[2] == bars.color[5] == data.stage_colors["denoise/0"]
 
 
 def test_repeated_stage_names_get_unique_bar_labels() -> None:
@@ -348,7 +355,7 @@ def test_repeated_stage_names_get_unique_bar_labels() -> None:
 
 
 def test_many_stage_intervals_collapse_to_one_bar_per_stage() -> None:
-    from snapviz.render.html.snapshot_data import MAX_STAGE_BARS, report_data
+    from snapviz.analyses.report_view import MAX_STAGE_BARS
 
     snap, run = make_run(steps=2, filler=100)
     for i, e in enumerate(snap["device_traces"][0]):  # labels that flip every few events
@@ -356,84 +363,83 @@ def test_many_stage_intervals_collapse_to_one_bar_per_stage() -> None:
     an, doc = _analyse(snap, None)
     assert len(an.stages) > MAX_STAGE_BARS
     d = report_data(an, doc)
-    bars = d["stage_bars"]
-    assert bars["label"] == ["stage_0", "stage_1", "stage_2"] and "intervals" in bars["note"]
-    assert bars["peak_allocated"].max() == d["peak"]["allocated"]
-    assert len(set(d["stage_colors"].values())) == 3
-    b = d["stage_breakdown"]
-    assert b["label"] == bars["label"] and "one bar per stage" in b["note"]
-    assert np.array_equal(b["total"], bars["peak_allocated"]), "each stage's bar is its highest interval"
-    assert np.array_equal(sum(b["bytes"].values()), b["total"])
-    assert set(d["stage_top"]["interval"].tolist()) <= set(b["interval"].tolist())
+    bars = d.stage_bars
+    assert bars.label == ["stage_0", "stage_1", "stage_2"] and "intervals" in bars.note
+    assert bars.peak_allocated.max() == d.peak.allocated
+    assert len(set(d.stage_colors.values())) == 3
+    b = d.stage_breakdown
+    assert b.label == bars.label and "one bar per stage" in b.note
+    assert np.array_equal(b.total, bars.peak_allocated), "each stage's bar is its highest interval"
+    assert np.array_equal(sum(b.bytes.values()), b.total)
+    assert set(d.stage_top.interval.tolist()) <= set(b.interval.tolist())
     _assert_self_contained(render_html(an, doc))
 
 
-def test_categories_at_the_peak(data: dict[str, Any]) -> None:
-    c = data["categories"]
-    assert c["bytes"].sum() == data["peak"]["allocated"]
-    assert list(c["bytes"]) == sorted(c["bytes"], reverse=True)
-    assert "attention scores" in c["category"] and "weights" in c["category"]
-    assert c["share"].sum() == pytest.approx(1.0)
-    assert all(col.startswith("#") for col in c["color"])
+def test_categories_at_the_peak(data: SnapshotReport) -> None:
+    c = data.categories
+    assert c.bytes.sum() == data.peak.allocated
+    assert list(c.bytes) == sorted(c.bytes, reverse=True)
+    assert "attention scores" in c.category and "weights" in c.category
+    assert c.share.sum() == pytest.approx(1.0)
+    assert all(col.startswith("#") for col in c.color)
 
 
-def test_top_allocations_with_stacks(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_top_allocations_with_stacks(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    top = data["top_allocations"]
-    assert list(top["bytes"]) == [t["bytes"] for t in doc["top_allocations"]]
-    assert list(top["bytes"]) == sorted(top["bytes"], reverse=True)
-    assert top["size"][0] == fmt_bytes(top["bytes"][0])
-    assert top["site"] == [t["site"] for t in doc["top_allocations"]]
-    assert all(s in txt for s, txt in zip(top["site"], top["stack_text"]) if s != "(no frames recorded)")
-    assert all(e <= data["peak"]["index"] for e in top["event_index"])
-    assert "get_attention_scores" in top["site"][0], "the score matrix is the largest block at the peak"
+    top = data.top_allocations
+    assert list(top.bytes) == [t["bytes"] for t in doc["top_allocations"]]
+    assert list(top.bytes) == sorted(top.bytes, reverse=True)
+    assert top.size[0] == fmt_bytes(top.bytes[0])
+    assert top.site == [t["site"] for t in doc["top_allocations"]]
+    assert all(s in txt for s, txt in zip(top.site, top.stack_text) if s != "(no frames recorded)")
+    assert all(e <= data.peak.index for e in top.event_index)
+    assert "get_attention_scores" in top.site[0], "the score matrix is the largest block at the peak"
 
 
-def test_attention_table(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_attention_table(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    att = data["attention"]
-    assert att["summary"]["count"] == doc["attention"]["count"] == 12
-    rows = att["rows"]
-    assert len(rows["bytes"]) == 12 and set(rows["shape"]) == {"16×4096×4096"}
-    assert set(rows["stage"]) == {f"denoise/{i}" for i in range(4)}
-    assert all(lt.endswith("(1 event)") for lt in rows["lifetime"])
-    assert all("get_attention_scores" in t for t in rows["stack_text"])
+    att = data.attention
+    assert att.summary["count"] == doc["attention"]["count"] == 12
+    rows = att.rows
+    assert len(rows.bytes) == 12 and set(rows.shape) == {"16×4096×4096"}
+    assert set(rows.stage) == {f"denoise/{i}" for i in range(4)}
+    assert all(lt.endswith("(1 event)") for lt in rows.lifetime)
+    assert all("get_attention_scores" in t for t in rows.stack_text)
 
 
-def test_stage_breakdown_by_category(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_stage_breakdown_by_category(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     """One stacked bar per stage interval: bytes by category at the interval's own peak."""
     an, doc = analysed
-    b = data["stage_breakdown"]
-    assert b["label"] == data["stage_bars"]["label"] and b["note"] == ""
-    assert b["interval"].tolist() == list(range(len(an.stages)))
-    assert np.array_equal(b["total"], an.stages["peak_allocated_bytes"].to_numpy())
-    assert np.array_equal(sum(b["bytes"].values()), b["total"]), "each bar adds up to the interval's peak"
-    assert np.allclose(sum(b["share"].values()), 1.0)
+    b = data.stage_breakdown
+    assert b.label == data.stage_bars.label and b.note == ""
+    assert b.interval.tolist() == list(range(len(an.stages)))
+    assert np.array_equal(b.total, an.stages["peak_allocated_bytes"].to_numpy())
+    assert np.array_equal(sum(b.bytes.values()), b.total), "each bar adds up to the interval's peak"
+    assert np.allclose(sum(b.share.values()), 1.0)
     # Same numbers as the summary's stages[].intervals[].categories_at_peak.
     intervals = [it for g in doc["stages"] for it in g["intervals"]]
     for j, it in enumerate(intervals):
-        got = {c: int(b["bytes"][c][j]) for c in b["categories"] if b["bytes"][c][j]}
+        got = {c: int(b.bytes[c][j]) for c in b.categories if b.bytes[c][j]}
         assert got == it["categories_at_peak"], it["name"]
-    cats = dict(zip(b["label"], range(len(b["label"]))))
-    att = b["bytes"]["attention scores"]
+    cats = dict(zip(b.label, range(len(b.label))))
+    att = b.bytes["attention scores"]
     assert all(att[cats[f"denoise/{i}"]] == 512 * MiB for i in range(4)), "each step's peak holds a score matrix"
     assert att[cats["load"]] == att[cats["text_encode"]] == att[cats["vae_decode"]] == 0
-    assert b["top_category"][cats["vae_decode"]] == "vae buffers"
-    assert {b["top_category"][cats[f"denoise/{i}"]] for i in range(4)} == {"activations"}
-    assert b["top_category"][cats["load"]] == "weights" and b["top_share"][cats["load"]] == 1.0
-    assert b["categories"] == [c for c in ("weights", "latents & embeddings", "activations", "attention scores",
-                                           "vae buffers") if c in b["categories"]], "fixed stacking order"
-    assert np.array_equal(b["allocator_peak"], data["stage_bars"]["allocator_peak"])
+    assert b.top_category[cats["vae_decode"]] == "vae buffers"
+    assert {b.top_category[cats[f"denoise/{i}"]] for i in range(4)} == {"activations"}
+    assert b.top_category[cats["load"]] == "weights" and b.top_share[cats["load"]] == 1.0
+    assert b.categories == [c for c in ("weights", "latents & embeddings", "activations", "attention scores",
+                                           "vae buffers") if c in b.categories], "fixed stacking order"
+    assert np.array_equal(b.allocator_peak, data.stage_bars.allocator_peak)
 
 
-def test_category_colors_are_the_same_everywhere(data: dict[str, Any]) -> None:
+def test_category_colors_are_the_same_everywhere(data: SnapshotReport) -> None:
     from snapviz.render.html.palette import CATEGORY_COLORS, category_palette
 
-    colors = data["category_colors"]
-    b, ct, c = data["stage_breakdown"], data["category_timeline"], data["categories"]
-    assert b["colors"] == [colors[x] for x in b["categories"]]
-    assert ct["colors"] == [colors[x] for x in ct["categories"]]
-    assert c["color"] == [colors[x] for x in c["category"]]
+    colors = data.category_colors
+    b, ct, c = data.stage_breakdown, data.category_timeline, data.categories
+    assert b.colors == [colors[x] for x in b.categories]
+    assert c.color == [colors[x] for x in c.category]
     assert all(colors[k] == CATEGORY_COLORS[k] for k in colors if k in CATEGORY_COLORS)
     assert len(set(colors.values())) == len(colors), "no two categories share a color"
     # Categories a user rule adds get their own colors, in order of appearance (like stages).
@@ -443,72 +449,71 @@ def test_category_colors_are_the_same_everywhere(data: dict[str, Any]) -> None:
     assert len({extra["my cache"], extra["lora"], *CATEGORY_COLORS.values()}) == len(CATEGORY_COLORS) + 2
 
 
-def test_category_timeline_stacks_to_allocated(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_category_timeline_stacks_to_allocated(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     from snapviz.analyses.categories import category_timeline
 
     an, _ = analysed
-    ct = data["category_timeline"]
+    ct = data.category_timeline
     ev = an.replay.events
     ref = category_timeline(an.run.snapshot, an.replay, an.labels.labels, max_points=300, rules=an.rules, tables=an.tables)
-    assert np.array_equal(ct["index"], ref["row"].to_numpy()), "category_timeline's own sampling"
-    assert ct["total"] == len(ev) and len(ct["index"]) < len(ev) and "sampled at" in ct["note"]
-    assert np.array_equal(ct["allocated"], ev["allocated"].to_numpy()[ct["index"]])
-    assert np.array_equal(sum(ct["bytes"][k] for k in ct["categories"]), ct["allocated"])
-    for k in ct["categories"]:
-        assert np.array_equal(ct["bytes"][k], ref[k].to_numpy()) and ct["bytes"][k].any()
+    assert np.array_equal(ct.index, ref["row"].to_numpy()), "category_timeline's own sampling"
+    assert ct.total == len(ev) and len(ct.index) < len(ev) and "sampled at" in ct.note
+    assert np.array_equal(ct.allocated, ev["allocated"].to_numpy()[ct.index])
+    assert np.array_equal(sum(ct.bytes[k] for k in ct.categories), ct.allocated)
+    for k in ct.categories:
+        assert np.array_equal(ct.bytes[k], ref[k].to_numpy()) and ct.bytes[k].any()
     us = ev["time_us"].to_numpy()
-    assert np.allclose(ct["time_s"], (us[ct["index"]] - us[0]) / 1e6), "the same x as the main timeline"
-    assert [data["stage_names"][k] for k in ct["stage"]] == [str(x) for x in an.labels.labels[ct["index"]]]
-    p = data["peak"]
-    k = np.flatnonzero(ct["index"] == p["index"])
-    assert len(k) == 1 and ct["allocated"][k[0]] == p["allocated"], "the peak is kept"
-    assert ct["bytes"]["attention scores"][k[0]] == 512 * MiB
+    assert np.allclose(ct.time_s, (us[ct.index] - us[0]) / 1e6), "the same x as the main timeline"
+    assert [data.stage_names[k] for k in data.category_stage] == [str(x) for x in an.labels.labels[ct.index]]
+    p = data.peak
+    k = np.flatnonzero(ct.index == p.index)
+    assert len(k) == 1 and ct.allocated[k[0]] == p.allocated, "the peak is kept"
+    assert ct.bytes["attention scores"][k[0]] == 512 * MiB
 
 
-def test_largest_blocks_each_stage_allocated(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_largest_blocks_each_stage_allocated(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    t = data["stage_top"]
+    t = data.stage_top
     st = an.stages
-    assert list(t["bytes"]) == an.stage_top["bytes"].tolist() and t["stage"] == an.stage_top["stage"].tolist()
-    assert set(t["stage"]) == set(data["stage_breakdown"]["label"])
-    for iv, row, size, site, txt in zip(t["interval"], t["event_index"], t["bytes"], t["site"], t["stack_text"]):
+    assert list(t.bytes) == an.stage_top["bytes"].tolist() and t.stage == an.stage_top["stage"].tolist()
+    assert set(t.stage) == set(data.stage_breakdown.label)
+    for iv, row, size, site, txt in zip(t.interval, t.event_index, t.bytes, t.site, t.stack_text):
         assert st["start_row"].iat[iv] <= row <= st["peak_row"].iat[iv], "allocated by the stage, live at its peak"
         assert size == an.replay.events["block_size"].iat[row]
         assert site in txt or site == "(no frames recorded)"
-    vae = [s for s, g in zip(t["site"], t["stage"]) if g == "vae_decode"]
+    vae = [s for s, g in zip(t.site, t.stage) if g == "vae_decode"]
     assert vae and all("autoencoders/vae.py" in s for s in vae)
-    att = [s for s, g in zip(t["site"], t["stage"]) if g == "denoise/0"]
+    att = [s for s, g in zip(t.site, t.stage) if g == "denoise/0"]
     assert "get_attention_scores" in att[0], "the score matrix is denoise/0's largest own block"
     by_doc = [(it["name"], a["bytes"], a["site"]) for g in doc["stages"] for it in g["intervals"]
               for a in it.get("top_allocations") or []]
-    assert by_doc == list(zip(t["stage"], [int(x) for x in t["bytes"]], t["site"]))
+    assert by_doc == list(zip(t.stage, [int(x) for x in t.bytes], t.site))
 
 
-def test_advice_is_handed_over(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_advice_is_handed_over(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     _, doc = analysed
-    adv = data["advice"]
-    assert [a["technique"] for a in adv] == [a["technique"] for a in doc["advice"]]
+    adv = data.advice
+    assert [a.technique for a in adv] == [a["technique"] for a in doc["advice"]]
     first = adv[0]
-    assert first["technique"].startswith("SDPA") and first["saves_up_to_bytes"] == 512 * MiB
-    assert first["saves"] == "up to 512.00 MiB"
-    assert first["share"] == pytest.approx(512 * MiB / doc["peak"]["allocated_bytes"])
-    assert "set_attn_processor" in first["how"]
+    assert first.technique.startswith("SDPA") and first.saves_up_to_bytes == 512 * MiB
+    assert first.saves == "up to 512.00 MiB"
+    assert first.share == pytest.approx(512 * MiB / doc["peak"]["allocated_bytes"])
+    assert "set_attn_processor" in first.how
 
 
 def test_trace_ops_next_to_live_blocks(analysed: tuple[Any, dict[str, Any]]) -> None:
     import dataclasses
 
-    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = analysed
-    assert report_data(an, doc, max_points=300)["top_allocations"]["has_ops"] is False
+    assert report_data(an, doc, max_points=300).top_allocations.has_ops is False
     top = an.top_allocations.copy()
     top["op"] = ["aten::baddbmm"] + [""] * (len(top) - 1)
     top["op_input_dims"] = ["[[16, 4096, 40], [16, 40, 4096], [], []]"] + [""] * (len(top) - 1)
-    d = report_data(dataclasses.replace(an, top_allocations=top), doc, max_points=300)["top_allocations"]
-    assert d["has_ops"] is True
-    assert d["op"][:2] == ["aten::baddbmm", ""]
-    assert d["op_input_dims"][:2] == ["16×4096×40, 16×40×4096", ""]
+    d = report_data(dataclasses.replace(an, top_allocations=top), doc, max_points=300).top_allocations
+    assert d.has_ops is True
+    assert d.op[:2] == ["aten::baddbmm", ""]
+    assert d.op_input_dims[:2] == ["16×4096×40, 16×40×4096", ""]
 
 
 SAMPLE_WITH_TRACE = os.path.join(str(SAMPLES), "sd15-fp16-profile-1step")
@@ -518,41 +523,39 @@ SAMPLE_WITH_TRACE = os.path.join(str(SAMPLES), "sd15-fp16-profile-1step")
 def test_real_trace_ops_in_the_live_table() -> None:
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import load
-    from snapviz.render.html.snapshot_data import report_data
 
     an = analyze_run(load(SAMPLE_WITH_TRACE))
     doc = summary_dict(an)
-    top = report_data(an, doc, max_points=2000)["top_allocations"]
-    assert top["has_ops"]
-    assert top["op"] == [t.get("op") or "" for t in doc["top_allocations"]]
-    k = top["op"].index("aten::cudnn_convolution")
-    assert top["op_input_dims"][k].count("×") >= 4 and "[]" not in top["op_input_dims"][k]
+    top = report_data(an, doc, max_points=2000).top_allocations
+    assert top.has_ops
+    assert top.op == [t.get("op") or "" for t in doc["top_allocations"]]
+    k = top.op.index("aten::cudnn_convolution")
+    assert top.op_input_dims[k].count("×") >= 4 and "[]" not in top.op_input_dims[k]
     _assert_self_contained(render_html(an, doc, max_points=2000))
 
 
 def test_no_attention_says_which_implementation_ran() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = _analyse(*make_run(steps=2, with_attention=False))
     d = report_data(an, doc, max_points=1000)
-    assert d["attention"]["rows"] is None
-    assert d["attention"]["summary"]["count"] == 0
-    impl = d["attention"]["summary"]["implementation"]
+    assert d.attention.rows is None
+    assert d.attention.summary["count"] == 0
+    impl = d.attention.summary["implementation"]
     assert impl and impl == doc["attention"]["implementation"]
     html = render_html(an, doc)
     assert 'id="sv-attention-none"' in html and html_mod.escape(impl) in html
 
 
-def test_headline_metadata_and_truth(data: dict[str, Any], analysed: tuple[Any, dict[str, Any]]) -> None:
+def test_headline_metadata_and_truth(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    h = data["headline"]
-    assert h["title"] == "sd15 · full · 512×512 · fp16 · fp16+classic-attention"
-    assert h["verdict"].startswith(f"Peak {fmt_bytes(doc['peak']['allocated_bytes'])} allocated "
+    h = data.headline
+    assert h.title == "sd15 · full · 512×512 · fp16 · fp16+classic-attention"
+    assert h.verdict.startswith(f"Peak {fmt_bytes(doc['peak']['allocated_bytes'])} allocated "
                                    f"({fmt_bytes(doc['peak']['reserved_bytes'])} reserved) in {doc['peak']['stage']}")
-    assert f"event {doc['peak']['event_index']:,}" in h["verdict"]
-    assert h["truth"]["status"] == "match" and h["truth"]["diff_bytes"] == 0
-    assert any("attention score matrices" in line for line in h["lines"])
-    meta = dict(data["metadata"])
+    assert f"event {doc['peak']['event_index']:,}" in h.verdict
+    assert h.truth.status == "match" and h.truth.diff_bytes == 0
+    assert any("attention score matrices" in line for line in h.lines)
+    meta = dict(data.metadata)
     assert meta["run.torch_version"] == "2.11.0+cu128" and meta["run.device_name"] == "NVIDIA H200"
     assert meta["allocator.expandable_segments"] == "False"
     assert meta["source"] == doc["source"] and meta["stages from"] == doc["stage_source"]
@@ -560,62 +563,57 @@ def test_headline_metadata_and_truth(data: dict[str, Any], analysed: tuple[Any, 
 
 
 def test_truth_mismatch_is_reported() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     snap, run = make_run(steps=1)
     run["allocator"]["max_memory_allocated"] += 3 * MiB
     an, doc = _analyse(snap, run)
-    truth = report_data(an, doc)["headline"]["truth"]
-    assert truth["status"] == "close" and truth["diff_bytes"] == -3 * MiB
-    assert "-3.00 MiB" in truth["text"]
+    truth = report_data(an, doc).headline.truth
+    assert truth.status == "close" and truth.diff_bytes == -3 * MiB
+    assert "-3.00 MiB" in truth.text
 
 
 def test_warnings_and_oom_markers() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     snap, run = make_run(steps=2, oom=True, max_entries=150)
     an, doc = _analyse(snap, run)
     d = report_data(an, doc, max_points=100)
-    assert d["warnings"] == doc["warnings"] and any("wrapped" in w for w in d["warnings"])
-    assert d["headline"]["verdict"].endswith("(within the recorded window only)")
-    assert len(d["oom"]["index"]) == 1
-    assert d["oom"]["index"][0] in set(d["timeline"]["index"].tolist()), "OOM rows are always kept"
+    assert d.warnings == doc["warnings"] and any("wrapped" in w for w in d.warnings)
+    assert d.headline.verdict.endswith("(within the recorded window only)")
+    assert len(d.oom.index) == 1
+    assert d.oom.index[0] in set(d.timeline.index.tolist()), "OOM rows are always kept"
 
 
 def test_end_state_only_snapshot() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     sim = synth.random_workload(seed=1, n_ops=200)
     an, doc = _analyse(sim.snapshot(layout="segments", marker=False))
     d = report_data(an, doc)
-    assert d["decimation"]["total"] == 0 and len(d["timeline"]["index"]) == 0
-    assert "no trace history" in d["headline"]["verdict"]
+    assert d.decimation.total == 0 and len(d.timeline.index) == 0
+    assert "no trace history" in d.headline.verdict
     html = render_html(an, doc)
     assert 'id="sv-no-timeline"' in html
 
 
 def test_no_time_us_uses_the_event_axis() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     sim = synth.random_workload(seed=1, n_ops=200)
     an, doc = _analyse(sim.snapshot(omit=("time_us",), marker=False))
     d = report_data(an, doc)
-    assert d["has_time"] is False and d["peak"]["time_s"] is None
-    assert np.isnan(d["timeline"]["time_s"]).all()
+    assert d.has_time is False and d.peak.time_s is None
+    assert np.isnan(d.timeline.time_s).all()
 
 
 def test_max_points_bounds_a_big_timeline() -> None:
-    from snapviz.render.html.snapshot_data import report_data
 
     an, doc = _analyse(*make_run(steps=3, filler=3000))
     n = len(an.replay.events)
     for mp in (500, 5000):
         d = report_data(an, doc, max_points=mp)
-        tl = d["timeline"]
-        assert len(tl["index"]) <= mp + 3 < n
-        assert d["peak"]["index"] in set(tl["index"].tolist())
+        tl = d.timeline
+        assert len(tl.index) <= mp + 3 < n
+        assert d.peak.index in set(tl.index.tolist())
         # Both axes stay faithful: the slow 'load' stage is not flattened into one bucket.
-        load_rows = (tl["index"] < int(an.stages["end_row"].iat[0])).sum()
+        load_rows = (tl.index < int(an.stages["end_row"].iat[0])).sum()
         assert load_rows >= 20
 
 
@@ -673,11 +671,11 @@ def test_html_size_for_a_million_events() -> None:
     assert len(an.replay.events) >= 1_000_000
     html = render_html(an, doc, max_points=20_000)
     assert len(html.encode()) < 5 * MiB, f"{len(html.encode()) / MiB:.2f} MiB"
-    from snapviz.render.html.snapshot_data import MAX_CATEGORY_POINTS, report_data
+    from snapviz.analyses.report_view import MAX_CATEGORY_POINTS
 
     d = report_data(an, doc, max_points=20_000)
-    assert len(d["category_timeline"]["index"]) <= MAX_CATEGORY_POINTS + 3, "the category area is sampled too"
-    assert len(d["stage_breakdown"]["label"]) == len(an.stages)
+    assert len(d.category_timeline.index) <= MAX_CATEGORY_POINTS + 3, "the category area is sampled too"
+    assert len(d.stage_breakdown.label) == len(an.stages)
 
 
 def test_stage_names_never_pull_in_mathjax() -> None:
@@ -715,6 +713,25 @@ def test_build_page_mixes_html_and_models() -> None:
     assert "<p id='first'>a &amp; b</p>" in build_page("x", ["<p id='first'>a &amp; b</p>"])
 
 
+def test_page_paints_before_bokeh_and_defers_later_roots() -> None:
+    """The blocks come before BokehJS (the header paints first); roots after the first are
+    named in the lazy list that assets/lazy_embed.js renders one per frame."""
+    import json
+    import re
+
+    from bokeh.models import Div
+
+    from snapviz.render.html import build_page
+
+    page = build_page("t", ["<header id='hero'>h</header>", Div(text="a", name="sv-first"), Div(text="b"),
+                            Div(text="c", name="sv-third")])
+    assert page.index("id='hero'") < page.index("/* BEGIN bokeh.min.js */") < page.index("Bokeh.embed.embed_items = ")
+    lazy = re.search(r'<script type="application/json" id="sv-lazy-roots">(.*?)</script>', page, re.S)
+    assert lazy is not None and json.loads(lazy.group(1)) == ["sv-root-1", "sv-third"]
+    eager = re.search(r'id="sv-lazy-roots">(.*?)</script>', build_page("t", [Div(text="a"), Div(text="b")], eager_roots=2))
+    assert eager is not None and json.loads(eager.group(1)) == []
+
+
 # --------------------------------------------------------------------------------------
 # Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
 # --------------------------------------------------------------------------------------
@@ -744,16 +761,16 @@ def test_trace_report_data() -> None:
 
     tan, doc = fake_trace_analysis()
     d = trace_report_data(tan, doc, max_points=400)
-    tl = d["timeline"]
-    assert len(tl["index"]) <= 400 and d["decimation"]["total"] == 5000
-    assert tl["allocated"].max() == doc["peak"]["allocated_bytes"] == d["peak"]["allocated"]
-    assert d["bands"]["name"] == ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
-    assert d["bands"]["color"][1] == d["bands"]["color"][2]
-    assert d["stage_bars"]["peak_allocated"].tolist() == tan.stages["peak_allocated_bytes"].tolist()
-    assert d["attention_ops"]["columns"] == ["name", "stage", "shape", "dur_us"]
-    assert d["attention_ops"]["rows"][0][2] == "2×8×4096×64"
-    assert d["warnings"] == ["trace has no snapshot"]
-    assert d["peak"]["stage"] in d["bands"]["name"]
+    tl = d.timeline
+    assert len(tl.index) <= 400 and d.decimation.total == 5000
+    assert tl.allocated.max() == doc["peak"]["allocated_bytes"] == d.peak.allocated
+    assert d.bands.name == ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
+    assert d.bands.color[1] == d.bands.color[2]
+    assert d.stage_bars.peak_allocated.tolist() == tan.stages["peak_allocated_bytes"].tolist()
+    assert d.attention_ops.columns == ["name", "stage", "shape", "dur_us"]
+    assert d.attention_ops.rows[0][2] == "2×8×4096×64"
+    assert d.warnings == ["trace has no snapshot"]
+    assert d.peak.stage in d.bands.name
 
 
 def test_trace_html() -> None:

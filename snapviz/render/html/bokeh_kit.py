@@ -5,7 +5,8 @@ analyses. Byte values show in binary units (``1.5 GiB``) on axes and in tooltips
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ from bokeh.core.properties import value
 from bokeh.models import (
     AdaptiveTicker,
     BoxZoomTool,
+    Column,
     ColumnDataSource,
     CustomJS,
     CustomJSHover,
@@ -32,14 +34,15 @@ from bokeh.models import (
     SaveTool,
     Span,
     TableColumn,
+    UIElement,
     WheelZoomTool,
 )
-from bokeh.models.layouts import Column, UIElement
 from bokeh.models.text import PlainText
 from bokeh.plotting import figure
 
 from snapviz.render.html.page import BYTES_JS, load_asset
 from snapviz.render.html.palette import SERIES_COLORS
+from snapviz.render.html.view_models import Peak
 
 TABLE_WIDTH = 1320  # px: a card's inner width at the page's max width
 
@@ -126,8 +129,8 @@ def bytes_axis(fig: Any, ticks: int = 6) -> None:
 
 
 def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec], *, x_label: str,
-                    bands: dict[str, Any] | None = None, band_x: tuple[str, str] | None = None,
-                    peak: dict[str, Any] | None = None, peak_x: float | None = None, y_top: float | None = None,
+                    bands: Mapping[str, Any] | None = None, band_x: tuple[str, str] | None = None,
+                    peak: Peak | None = None, peak_x: float | None = None, y_top: float | None = None,
                     height: int = 380, x_range: Any = None, title: str | None = None) -> Any:
     """A memory-over-time figure: step lines of ``source`` columns over ``x``, stage
     bands (``bands`` columns ``band_x[0]``/``band_x[1]``, ``name``, ``group``, ``color``,
@@ -159,14 +162,14 @@ def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec],
     if peak is not None and peak_x is not None and np.isfinite(peak_x):
         fig.add_layout(Span(location=float(peak_x), dimension="height", line_color=SERIES_COLORS["peak"],
                             line_dash="dashed", line_width=1.5))
-        pr = fig.scatter(x=[float(peak_x)], y=[float(peak["allocated"])], size=11, marker="circle",
+        pr = fig.scatter(x=[float(peak_x)], y=[float(peak.allocated)], size=11, marker="circle",
                          fill_color=SERIES_COLORS["peak"], line_color="white", line_width=2)
         line_items.append(LegendItem(label=value("peak"), renderers=[pr]))
         # Keep the label inside the plot: put it left of the peak when the peak is near the right end.
         xs = np.asarray(source.data.get(x, []), dtype=np.float64)
         right_side = bool(len(xs)) and np.isfinite(xs).any() and \
             (float(peak_x) - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12)
-        fig.add_layout(Label(x=float(peak_x), y=float(peak["allocated"]), text=plain_text(peak["label"]),
+        fig.add_layout(Label(x=float(peak_x), y=float(peak.allocated), text=plain_text(peak.label),
                              x_offset=-8 if right_side else 8, y_offset=6, text_align="right" if right_side else "left",
                              text_font_size="12px", text_color=SERIES_COLORS["peak"], text_font_style="bold",
                              background_fill_color="white", background_fill_alpha=0.85))
@@ -195,7 +198,10 @@ def stack_pane(text: str) -> PreText:
 
 def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], name: str, stack_field: str | None,
                  hint: str, max_height: int = 420) -> UIElement:
-    src = make_source(columns)
+    # The stacks shown on selection travel as one JSON string on the pane, not as a column:
+    # BokehJS decodes string columns value by value when the page opens (see timeline_plots).
+    stacks = list(columns[stack_field]) if stack_field is not None else []
+    src = make_source({k: v for k, v in columns.items() if k != stack_field})
     # Bokeh 3.9's content-based autosizing fails in the browser ("row is not defined") and
     # force_fit splits the width equally: fixed widths, scaled to the page's usual width.
     scale = max(1.0, TABLE_WIDTH / max(sum(w for _, _, w in spec), 1))
@@ -207,8 +213,10 @@ def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], n
     if stack_field is None:
         return Column(table, sizing_mode="stretch_width", name=name)
     pane = stack_pane(hint)
-    src.selected.js_on_change("indices", CustomJS(args={"src": src, "pane": pane, "field": stack_field}, code="""
-const ix = src.selected.indices;
-if (ix.length) pane.text = src.data[field][ix[0]];
+    pane.tags = [json.dumps(stacks)]
+    src.selected.js_on_change("indices", CustomJS(args={"pane": pane}, code="""
+const ix = cb_obj.indices;
+const texts = pane.sv_texts || (pane.sv_texts = JSON.parse(pane.tags[0]));
+if (ix.length && ix[0] < texts.length) pane.text = texts[ix[0]];
 """))
     return Column(table, pane, sizing_mode="stretch_width", name=name)

@@ -1,6 +1,7 @@
 """The view-model of the comparison page: :func:`compare_report_data` turns a
-:class:`~snapviz.analyses.compare.Comparison` and its ``snapviz.compare/1`` dict into plain
-columns (tests assert on these); :mod:`snapviz.render.html.compare` only draws them.
+:class:`~snapviz.analyses.compare.Comparison` and its ``snapviz.compare/1`` dict into a typed
+:class:`CompareReport` of plain columns (tests assert on it); :mod:`snapviz.render.html.compare`
+only draws it.
 
 The timeline's x axis is *stage-normalised*: stage label k (``load``, ``denoise/0``, …)
 owns the slot [k, k+1) in every run, and an event's position inside the slot is its rank
@@ -8,17 +9,93 @@ among that label's events, so ``denoise/3`` lines up across runs whatever its wa
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from snapviz.analyses.compare import changed_sites
+from snapviz.analyses.compare_sites import changed_sites
 from snapviz.render.html.palette import stage_palette
 from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 from snapviz.vocab import stage_group
 
 # Run colors: the base is dark, others follow Tableau 10 (stage colors stay in the bands).
 RUN_COLORS = ("#1d2330", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
+@dataclass
+class SlotBands:
+    """Stage slots as bands: slot k spans [k, k+1) on the stage-normalised x axis."""
+
+    left: np.ndarray
+    right: np.ndarray
+    name: list[str]
+    group: list[str]
+    color: list[str]
+    alpha: list[float]
+
+
+@dataclass
+class RunTimeline:
+    label: str
+    color: str
+    x: np.ndarray
+    allocated: np.ndarray
+    reserved: np.ndarray
+    stage: list[str]
+
+
+@dataclass
+class CompareBars:
+    """Peak allocated per (stage, run), grouped by stage."""
+
+    factors: list[tuple[str, str]]
+    peak_allocated: np.ndarray
+    peak_reserved: np.ndarray
+    color: list[str]
+    delta: list[str]
+
+
+@dataclass
+class RunRow:
+    label: str
+    color: str
+    source: str
+    peak: str
+    reserved: str
+    stage: str
+    delta: str
+    reserved_delta: str
+    events: int
+    stage_source: str
+
+
+@dataclass
+class TableRow:
+    """A row of a text table: its name (stage or site) and one formatted cell per run."""
+
+    name: str
+    cells: list[str]
+    is_step: bool = False
+
+
+@dataclass
+class CompareReport:
+    title: str
+    labels: list[str]
+    verdict: list[str]
+    runs: list[RunRow]
+    slots: list[str]
+    bands: SlotBands
+    ticks: list[float]
+    tick_labels: dict[float, str]
+    timelines: list[RunTimeline]
+    y_top: float
+    bars: CompareBars
+    stage_rows: list[TableRow]
+    site_rows: list[TableRow]
+    warnings: list[str]
+    fail_over: dict[str, Any] | None
 
 
 def run_color(i: int) -> str:
@@ -39,15 +116,16 @@ def _slot_ticks(slots: list[str]) -> tuple[list[float], dict[float, str]]:
     return ticks, labels
 
 
-def compare_report_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
+def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
     """Everything the comparison page shows, as plain lists and arrays."""
     labels = cmp.labels
     slots = list(cmp.slots)
     palette = stage_palette(slots)
     groups = [stage_group(s) for s in slots]
     shade = [0.16 if k % 2 == 0 else 0.08 for k in range(len(slots))]  # neighbours of one group stay apart
-    bands = {"left": np.arange(len(slots), dtype=np.float64), "right": np.arange(1, len(slots) + 1, dtype=np.float64),
-             "name": slots, "group": groups, "color": [palette[s] for s in slots], "alpha": shade}
+    bands = SlotBands(left=np.arange(len(slots), dtype=np.float64),
+                      right=np.arange(1, len(slots) + 1, dtype=np.float64), name=slots, group=groups,
+                      color=[palette[s] for s in slots], alpha=shade)
     timelines = []
     tl = cmp.timeline
     for i, lab in enumerate(labels):
@@ -60,10 +138,14 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
         if len(gap):
             x = np.insert(x, gap, np.floor(x[gap - 1]) + 1)
             cols = {k: np.insert(v, gap, "" if k == "stage" else np.nan) for k, v in cols.items()}
-        timelines.append({"label": lab, "color": run_color(i), "x": x, "allocated": cols["allocated"],
-                          "reserved": cols["reserved"], "stage": [str(v) for v in cols["stage"]]})
+        timelines.append(RunTimeline(label=str(lab), color=run_color(i), x=x, allocated=cols["allocated"],
+                                     reserved=cols["reserved"], stage=[str(v) for v in cols["stage"]]))
     st = cmp.stages
-    factors, peak, reserved, colors, delta = [], [], [], [], []
+    factors: list[tuple[str, str]] = []
+    peak: list[float] = []
+    reserved: list[float] = []
+    colors: list[str] = []
+    delta: list[str] = []
     for name in dict.fromkeys(st["name"].tolist()):
         for r in st[st["name"] == name].sort_values("run").itertuples(index=False):
             factors.append((str(name), str(r.label)))
@@ -71,16 +153,17 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
             reserved.append(float(r.peak_reserved_bytes) if not _na(r.peak_reserved_bytes) else np.nan)
             delta.append("" if r.run == 0 or _na(r.delta_bytes) else fmt_delta(int(r.delta_bytes)) + _pct(r.delta_ratio))
             colors.append(run_color(int(r.run)))
-    bars = {"factors": factors, "peak_allocated": np.array(peak, np.float64), "peak_reserved": np.array(reserved, np.float64),
-            "color": colors, "delta": delta}
+    bars = CompareBars(factors=factors, peak_allocated=np.array(peak, np.float64),
+                       peak_reserved=np.array(reserved, np.float64), color=colors, delta=delta)
     runs = []
     for i, r in enumerate(doc["runs"]):
         p = r["peak"]
-        runs.append({"label": r["label"], "color": run_color(i), "source": r["source"],
-                     "peak": fmt_bytes(p["allocated_bytes"]), "reserved": fmt_bytes(p["reserved_bytes"]), "stage": p["stage"],
-                     "delta": "base" if i == 0 else fmt_delta(r["delta_bytes"]) + _pct(r.get("delta_ratio")),
-                     "reserved_delta": "" if i == 0 else fmt_delta(r["reserved_delta_bytes"]),
-                     "events": r["events"], "stage_source": r["stage_source"]})
+        runs.append(RunRow(label=str(r["label"]), color=run_color(i), source=str(r["source"]),
+                           peak=fmt_bytes(p["allocated_bytes"]), reserved=fmt_bytes(p["reserved_bytes"]),
+                           stage=str(p["stage"]),
+                           delta="base" if i == 0 else fmt_delta(r["delta_bytes"]) + _pct(r.get("delta_ratio")),
+                           reserved_delta="" if i == 0 else fmt_delta(r["reserved_delta_bytes"]),
+                           events=int(r["events"]), stage_source=str(r["stage_source"])))
     stage_rows = []
     for s in doc["stages"] + doc["steps"]:
         cells = []
@@ -93,7 +176,7 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
             else:
                 d = s["delta_bytes"][i]
                 cells.append(f"{fmt_bytes(v)} ({'=' if d == 0 else fmt_delta(d) + _pct(s['delta_ratio'][i])})" if d is not None else fmt_bytes(v))
-        stage_rows.append({"name": s["name"], "is_step": "step" in s, "cells": cells})
+        stage_rows.append(TableRow(name=str(s["name"]), cells=cells, is_step="step" in s))
     site_rows = []
     for site in changed_sites(cmp.sites, 40):
         part = cmp.sites[cmp.sites["site"] == site].sort_values("run")
@@ -105,14 +188,14 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> dict[str, Any]:
                 cells.append(r.status)
             else:
                 cells.append(f"{r.status} {fmt_delta(r.delta_peak_live_bytes)} / {fmt_delta(r.delta_total_bytes)}")
-        site_rows.append({"site": site, "cells": cells})
+        site_rows.append(TableRow(name=str(site), cells=cells))
     warnings = [f"{r['label']}: {w}" for r in doc["runs"] for w in (r.get("warnings") or [])]
     ticks, tick_labels = _slot_ticks(slots)
-    y_top = max([float(np.nanmax(t["reserved"])) for t in timelines if len(t["reserved"])] + [1.0])
-    return {"title": f"{labels[0]} vs " + ", ".join(labels[1:]), "labels": labels, "verdict": list(doc.get("verdict") or []),
-            "runs": runs, "slots": slots, "bands": bands, "ticks": ticks, "tick_labels": tick_labels,
-            "timelines": timelines, "y_top": y_top, "bars": bars, "stage_rows": stage_rows, "site_rows": site_rows,
-            "warnings": warnings, "fail_over": doc.get("fail_over")}
+    y_top = max([float(np.nanmax(t.reserved)) for t in timelines if len(t.reserved)] + [1.0])
+    return CompareReport(title=f"{labels[0]} vs " + ", ".join(labels[1:]), labels=[str(x) for x in labels],
+                         verdict=list(doc.get("verdict") or []), runs=runs, slots=slots, bands=bands, ticks=ticks,
+                         tick_labels=tick_labels, timelines=timelines, y_top=y_top, bars=bars, stage_rows=stage_rows,
+                         site_rows=site_rows, warnings=warnings, fail_over=doc.get("fail_over"))
 
 
 def _na(v: Any) -> bool:

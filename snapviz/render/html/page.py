@@ -7,18 +7,17 @@ The stylesheet, the byte-formatting JavaScript and the page template are package
 from __future__ import annotations
 
 import html as _html
+import json
 from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
-from typing import Any
 
 from bokeh.embed import file_html
-from bokeh.models import PreText
-from bokeh.models.layouts import UIElement
+from bokeh.models import PreText, UIElement
 from bokeh.resources import INLINE
 
 from snapviz import __version__
-from snapviz.safe_text import bound
+from snapviz.render.html.view_models import SingleRunReport
 
 esc = _html.escape
 
@@ -26,18 +25,23 @@ esc = _html.escape
 @cache
 def load_asset(name: str) -> str:
     """The text of ``assets/<name>`` (CSS, JS or the page template)."""
-    return files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+    return files(__package__).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
 
 
 PAGE_CSS = load_asset("page.css")
 # Binary units, trimmed: 1536 MiB -> "1.5 GiB". Shared by axes, tooltips and click handlers.
 BYTES_JS = load_asset("bytes.js")
+LAZY_EMBED_JS = load_asset("lazy_embed.js")
 
 
-def build_page(title: str, blocks: Sequence[str | UIElement]) -> str:
+def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int = 1) -> str:
     """One self-contained HTML page: ``blocks`` are raw HTML strings (already escaped by the
     caller) and Bokeh models, in order. All models share one document, so sources,
-    ranges and selections may be linked across blocks."""
+    ranges and selections may be linked across blocks.
+
+    The page paints before BokehJS runs (the scripts come after the blocks), and only the
+    first ``eager_roots`` Bokeh roots render at once; the others follow one per frame
+    (``assets/lazy_embed.js``), so the first screen does not wait for the plots below it."""
     roots: list[UIElement] = []
     items: list[tuple[str, str]] = []
     for b in blocks:
@@ -52,40 +56,38 @@ def build_page(title: str, blocks: Sequence[str | UIElement]) -> str:
         filler = PreText(text="", visible=False, name="sv-empty")
         roots.append(filler)
         items.append(("root", filler.name))
+    # Root names are ours (sv-...), but the list sits in a <script> element: keep "</" out of it.
+    lazy = json.dumps([r.name for r in roots[max(eager_roots, 0):]]).replace("</", "<\\/")
     return file_html(roots, resources=INLINE, title=title, template=load_asset("page.html"),
-                     template_variables={"blocks": items, "page_css": PAGE_CSS, "version": __version__})
-
-
-def bounded_data(data: dict[str, Any]) -> dict[str, Any]:
-    """Report data with every string from the input clipped (columns stay whole and aligned):
-    a page's size follows its rows, not the longest frame name in the snapshot."""
-    return bound(data, max_list=None, json_numbers=False)
+                     template_variables={"blocks": items, "page_css": PAGE_CSS, "version": __version__,
+                                         "lazy_roots": lazy, "lazy_js": LAZY_EMBED_JS})
 
 
 def card_open(title: str, hint: str = "", ident: str = "") -> str:
     """The opening of a card (``<section>``); the caller closes it with ``</section>``."""
-    return (f'<section class="sv-card"{f" id={esc(ident)!r}" if ident else ""}><h2>{esc(title)}</h2>'
+    ident_attr = f' id="{esc(ident)}"' if ident else ""
+    return (f'<section class="sv-card"{ident_attr}><h2>{esc(title)}</h2>'
             + (f'<p class="sv-hint">{esc(hint)}</p>' if hint else ""))
 
 
-def report_hero(data: dict[str, Any], kicker: str) -> str:
+def report_hero(data: SingleRunReport, kicker: str) -> str:
     """The header of a single-run report: title, verdict, lines and the allocator-truth badge."""
-    h = data["headline"]
-    truth = h.get("truth")
-    badge = f'<div class="sv-badge {esc(truth["status"])}">{esc(truth["text"])}</div>' if truth else ""
-    lines = "".join(f"<li>{esc(x)}</li>" for x in h.get("lines") or [])
+    h = data.headline
+    truth = h.truth
+    badge = f'<div class="sv-badge {esc(truth.status)}">{esc(truth.text)}</div>' if truth else ""
+    lines = "".join(f"<li>{esc(x)}</li>" for x in h.lines)
     return (f'<header class="sv-hero"><p class="sv-kicker">{esc(kicker)}</p>'
-            f'<p class="sv-title">{esc(h["title"])}</p>'
-            f'<h1 class="sv-verdict" id="sv-verdict">{esc(h["verdict"])}</h1>'
+            f'<p class="sv-title">{esc(h.title)}</p>'
+            f'<h1 class="sv-verdict" id="sv-verdict">{esc(h.verdict)}</h1>'
             f'{"<ul class=sv-lines>" + lines + "</ul>" if lines else ""}{badge}</header>')
 
 
-def warnings_html(data: dict[str, Any]) -> str:
-    ws = data.get("warnings") or []
-    if not ws:
+def warnings_html(warnings: Sequence[str], title: str | None = None) -> str:
+    if not warnings:
         return ""
-    items = "".join(f"<li>{esc(w)}</li>" for w in ws)
-    return f'<div class="sv-warn" id="sv-warnings"><h3>⚠ {len(ws)} warning{"s" if len(ws) > 1 else ""}</h3><ul>{items}</ul></div>'
+    items = "".join(f"<li>{esc(w)}</li>" for w in warnings)
+    head = title or f"⚠ {len(warnings)} warning{'s' if len(warnings) > 1 else ''}"
+    return f'<div class="sv-warn" id="sv-warnings"><h3>{esc(head)}</h3><ul>{items}</ul></div>'
 
 
 def metadata_html(rows: Sequence[tuple[str, str]]) -> str:
@@ -93,9 +95,9 @@ def metadata_html(rows: Sequence[tuple[str, str]]) -> str:
     return card_open("Run", ident="sv-metadata") + f'<div class="sv-meta">{body}</div></section>'
 
 
-def report_footer(data: dict[str, Any]) -> str:
-    return (f'<footer class="sv-foot" id="sv-footer">Timeline {esc(data["decimation"]["note"])}. '
-            f'Generated by snapviz {esc(__version__)} — self-contained, works offline.</footer>')
+def report_footer(note: str) -> str:
+    return (f'<footer class="sv-foot" id="sv-footer">Timeline {esc(note)}. '
+            f"Generated by snapviz {esc(__version__)} — self-contained, works offline.</footer>")
 
 
 def html_table(head: list[str], rows: list[list[str]], ident: str) -> str:

@@ -10,102 +10,96 @@ from __future__ import annotations
 
 from typing import Any
 
-from bokeh.models import ColumnDataSource
-from bokeh.models.layouts import UIElement
+from bokeh.models import ColumnDataSource, UIElement
 
+from snapviz.analyses.report_view import report_view
 from snapviz.render.html.bokeh_kit import table_block
-from snapviz.render.html.page import (
-    bounded_data,
-    build_page,
-    card_open,
-    esc,
-    metadata_html,
-    report_footer,
-    report_hero,
-    warnings_html,
-)
+from snapviz.render.html.page import card_open, esc
+from snapviz.render.html.single_run import single_run_page
 from snapviz.render.html.snapshot_data import report_data
-from snapviz.render.html.snapshot_plots import category_block, stage_breakdown_block, timeline_or_note
+from snapviz.render.html.stage_plots import category_block, stage_breakdown_block
+from snapviz.render.html.view_models import BlockRows, SnapshotReport, bounded
 from snapviz.units import fmt_bytes
 
 
-def _advice_html(data: dict[str, Any]) -> str:
-    advice = data.get("advice") or []
+def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: getattr(rows, k) for k in names}
+
+
+def _advice_html(data: SnapshotReport) -> str:
+    advice = data.advice
     if not advice:
         return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-none">Nothing from '
                 "the standard toolbox (SDPA, VAE tiling, fp16, offload, expandable segments) stands out for this "
                 "run's peak.</p></section>")
     tiles = []
     for a in advice[:4]:
-        share = a.get("share")
-        save_cls = "sv-fix-save" if a.get("saves_up_to_bytes") else "sv-fix-save unknown"
+        share = a.share
+        save_cls = "sv-fix-save" if a.saves_up_to_bytes else "sv-fix-save unknown"
         if share and share > 1:  # e.g. cached memory beyond the peak: no share of it to show
             share = None
         meter = (f'<div class="sv-meter" title="{share:.0%} of the peak"><span style="width:{share * 100:.1f}%">'
                  "</span></div>" if share else "")
-        save = esc(a["saves"]) + (f" · {share:.0%} of the peak" if share else "")
-        tiles.append(f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a["technique"])}'
+        save = esc(a.saves) + (f" · {share:.0%} of the peak" if share else "")
+        tiles.append(f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a.technique)}'
                      f'</span><span class="{save_cls}">{save}</span></div>{meter}'
-                     f'<div class="sv-fix-why">{esc(a["why"])}</div><code>{esc(a["how"])}</code></div>')
+                     f'<div class="sv-fix-why">{esc(a.why)}</div><code>{esc(a.how)}</code></div>')
     return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-hint">Fixes from the '
             "standard toolbox, ranked by what this run's own live set at the peak says they can remove.</p>"
             f'<div class="sv-fixes">{"".join(tiles)}</div></section>')
 
 
-def render_report_data(data: dict[str, Any]) -> str:
-    """The page for a :func:`~snapviz.render.html.snapshot_data.report_data` dict."""
-    data = bounded_data(data)
-    blocks: list[str | UIElement] = [report_hero(data, "snapviz · GPU memory report"), warnings_html(data), _advice_html(data)]
-    blocks += [card_open("Memory over time",
-                          "allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd "
-                          "segments · requested = what tensors asked for; below, the same allocated memory by "
-                          "category. Drag to pan, scroll to zoom (the plots move together), click a point for its "
-                          "stack; click legend entries to hide lines.", "sv-timeline-card"),
-               timeline_or_note(data), "</section>"]
+def render_report_data(data: SnapshotReport) -> str:
+    """The page for a :func:`~snapviz.render.html.snapshot_data.report_data` view-model."""
+    data = bounded(data)
     stage_top, linked = _stage_top_blocks(data)
-    blocks += _breakdown_blocks(data, linked)
-    top = data["top_allocations"]
-    hint = (f"The {len(top['size'])} largest blocks live at the peak (event {data['peak']['index']:,}). "
-            "Select a row to see where it was allocated." if len(top["size"]) else "")
-    if top.get("has_ops"):
+    cards = _breakdown_blocks(data, linked)
+    top = data.top_allocations
+    hint = (f"The {len(top.size)} largest blocks live at the peak (event {data.peak.index:,}). "
+            "Select a row to see where it was allocated." if len(top.size) else "")
+    if top.has_ops:
         hint += " The op and its input shapes come from the run's profiler trace."
-    blocks.append(card_open("Live at the peak", hint, "sv-top"))
-    if len(top["size"]):
-        spec = [("size", "size", 90), ("stage", "stage", 120), ("site", "allocated at", 900), ("event_index", "event", 80)]
+    cards.append(card_open("Live at the peak", hint, "sv-top"))
+    if len(top.size):
+        spec = [("size", "size", 90), ("stage", "stage", 120), ("site", "allocated at", 900),
+                ("event_index", "event", 80)]
         fields = ["size", "bytes", "stage", "site", "event_index", "stack_text"]
-        if top.get("has_ops"):
+        if top.has_ops:
             spec[2] = ("site", "allocated at", 520)
             spec[3:3] = [("op", "op (trace)", 200), ("op_input_dims", "op input shapes", 260)]
             fields += ["op", "op_input_dims"]
-        blocks.append(table_block({k: top[k] for k in fields}, spec, "sv-top-allocations", "stack_text",
-                                   "Select a row to see its stack."))
+        cards.append(table_block(_columns(top, tuple(fields)), spec, "sv-top-allocations", "stack_text",
+                                 "Select a row to see its stack."))
     else:
-        blocks.append('<p class="sv-none">No recorded allocation was live at the peak: the peak is memory '
-                      "allocated before the recorded history (see the categories).</p>" if data["peak"]["index"] < 0
-                      else '<p class="sv-none">No recorded allocation was live at the peak.</p>')
-    blocks.append("</section>")
-    blocks += stage_top
-    blocks += _attention_blocks(data)
-    blocks += [metadata_html(data["metadata"]), report_footer(data)]
-    return build_page(f"snapviz: {data['title']}", blocks)
+        cards.append('<p class="sv-none">No recorded allocation was live at the peak: the peak is memory '
+                     "allocated before the recorded history (see the categories).</p>" if data.peak.index < 0
+                     else '<p class="sv-none">No recorded allocation was live at the peak.</p>')
+    cards.append("</section>")
+    cards += stage_top
+    cards += _attention_blocks(data)
+    hint = ("allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd segments · "
+            "requested = what tensors asked for; below, the same allocated memory by category. Drag to pan, scroll "
+            "to zoom (the plots move together), click a point for its stack; click legend entries to hide lines.")
+    return single_run_page(data, "snapviz · GPU memory report", hint, with_points=True,
+                           before_timeline=[_advice_html(data)], cards=cards)
 
 
-def _breakdown_blocks(data: dict[str, Any], linked: ColumnDataSource | None = None) -> list[str | UIElement]:
+def _breakdown_blocks(data: SnapshotReport, linked: ColumnDataSource | None = None) -> list[str | UIElement]:
     """Per stage interval, bytes by category at its peak, beside the global peak's categories."""
-    b = data["stage_breakdown"]
-    n = len(b["label"])
+    b = data.stage_breakdown
+    n = len(b.label)
     if not n:
         return ['<section class="sv-card" id="sv-stages"><h2>Peak by stage</h2><p class="sv-none">No stage '
                 "intervals: there is no trace history to attribute.</p></section>",
-                card_open("At the peak, by category", f"What the {fmt_bytes(data['peak']['allocated'])} live at "
+                card_open("At the peak, by category", f"What the {fmt_bytes(data.peak.allocated)} live at "
                            "the peak is made of", "sv-categories-card"), category_block(data), "</section>"]
     height = max(300, 26 * n + 90)
-    hint = b["note"] or ("Each bar is one stage interval (each denoising step separately) at its own peak, split by "
+    hint = b.note or ("Each bar is one stage interval (each denoising step separately) at its own peak, split by "
                          "what was live then. Hover a segment for its bytes")
     hint += "; click a bar for the stage's largest blocks (below)." if linked is not None else "."
     stages = [card_open("Peak by stage, by category", hint, "sv-stages"), stage_breakdown_block(data, height, linked),
               "</section>"]
-    cats = [card_open("At the peak, by category", f"What the {fmt_bytes(data['peak']['allocated'])} live at the "
+    cats = [card_open("At the peak, by category", f"What the {fmt_bytes(data.peak.allocated)} live at the "
                        "peak is made of", "sv-categories-card"),
             category_block(data, height if n <= 14 else None), "</section>"]
     if n <= 14:
@@ -113,14 +107,14 @@ def _breakdown_blocks(data: dict[str, Any], linked: ColumnDataSource | None = No
     return [*stages, *cats]  # a tall chart of many steps gets the full width
 
 
-def _stage_top_blocks(data: dict[str, Any]) -> tuple[list[str | UIElement], ColumnDataSource | None]:
+def _stage_top_blocks(data: SnapshotReport) -> tuple[list[str | UIElement], ColumnDataSource | None]:
     """The "largest blocks each stage allocated" card, and its table's source (for linking)."""
-    t = data["stage_top"]
-    if not len(t["size"]):
+    t = data.stage_top
+    if not len(t.size):
         return [], None
     hint = ("For each stage interval, the largest blocks it allocated itself that were still live at its own peak "
             "(what the stage adds on top of what it inherited). Select a row to see its stack.")
-    table = table_block({k: t[k] for k in ("interval", "stage", "size", "bytes", "site", "event_index", "stack_text")},
+    table = table_block(_columns(t, ("interval", "stage", "size", "bytes", "site", "event_index", "stack_text")),
                          [("stage", "stage", 130), ("size", "size", 90), ("site", "allocated at", 900),
                           ("event_index", "event", 80)],
                          "sv-stage-top-table", "stack_text", "Select a row to see its stack.", max_height=330)
@@ -128,11 +122,11 @@ def _stage_top_blocks(data: dict[str, Any]) -> tuple[list[str | UIElement], Colu
     return [card_open("Largest blocks each stage allocated", hint, "sv-stage-top"), table, "</section>"], src
 
 
-def _attention_blocks(data: dict[str, Any]) -> list[str | UIElement]:
-    att = data["attention"]
-    s = att.get("summary") or {}
+def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
+    att = data.attention
+    s = att.summary
     out: list[str | UIElement] = [card_open("Attention score matrices", ident="sv-attention")]
-    if att.get("rows") is None:
+    if att.rows is None:
         impl = s.get("implementation") or "unknown"
         out += [f'<p class="sv-none" id="sv-attention-none">No attention score matrices were materialized. '
                 f'Implementation: {esc(impl)}.</p>', "</section>"]
@@ -141,12 +135,11 @@ def _attention_blocks(data: dict[str, Any]) -> list[str | UIElement]:
     summary = (f"{s.get('count', 0):,} score matrices materialized; largest {fmt_bytes(lg.get('bytes'))}; up to "
                f"{fmt_bytes(s.get('peak_live_bytes'))} live at once. Implementation: {s.get('implementation', 'unknown')}. "
                "SDPA (the diffusers default) computes attention without materializing them.")
-    if att.get("note"):
-        summary += f" ({att['note']})"
+    if att.note:
+        summary += f" ({att.note})"
     out.append(f'<p class="sv-hint">{esc(summary)}</p>')
-    rows = att["rows"]
     out.append(table_block(
-        {k: rows[k] for k in ("size", "bytes", "shape", "dtype", "stage", "site", "event_index", "lifetime", "stack_text")},
+        _columns(att.rows, ("size", "bytes", "shape", "dtype", "stage", "site", "event_index", "lifetime", "stack_text")),
         [("size", "size", 90), ("shape", "shape [b·h, q, k]", 140), ("dtype", "dtype", 90), ("stage", "stage", 110),
          ("site", "allocated at", 520), ("event_index", "event", 80), ("lifetime", "freed after", 170)],
         "sv-attention-table", "stack_text", "Select a row to see its stack.", max_height=300))
@@ -155,5 +148,8 @@ def _attention_blocks(data: dict[str, Any]) -> list[str | UIElement]:
 
 
 def render_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
-    """The interactive report of one analysed snapshot (see :func:`report_data`)."""
-    return render_report_data(report_data(an, doc, max_points=max_points))
+    """The interactive report of one analysed snapshot: the report's analysis step
+    (:func:`~snapviz.analyses.report_view.report_view`), its view-model, its page. The one
+    place that sequences them, as a CLI verb would, so callers keep one call."""
+    view = report_view(an, max_points)
+    return render_report_data(report_data(an, doc, view, max_points=max_points))

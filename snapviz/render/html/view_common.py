@@ -1,10 +1,6 @@
 """Pieces of the report view-models shared by the snapshot and trace reports: interned
-stacks, the time axis, decimation, the allocator-truth badge, title and run metadata.
-
-Strings that repeat per timeline point are interned: ``timeline["stage"]`` indexes
-``stage_names``, ``timeline["action"]`` indexes ``action_names`` and
-``timeline["stack"]`` indexes ``stacks`` (whose ``frames`` index ``frame_text``), so a
-20,000-point timeline stays a few hundred KB in the page.
+stacks, the time axis, decimation, the allocator-truth badge, title and run metadata
+(the types are in :mod:`.view_models`).
 """
 from __future__ import annotations
 
@@ -16,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.render.html.view_models import Decimation, Stacks, Truth
 from snapviz.units import fmt_bytes
 
 STACK_FRAME_LIMIT = 12
@@ -27,18 +24,14 @@ def intern_stages(labels: np.ndarray) -> tuple[list[str], np.ndarray]:
 
 
 class StackTable:
-    """Stacks referenced by the report, with their frames interned once."""
+    """Builds the :class:`Stacks` a report references, with their frames interned once."""
 
     def __init__(self, snap: Any, sites: Any) -> None:
         self.snap = snap
         self.sites = sites
         self.index: dict[int, int] = {}
-        self.stack_id: list[int] = []
-        self.site: list[str] = []
-        self.frames: list[list[int]] = []
-        self.more: list[int] = []
         self.frame_index: dict[int, int] = {}
-        self.frame_text: list[str] = []
+        self.stacks = Stacks()
 
     def add(self, stack_id: int) -> int:
         stack_id = int(stack_id)
@@ -47,6 +40,7 @@ class StackTable:
         got = self.index.get(stack_id)
         if got is not None:
             return got
+        out = self.stacks
         # Same selection as SiteNamer.stack_text (Python frames, or C++ ones when there are none).
         fids = self.sites.shown_frames(stack_id) if self.sites is not None else list(self.snap.stacks[stack_id])
         shown = fids[:STACK_FRAME_LIMIT]
@@ -54,35 +48,20 @@ class StackTable:
         for f in shown:
             j = self.frame_index.get(f)
             if j is None:
-                j = self.frame_index[f] = len(self.frame_text)
-                self.frame_text.append(self.sites.frame_str(f) if self.sites is not None else str(f))
+                j = self.frame_index[f] = len(out.frame_text)
+                out.frame_text.append(self.sites.frame_str(f) if self.sites is not None else str(f))
             local.append(j)
-        k = self.index[stack_id] = len(self.stack_id)
-        self.stack_id.append(stack_id)
-        self.site.append(self.sites.site(stack_id) if self.sites is not None else "")
-        self.frames.append(local)
-        self.more.append(len(fids) - len(shown))
+        k = self.index[stack_id] = len(out.stack_id)
+        out.stack_id.append(stack_id)
+        out.site.append(self.sites.site(stack_id) if self.sites is not None else "")
+        out.frames.append(local)
+        out.more.append(len(fids) - len(shown))
         return k
 
     def add_many(self, stack_ids: np.ndarray) -> np.ndarray:
         uniq, inv = np.unique(np.asarray(stack_ids, np.int64), return_inverse=True)
         local = np.array([self.add(int(s)) for s in uniq], np.int32)
         return local[inv] if len(uniq) else np.empty(0, np.int32)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"stack_id": self.stack_id, "site": self.site, "frames": self.frames, "more": self.more,
-                "frame_text": self.frame_text}
-
-
-def stack_text(data: dict[str, Any], k: int) -> str:
-    """The text of stack ``k`` of a report's ``stacks`` table (what a click on the timeline shows)."""
-    st = data["stacks"]
-    if k < 0 or k >= len(st["frames"]):
-        return "(no frames recorded)"
-    lines = [st["frame_text"][f] for f in st["frames"][k]]
-    if st["more"][k]:
-        lines.append(f"... {st['more'][k]} more")
-    return "\n".join(lines) or "(no frames recorded)"
 
 
 def time_axis(time_us: np.ndarray) -> tuple[bool, int, np.ndarray]:
@@ -112,14 +91,14 @@ def decimated_rows(n: int, series: Sequence[np.ndarray], max_points: int, force:
     return np.union1d(keep, extra) if len(extra) else keep
 
 
-def decimation_note(shown: int, total: int) -> dict[str, Any]:
+def decimation_note(shown: int, total: int) -> Decimation:
     dec = shown < total
     note = (f"showing {shown:,} of {total:,} points (min/max per bucket, peak kept)" if dec
             else f"showing all {total:,} points")
-    return {"decimated": bool(dec), "shown": int(shown), "total": int(total), "note": note}
+    return Decimation(decimated=bool(dec), shown=int(shown), total=int(total), note=note)
 
 
-def allocator_truth(doc: dict[str, Any]) -> dict[str, Any] | None:
+def allocator_truth(doc: dict[str, Any]) -> Truth | None:
     truth = doc.get("allocator_truth") or {}
     want = truth.get("max_memory_allocated")
     if not isinstance(want, (int, float)) or not want:
@@ -134,11 +113,9 @@ def allocator_truth(doc: dict[str, Any]) -> dict[str, Any] | None:
         text = (f"allocator's own max_memory_allocated is {fmt_bytes(want)}; the replay is "
                 f"{'+' if diff > 0 else '-'}{fmt_bytes(abs(diff))} ({rel * 100:+.2f}%) off")
         status = "close" if abs(rel) < 0.01 else "differs"
-    out = {"status": status, "text": text, "max_memory_allocated": int(want), "replay_allocated": got,
-           "diff_bytes": int(diff)}
-    if truth.get("max_memory_reserved"):
-        out["max_memory_reserved"] = int(truth["max_memory_reserved"])
-    return out
+    reserved = truth.get("max_memory_reserved")
+    return Truth(status=status, text=text, max_memory_allocated=int(want), replay_allocated=got, diff_bytes=int(diff),
+                 max_memory_reserved=int(reserved) if reserved else None)
 
 
 def run_title(doc: dict[str, Any]) -> str:

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""How fast does a snapviz report appear in a browser? Headless Chromium, offline, median of N.
+
+For every bundled sample (``sample_snapshots/*``) the script writes the report with
+``snapviz analyze DIR -o report.html`` (each in its own process), plus any HTML files or
+snapshots given as arguments (a big snapshot: ``benchmarks/bench_analyze.py --keep DIR``
+leaves ``DIR/bench_snapshot.pickle``). Each page is then opened ``--runs`` times, each in a
+fresh browser context (no cache shared between runs), and three moments are read from the
+page's own clock (``performance.now()``, milliseconds since navigation started):
+
+* **first paint**: the browser's ``first-contentful-paint`` (the header and verdict on screen);
+* **first view**: the first screen drawn: every Bokeh root whose element is in the first
+  viewport has rendered (what the reader sees without scrolling);
+* **all drawn**: Bokeh says every document is idle (every root of the page rendered).
+
+Target (issue 14): first view <= 1 s (median) for every report, page <= 5 MB.
+
+    python benchmarks/bench_paint.py [--runs 5] [--no-samples] [--keep DIR] [FILE.html|SNAPSHOT ...]
+
+Needs the ``playwright`` package and a system Chromium (``tests/support/browser.py`` finds it).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_MS = 1000.0
+TARGET_PAGE_BYTES = 5 * 1000 * 1000
+
+# Polled in the page: the first-view moment is recorded the first time every Bokeh root that
+# starts inside the first viewport has a finished view (`has_finished()`), on Bokeh's own clock.
+_INIT = """
+window.__sv = {fcp: null, first_view: null, idle: null};
+new PerformanceObserver((l) => { for (const e of l.getEntries())
+  if (e.name === "first-contentful-paint") window.__sv.fcp = e.startTime; }).observe({type: "paint", buffered: true});
+const __svPoll = () => {
+  const B = window.Bokeh;
+  if (B && B.documents && B.documents.length && B.index) {
+    const views = Object.values(B.index);
+    const roots = B.documents.flatMap((d) => d.roots());
+    if (views.length && window.__sv.first_view === null) {
+      const top = views.filter((v) => { const r = v.el.getBoundingClientRect(); return r.top < window.innerHeight; });
+      if (top.length && top.every((v) => v.has_finished())) window.__sv.first_view = performance.now();
+    }
+    if (roots.length && views.length >= roots.length && (window.snapviz_pending ?? 0) === 0
+        && views.every((v) => v.has_finished())) { window.__sv.idle = performance.now(); return; }
+  }
+  requestAnimationFrame(__svPoll);
+};
+requestAnimationFrame(__svPoll);
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def write_report(source: str, out: Path) -> None:
+    """``snapviz analyze SOURCE -o OUT`` in its own process."""
+    cmd = [sys.executable, "-m", "snapviz", "analyze", source, "-o", str(out), "-q"]
+    res = subprocess.run(cmd, env=_env(), capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"failed (rc {res.returncode}): {' '.join(cmd)}\n{res.stderr[-2000:]}")
+
+
+def measure(path: Path, runs: int, timeout_ms: int = 60000) -> dict[str, Any]:
+    """Milliseconds to first paint, first view and all drawn, one list each (one value a run)."""
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    from browser import chromium_path  # noqa: PLC0415 - test helper: finds the system Chromium
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional, benchmark only
+
+    exe = chromium_path()
+    if exe is None:
+        raise SystemExit("no Chromium binary found (apt-get install chromium, or set SNAPVIZ_CHROMIUM)")
+    url = "file://" + str(path.resolve())
+    out: dict[str, Any] = {"fcp": [], "first_view": [], "idle": [], "errors": []}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=exe, headless=True,
+                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                           "--no-first-run", "--disable-extensions"])
+        try:
+            for _ in range(runs):
+                ctx = browser.new_context(viewport={"width": 1400, "height": 900}, offline=True)
+                ctx.add_init_script(_INIT)
+                page = ctx.new_page()
+                page.on("pageerror", lambda e: out["errors"].append(str(e)))
+                page.goto(url, wait_until="load", timeout=timeout_ms)
+                page.wait_for_function("() => window.__sv.idle !== null && window.__sv.first_view !== null",
+                                       timeout=timeout_ms, polling=50)
+                got = page.evaluate("() => window.__sv")
+                for k in ("fcp", "first_view", "idle"):
+                    out[k].append(float(got[k]) if got[k] is not None else float("nan"))
+                ctx.close()
+        finally:
+            browser.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("inputs", nargs="*", help="HTML reports, or snapshots/run directories to write reports of")
+    ap.add_argument("--runs", type=int, default=5, help="page loads per report (the median counts)")
+    ap.add_argument("--no-samples", action="store_true", help="skip the bundled samples")
+    ap.add_argument("--keep", help="directory to keep the written reports in (default: a temp dir)")
+    args = ap.parse_args(argv)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="snapviz-paint-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    pages: list[tuple[str, Path]] = []
+    sources = [] if args.no_samples else sorted(glob.glob(str(ROOT / "sample_snapshots" / "*" / "run.json")))
+    for run_json in sources:
+        name = Path(run_json).parent.name
+        out = work / f"{name}.html"
+        write_report(str(Path(run_json).parent), out)
+        pages.append((name, out))
+    for x in args.inputs:
+        p = Path(x)
+        if p.suffix == ".html":
+            pages.append((p.name, p))
+        else:
+            out = work / f"{p.stem}.html"
+            write_report(str(p), out)
+            pages.append((p.name, out))
+
+    print(f"### First paint in headless Chromium (median of {args.runs}, ms since navigation)\n")
+    print("| report | page | first paint | first view | all drawn | target (first view <= 1 s, <= 5 MB) |")
+    print("|---|---:|---:|---:|---:|---|")
+    missed = False
+    for name, path in pages:
+        m = measure(path, args.runs)
+        size = path.stat().st_size
+        med = {k: statistics.median(m[k]) for k in ("fcp", "first_view", "idle")}
+        ok = med["first_view"] <= TARGET_MS and size <= TARGET_PAGE_BYTES and not m["errors"]
+        missed |= not ok
+        note = "ok" if ok else "**MISSED**" + (f" ({len(m['errors'])} page errors)" if m["errors"] else "")
+        print(f"| {name} | {size / 2**20:.2f} MiB | {med['fcp']:.0f} | {med['first_view']:.0f} | {med['idle']:.0f} "
+              f"| {note} |", flush=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
