@@ -1,7 +1,9 @@
-"""``snapviz collect``: record a diffusion pipeline run into a run directory.
+"""``snapviz collect`` and ``snapviz matrix``: record diffusion pipeline runs into run directories.
 
-torch and diffusers are imported inside the callback only, so ``snapviz --help`` works without
-them.
+The verbs use snapviz's command-line pieces (the error mapping, the output-path checks, the
+progress bar), so they behave as every snapviz verb does, also when run on their own
+(``python -m collectors``). torch and diffusers are imported inside the callbacks only;
+``snapviz`` imports this module only when one of these verbs runs.
 """
 
 from __future__ import annotations
@@ -9,6 +11,11 @@ from __future__ import annotations
 import sys
 
 import click
+
+from snapviz.cli import outputs
+from snapviz.cli.errors import CollectorCommand
+from snapviz.cli.options import CONTEXT_SETTINGS
+from snapviz.progress import Bar, wanted
 
 from .errors import OptionError
 from .fit.cli import fit
@@ -42,8 +49,7 @@ trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
 """
 
 
-@click.command("collect", epilog=EPILOG,
-               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command("collect", cls=CollectorCommand, epilog=EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option("--pipeline", required=True, type=click.Choice(PIPELINE_NAMES),
               help="Pipeline family to build.")
 @click.option("--size", default="tiny", show_default=True, type=click.Choice(["tiny", "full"]),
@@ -151,19 +157,18 @@ def collect(pipeline: str, size: str, max_sequence_length: int | None, offload_b
     except (TechniqueError, ValueError) as err:
         raise OptionError(str(err)) from None
 
-    with click.progressbar(length=steps, label="denoise", file=sys.stderr) as bar:
-        def on_step(step: int) -> None:
-            bar.update(1)
-
-        try:
-            run_dir = run(opts, plan, on_step=on_step)
-        except Exception as err:
-            oom = getattr(torch, "OutOfMemoryError", None)
-            if oom is not None and isinstance(err, oom):
-                click.echo(f"\nout of memory; the snapshot up to the failure is in {opts.out}",
-                           err=True)
-                sys.exit(1)
-            raise
+    bar = Bar(steps, "denoise", show=wanted())
+    try:
+        run_dir = run(opts, plan, on_step=lambda step: bar.update(1))
+    except Exception as err:
+        oom = getattr(torch, "OutOfMemoryError", None)
+        if oom is not None and isinstance(err, oom):
+            bar.close()
+            click.echo(f"out of memory; the snapshot up to the failure is in {opts.out}", err=True)
+            sys.exit(1)
+        raise
+    finally:
+        bar.close()
     click.echo(str(run_dir))
 
 
@@ -190,8 +195,7 @@ say otherwise, and prints the ranked Markdown table. Exit 0 when at least one va
 """
 
 
-@click.command("matrix", epilog=MATRIX_EPILOG,
-               context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.command("matrix", cls=CollectorCommand, epilog=MATRIX_EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option("--pipeline", required=True, type=click.Choice(["sd15", "sdxl", "pixart-sigma"]),
               help="Pipeline family to build.")
 @click.option("--size", default="tiny", show_default=True, type=click.Choice(["tiny", "full"]),
@@ -249,12 +253,10 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     import time
     from pathlib import Path
 
-    from . import matrix as mx
-
     # every option is checked before any variant runs: bad options cost seconds, not minutes
-    from snapviz.errors import InputError
-    from snapviz.render.output import check_outputs
     from snapviz.safe_text import printable
+
+    from . import matrix as mx
 
     # --from-dir reads the variants' run directories and logs: no output may replace them
     # (its own matrix.* files are what a re-report rewrites).
@@ -263,11 +265,8 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     def default(given: str | None, name: str) -> str | None:  # --from-dir writes its reports there
         return given or (str(Path(from_dir) / name) if from_dir else None)
 
-    try:
-        check_outputs([("-o", default(html_out, "matrix.html")), ("--markdown", default(md_out, "matrix.md")),
-                       ("--json", default(json_out, "matrix.json"))], inputs=inputs)
-    except InputError as err:
-        raise OptionError(str(err)) from None
+    outputs.check({"html_out": default(html_out, "matrix.html"), "md_out": default(md_out, "matrix.md"),
+                   "json_out": default(json_out, "matrix.json")}, inputs)
     if (height and height % 8) or (width and width % 8):
         raise OptionError("--height and --width must be multiples of 8")
     if from_dir:
@@ -353,6 +352,9 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     for s in skipped:
         click.echo(f"  skip {s['label']}: {printable(s['reason'])}", err=True)
 
+    bar = Bar(len(chosen), "snapviz matrix: variants", show=wanted())
+    bar.update(0)  # drawn at 0/N now: the first variant may take minutes
+
     def progress(i: int, n: int, res: mx.VariantResult) -> None:
         m = res.measure
         if res.ok:
@@ -364,8 +366,11 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
         else:
             what = printable(res.reason)  # the last line of the variant's log: one clean line
         gpu = f"GPU {res.gpu}, " if res.gpu is not None else ""
-        click.echo(f"[{i}/{n}] {res.variant.label:<34} {res.status:<11} {what}  "
-                   f"({gpu}{res.elapsed_s:.1f} s)", err=True)
+        bar.note(f"[{i}/{n}] {res.variant.label:<34} {res.status:<11} {what}  ({gpu}{res.elapsed_s:.1f} s)")
+        bar.update(1)
 
-    results = mx.run_variants(opts, chosen, slots, on_done=progress)
+    try:
+        results = mx.run_variants(opts, chosen, slots, on_done=progress)
+    finally:
+        bar.close()
     mx.write_reports(opts, results, base, skipped, notes, out_dir, html_out, md_out, json_out)

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import click
 
-from snapviz.safe_text import printable
-
 
 class OptionError(click.UsageError):
-    """A bad option or technique: exit 2 with one line on stderr (no usage block; names
-    from files escaped, as every snapviz error line)."""
-
-    def show(self, file: object = None) -> None:
-        click.echo(f"Error: {printable(self.format_message(), 1000)}", err=True)
+    """A bad option or technique: exit 2 with one line on stderr, through snapviz's error
+    mapping (:mod:`snapviz.cli.errors`): no usage block, names from files escaped, and a hint
+    to the verb's ``--help``."""

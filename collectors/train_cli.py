@@ -9,6 +9,8 @@ from typing import Any
 import click
 import torch
 
+from snapviz.progress import Bar, wanted
+
 from .errors import OptionError
 from .techniques import TechniqueError
 from .train import TrainOptions, run_training, validate
@@ -23,11 +25,13 @@ def collect_train(*, model: str | None, **kwargs: Any) -> None:
         plan = validate(opts)
     except (TechniqueError, ValueError) as err:
         raise OptionError(str(err)) from None
-    with click.progressbar(length=opts.steps, label="train", file=sys.stderr) as bar:
-        try:
-            run_dir = run_training(opts, plan, on_step=lambda step: bar.update(1))
-        except torch.OutOfMemoryError:
-            click.echo(f"\nout of memory; the snapshot up to the failure is in {opts.out}",
-                       err=True)
-            sys.exit(1)
+    bar = Bar(opts.steps, "train", show=wanted())
+    try:
+        run_dir = run_training(opts, plan, on_step=lambda step: bar.update(1))
+    except torch.OutOfMemoryError:
+        bar.close()
+        click.echo(f"out of memory; the snapshot up to the failure is in {opts.out}", err=True)
+        sys.exit(1)
+    finally:
+        bar.close()
     click.echo(str(run_dir))

@@ -192,8 +192,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 
 def evaluate_recording(recording: Recording, limit: int, stage: str | None, name: str) -> dict[str, Any]:
-    """Analyse a recording against the limit: ``{"passed", "actual", "message"}``."""
-    from snapviz.analyses.gate import describe_stages, stage_peaks
+    """Analyse a recording against the limit: ``{"passed", "actual", "message"}``.
+
+    The verdict is ``snapviz check``'s (:func:`snapviz.analyses.gate.evaluate_gates` on the
+    summary), so a test and a CI gate on the same recording agree; only the wording is the plugin's.
+    """
+    from snapviz.analyses.gate import describe_stages, evaluate_gates, stage_peaks
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import Run
     from snapviz.load.snapshot import snapshot_from_dict
@@ -202,23 +206,26 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
     doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
+    if stage is not None and stage not in (peaks := stage_peaks(doc)):
+        # the gate would refuse it as bad input; a test gets the stages it has and how to label them
+        return {"passed": False, "actual": None, "message": (
+            f"{MARKER}: stage {stage!r} was not recorded in this test (stages: {describe_stages(list(peaks))}); "
+            "label stages with torch.cuda.memory._set_memory_metadata(name)\n\n" + render_markdown(doc))}
     if stage is None:
-        actual, what = int(doc["peak"]["allocated_bytes"]), "peak allocated"
+        (gate,) = evaluate_gates(doc, max_peak=limit)
+        what = "peak allocated"
     else:
-        peaks = stage_peaks(doc)
-        if stage not in peaks:
-            return {"passed": False, "actual": None, "message": (
-                f"{MARKER}: stage {stage!r} was not recorded in this test (stages: {describe_stages(list(peaks))}); "
-                "label stages with torch.cuda.memory._set_memory_metadata(name)\n\n" + render_markdown(doc))}
-        actual, what = peaks[stage][0], f"stage {stage} peak allocated"
-    passed = actual <= limit
-    over = f" (+{(actual / limit - 1) * 100:.1f}%)" if limit and not passed else ""
+        (gate,) = evaluate_gates(doc, stage_limits=[(stage, limit)])
+        what = f"stage {stage} peak allocated"
+    if gate.passed:
+        return {"passed": True, "actual": gate.actual, "summary": doc,
+                "message": f"{what} {fmt_bytes(gate.actual)} <= {fmt_bytes(limit)}"}
+    over = f" (+{gate.excess_ratio * 100:.1f}%)" if gate.excess_ratio is not None else ""
     truth = ""
-    if stage is None and recording.allocator_peak is not None and recording.allocator_peak != actual:
+    if stage is None and recording.allocator_peak is not None and recording.allocator_peak != gate.actual:
         truth = f"; the allocator reported {fmt_bytes(recording.allocator_peak)}"
-    msg = (f"GPU memory limit exceeded: {what} {fmt_bytes(actual)} > {fmt_bytes(limit)}{over}{truth}\n\n"
-           + render_markdown(doc)) if not passed else f"{what} {fmt_bytes(actual)} <= {fmt_bytes(limit)}"
-    return {"passed": passed, "actual": actual, "message": msg, "summary": doc}
+    msg = f"GPU memory limit exceeded: {what} {fmt_bytes(gate.actual)} > {fmt_bytes(limit)}{over}{truth}\n\n"
+    return {"passed": False, "actual": gate.actual, "message": msg + render_markdown(doc), "summary": doc}
 
 
 def _keep_snapshot(config: pytest.Config, nodeid: str, snapshot: Any) -> str | None:

@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .ranking import measure
 from .variants import DEFAULT_BASELINE, MatrixError, Variant, dispatch_order, run_dir_name
@@ -92,14 +94,19 @@ def _env(opts: MatrixOptions, gpu: str | None) -> dict[str, str]:
     return env
 
 
+_ERROR_PREFIX = "snapviz: error: "
+_HELP_HINT = re.compile(r" \(see '[^']*--help'\)$")
+
+
 def _last_error_line(log: Path) -> str | None:
     try:
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return None
     for ln in reversed(lines):
-        if ln.startswith("Error: "):
-            return ln[len("Error: "):]
+        # the collector's one error line (snapviz.cli.errors), without the pointer to its --help
+        if ln.startswith(_ERROR_PREFIX):
+            return _HELP_HINT.sub("", ln[len(_ERROR_PREFIX):])
     for ln in reversed(lines):
         if not ln.startswith(("denoise", "[transformers]", "There are modules")):
             return ln[:300]

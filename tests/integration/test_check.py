@@ -79,7 +79,7 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_evaluate_gates_on_a_summary(runs: dict[str, Any]) -> None:
-    from snapviz.cli_compare import summarize_input
+    from snapviz.cli.inputs import summarize_input
 
     doc, _ = summarize_input(runs["run"])
     t = runs["run_truth"]

@@ -38,7 +38,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--json", str(root / "m.json"), "--markdown", str(root / "m.md"), "-o", str(root / "m.html")]
     for v in VARIANTS:
         args += ["--variant", v]
-    result = CliRunner().invoke(matrix, args)
+    # a forced terminal: the variants' progress bar is drawn (on stderr) as on a TTY
+    result = CliRunner().invoke(matrix, args, env={"SNAPVIZ_PROGRESS": "always"})
     assert result.exit_code == 0, (result.output, result.exception)
     return {"result": result, "root": root, "out": out,
             "doc": json.loads((root / "m.json").read_text())}
@@ -69,10 +70,19 @@ def test_failed_variant_is_recorded_and_the_matrix_goes_on(ran: dict[str, Any]) 
     bad = by["fp32+model-offload"]
     assert bad["status"] == "unsupported" and bad["returncode"] == 2
     assert "needs a CUDA device" in bad["reason"]
+    assert not bad["reason"].startswith("snapviz: error") and "--help" not in bad["reason"]  # the message alone
     assert bad["rank"] is None and bad["measure"] is None
     table = ran["result"].stdout
     assert "| ✗ | `fp32+model-offload` | unsupported: model-offload needs a CUDA device" in table
     assert ran["doc"]["variants"][-1]["label"] == "fp32+model-offload"  # unranked rows last
+
+
+def test_progress_bar_counts_variants_on_stderr_only(ran: dict[str, Any]) -> None:
+    err, out = ran["result"].stderr, ran["result"].stdout
+    assert "snapviz matrix: variants [" in err and "] 3/3  100%" in err
+    lines = [ln.split("\x1b[K")[-1] for ln in err.split("\n")]  # each line as a terminal shows it
+    assert sum(ln.startswith("[") and "/3] " in ln for ln in lines) == 3  # one line per variant above the bar
+    assert "\x1b[K" not in out and "variants [" not in out
 
 
 def test_numbers_come_from_run_json_rss_on_cpu(ran: dict[str, Any]) -> None:
@@ -185,7 +195,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], messa
     lines = result.stderr.strip().splitlines()
     assert message in result.stderr
     if "--jobs" not in args:  # click's own range errors carry a usage block; ours are one line
-        assert len(lines) == 1 and lines[0].startswith("Error: ")
+        assert len(lines) == 1 and lines[0].startswith("snapviz: error: ")
     assert not out.exists()
 
 

@@ -16,7 +16,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
 from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
-from snapviz.cli_compare import digest_input  # noqa: E402
+from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
 from paths import ROOT  # noqa: E402
 from snapviz.render.picture import (PEAK_COLOR, compare_picture_data, picture_data,  # noqa: E402

@@ -15,7 +15,7 @@ import pytest
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.trim import Window, trim_snapshot, window_from_stage, window_from_times, window_from_top
-from snapviz.cli_trim import encode_snapshot
+from snapviz.cli.trim import encode_snapshot
 from snapviz.load import load
 from snapviz.load.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC

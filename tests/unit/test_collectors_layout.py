@@ -1,5 +1,5 @@
-"""The collectors' import graph: no cycles (function-local imports count too) and no
-dependence on snapviz's command-line modules, only on its library (load/analyses/render)."""
+"""The collectors' import graph: no cycles (function-local imports count too), and only the
+command module (collectors/cli.py) uses snapviz's command-line pieces; the rest uses its library."""
 
 from __future__ import annotations
 
@@ -85,10 +85,17 @@ def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-def test_collectors_use_snapviz_library_not_its_cli() -> None:
+# The collectors' verbs are snapviz verbs: their command modules share snapviz.cli's error mapping,
+# output checks and options. Everything else in collectors/ is library and stays free of the CLI.
+COMMAND_MODULES = {"collectors.cli"}
+
+
+def test_collectors_library_does_not_use_the_cli() -> None:
+    users = set()
     for path in PKG.rglob("*.py"):
-        bad = sorted(m for m in _imports(path) if m.startswith(("snapviz.cli", "snapviz.__main__")))
-        assert not bad, f"{path.relative_to(REPO)} imports {bad}"
+        if any(m.startswith(("snapviz.cli", "snapviz.__main__")) for m in _imports(path)):
+            users.add(_module_name(path))
+    assert users == COMMAND_MODULES  # == : the walk sees the command module's imports (the test can fail)
 
 
 def test_sample_recording_scripts_are_not_in_the_package() -> None:

@@ -360,7 +360,7 @@ def _sample(name: str) -> Path | None:
 @pytest.mark.skipif(not (_sample("sdxl-fp16") and _sample("sdxl-fp16-vae-tiling")),
                     reason="sample_snapshots/sdxl-fp16 and sdxl-fp16-vae-tiling not present yet")
 def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
-    from snapviz.cli_compare import digest_input
+    from snapviz.cli.inputs import digest_input
 
     base_dir, tiled_dir = _sample("sdxl-fp16"), _sample("sdxl-fp16-vae-tiling")
     assert base_dir and tiled_dir

@@ -38,5 +38,5 @@ def test_the_analyzer_never_imports_torch() -> None:
 
 def test_the_checker_sees_imports() -> None:
     """Control: the walk finds a function-local import (so the tests above can fail)."""
-    src = PKG / "cli.py"
+    src = PKG / "cli" / "analyze.py"
     assert any(m.startswith("snapviz.render") for m in _imports(src))

@@ -1,12 +1,13 @@
-"""Options that take a report where users already work: a Perfetto trace, a picture;
-and ``-o`` choosing the format by its extension.
+"""Options that take a report where users already work: a Perfetto trace, a picture (``-o``
+with a .png/.svg name routes here too, :func:`snapviz.cli.outputs.route_by_extension`).
 
-Kept out of :mod:`snapviz.cli` on purpose: a verb opts in with one decorator
+Kept out of the verbs on purpose: a verb opts in with one decorator
 (:func:`analyze_share_options` / :func:`compare_picture_options`) and one call
 (:func:`share_outputs` / :func:`compare_picture_outputs`) once its analysis exists.
 The decorator validates the paths *before* the verb does any work (exit 2, nothing
 written), and stashes them on the click context for the call.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,20 +17,11 @@ from typing import Any
 
 import click
 
+from snapviz.cli import outputs
 from snapviz.errors import InputError
 
 _META_KEY = "snapviz.share"
-_ANALYZE_OUTPUTS = ("html_out", "md_out", "json_out")
-
-
-_FLAGS = {"html_out": "-o", "md_out": "--markdown", "json_out": "--json"}
-
-
-def _check_paths(outputs: dict[str, str | None], inputs: list[str]) -> None:
-    """Every output of the verb, its own and these, through the one output check."""
-    from snapviz.render.output import check_outputs
-
-    check_outputs([(_FLAGS.get(k, k), v) for k, v in outputs.items()], inputs=[i for i in inputs if i])
+_OWN_OUTPUTS = ("html_out", "md_out", "json_out")
 
 
 def _append_options(f: Callable[..., Any], options: list[click.Option]) -> Callable[..., Any]:
@@ -41,33 +33,14 @@ def _append_options(f: Callable[..., Any], options: list[click.Option]) -> Calla
 
 def _picture_opts() -> list[click.Option]:
     return [
-        click.Option(["--png", "png_out"], type=click.Path(dir_okay=False),
-                     help="Write a static PNG picture of the timeline, 900 px wide, for an issue or a PR comment "
-                          "(needs matplotlib: pip install 'snapviz[picture]')."),
-        click.Option(["--svg", "svg_out"], type=click.Path(dir_okay=False),
-                     help="The same picture as SVG."),
+        click.Option(
+            ["--png", "png_out"],
+            type=click.Path(dir_okay=False),
+            help="Write a static PNG picture of the timeline, 900 px wide, for an issue or a PR comment "
+            "(needs matplotlib: pip install 'snapviz[picture]').",
+        ),
+        click.Option(["--svg", "svg_out"], type=click.Path(dir_okay=False), help="The same picture as SVG."),
     ]
-
-
-# ``-o FILE`` picks the format by extension, as profilers do; anything else stays HTML.
-_BY_EXTENSION = {".md": ("md_out", "--markdown"), ".markdown": ("md_out", "--markdown"), ".json": ("json_out", "--json"),
-                 ".png": ("png_out", "--png"), ".svg": ("svg_out", "--svg")}
-
-
-def route_by_extension(kw: dict[str, Any], opts: dict[str, Any]) -> None:
-    """Move ``-o`` (``html_out``) to the output its extension names (in place)."""
-    out = kw.get("html_out")
-    if not out:
-        return
-    ext = os.path.splitext(out)[1].lower()
-    if ext not in _BY_EXTENSION:
-        return
-    key, flag = _BY_EXTENSION[ext]
-    target = opts if key in ("png_out", "svg_out") else kw
-    if target.get(key):
-        raise InputError(f"-o {out} and {flag} {target[key]} both ask for the {ext[1:]} output; give one")
-    target[key] = out
-    kw["html_out"] = None
 
 
 def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,27 +49,44 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
         opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "png_out", "svg_out")}
-        route_by_extension(kw, opts)
+        outputs.route_by_extension(kw, opts)
         if opts["merge_into"] and not opts["perfetto_out"]:
             raise InputError("--merge-into needs --perfetto FILE (the merged trace is written there, never in place)")
         if opts["merge_into"] and not os.path.isfile(opts["merge_into"]):
             raise InputError(f"--merge-into {opts['merge_into']}: no such file")
-        outs = {**{k: kw.get(k) for k in _ANALYZE_OUTPUTS}, "--perfetto": opts["perfetto_out"],
-                "--png": opts["png_out"], "--svg": opts["svg_out"]}
-        _check_paths(outs, [kw.get("input") or "", opts["merge_into"] or ""])
+        outputs.check(
+            {
+                **{k: kw.get(k) for k in _OWN_OUTPUTS},
+                "perfetto_out": opts["perfetto_out"],
+                "png_out": opts["png_out"],
+                "svg_out": opts["svg_out"],
+            },
+            [kw.get("input"), opts["merge_into"]],
+        )
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts
         return f(**kw)
 
-    return _append_options(wrapper, [
-        click.Option(["--perfetto", "perfetto_out"], type=click.Path(dir_okay=False),
-                     help="Write a Chrome/Perfetto trace (.json or .json.gz) of the replayed memory: counters, "
-                          "stages, steps, peak, OOMs, largest allocations with stacks (ui.perfetto.dev)."),
-        click.Option(["--merge-into", "merge_into"], type=click.Path(dir_okay=False), metavar="TRACE",
-                     help="With --perfetto: add the memory tracks to this torch.profiler trace (same clock); "
-                          "the result goes to the --perfetto file, the trace itself is not modified."),
-        *_picture_opts()])
+    return _append_options(
+        wrapper,
+        [
+            click.Option(
+                ["--perfetto", "perfetto_out"],
+                type=click.Path(dir_okay=False),
+                help="Write a Chrome/Perfetto trace (.json or .json.gz) of the replayed memory: counters, "
+                "stages, steps, peak, OOMs, largest allocations with stacks (ui.perfetto.dev).",
+            ),
+            click.Option(
+                ["--merge-into", "merge_into"],
+                type=click.Path(dir_okay=False),
+                metavar="TRACE",
+                help="With --perfetto: add the memory tracks to this torch.profiler trace (same clock); "
+                "the result goes to the --perfetto file, the trace itself is not modified.",
+            ),
+            *_picture_opts(),
+        ],
+    )
 
 
 def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -105,9 +95,8 @@ def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
         opts = {k: kw.pop(k) for k in ("png_out", "svg_out")}
-        route_by_extension(kw, opts)
-        outs = {**{k: kw.get(k) for k in _ANALYZE_OUTPUTS}, "--png": opts["png_out"], "--svg": opts["svg_out"]}
-        _check_paths(outs, list(kw.get("inputs") or ()))
+        outputs.route_by_extension(kw, opts)
+        outputs.check({**{k: kw.get(k) for k in _OWN_OUTPUTS}, **opts}, list(kw.get("inputs") or ()))
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts
@@ -120,7 +109,9 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise InputError("--png/--svg need matplotlib: pip install 'snapviz[picture]' (or pip install matplotlib)") from None
+        raise InputError(
+            "--png/--svg need matplotlib: pip install 'snapviz[picture]' (or pip install matplotlib)"
+        ) from None
 
 
 def _opts() -> dict[str, Any]:
@@ -153,9 +144,11 @@ def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
     out: list[tuple[str, bytes]] = []
     if opts.get("perfetto_out"):
         from snapviz.render.perfetto import render_perfetto
+
         out.append((opts["perfetto_out"], render_perfetto(an, opts["perfetto_out"], merge_into=opts.get("merge_into"))))
     if opts.get("png_out") or opts.get("svg_out"):
         from snapviz.render.picture import render_timeline_picture
+
         for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
             if opts.get(key):
                 out.append((opts[key], render_timeline_picture(an, doc, fmt)))
@@ -169,5 +162,8 @@ def compare_picture_outputs(cmp: Any, doc: dict[str, Any]) -> list[tuple[str, by
         return []
     from snapviz.render.picture import render_compare_picture
 
-    return [(opts[key], render_compare_picture(cmp, doc, fmt))
-            for key, fmt in (("png_out", "png"), ("svg_out", "svg")) if opts.get(key)]
+    return [
+        (opts[key], render_compare_picture(cmp, doc, fmt))
+        for key, fmt in (("png_out", "png"), ("svg_out", "svg"))
+        if opts.get(key)
+    ]

@@ -1,4 +1,5 @@
 """``snapviz trim``: a small, still valid snapshot of the part of a run that matters."""
+
 from __future__ import annotations
 
 import gzip
@@ -9,11 +10,10 @@ from typing import Any
 
 import click
 
+from snapviz.cli import outputs
+from snapviz.cli.errors import Command
+from snapviz.cli.options import CONTEXT_SETTINGS, device_option, epilog, quiet_option
 from snapviz.errors import InputError
-
-EPILOG = """\b
-Exit codes: 0 success, 2 bad input or options.
-Docs: docs/sharing.md in the snapviz repository."""
 
 PICKLE_PROTOCOL = 4  # builtins only; torch's _memory_viz and every Python 3 read it
 
@@ -39,15 +39,36 @@ def encode_snapshot(data: dict[str, Any], out_path: str) -> bytes:
     return raw
 
 
-@click.command(epilog=EPILOG)
+@click.command(cls=Command, epilog=epilog("docs/sharing.md", check=False), context_settings=CONTEXT_SETTINGS)
 @click.argument("snapshot", type=str)
-@click.option("--stage", metavar="LABEL", help="Keep one stage or step (vae_decode, denoise/3): its first to last event.")
-@click.option("--window", metavar="T0:T1", help="Keep the events between T0 and T1, seconds since the first event (as the report's time axis).")
-@click.option("--top", "top", type=int, metavar="N", help="Keep the history that builds the peak: from the allocation of the oldest of the N largest blocks live at the peak, to the peak.")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="The trimmed snapshot (.pickle; .gz/.xz compress it).")
-@click.option("--device", type=int, default=None, help="CUDA device to keep (default: the one with the highest peak).")
-@click.option("-q", "--quiet", is_flag=True, help="No summary line.")
-def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, out: str, device: int | None, quiet: bool) -> None:
+@click.option(
+    "--stage", metavar="LABEL", help="Keep one stage or step (vae_decode, denoise/3): its first to last event."
+)
+@click.option(
+    "--window",
+    metavar="T0:T1",
+    help="Keep the events between T0 and T1, seconds since the first event (as the report's time axis).",
+)
+@click.option(
+    "--top",
+    "top",
+    type=int,
+    metavar="N",
+    help="Keep the history that builds the peak: from the allocation of the oldest of the N largest blocks live at the peak, to the peak.",
+)
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The trimmed snapshot (.pickle; .gz/.xz compress it).",
+)
+@device_option("CUDA device to keep (default: the one with the highest peak).")
+@quiet_option("No summary line.")
+def trim(
+    snapshot: str, stage: str | None, window: str | None, top: int | None, out: str, device: int | None, quiet: bool
+) -> None:
     """Write a smaller snapshot: one window of the history, with its frames, that replays
     exactly like the original over that window (same peak, allocated and reserved).
 
@@ -66,7 +87,7 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     from snapviz.load import Run, _read_run_json, paused_gc
     from snapviz.load.safe_pickle import safe_load_pickle
     from snapviz.load.snapshot import snapshot_from_dict
-    from snapviz.render.output import check_outputs, write_outputs
+    from snapviz.render.output import write_outputs
     from snapviz.units import fmt_bytes
 
     if sum(x is not None for x in (stage, window, top)) != 1:
@@ -74,7 +95,7 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     path = _snapshot_path(snapshot)
     if not os.path.exists(path):
         raise InputError(f"{path}: no such file or directory")
-    check_outputs([("-o", out)], inputs=[snapshot, path])
+    outputs.check({"out": out}, [snapshot, path])
     with paused_gc():
         raw = safe_load_pickle(path)
         snap = snapshot_from_dict(raw, source=path)
@@ -82,7 +103,9 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
         raise InputError(f"{path}: no trace history to trim (only an end state)")
     sidecar = os.path.join(os.path.dirname(path), "run.json")
     run_json = _read_run_json(sidecar) if os.path.isfile(sidecar) else None
-    an = analyze_run(Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run_json=run_json), device=device)
+    an = analyze_run(
+        Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run_json=run_json), device=device
+    )
     if not len(an.replay.events):
         raise InputError(f"{path}: device {an.device} has no trace history to trim")
     if stage is not None:
@@ -96,8 +119,11 @@ def trim(snapshot: str, stage: str | None, window: str | None, top: int | None, 
     if not quiet:
         alloc = an.replay.events["allocated"].to_numpy()
         before = int(alloc[win.first - 1]) if win.first else an.replay.baseline_allocated
-        peak = max(before, int(alloc[win.first:win.last + 1].max()))
-        click.echo(f"{win.reason}: kept entries {win.first:,}–{win.last:,} of {len(an.replay.events):,} "
-                   f"(device {an.device}); peak in the window {fmt_bytes(peak)}\n"
-                   f"  wrote {out} ({len(data) / 1e6:.2f} MB" + ("" if out.endswith((".gz", ".xz"))
-                                                                  else "; name it .pickle.xz to compress it") + ")")
+        peak = max(before, int(alloc[win.first : win.last + 1].max()))
+        click.echo(
+            f"{win.reason}: kept entries {win.first:,}–{win.last:,} of {len(an.replay.events):,} "
+            f"(device {an.device}); peak in the window {fmt_bytes(peak)}\n"
+            f"  wrote {out} ({len(data) / 1e6:.2f} MB"
+            + ("" if out.endswith((".gz", ".xz")) else "; name it .pickle.xz to compress it")
+            + ")"
+        )

@@ -1,0 +1,60 @@
+"""The ``snapviz`` command: thin verbs over load -> analyses -> renderers (docs/design.md).
+
+* :mod:`.errors` — the one mapping from errors to exit codes (0/1/2) and stderr lines;
+* :mod:`.options` — option decorators the verbs share; :mod:`.outputs` — the one output-path rule set;
+* :mod:`.share` — ``--perfetto``/``--png``/``--svg``; :mod:`.inputs` — labels and per-input analysis;
+* one module per verb: :mod:`.analyze`, :mod:`.compare`, :mod:`.check`, :mod:`.trim`; the collectors'
+  verbs (``collect``, ``matrix``, ``fit``: torch, diffusers) are registered by name and imported on use (:mod:`.lazy`).
+"""
+
+from __future__ import annotations
+
+import click
+
+from snapviz import __version__
+from snapviz.cli.analyze import analyze
+from snapviz.cli.check import check
+from snapviz.cli.compare import compare
+from snapviz.cli.lazy import LazyGroup, LazyVerb
+from snapviz.cli.options import CONTEXT_SETTINGS, epilog
+from snapviz.cli.trim import trim
+
+_COLLECT_INSTALL = "install the collectors' dependencies: pip install 'snapviz[collect]'"
+LAZY_VERBS = {
+    "collect": LazyVerb(
+        "collectors.cli:collect", "Run a diffusion pipeline with stage labels and record its memory.", _COLLECT_INSTALL
+    ),
+    "fit": LazyVerb(
+        "collectors.cli:fit",
+        "Find the technique combinations that fit each card, their peaks and times, and the fastest.",
+        _COLLECT_INSTALL,
+    ),
+    "matrix": LazyVerb(
+        "collectors.cli:matrix",
+        "Run one pipeline across technique combinations and rank them against a baseline.",
+        _COLLECT_INSTALL,
+    ),
+}
+
+
+@click.group(cls=LazyGroup, lazy=LAZY_VERBS, context_settings=CONTEXT_SETTINGS, epilog=epilog("README.md and docs/"))
+@click.version_option(__version__, prog_name="snapviz")
+def cli() -> None:
+    """Analyse GPU memory snapshots and traces of diffusion pipelines.
+
+    \b
+    snapviz analyze snapshot.pickle -o report.html   # why did it OOM?
+    snapviz compare before/ after/ -o compare.html   # did my change help?
+    snapviz check run/ --max-peak 12GiB              # gate CI on peak memory
+    snapviz collect --pipeline sdxl --technique fp16 # record a labelled run
+    """
+
+
+for _verb in (analyze, compare, check, trim):
+    cli.add_command(_verb)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point (``snapviz``, ``python -m snapviz``): exits with the verb's code,
+    errors mapped by :mod:`snapviz.cli.errors` (one line on stderr, control characters escaped)."""
+    cli.main(args=argv, prog_name="snapviz")

@@ -1,0 +1,106 @@
+"""``snapviz check``: gate CI on GPU memory (exit 1 when a limit is exceeded)."""
+
+from __future__ import annotations
+
+import click
+
+from snapviz.cli import outputs
+from snapviz.cli.errors import Command
+from snapviz.cli.inputs import summarize_input
+from snapviz.cli.options import CONTEXT_SETTINGS, epilog, quiet_option, stages_from_option
+from snapviz.errors import CheckFailed, InputError
+from snapviz.safe_text import printable
+
+
+@click.command(cls=Command, epilog=epilog("docs/compare.md"), context_settings=CONTEXT_SETTINGS)
+@click.argument("input", type=str)
+@click.option(
+    "--max-peak", metavar="SIZE", help="Limit on peak allocated (12GiB, 800MiB, 12GB = 12e9, '1.5 GiB', bytes)."
+)
+@click.option("--max-reserved", metavar="SIZE", help="Limit on peak reserved (what the caching allocator held).")
+@click.option(
+    "--max-stage-peak",
+    "stage_limits",
+    multiple=True,
+    metavar="STAGE=SIZE",
+    help="Limit on one stage's peak allocated, e.g. vae_decode=8GiB or denoise/0=6GiB (repeat).",
+)
+@click.option(
+    "--baseline", type=str, metavar="B", help="A baseline run (snapshot, trace or run directory) for --max-increase."
+)
+@click.option(
+    "--max-increase", metavar="PCT", help="Largest allowed increase of peak allocated over --baseline, e.g. 5%."
+)
+@click.option(
+    "--junit-xml",
+    "junit_out",
+    type=click.Path(dir_okay=False),
+    help="Also write a JUnit XML report (one testcase per limit).",
+)
+@stages_from_option()
+@quiet_option("Print only failures.")
+def check(
+    input: str,
+    max_peak: str | None,
+    max_reserved: str | None,
+    stage_limits: tuple[str, ...],
+    baseline: str | None,
+    max_increase: str | None,
+    junit_out: str | None,
+    stage_source: str,
+    quiet: bool,
+) -> None:
+    """Gate CI on GPU memory: exit 1 if a limit is exceeded.
+
+    Prints one line per limit (PASS peak allocated 11.02 GiB <= 12.00 GiB, FAIL stage
+    vae_decode 8.41 GiB > 8.00 GiB (+5.1%)). Sizes: GiB/MiB are binary, GB/MB decimal.
+    A stage that the run does not have is an error (exit 2) that lists the stages it has.
+
+    \b
+    Examples:
+      snapviz check runs/sdxl-fp16/ --max-peak 12GiB --max-stage-peak vae_decode=8GiB
+      snapviz check pr.pickle --baseline main.pickle --max-increase 5% --junit-xml memory.xml
+    """
+    from snapviz.analyses.gate import evaluate_gates, parse_stage_limit
+    from snapviz.units import parse_percent, parse_size
+
+    # Every option is validated before the (slow) analysis: bad options fail fast, exit 2.
+    peak_limit = parse_size(max_peak, "--max-peak") if max_peak is not None else None
+    reserved_limit = parse_size(max_reserved, "--max-reserved") if max_reserved is not None else None
+    per_stage = [parse_stage_limit(s) for s in stage_limits]
+    if (baseline is None) != (max_increase is None):
+        raise InputError("--baseline and --max-increase go together (e.g. --baseline main.pickle --max-increase 5%)")
+    increase = parse_percent(max_increase, "--max-increase") if max_increase is not None else None
+    if peak_limit is None and reserved_limit is None and not per_stage and baseline is None:
+        raise InputError(
+            "nothing to check: give --max-peak, --max-reserved, --max-stage-peak or --baseline with --max-increase"
+        )
+    outputs.check({"junit_out": junit_out}, [input, baseline])
+
+    doc, _ = summarize_input(input, stage_source=stage_source)
+    base_doc = summarize_input(baseline, stage_source=stage_source)[0] if baseline else None
+    results = evaluate_gates(
+        doc,
+        max_peak=peak_limit,
+        max_reserved=reserved_limit,
+        stage_limits=per_stage,
+        baseline=base_doc,
+        max_increase_pct=increase,
+    )
+    notes = [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
+    if junit_out:
+        from snapviz.render.junit import render_junit
+        from snapviz.render.output import write_outputs
+
+        write_outputs([(junit_out, render_junit(results, source=input, notes=notes))])
+    failed = [r for r in results if not r.passed]
+    # Messages quote stage names from the input: one terminal line each, clipped.
+    for r in results:
+        if not quiet or not r.passed:
+            click.echo(printable(r.message))
+    for n in notes:
+        click.echo(f"WARN {printable(n)}")
+    if not quiet:
+        click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed ({printable(input)})")
+    if failed:
+        raise CheckFailed(f"snapviz check: {len(failed)} of {len(results)} limits exceeded")

@@ -1,0 +1,54 @@
+"""The ``snapviz`` entry point in fresh processes: ``--help`` lists every verb without importing
+torch or the collectors; a verb whose import fails is an exit-2 error naming what is missing; the
+loading progress goes to stderr only, and never with -q."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from paths import ROOT
+
+SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-sdpa"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV.pop("SNAPVIZ_PROGRESS", None)
+
+
+def _py(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env=env or ENV, timeout=300)
+
+
+def test_help_lists_the_lazy_verbs_without_importing_them() -> None:
+    res = _py("import sys\nfrom snapviz.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit as e:\n"
+              "    print('exit', e.code, 'torch' in sys.modules, 'collectors' in sys.modules)")
+    assert res.returncode == 0, res.stderr
+    commands = res.stdout.split("Commands:")[1].split()
+    assert {"analyze", "check", "collect", "compare", "matrix", "trim"} <= set(commands)
+    assert res.stdout.rstrip().endswith("exit 0 False False")
+
+
+def test_a_broken_optional_verb_is_an_error_not_a_missing_command() -> None:
+    code = ("import sys\nsys.modules['collectors.cli'] = None\nfrom snapviz.cli import main\n"
+            "main({argv})")
+    res = _py(code.format(argv=["matrix", "--help"]))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.startswith("snapviz: error: 'snapviz matrix' cannot start: collectors.cli does not import")
+    assert res.stderr.rstrip().endswith("pip install 'snapviz[collect]'") and res.stderr.count("\n") == 1
+    res = _py(code.format(argv=["--help"]))
+    assert res.returncode == 0 and "matrix" in res.stdout.split("Commands:")[1]
+
+
+def test_loading_progress_goes_to_stderr_only() -> None:
+    cmd = [sys.executable, "-m", "snapviz", "analyze", str(SAMPLE)]
+    plain = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300)
+    forced = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**ENV, "SNAPVIZ_PROGRESS": "always"},
+                            timeout=300)
+    quiet = subprocess.run([*cmd, "-q"], cwd=ROOT, capture_output=True, text=True,
+                           env={**ENV, "SNAPVIZ_PROGRESS": "always"}, timeout=300)
+    assert plain.returncode == forced.returncode == quiet.returncode == 0
+    assert plain.stderr == ""  # not a terminal: no progress
+    assert "snapviz: loading [" in forced.stderr and "100%" in forced.stderr
+    assert "snapviz: replaying the allocator" in forced.stderr
+    assert forced.stdout == plain.stdout  # stdout untouched by the bar
+    assert quiet.stderr == "" and quiet.stdout == ""

@@ -1,0 +1,98 @@
+"""snapviz.cli's shared pieces on their own: the one error mapping, the lazy verbs, the output rules."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from snapviz.cli import LAZY_VERBS, cli
+from snapviz.cli.errors import CollectorCommand, Command
+from snapviz.cli.lazy import LazyGroup, LazyVerb
+from snapviz.cli.outputs import route_by_extension
+from snapviz.errors import CheckFailed, InputError
+
+
+def _verb(exc: BaseException, cls: type[click.Command] = Command) -> click.Command:
+    @click.command(cls=cls)
+    def verb() -> None:
+        raise exc
+
+    return verb
+
+
+@pytest.mark.parametrize("exc,code,line", [
+    (InputError("x.pickle: no such file"), 2, "snapviz: error: x.pickle: no such file"),
+    (CheckFailed("FAIL peak\nFAIL stage"), 1, "FAIL peak\nFAIL stage"),
+    (FileNotFoundError(2, "No such file or directory", "/no/dir"), 2, "snapviz: error: /no/dir: No such file or directory"),
+    (RuntimeError("boom\nsecond line"), 2, "snapviz: error: could not process the input (RuntimeError: boom\\nsecond "
+                                           "line); if the input is valid this is a snapviz bug: rerun with "
+                                           "SNAPVIZ_DEBUG=1 and report it"),
+    (click.UsageError("bad option"), 2, "snapviz: error: bad option (see 'verb --help')"),
+    (MemoryError(), 2, "snapviz: error: out of memory while reading the input"),
+])
+def test_one_mapping_from_errors_to_exit_codes(exc: BaseException, code: int, line: str) -> None:
+    res = CliRunner().invoke(_verb(exc), [], prog_name="verb")
+    assert (res.exit_code, res.stderr.rstrip("\n"), res.stdout) == (code, line, "")
+
+
+def test_a_collector_crash_keeps_its_traceback_but_bad_options_are_mapped() -> None:
+    res = CliRunner().invoke(_verb(RuntimeError("CUDA kernel failed"), CollectorCommand), [])
+    assert res.exit_code == 1 and isinstance(res.exception, RuntimeError)  # matrix: "failed", not "unsupported"
+    res = CliRunner().invoke(_verb(InputError("--out x: exists"), CollectorCommand), [])
+    assert (res.exit_code, res.stderr) == (2, "snapviz: error: --out x: exists\n")
+
+
+def test_subcommands_go_through_the_groups_mapping() -> None:
+    res = CliRunner().invoke(cli, ["check", "nope.pickle"])
+    assert res.exit_code == 2 and res.stderr.startswith("snapviz: error: nothing to check") and res.stderr.count("\n") == 1
+    res = CliRunner().invoke(cli, ["analyze"], prog_name="snapviz")  # click's own usage error: one line too, no usage block
+    assert res.exit_code == 2 and res.stderr == ("snapviz: error: Missing argument 'INPUT'. "
+                                                 "(see 'snapviz analyze --help')\n")
+
+
+def test_lazy_verbs_are_listed_without_import_and_fail_clearly() -> None:
+    group = LazyGroup("g", lazy={"gone": LazyVerb("snapviz_no_such_module:verb", "A verb whose module is missing.",
+                                                  "pip install snapviz-gone")})
+    res = CliRunner().invoke(group, ["--help"])
+    assert res.exit_code == 0 and "gone  A verb whose module is missing." in res.stdout
+    res = CliRunner().invoke(group, ["gone", "--help"], prog_name="snapviz")
+    assert res.exit_code == 2
+    assert res.stderr == ("snapviz: error: 'snapviz gone' cannot start: snapviz_no_such_module does not import "
+                          "(No module named 'snapviz_no_such_module'); pip install snapviz-gone\n")
+
+
+def test_lazy_help_lines_match_the_verbs() -> None:
+    """The map's one-line help is the verb's own first docstring line (they cannot drift)."""
+    import collectors.cli
+
+    for name, verb in LAZY_VERBS.items():
+        command = getattr(collectors.cli, verb.target.partition(":")[2])
+        assert command.name == name and (command.help or "").splitlines()[0] == verb.short_help
+
+
+def test_dash_o_routes_by_extension() -> None:
+    kw: dict[str, str | None] = {"html_out": "r.md", "md_out": None}
+    extra: dict[str, str | None] = {"png_out": None}
+    route_by_extension(kw, extra)
+    assert kw == {"html_out": None, "md_out": "r.md"}
+    kw, extra = {"html_out": "r.png"}, {"png_out": None}
+    route_by_extension(kw, extra)
+    assert (kw, extra) == ({"html_out": None}, {"png_out": "r.png"})
+    with pytest.raises(InputError, match="give one"):
+        route_by_extension({"html_out": "a.json", "json_out": "b.json"}, {})
+
+
+def test_every_verb_refuses_the_same_output_paths(tmp_path: Path) -> None:
+    """One checker: an output that is an input is refused the same way by every verb."""
+    src = tmp_path / "in.pickle"
+    src.write_bytes(b"")
+    for args in (["analyze", str(src), "--json", str(src)], ["compare", str(src), str(src), "--json", str(src)],
+                 ["check", str(src), "--max-peak", "1GiB", "--junit-xml", str(src)], ["trim", str(src), "--top", "1",
+                                                                                     "-o", str(src)]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, (args, res.stderr)
+        assert "is an input of this command (or the same file); writing it would destroy the input" in res.stderr, args
+    res = CliRunner().invoke(cli, ["analyze", str(src), "--json", "-", "--markdown", "-"])
+    assert res.exit_code == 2 and "only one output can go to stdout" in res.stderr
