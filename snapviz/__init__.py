@@ -14,6 +14,7 @@ The analyzer never imports torch. Typical use::
 
 The functions live in :mod:`snapviz.api`, their examples run as tests.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,15 +32,38 @@ if TYPE_CHECKING:
     from snapviz.notebook import show
 
 __version__ = "0.1.0"
-__all__ = ["load", "analyze", "compare", "check", "show", "Run", "RunAnalysis", "Analysis", "TraceRunAnalysis",
-           "Comparison", "CheckResult", "GateResult", "InputError", "CheckFailed", "__version__"]
+__all__ = [
+    "load",
+    "analyze",
+    "compare",
+    "check",
+    "show",
+    "Run",
+    "RunAnalysis",
+    "Analysis",
+    "TraceRunAnalysis",
+    "Comparison",
+    "CheckResult",
+    "GateResult",
+    "InputError",
+    "CheckFailed",
+    "__version__",
+]
 
 # Loaded on first use (PEP 562), so `import snapviz`, and with it `snapviz --help`, does not
 # import every analysis (nor the notebook's renderers).
-_LAZY = {"analyze": "snapviz.api", "compare": "snapviz.api", "check": "snapviz.api", "RunAnalysis": "snapviz.api",
-         "Analysis": "snapviz.analyses.summary", "TraceRunAnalysis": "snapviz.analyses.trace_summary",
-         "Comparison": "snapviz.analyses.compare", "CheckResult": "snapviz.analyses.gate",
-         "GateResult": "snapviz.analyses.gate", "show": "snapviz.notebook"}
+_LAZY = {
+    "analyze": "snapviz.api",
+    "compare": "snapviz.api",
+    "check": "snapviz.api",
+    "RunAnalysis": "snapviz.api",
+    "Analysis": "snapviz.analyses.summary",
+    "TraceRunAnalysis": "snapviz.analyses.trace_summary",
+    "Comparison": "snapviz.analyses.compare",
+    "CheckResult": "snapviz.analyses.gate",
+    "GateResult": "snapviz.analyses.gate",
+    "show": "snapviz.notebook",
+}
 
 
 def __getattr__(name: str) -> Any:

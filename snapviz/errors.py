@@ -1,4 +1,5 @@
 """Errors that map to exit codes (docs/design.md: 2 = bad input or options)."""
+
 from __future__ import annotations
 
 from snapviz.safe_text import printable

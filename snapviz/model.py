@@ -3,6 +3,7 @@
 Nothing here holds a per-event Python object: trace entries, frames, stacks, segments,
 blocks and annotations are pandas DataFrames with numpy columns, strings interned once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,11 +14,32 @@ import pandas as pd
 
 # Trace actions as small ints; the order is part of no file format, only of this model.
 ACTIONS: tuple[str, ...] = (
-    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
-    "segment_map", "segment_unmap", "oom", "snapshot", "free", "other",
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "oom",
+    "snapshot",
+    "free",
+    "other",
 )
 ACTION_CODE: dict[str, int] = {a: i for i, a in enumerate(ACTIONS)}
-A_ALLOC, A_FREE_REQ, A_FREE_DONE, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP, A_OOM, A_SNAPSHOT, A_FREE, A_OTHER = range(len(ACTIONS))
+(
+    A_ALLOC,
+    A_FREE_REQ,
+    A_FREE_DONE,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_SEG_MAP,
+    A_SEG_UNMAP,
+    A_OOM,
+    A_SNAPSHOT,
+    A_FREE,
+    A_OTHER,
+) = range(len(ACTIONS))
 
 BLOCK_STATES: tuple[str, ...] = ("active_allocated", "active_pending_free", "inactive")
 

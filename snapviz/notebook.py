@@ -10,6 +10,7 @@ summary is the ``text/markdown`` alternative (GitHub and nbconvert show that one
 :class:`Report` is what notebooks display (``_repr_html_``, ``_repr_markdown_``); analyses and
 comparisons display themselves through it.
 """
+
 from __future__ import annotations
 
 import html
@@ -38,15 +39,17 @@ class Report:
     """A rendered report: the full HTML page and its Markdown summary."""
 
     title: str
-    page: str       # the self-contained HTML document
+    page: str  # the self-contained HTML document
     markdown: str
     summary: dict[str, Any]
 
     def _repr_html_(self) -> str:
         # srcdoc carries the whole page; quotes and ampersands escaped keep it one attribute.
-        return (f'<iframe title="{html.escape(self.title)}" srcdoc="{html.escape(self.page, quote=True)}" '
-                f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
-                'loading="eager"></iframe>')
+        return (
+            f'<iframe title="{html.escape(self.title)}" srcdoc="{html.escape(self.page, quote=True)}" '
+            f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
+            'loading="eager"></iframe>'
+        )
 
     def _repr_markdown_(self) -> str:
         return self.markdown
@@ -80,7 +83,9 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
     if isinstance(obj, Comparison):
         doc = compare_dict(obj)
         return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)
-    raise TypeError(f"snapviz.show: expected a path, a list of paths, an analysis or a comparison, not {type(obj).__name__}")
+    raise TypeError(
+        f"snapviz.show: expected a path, a list of paths, an analysis or a comparison, not {type(obj).__name__}"
+    )
 
 
 def show(obj: Displayable, max_points: int = 20000) -> Report | None:
@@ -111,8 +116,11 @@ def _html_of(obj: Displayable) -> str:
 
 # Result types that display as their report, by module and name: registering them needs no
 # import of the analyses (and the analyses stay free of any presentation code).
-DISPLAYED_TYPES = (("snapviz.analyses.summary", "Analysis"), ("snapviz.analyses.trace_summary", "TraceRunAnalysis"),
-                   ("snapviz.analyses.compare", "Comparison"))
+DISPLAYED_TYPES = (
+    ("snapviz.analyses.summary", "Analysis"),
+    ("snapviz.analyses.trace_summary", "TraceRunAnalysis"),
+    ("snapviz.analyses.compare", "Comparison"),
+)
 
 
 def register_formatters(ip: Any) -> None:

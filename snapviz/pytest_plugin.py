@@ -21,6 +21,7 @@ any object that has ``unavailable() -> str | None``, ``start()`` and ``stop() ->
 
 torch is imported lazily and only by :class:`CudaRecorder`; the analyzer never needs it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -94,20 +95,30 @@ class CudaRecorder:
 
 # ------------------------------------------------------------------------------- options
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("snapviz", "GPU memory limits (snapviz)")
-    group.addoption("--snapviz-dir", action="store", default=None, metavar="DIR",
-                    help="keep the CUDA memory snapshots of tests that fail a limit_gpu_memory limit here "
-                         "(default: a new temporary directory)")
-    parser.addini("snapviz_max_entries", f"ring buffer size for limit_gpu_memory recordings (default {DEFAULT_MAX_ENTRIES})",
-                  default=str(DEFAULT_MAX_ENTRIES))
+    group.addoption(
+        "--snapviz-dir",
+        action="store",
+        default=None,
+        metavar="DIR",
+        help="keep the CUDA memory snapshots of tests that fail a limit_gpu_memory limit here "
+        "(default: a new temporary directory)",
+    )
+    parser.addini(
+        "snapviz_max_entries",
+        f"ring buffer size for limit_gpu_memory recordings (default {DEFAULT_MAX_ENTRIES})",
+        default=str(DEFAULT_MAX_ENTRIES),
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(limit, stage=None): fail if the test's CUDA peak allocated memory (or the peak of `stage`, "
-        "labelled with torch.cuda.memory._set_memory_metadata) exceeds limit, e.g. '8 GiB'; skipped without CUDA")
+        "labelled with torch.cuda.memory._set_memory_metadata) exceeds limit, e.g. '8 GiB'; skipped without CUDA",
+    )
 
 
 @pytest.fixture
@@ -186,7 +197,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     verdict = state.get("verdict")
     if report.passed and verdict is not None and not verdict["passed"]:
         report.outcome = "failed"
-        report.longrepr = verdict["message"] + (f"\n\nsnapshot kept: {kept}\n(open it with: snapviz analyze {kept} -o report.html)" if kept else "")
+        report.longrepr = verdict["message"] + (
+            f"\n\nsnapshot kept: {kept}\n(open it with: snapviz analyze {kept} -o report.html)" if kept else ""
+        )
     elif report.failed and kept:
         report.sections.append(("snapviz", f"CUDA memory snapshot of this failing test: {kept}"))
 
@@ -208,9 +221,14 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
     if stage is not None and stage not in (peaks := stage_peaks(doc)):
         # the gate would refuse it as bad input; a test gets the stages it has and how to label them
-        return {"passed": False, "actual": None, "message": (
-            f"{MARKER}: stage {stage!r} was not recorded in this test (stages: {describe_stages(list(peaks))}); "
-            "label stages with torch.cuda.memory._set_memory_metadata(name)\n\n" + render_markdown(doc))}
+        return {
+            "passed": False,
+            "actual": None,
+            "message": (
+                f"{MARKER}: stage {stage!r} was not recorded in this test (stages: {describe_stages(list(peaks))}); "
+                "label stages with torch.cuda.memory._set_memory_metadata(name)\n\n" + render_markdown(doc)
+            ),
+        }
     if stage is None:
         (gate,) = evaluate_gates(doc, max_peak=limit)
         what = "peak allocated"
@@ -218,8 +236,12 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
         (gate,) = evaluate_gates(doc, stage_limits=[(stage, limit)])
         what = f"stage {stage} peak allocated"
     if gate.passed:
-        return {"passed": True, "actual": gate.actual, "summary": doc,
-                "message": f"{what} {fmt_bytes(gate.actual)} <= {fmt_bytes(limit)}"}
+        return {
+            "passed": True,
+            "actual": gate.actual,
+            "summary": doc,
+            "message": f"{what} {fmt_bytes(gate.actual)} <= {fmt_bytes(limit)}",
+        }
     over = f" (+{gate.excess_ratio * 100:.1f}%)" if gate.excess_ratio is not None else ""
     truth = ""
     if stage is None and recording.allocator_peak is not None and recording.allocator_peak != gate.actual:

@@ -7,6 +7,7 @@ terminals and parsed by CI. Every renderer passes such strings through one of th
 (docs/security.md, "Escaping"), and :func:`bound` clips every string of a rendered document
 once, so a report's size follows the report, not the longest string in the input.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-MAX_TEXT = 300          # characters kept of one file-derived string
-MAX_LIST = 1000         # entries kept of one list in a summary document (stages, sites...)
+MAX_TEXT = 300  # characters kept of one file-derived string
+MAX_LIST = 1000  # entries kept of one list in a summary document (stages, sites...)
 
 # C0 controls (tab and newline included), DEL, C1 controls, and the Unicode line separators
 # and bidirectional overrides that reorder or split what a terminal or a page shows.
@@ -80,12 +81,19 @@ def md_code(text: Any, limit: int | None = MAX_TEXT) -> str:
 
 def xml_text(text: Any, limit: int = MAX_TEXT) -> str:
     """Text that any XML 1.0 parser accepts (ElementTree escapes <, & and quotes itself)."""
-    return _XML_ILLEGAL.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100
-                            else f"\\u{ord(m.group(0)):04x}", clip(text, limit))
+    return _XML_ILLEGAL.sub(
+        lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100 else f"\\u{ord(m.group(0)):04x}",
+        clip(text, limit),
+    )
 
 
-def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, max_list: int | None = MAX_LIST,
-          json_numbers: bool = True) -> Any:
+def bound(
+    doc: Any,
+    warnings: list[str] | None = None,
+    limit: int = MAX_TEXT,
+    max_list: int | None = MAX_LIST,
+    json_numbers: bool = True,
+) -> Any:
     """A copy of ``doc`` (dicts, lists, tuples, numpy columns) with every string and
     dict key clipped to ``limit``, lists cut to ``max_list`` entries (the cut noted in
     ``warnings``) and, with ``json_numbers``, non-finite floats replaced by None (noted in
@@ -114,8 +122,10 @@ def bound(doc: Any, warnings: list[str] | None = None, limit: int = MAX_TEXT, ma
         if isinstance(v, np.ndarray):  # a column: strings clipped, never cut (columns stay aligned)
             if v.dtype.kind not in "OU" or not v.size:
                 return True, v
-            return True, np.array([text(x) if isinstance(x, str) else x for x in v.tolist()],
-                                  dtype=object if v.dtype.kind == "O" else None)
+            return True, np.array(
+                [text(x) if isinstance(x, str) else x for x in v.tolist()],
+                dtype=object if v.dtype.kind == "O" else None,
+            )
         if isinstance(v, (dict, list, tuple)):
             return False, v
         return True, v

@@ -1,4 +1,5 @@
 """Sizes and percentages: formatting for people and parsing of what people type."""
+
 from __future__ import annotations
 
 import re
@@ -6,9 +7,16 @@ import re
 from snapviz.errors import InputError
 
 _UNITS: dict[str, int] = {
-    "": 1, "b": 1,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*$")
 _PCT_RE = re.compile(r"^\s*([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))\s*%?\s*$")
@@ -60,8 +68,10 @@ def parse_size(text: str | int, what: str = "size") -> int:
     factor = _UNITS.get(unit.lower())
     if factor is None:
         if unit.lower() in ("k", "m", "g", "t"):
-            raise InputError(f"{what}: ambiguous unit {unit!r} in {str(text)!r}: "
-                             f"write {unit.upper()}iB (binary) or {unit.upper()}B (decimal)")
+            raise InputError(
+                f"{what}: ambiguous unit {unit!r} in {str(text)!r}: "
+                f"write {unit.upper()}iB (binary) or {unit.upper()}B (decimal)"
+            )
         raise InputError(f"{what}: unknown unit {unit!r} in {str(text)!r} ({SIZE_HELP})")
     value = float(number) * (10 ** int(exp) if exp else 1) * factor
     if value > 2**62:

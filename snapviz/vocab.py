@@ -3,12 +3,22 @@
 A stage label is ``name`` or ``name/step`` (``denoise/3``); analyses group by the part before
 the ``/`` (docs/design.md, "Stage labels"). Each word is defined here once.
 """
+
 from __future__ import annotations
 
 STAGE_SEP = "/"
 # inference stages, then the training phases written by ``snapviz collect --train``
-CANONICAL_STAGES: tuple[str, ...] = ("load", "text_encode", "denoise", "vae_decode", "other",
-                                     "forward", "backward", "optimizer", "zero_grad")
+CANONICAL_STAGES: tuple[str, ...] = (
+    "load",
+    "text_encode",
+    "denoise",
+    "vae_decode",
+    "other",
+    "forward",
+    "backward",
+    "optimizer",
+    "zero_grad",
+)
 UNLABELLED = "unlabelled"
 BEFORE_RECORDING = "before recording"  # memory allocated before the recorded history starts
 

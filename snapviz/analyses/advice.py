@@ -5,6 +5,7 @@ e.g. switching to SDPA removes the score matrices live at the peak. Where a fix'
 effect is not visible in the live set (offload, dtype), the estimate says what it is
 bounded by. Measured effects on full-size SDXL are in docs/techniques.md.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,37 +38,65 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
     att_live = _cat(categories, "attention scores")
     if att.get("count") and att_live:
         diffusers = bool((att.get("functions") or {}).get("get_attention_scores"))
-        out.append({"technique": "SDPA attention (the diffusers default)" if diffusers else "fused attention (SDPA / flash)",
-                    "why": f"{att['count']} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
-                    "saves_up_to_bytes": att_live,
-                    "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"
-                           if diffusers else "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of "
-                                             "softmax(q @ k.mT) (transformers: attn_implementation=\"sdpa\")"})
+        out.append(
+            {
+                "technique": "SDPA attention (the diffusers default)"
+                if diffusers
+                else "fused attention (SDPA / flash)",
+                "why": f"{att['count']} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
+                "saves_up_to_bytes": att_live,
+                "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"
+                if diffusers
+                else "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of "
+                'softmax(q @ k.mT) (transformers: attn_implementation="sdpa")',
+            }
+        )
     if stage == "vae_decode":
         vae = _cat(categories, "vae buffers") + _cat(categories, "activations")
-        out.append({"technique": "VAE tiling or tiny VAE",
-                    "why": f"the peak is in VAE decode, where decode buffers hold {vae / total:.0%} of the peak",
-                    "saves_up_to_bytes": vae or None,
-                    "how": "pipe.vae.enable_tiling()  (tiles must be smaller than the image), or AutoencoderTiny; "
-                           "batch > 1: pipe.vae.enable_slicing()"})
+        out.append(
+            {
+                "technique": "VAE tiling or tiny VAE",
+                "why": f"the peak is in VAE decode, where decode buffers hold {vae / total:.0%} of the peak",
+                "saves_up_to_bytes": vae or None,
+                "how": "pipe.vae.enable_tiling()  (tiles must be smaller than the image), or AutoencoderTiny; "
+                "batch > 1: pipe.vae.enable_slicing()",
+            }
+        )
     weights = _cat(categories, "weights")
     if dtype == "fp32" and weights:
-        out.append({"technique": "fp16/bf16 weights", "why": f"fp32 weights take {weights / total:.0%} of the peak",
-                    "saves_up_to_bytes": weights // 2,
-                    "how": "DiffusionPipeline.from_pretrained(..., torch_dtype=torch.float16)  (bf16 also avoids SDXL's fp32 VAE upcast)"})
+        out.append(
+            {
+                "technique": "fp16/bf16 weights",
+                "why": f"fp32 weights take {weights / total:.0%} of the peak",
+                "saves_up_to_bytes": weights // 2,
+                "how": "DiffusionPipeline.from_pretrained(..., torch_dtype=torch.float16)  (bf16 also avoids SDXL's fp32 VAE upcast)",
+            }
+        )
     # training keeps every weight busy in each step (the frozen base of a LoRA too): nothing idles to offload
     training = stage in TRAIN_PHASES
-    if (weights and not training and not techniques & {"model-offload", "sequential-offload", "group-offload", "offload"}
-            and weights / total > 0.4):
-        out.append({"technique": "model CPU offload",
-                    "why": f"weights are {weights / total:.0%} of the peak, but only one model runs at a time",
-                    "saves_up_to_bytes": None,
-                    "how": "pipe.enable_model_cpu_offload()  (bounded by the weights of the models idle at the peak; costs transfer time)"})
+    if (
+        weights
+        and not training
+        and not techniques & {"model-offload", "sequential-offload", "group-offload", "offload"}
+        and weights / total > 0.4
+    ):
+        out.append(
+            {
+                "technique": "model CPU offload",
+                "why": f"weights are {weights / total:.0%} of the peak, but only one model runs at a time",
+                "saves_up_to_bytes": None,
+                "how": "pipe.enable_model_cpu_offload()  (bounded by the weights of the models idle at the peak; costs transfer time)",
+            }
+        )
     frag = int(peak.get("reserved_bytes") or 0) - int(peak["allocated_bytes"])
     if frag > 0.2 * total:
-        out.append({"technique": "expandable segments",
-                    "why": f"reserved exceeds allocated by {frag / total:.0%} at the peaks (fragmentation / cached blocks)",
-                    "saves_up_to_bytes": frag,
-                    "how": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"})
+        out.append(
+            {
+                "technique": "expandable segments",
+                "why": f"reserved exceeds allocated by {frag / total:.0%} at the peaks (fragmentation / cached blocks)",
+                "saves_up_to_bytes": frag,
+                "how": "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            }
+        )
     out.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
     return out

@@ -7,6 +7,7 @@ a snapshot gives only sizes), how many bytes of them were live when, and the ver
 fused kernel or its code path in the frames (or the run's own record), and ``not
 determined`` otherwise: no frames of attention at all says nothing either way.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,11 +28,18 @@ CROSS_KEYS = (77, 300, 226, 120, 512, 256, 333, 154)
 DTYPE_SIZES = {"fp16": 2, "bf16": 2, "fp32": 4, "float16": 2, "bfloat16": 2, "float32": 4}
 # Attention heads of the denoisers (and of the VAE's mid-block attention: 1) by pipeline name.
 PIPELINE_HEADS: tuple[tuple[str, tuple[int, ...]], ...] = (
-    ("sdxl", (10, 20, 5)), ("pixart", (16,)), ("flux", (24,)), ("sd3", (24, 38)), ("sd2", (5, 10, 20)),
-    ("sd15", (8,)), ("sd1", (8,)), ("stable-diffusion", (8,)), ("sd", (8,)),
+    ("sdxl", (10, 20, 5)),
+    ("pixart", (16,)),
+    ("flux", (24,)),
+    ("sd3", (24, 38)),
+    ("sd2", (5, 10, 20)),
+    ("sd15", (8,)),
+    ("sd1", (8,)),
+    ("stable-diffusion", (8,)),
+    ("sd", (8,)),
 )
 GENERIC_HEADS = (8, 10, 20, 16, 24, 5, 12, 32, 1)
-TEXT_HEADS = (12, 20, 64, 16, 32, 8)        # CLIP-L, OpenCLIP-bigG, T5-XXL, ...
+TEXT_HEADS = (12, 20, 64, 16, 32, 8)  # CLIP-L, OpenCLIP-bigG, T5-XXL, ...
 TEXT_TOKENS = (77, 300, 512, 256, 226, 120)
 IMPLEMENTATIONS = {
     "classic": "materialized: classic AttnProcessor (baddbmm + softmax score matrices)",
@@ -45,6 +53,7 @@ NOT_DETERMINED = "not determined"
 
 
 # --- shapes -------------------------------------------------------------------------------------
+
 
 def _heads_for(pipeline: str) -> tuple[int, ...] | None:
     p = pipeline.lower().replace("_", "-")
@@ -77,8 +86,13 @@ def _dtype_name(itemsize: int) -> str:
     return {2: "fp16/bf16", 4: "fp32", 1: "int8/fp8"}.get(itemsize, f"{itemsize}B")
 
 
-def guess_score_shape(nbytes: int, run: dict[str, Any] | None, tokens: list[int] | None = None,
-                      itemsizes: list[int] | None = None, stage: str | None = None) -> dict[str, Any] | None:
+def guess_score_shape(
+    nbytes: int,
+    run: dict[str, Any] | None,
+    tokens: list[int] | None = None,
+    itemsizes: list[int] | None = None,
+    stage: str | None = None,
+) -> dict[str, Any] | None:
     """Best ``[batch*heads, Nq, Nk]`` for a score matrix of ``nbytes``, from the run's geometry.
 
     Prefers a ``batch*heads`` that factors as (images × 2 for CFG) × heads of the
@@ -136,6 +150,7 @@ def guess_score_shape(nbytes: int, run: dict[str, Any] | None, tokens: list[int]
 
 # --- the analysis -----------------------------------------------------------------------------------
 
+
 def _objects(values: list[Any]) -> np.ndarray:
     """A 1-D object array (np.array would turn a list of equal-length lists into 2-D)."""
     out = np.empty(len(values), dtype=object)
@@ -170,9 +185,16 @@ def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], 
     return NOT_DETERMINED, "inferred"
 
 
-def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame,
-                   sites: SiteNamer, rules: RuleSet, tables: StackTables,
-                   run_json: dict[str, Any] | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+def find_attention(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    stages: pd.DataFrame,
+    sites: SiteNamer,
+    rules: RuleSet,
+    tables: StackTables,
+    run_json: dict[str, Any] | None = None,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Score-matrix allocations (one row each) and a summary: count, peak of simultaneously
     live score bytes, the largest (with a shape guess), share of each stage's peak, and
     which attention implementation the run used (``run_json``: the run's geometry and
@@ -184,7 +206,9 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     stack = ev["stack_id"].to_numpy()[rows] if n else np.empty(0, np.int64)
     req = ev["size"].to_numpy()[rows] if n else np.empty(0, np.int64)
     # One shape guess per distinct (size, stage group), one site / function per distinct stack.
-    lab_codes, lab_uniques = pd.factorize(pd.Series(labels[rows], dtype=object)) if len(rows) else (np.zeros(0, np.int64), [])
+    lab_codes, lab_uniques = (
+        pd.factorize(pd.Series(labels[rows], dtype=object)) if len(rows) else (np.zeros(0, np.int64), [])
+    )
     grp_codes, grp_uniques = pd.factorize(pd.Series([stage_group(str(u)) for u in lab_uniques], dtype=object))
     grp_of_row = grp_codes[lab_codes] if len(rows) else np.zeros(0, np.int64)
     n_grp = max(len(grp_uniques), 1)
@@ -192,9 +216,12 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     size_inv = np.asarray(size_inv).reshape(-1)
     # A size factors into [batch*heads, N, N] many ways: guess only with a diffusion run's
     # geometry (run.json) or inside a diffusion stage; elsewhere the shape stays unknown.
-    raw_guesses = [guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)]))
-               if run.get("height") or str(grp_uniques[int(k % n_grp)]) in DIFFUSION_STAGES else None
-               for k in ukey]
+    raw_guesses = [
+        guess_score_shape(int(k // n_grp), run, stage=str(grp_uniques[int(k % n_grp)]))
+        if run.get("height") or str(grp_uniques[int(k % n_grp)]) in DIFFUSION_STAGES
+        else None
+        for k in ukey
+    ]
     guesses = [g or {} for g in raw_guesses]
     ustacks, stack_inv = np.unique(stack, return_inverse=True)
     st_table = score_stack_table(snap, rules, tables)
@@ -203,16 +230,21 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     def per_size(key: str) -> np.ndarray:
         return _objects([g.get(key) for g in guesses])[size_inv] if len(rows) else np.empty(0, object)
 
-    table = pd.DataFrame({
-        "row": rows.astype(np.int64),
-        "bytes": ev["block_size"].to_numpy()[rows] if n else np.empty(0, np.int64),
-        "requested_bytes": req,
-        "stage": labels[rows] if len(rows) else np.empty(0, object),
-        "shape": per_size("shape"), "dtype": per_size("dtype"), "heads": per_size("heads"), "batch": per_size("batch"),
-        "function": _objects([str(func_by_stack.get(int(s), "")) for s in ustacks])[stack_inv],
-        "site": _objects([sites.site(int(s)) for s in ustacks])[stack_inv],
-        "free_row": ev["free_row"].to_numpy()[rows] if n else np.empty(0, np.int64),
-    })
+    table = pd.DataFrame(
+        {
+            "row": rows.astype(np.int64),
+            "bytes": ev["block_size"].to_numpy()[rows] if n else np.empty(0, np.int64),
+            "requested_bytes": req,
+            "stage": labels[rows] if len(rows) else np.empty(0, object),
+            "shape": per_size("shape"),
+            "dtype": per_size("dtype"),
+            "heads": per_size("heads"),
+            "batch": per_size("batch"),
+            "function": _objects([str(func_by_stack.get(int(s), "")) for s in ustacks])[stack_inv],
+            "site": _objects([sites.site(int(s)) for s in ustacks])[stack_inv],
+            "free_row": ev["free_row"].to_numpy()[rows] if n else np.empty(0, np.int64),
+        }
+    )
     live = live_attention_series(rep, table)
     peak_live = int(live.max()) if n else 0
     peak_live_row = int(np.argmax(live)) if n and peak_live > 0 else -1
@@ -223,17 +255,28 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
         s_rows = stages["start_row"].to_numpy().astype(np.int64)
         e_rows = stages["end_row"].to_numpy().astype(np.int64)
         max_in = [int(live[a:b].max()) if b > a else 0 for a, b in zip(s_rows, e_rows, strict=True)]
-        for (name, peak_row, peak_b), mx in zip(stages[["name", "peak_row", "peak_allocated_bytes"]].itertuples(index=False), max_in, strict=True):
+        for (name, peak_row, peak_b), mx in zip(
+            stages[["name", "peak_row", "peak_allocated_bytes"]].itertuples(index=False), max_in, strict=True
+        ):
             at_peak = int(live[peak_row]) if 0 <= peak_row < n else 0
             share = at_peak / peak_b if peak_b else 0.0
-            item = {"stage": str(name), "peak_allocated_bytes": int(peak_b), "live_bytes_at_stage_peak": at_peak,
-                    "share_of_stage_peak": share, "max_live_bytes": int(mx)}
+            item = {
+                "stage": str(name),
+                "peak_allocated_bytes": int(peak_b),
+                "live_bytes_at_stage_peak": at_peak,
+                "share_of_stage_peak": share,
+                "max_live_bytes": int(mx),
+            }
             if at_peak > 0 or mx > 0:
                 per_stage.append(item)
             grp = stage_group(str(name))
             cur = groups.get(grp)
             if cur is None or int(peak_b) > cur["peak_allocated_bytes"]:
-                groups[grp] = {**item, "stage": grp, "max_live_bytes": max(int(mx), cur["max_live_bytes"] if cur else 0)}
+                groups[grp] = {
+                    **item,
+                    "stage": grp,
+                    "max_live_bytes": max(int(mx), cur["max_live_bytes"] if cur else 0),
+                }
             else:
                 cur["max_live_bytes"] = max(cur["max_live_bytes"], int(mx))
 
@@ -241,18 +284,39 @@ def find_attention(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages
     stack_ids = ev["stack_id"].to_numpy().astype(np.int64) if n else np.empty(0, np.int64)
     fused = fused_evidence(rules, tables, stack_ids)
     impl, impl_source = _implementation(run, len(rows), functions, fused)
-    largest: dict[str, Any] = {"bytes": 0, "requested_bytes": 0, "shape": None, "dtype": None, "heads": None,
-                               "batch": None, "stage": None, "site": None}
+    largest: dict[str, Any] = {
+        "bytes": 0,
+        "requested_bytes": 0,
+        "shape": None,
+        "dtype": None,
+        "heads": None,
+        "batch": None,
+        "stage": None,
+        "site": None,
+    }
     if len(rows):
         i = int(np.argmax(table["bytes"].to_numpy()))
-        largest = {"bytes": int(table["bytes"].iat[i]), "requested_bytes": int(table["requested_bytes"].iat[i]),
-                   "shape": table["shape"].iat[i], "dtype": table["dtype"].iat[i], "heads": table["heads"].iat[i],
-                   "batch": table["batch"].iat[i], "stage": str(table["stage"].iat[i]), "site": table["site"].iat[i]}
+        largest = {
+            "bytes": int(table["bytes"].iat[i]),
+            "requested_bytes": int(table["requested_bytes"].iat[i]),
+            "shape": table["shape"].iat[i],
+            "dtype": table["dtype"].iat[i],
+            "heads": table["heads"].iat[i],
+            "batch": table["batch"].iat[i],
+            "stage": str(table["stage"].iat[i]),
+            "site": table["site"].iat[i],
+        }
     summary = {
-        "count": int(len(rows)), "peak_live_bytes": peak_live, "peak_live_event_index": peak_live_row,
+        "count": int(len(rows)),
+        "peak_live_bytes": peak_live,
+        "peak_live_event_index": peak_live_row,
         "total_bytes": int(table["bytes"].sum()) if len(table) else 0,
-        "largest": largest, "implementation": impl, "implementation_source": impl_source,
-        "materialized": bool(len(rows)), "fused": impl.startswith("fused"), "functions": functions,
+        "largest": largest,
+        "implementation": impl,
+        "implementation_source": impl_source,
+        "materialized": bool(len(rows)),
+        "fused": impl.startswith("fused"),
+        "functions": functions,
         "fused_evidence": fused[:5],
         "stages": per_stage,
         "stage_groups": [v for v in groups.values() if v["max_live_bytes"] > 0],

@@ -17,6 +17,7 @@ stack, then gathers):
 
 Memory allocated before the recorded window is ``before recording``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,8 +30,15 @@ from snapviz.analyses.stack_tables import StackTables
 from snapviz.model import A_ALLOC, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, stage_group
 
-CATEGORIES = ("weights", "attention scores", "activations", "latents & embeddings", "vae buffers",
-              "gradients & optimizer", "unknown")
+CATEGORIES = (
+    "weights",
+    "attention scores",
+    "activations",
+    "latents & embeddings",
+    "vae buffers",
+    "gradients & optimizer",
+    "unknown",
+)
 _CODE = {c: i for i, c in enumerate(CATEGORIES)}
 # Fallback by the stage group an allocation was born in: (short-lived, long-lived).
 _BY_STAGE = {
@@ -60,7 +68,9 @@ def category_names(rules: RuleSet) -> tuple[str, ...]:
     return CATEGORIES + tuple(dict.fromkeys(extra))
 
 
-def stack_category_rules(rules: RuleSet, tables: StackTables, exclude: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def stack_category_rules(
+    rules: RuleSet, tables: StackTables, exclude: tuple[str, ...] = ()
+) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Per stack, the category a rule gives a short-lived and a long-lived allocation.
 
     Returns (short, long, names): codes into ``names`` (-1: no rule).
@@ -83,8 +93,9 @@ def training_evidence(rules: RuleSet, tables: StackTables) -> bool:
     return bool(tables.rules_mask(probe).any())
 
 
-def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
-                    rules: RuleSet, tables: StackTables) -> np.ndarray:
+def _category_codes(
+    snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray, rules: RuleSet, tables: StackTables
+) -> np.ndarray:
     """Index into ``category_names(rules)`` for each alloc row in ``rows``."""
     ev = rep.events
     n = len(ev)
@@ -99,8 +110,16 @@ def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows:
 
     # 4. by the stage of birth (one Python call per distinct label, not per event).
     lab_codes, lab_uniques = pd.factorize(pd.Series(labels[rows], dtype=object))
-    fb_short = np.array([_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[0]] for u in lab_uniques] + [_CODE["unknown"]], np.int64)
-    fb_long = np.array([_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[1]] for u in lab_uniques] + [_CODE["unknown"]], np.int64)
+    fb_short = np.array(
+        [_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[0]] for u in lab_uniques]
+        + [_CODE["unknown"]],
+        np.int64,
+    )
+    fb_long = np.array(
+        [_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[1]] for u in lab_uniques]
+        + [_CODE["unknown"]],
+        np.int64,
+    )
     out = np.where(short, fb_short[lab_codes], fb_long[lab_codes])
 
     if len(snap.stacks):
@@ -125,8 +144,14 @@ def _category_codes(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows:
     return out
 
 
-def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
-                      rules: RuleSet | None = None, tables: StackTables | None = None) -> np.ndarray:
+def categorize_allocs(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    rows: np.ndarray,
+    rules: RuleSet | None = None,
+    tables: StackTables | None = None,
+) -> np.ndarray:
     """Category (str) of each alloc row in ``rows`` (built-in rules unless ``rules``)."""
     rules = rules if rules is not None else load_rules()
     tables = tables if tables is not None else StackTables(snap)
@@ -134,8 +159,14 @@ def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row
     return names[_category_codes(snap, rep, labels, rows, rules, tables)]
 
 
-def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int,
-                    rules: RuleSet | None = None, tables: StackTables | None = None) -> pd.DataFrame:
+def categorize_live(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    row: int,
+    rules: RuleSet | None = None,
+    tables: StackTables | None = None,
+) -> pd.DataFrame:
     """Bytes and count live at ``row`` by category (the baseline counts as 'before recording')."""
     live = live_at(rep, row)
     rows = live.index.to_numpy()
@@ -144,7 +175,9 @@ def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: 
     out = df.groupby("category", sort=False)["bytes"].agg(["sum", "size"]).reset_index()
     out.columns = ["category", "bytes", "count"]
     if rep.baseline_allocated:
-        out = pd.concat([out, pd.DataFrame([{"category": BEFORE_RECORDING, "bytes": rep.baseline_allocated, "count": 0}])])
+        out = pd.concat(
+            [out, pd.DataFrame([{"category": BEFORE_RECORDING, "bytes": rep.baseline_allocated, "count": 0}])]
+        )
     return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
@@ -166,8 +199,14 @@ def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(keep[keep < n])
 
 
-def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, max_points: int = 20000,
-                      rules: RuleSet | None = None, tables: StackTables | None = None) -> pd.DataFrame:
+def category_timeline(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    max_points: int = 20000,
+    rules: RuleSet | None = None,
+    tables: StackTables | None = None,
+) -> pd.DataFrame:
     """Bytes live per category after each sampled event row, ready for a stacked area.
 
     Columns: ``row``, ``time_us``, ``stage``, ``allocated``, one per category (CATEGORIES,
@@ -188,12 +227,22 @@ def category_timeline(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, max
     codes = _category_codes(snap, rep, labels, arows, rules, tables)
     # a rule's own category (weights: T5, rotary embeddings, a user's) is a column only where it occurs
     used = set(np.unique(codes).tolist())
-    cols = ["row", "time_us", "stage", "allocated",
-            *(c for i, c in enumerate(names) if i < len(CATEGORIES) or i in used), BEFORE_RECORDING]
+    cols = [
+        "row",
+        "time_us",
+        "stage",
+        "allocated",
+        *(c for i, c in enumerate(names) if i < len(CATEGORIES) or i in used),
+        BEFORE_RECORDING,
+    ]
     size = ev["block_size"].to_numpy()[arows].astype(np.float64)
     end = np.minimum(ev["free_row"].to_numpy()[arows], n)
-    data: dict[str, np.ndarray] = {"row": rows_out, "time_us": ev["time_us"].to_numpy()[rows_out],
-                                   "stage": labels[rows_out], "allocated": allocated[rows_out]}
+    data: dict[str, np.ndarray] = {
+        "row": rows_out,
+        "time_us": ev["time_us"].to_numpy()[rows_out],
+        "stage": labels[rows_out],
+        "allocated": allocated[rows_out],
+    }
     total = np.zeros(len(rows_out), np.int64)
     for ci, cat in enumerate(names):
         if cat not in cols:

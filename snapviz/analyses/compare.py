@@ -6,6 +6,7 @@ with ``denoise/3`` of another however long each took. Every run is first reduced
 one full analysis in memory at a time. Everything here returns DataFrames or plain
 data; renderers only render.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -32,14 +33,14 @@ class Comparison:
     """
 
     runs: pd.DataFrame
-    stages: pd.DataFrame      # per stage group and run
-    steps: pd.DataFrame       # per step label (``denoise/3``) and run
-    sites: pd.DataFrame       # per allocation site and run, with status vs base
-    attention: pd.DataFrame   # per run
+    stages: pd.DataFrame  # per stage group and run
+    steps: pd.DataFrame  # per step label (``denoise/3``) and run
+    sites: pd.DataFrame  # per allocation site and run, with status vs base
+    attention: pd.DataFrame  # per run
     categories: pd.DataFrame  # per category and run (live bytes at each run's own peak)
-    timeline: pd.DataFrame    # run, x (stage-normalised), allocated, reserved, name
-    slots: list[str]          # stage labels in x order: slot k spans [k, k+1)
-    verdict: list[str]        # one line per other run
+    timeline: pd.DataFrame  # run, x (stage-normalised), allocated, reserved, name
+    slots: list[str]  # stage labels in x order: slot k spans [k, k+1)
+    verdict: list[str]  # one line per other run
     digests: list[RunDigest]
 
     @property
@@ -52,6 +53,7 @@ class Comparison:
 
 
 # ---------------------------------------------------------------- one run -> digest
+
 
 def merge_orders(orders: Sequence[Sequence[str]]) -> list[str]:
     """One order for every label: the base's, with labels only later runs have inserted
@@ -66,7 +68,9 @@ def merge_orders(orders: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels: list[str], key_col: str) -> pd.DataFrame:
+def _aligned(
+    keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels: list[str], key_col: str
+) -> pd.DataFrame:
     """Long table key x run with peaks and deltas vs run 0 (missing: NA)."""
     rows = []
     for key in keys:
@@ -77,11 +81,31 @@ def _aligned(keys: list[str], per_run: list[dict[str, tuple[int, int]]], labels:
             res = v[1] if v else None
             d = (v[0] - base[0]) if (v and base) else None
             dr = (v[1] - base[1]) if (v and base) else None
-            rows.append({key_col: key, "run": r, "label": labels[r], "peak_allocated_bytes": a, "peak_reserved_bytes": res,
-                         "delta_bytes": d, "delta_ratio": change_ratio(d, base[0]) if (d is not None and base) else None,
-                         "reserved_delta_bytes": dr})
-    df = pd.DataFrame(rows, columns=[key_col, "run", "label", "peak_allocated_bytes", "peak_reserved_bytes", "delta_bytes",
-                                     "delta_ratio", "reserved_delta_bytes"])
+            rows.append(
+                {
+                    key_col: key,
+                    "run": r,
+                    "label": labels[r],
+                    "peak_allocated_bytes": a,
+                    "peak_reserved_bytes": res,
+                    "delta_bytes": d,
+                    "delta_ratio": change_ratio(d, base[0]) if (d is not None and base) else None,
+                    "reserved_delta_bytes": dr,
+                }
+            )
+    df = pd.DataFrame(
+        rows,
+        columns=[
+            key_col,
+            "run",
+            "label",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "delta_bytes",
+            "delta_ratio",
+            "reserved_delta_bytes",
+        ],
+    )
     for c in ("peak_allocated_bytes", "peak_reserved_bytes", "delta_bytes", "reserved_delta_bytes"):
         df[c] = df[c].astype("Int64")
     df["delta_ratio"] = df["delta_ratio"].astype("Float64")
@@ -97,35 +121,65 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
     slots = merge_orders([d.stages["name"].tolist() for d in digests])
     groups = merge_orders([list(dict.fromkeys(d.stages["group"].tolist())) for d in digests])
 
-    runs = pd.DataFrame([{
-        "run": i, "label": d.label, "source": d.source, "peak_allocated_bytes": d.peak_allocated,
-        "peak_reserved_bytes": d.peak_reserved, "peak_stage": d.peak_stage,
-        "delta_bytes": d.peak_allocated - base.peak_allocated,
-        "delta_ratio": change_ratio(d.peak_allocated - base.peak_allocated, base.peak_allocated),
-        "reserved_delta_bytes": d.peak_reserved - base.peak_reserved,
-        "reserved_delta_ratio": change_ratio(d.peak_reserved - base.peak_reserved, base.peak_reserved),
-        "events": d.events, "truncated": d.truncated, "stage_source": d.stage_source} for i, d in enumerate(digests)])
+    runs = pd.DataFrame(
+        [
+            {
+                "run": i,
+                "label": d.label,
+                "source": d.source,
+                "peak_allocated_bytes": d.peak_allocated,
+                "peak_reserved_bytes": d.peak_reserved,
+                "peak_stage": d.peak_stage,
+                "delta_bytes": d.peak_allocated - base.peak_allocated,
+                "delta_ratio": change_ratio(d.peak_allocated - base.peak_allocated, base.peak_allocated),
+                "reserved_delta_bytes": d.peak_reserved - base.peak_reserved,
+                "reserved_delta_ratio": change_ratio(d.peak_reserved - base.peak_reserved, base.peak_reserved),
+                "events": d.events,
+                "truncated": d.truncated,
+                "stage_source": d.stage_source,
+            }
+            for i, d in enumerate(digests)
+        ]
+    )
 
     group_peaks: list[dict[str, tuple[int, int]]] = []
     step_peaks: list[dict[str, tuple[int, int]]] = []
     for d in digests:
         st = d.stages
         g = st.groupby("group", sort=False)[["peak_allocated_bytes", "peak_reserved_bytes"]].max() if len(st) else None
-        group_peaks.append({k: (int(v.peak_allocated_bytes), int(v.peak_reserved_bytes)) for k, v in g.iterrows()} if g is not None else {})
+        group_peaks.append(
+            {k: (int(v.peak_allocated_bytes), int(v.peak_reserved_bytes)) for k, v in g.iterrows()}
+            if g is not None
+            else {}
+        )
         steps = st[st["name"].str.contains("/", regex=False)] if len(st) else st
-        step_peaks.append({str(r.name): (int(r.peak_allocated_bytes), int(r.peak_reserved_bytes)) for r in steps.itertuples(index=False)})
+        step_peaks.append(
+            {
+                str(r.name): (int(r.peak_allocated_bytes), int(r.peak_reserved_bytes))
+                for r in steps.itertuples(index=False)
+            }
+        )
     stages = _aligned(groups, group_peaks, labels, "name")
     step_names = [s for s in slots if "/" in s]
     steps = _aligned(step_names, step_peaks, labels, "name")
     steps.insert(1, "group", [stage_group(s) for s in steps["name"]])
     steps.insert(2, "step", [s.split("/", 1)[1] for s in steps["name"]])
 
-    att = pd.DataFrame([{
-        "run": i, "label": d.label, "count": int(d.attention.get("count") or 0),
-        "peak_live_bytes": int(d.attention.get("peak_live_bytes") or 0), "total_bytes": int(d.attention.get("total_bytes") or 0),
-        "largest_bytes": int((d.attention.get("largest") or {}).get("bytes") or 0),
-        "largest_shape": (d.attention.get("largest") or {}).get("shape"), "implementation": d.attention.get("implementation")}
-        for i, d in enumerate(digests)])
+    att = pd.DataFrame(
+        [
+            {
+                "run": i,
+                "label": d.label,
+                "count": int(d.attention.get("count") or 0),
+                "peak_live_bytes": int(d.attention.get("peak_live_bytes") or 0),
+                "total_bytes": int(d.attention.get("total_bytes") or 0),
+                "largest_bytes": int((d.attention.get("largest") or {}).get("bytes") or 0),
+                "largest_shape": (d.attention.get("largest") or {}).get("shape"),
+                "implementation": d.attention.get("implementation"),
+            }
+            for i, d in enumerate(digests)
+        ]
+    )
     for c in ("count", "peak_live_bytes", "total_bytes", "largest_bytes"):
         att[f"delta_{c}"] = att[c] - att[c].iat[0]
 
@@ -135,7 +189,16 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         b = _cat_bytes(base, c)
         for i, d in enumerate(digests):
             v = _cat_bytes(d, c)
-            cat_rows.append({"category": c, "run": i, "label": d.label, "bytes": v, "delta_bytes": v - b, "delta_ratio": change_ratio(v - b, b)})
+            cat_rows.append(
+                {
+                    "category": c,
+                    "run": i,
+                    "label": d.label,
+                    "bytes": v,
+                    "delta_bytes": v - b,
+                    "delta_ratio": change_ratio(v - b, b),
+                }
+            )
     categories = pd.DataFrame(cat_rows, columns=["category", "run", "label", "bytes", "delta_bytes", "delta_ratio"])
 
     slot_of = {s: k for k, s in enumerate(slots)}
@@ -144,14 +207,37 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         tl = d.timeline
         if len(tl):
             x = tl["name"].map(slot_of).to_numpy(np.float64) + tl["pos"].to_numpy(np.float64)
-            tl_frames.append(pd.DataFrame({"run": i, "label": d.label, "x": x, "allocated": tl["allocated"].to_numpy(),
-                                           "reserved": tl["reserved"].to_numpy(), "name": tl["name"].to_numpy()}))
-    timeline = (pd.concat(tl_frames, ignore_index=True) if tl_frames else
-                pd.DataFrame(columns=["run", "label", "x", "allocated", "reserved", "name"]))
+            tl_frames.append(
+                pd.DataFrame(
+                    {
+                        "run": i,
+                        "label": d.label,
+                        "x": x,
+                        "allocated": tl["allocated"].to_numpy(),
+                        "reserved": tl["reserved"].to_numpy(),
+                        "name": tl["name"].to_numpy(),
+                    }
+                )
+            )
+    timeline = (
+        pd.concat(tl_frames, ignore_index=True)
+        if tl_frames
+        else pd.DataFrame(columns=["run", "label", "x", "allocated", "reserved", "name"])
+    )
 
     verdict = [verdict_line(base, d, stages, i) for i, d in enumerate(digests) if i > 0]
-    return Comparison(runs=runs, stages=stages, steps=steps, sites=compare_sites(digests), attention=att,
-                      categories=categories, timeline=timeline, slots=slots, verdict=verdict, digests=list(digests))
+    return Comparison(
+        runs=runs,
+        stages=stages,
+        steps=steps,
+        sites=compare_sites(digests),
+        attention=att,
+        categories=categories,
+        timeline=timeline,
+        slots=slots,
+        verdict=verdict,
+        digests=list(digests),
+    )
 
 
 def _cat_bytes(d: RunDigest, category: str) -> int:
@@ -162,6 +248,7 @@ def _cat_bytes(d: RunDigest, category: str) -> int:
 
 # ---------------------------------------------------------------- gate and JSON
 
+
 def over_limit(cmp: Comparison, pct: float) -> list[str]:
     """``--fail-over PCT``: one line per other run whose peak exceeds the base by more than PCT."""
     base = cmp.runs.iloc[0]
@@ -170,9 +257,11 @@ def over_limit(cmp: Comparison, pct: float) -> list[str]:
         limit = base.peak_allocated_bytes * (1 + pct / 100.0)
         if r.peak_allocated_bytes > limit:
             ratio = r.delta_ratio
-            out.append(f"FAIL {r.label} peak allocated {fmt_bytes(r.peak_allocated_bytes)} exceeds base {base.label} "
-                       f"{fmt_bytes(base.peak_allocated_bytes)} by {ratio * 100 if ratio is not None else float('inf'):+.1f}% "
-                       f"(allowed +{pct:g}%)")
+            out.append(
+                f"FAIL {r.label} peak allocated {fmt_bytes(r.peak_allocated_bytes)} exceeds base {base.label} "
+                f"{fmt_bytes(base.peak_allocated_bytes)} by {ratio * 100 if ratio is not None else float('inf'):+.1f}% "
+                f"(allowed +{pct:g}%)"
+            )
     return out
 
 
@@ -201,8 +290,13 @@ def _wide(df: pd.DataFrame, key: str, keys: list[str], fields: dict[str, str]) -
 
 def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int = 25) -> dict[str, Any]:
     """The ``snapviz.compare/1`` document (docs/design.md). Arrays run base first."""
-    stage_fields = {"peak_allocated_bytes": "peak_allocated_bytes", "peak_reserved_bytes": "peak_reserved_bytes",
-                    "delta_bytes": "delta_bytes", "delta_ratio": "delta_ratio", "reserved_delta_bytes": "reserved_delta_bytes"}
+    stage_fields = {
+        "peak_allocated_bytes": "peak_allocated_bytes",
+        "peak_reserved_bytes": "peak_reserved_bytes",
+        "delta_bytes": "delta_bytes",
+        "delta_ratio": "delta_ratio",
+        "reserved_delta_bytes": "reserved_delta_bytes",
+    }
     stages = _wide(cmp.stages, "name", list(dict.fromkeys(cmp.stages["name"].tolist())), stage_fields)
     steps = _wide(cmp.steps, "name", list(dict.fromkeys(cmp.steps["name"].tolist())), stage_fields)
     for s in steps:
@@ -211,20 +305,39 @@ def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int
     sites = []
     for k in site_keys:
         part = cmp.sites[cmp.sites["site"] == k].sort_values("run")
-        sites.append({"site": k, "status": part["status"].tolist(), "allocs": _nums(part["allocs"].tolist()),
-                      "total_bytes": _nums(part["total_bytes"].tolist()), "peak_live_bytes": _nums(part["peak_live_bytes"].tolist()),
-                      "delta_total_bytes": _nums(part["delta_total_bytes"].tolist()),
-                      "delta_peak_live_bytes": _nums(part["delta_peak_live_bytes"].tolist())})
+        sites.append(
+            {
+                "site": k,
+                "status": part["status"].tolist(),
+                "allocs": _nums(part["allocs"].tolist()),
+                "total_bytes": _nums(part["total_bytes"].tolist()),
+                "peak_live_bytes": _nums(part["peak_live_bytes"].tolist()),
+                "delta_total_bytes": _nums(part["delta_total_bytes"].tolist()),
+                "delta_peak_live_bytes": _nums(part["delta_peak_live_bytes"].tolist()),
+            }
+        )
     runs = []
     for i, r in enumerate(cmp.runs.itertuples(index=False)):
         d = cmp.digests[i]
-        runs.append({"label": r.label, "source": r.source,
-                     "peak": {"allocated_bytes": int(r.peak_allocated_bytes), "reserved_bytes": int(r.peak_reserved_bytes),
-                              "stage": r.peak_stage},
-                     "delta_bytes": int(r.delta_bytes), "delta_ratio": _nums([r.delta_ratio])[0],
-                     "reserved_delta_bytes": int(r.reserved_delta_bytes),
-                     "events": int(r.events), "truncated": bool(r.truncated), "stage_source": r.stage_source,
-                     "verdict": cmp.verdict[i - 1] if i > 0 else None, "warnings": d.warnings})
+        runs.append(
+            {
+                "label": r.label,
+                "source": r.source,
+                "peak": {
+                    "allocated_bytes": int(r.peak_allocated_bytes),
+                    "reserved_bytes": int(r.peak_reserved_bytes),
+                    "stage": r.peak_stage,
+                },
+                "delta_bytes": int(r.delta_bytes),
+                "delta_ratio": _nums([r.delta_ratio])[0],
+                "reserved_delta_bytes": int(r.reserved_delta_bytes),
+                "events": int(r.events),
+                "truncated": bool(r.truncated),
+                "stage_source": r.stage_source,
+                "verdict": cmp.verdict[i - 1] if i > 0 else None,
+                "warnings": d.warnings,
+            }
+        )
     att = cmp.attention
     doc: dict[str, Any] = {
         "schema": SCHEMA,
@@ -233,10 +346,24 @@ def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int
         "stages": stages,
         "steps": steps,
         "sites": sites,
-        "attention": {c: _nums(att[c].tolist()) for c in ("count", "peak_live_bytes", "total_bytes", "largest_bytes",
-                                                          "delta_count", "delta_peak_live_bytes", "delta_largest_bytes")},
-        "categories": _wide(cmp.categories.rename(columns={"category": "name"}), "name",
-                            list(dict.fromkeys(cmp.categories["category"].tolist())), {"bytes": "bytes", "delta_bytes": "delta_bytes"}),
+        "attention": {
+            c: _nums(att[c].tolist())
+            for c in (
+                "count",
+                "peak_live_bytes",
+                "total_bytes",
+                "largest_bytes",
+                "delta_count",
+                "delta_peak_live_bytes",
+                "delta_largest_bytes",
+            )
+        },
+        "categories": _wide(
+            cmp.categories.rename(columns={"category": "name"}),
+            "name",
+            list(dict.fromkeys(cmp.categories["category"].tolist())),
+            {"bytes": "bytes", "delta_bytes": "delta_bytes"},
+        ),
         "verdict": list(cmp.verdict),
     }
     if fail_over is not None:

@@ -1,5 +1,6 @@
 """The comparison's verdict: one sentence per run against the base (peak, stages that moved,
 where the peak sits), and the relative change every comparison table uses."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -8,8 +9,8 @@ from snapviz.analyses.digest import RunDigest
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
-UNCHANGED_PEAK = 0.001    # |relative change| below this: "leaves peak allocated unchanged"
-UNCHANGED_STAGE = 0.01    # |relative change| below this: "<stage> unchanged"
+UNCHANGED_PEAK = 0.001  # |relative change| below this: "leaves peak allocated unchanged"
+UNCHANGED_STAGE = 0.01  # |relative change| below this: "<stage> unchanged"
 
 
 def change_ratio(delta: float, base: float) -> float | None:
@@ -45,7 +46,9 @@ def verdict_line(base: RunDigest, other: RunDigest, stages: pd.DataFrame, run: i
         direction = 0
     else:
         verb = "lowers" if d < 0 else "raises"
-        head = f"{other.label} {verb} peak allocated by {fmt_bytes(abs(d))}" + (f" ({_signed_pct(r)})" if r is not None else "")
+        head = f"{other.label} {verb} peak allocated by {fmt_bytes(abs(d))}" + (
+            f" ({_signed_pct(r)})" if r is not None else ""
+        )
         direction = -1 if d < 0 else 1
     base_peaks = stages[stages["run"] == 0].set_index("name")["peak_allocated_bytes"]
     mine = stages[stages["run"] == run]

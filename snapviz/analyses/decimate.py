@@ -6,6 +6,7 @@ bucket's maximum) and the envelope of each series is exact at the bucket resolut
 The first and last rows are always kept. Vectorized: one ``reduceat`` per series and
 reduction, so a million rows take tens of milliseconds.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """One run reduced to what a comparison needs (a digest): stage rows, a stage-normalised
 timeline, allocation sites and categories. Digests are small, so ``compare`` builds them in
 worker processes and only these come back."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,17 +25,15 @@ class RunDigest:
     peak_allocated: int
     peak_reserved: int
     peak_stage: str
-    stages: pd.DataFrame      # name (label), group, peak_allocated_bytes, peak_reserved_bytes, order
-    timeline: pd.DataFrame    # name, pos (0..1 within the label), allocated, reserved
+    stages: pd.DataFrame  # name (label), group, peak_allocated_bytes, peak_reserved_bytes, order
+    timeline: pd.DataFrame  # name, pos (0..1 within the label), allocated, reserved
     categories: pd.DataFrame  # category, bytes
     attention: dict[str, Any]
-    sites: pd.DataFrame       # site, allocs, total_bytes, peak_live_bytes
+    sites: pd.DataFrame  # site, allocs, total_bytes, peak_live_bytes
     stage_source: str = "none"
     events: int = 0
     truncated: bool = False
     warnings: list[str] = field(default_factory=list)
-
-
 
 
 def _stage_rows(stages: pd.DataFrame) -> pd.DataFrame:
@@ -42,16 +41,23 @@ def _stage_rows(stages: pd.DataFrame) -> pd.DataFrame:
     cols = ["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"]
     if not len(stages):
         return pd.DataFrame(columns=cols)
-    g = stages.groupby("name", sort=False).agg(peak_allocated_bytes=("peak_allocated_bytes", "max"),
-                                               peak_reserved_bytes=("peak_reserved_bytes", "max"),
-                                               order=("start_row", "min")).reset_index()
+    g = (
+        stages.groupby("name", sort=False)
+        .agg(
+            peak_allocated_bytes=("peak_allocated_bytes", "max"),
+            peak_reserved_bytes=("peak_reserved_bytes", "max"),
+            order=("start_row", "min"),
+        )
+        .reset_index()
+    )
     g["group"] = [stage_group(str(n)) for n in g["name"]]
     g["name"] = g["name"].astype(str)
     return g.sort_values("order", kind="stable")[cols].reset_index(drop=True)
 
 
-def stage_normalised_timeline(labels: np.ndarray, allocated: np.ndarray, reserved: np.ndarray,
-                              points_per_label: int = 200) -> pd.DataFrame:
+def stage_normalised_timeline(
+    labels: np.ndarray, allocated: np.ndarray, reserved: np.ndarray, points_per_label: int = 200
+) -> pd.DataFrame:
     """Each event's position within its own label (rank / count, in 0..1), decimated.
 
     Per label, ``points_per_label`` buckets keep the rows of the bucket's min and max
@@ -91,8 +97,14 @@ def stage_normalised_timeline(labels: np.ndarray, allocated: np.ndarray, reserve
     else:
         rows = np.arange(n)
     rows = rows[np.lexsort((rank[rows], codes[rows]))]
-    return pd.DataFrame({"name": np.asarray(uniques, dtype=object)[codes[rows]].astype(str), "pos": pos[rows],
-                         "allocated": allocated[rows], "reserved": reserved[rows]})
+    return pd.DataFrame(
+        {
+            "name": np.asarray(uniques, dtype=object)[codes[rows]].astype(str),
+            "pos": pos[rows],
+            "allocated": allocated[rows],
+            "reserved": reserved[rows],
+        }
+    )
 
 
 def site_table(an: Analysis) -> pd.DataFrame:
@@ -119,10 +131,25 @@ def site_table(an: Analysis) -> pd.DataFrame:
     df = pd.DataFrame({"site": names, "allocs": count, "total_bytes": total, "peak_live_bytes": at_peak})
     df = df.groupby("site", sort=False, as_index=False).sum()
     if rep.baseline_allocated:
-        df = pd.concat([df, pd.DataFrame([{"site": BEFORE_RECORDING, "allocs": 0, "total_bytes": int(rep.baseline_allocated),
-                                           "peak_live_bytes": int(rep.baseline_allocated)}])],  # live at every instant
-                       ignore_index=True)
-    return df.sort_values(["peak_live_bytes", "total_bytes"], ascending=False, kind="stable").reset_index(drop=True)[cols]
+        df = pd.concat(
+            [
+                df,
+                pd.DataFrame(
+                    [
+                        {
+                            "site": BEFORE_RECORDING,
+                            "allocs": 0,
+                            "total_bytes": int(rep.baseline_allocated),
+                            "peak_live_bytes": int(rep.baseline_allocated),
+                        }
+                    ]
+                ),
+            ],  # live at every instant
+            ignore_index=True,
+        )
+    return df.sort_values(["peak_live_bytes", "total_bytes"], ascending=False, kind="stable").reset_index(drop=True)[
+        cols
+    ]
 
 
 def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 200) -> RunDigest:
@@ -131,14 +158,27 @@ def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 2
     ev = rep.events
     allocated = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
     reserved = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
-    cats = an.categories[["category", "bytes"]].copy() if len(an.categories) else pd.DataFrame(columns=["category", "bytes"])
+    cats = (
+        an.categories[["category", "bytes"]].copy()
+        if len(an.categories)
+        else pd.DataFrame(columns=["category", "bytes"])
+    )
     return RunDigest(
-        label=label or an.run.label, source=an.run.source,
-        peak_allocated=int(rep.peak_allocated), peak_reserved=int(rep.peak_reserved), peak_stage=str(an.peak_stage),
+        label=label or an.run.label,
+        source=an.run.source,
+        peak_allocated=int(rep.peak_allocated),
+        peak_reserved=int(rep.peak_reserved),
+        peak_stage=str(an.peak_stage),
         stages=_stage_rows(an.stages),
         timeline=stage_normalised_timeline(an.labels.labels, allocated, reserved, points_per_label),
-        categories=cats, attention=dict(an.attention_summary), sites=site_table(an),
-        stage_source=an.labels.source, events=int(len(ev)), truncated=bool(rep.truncated), warnings=list(an.warnings))
+        categories=cats,
+        attention=dict(an.attention_summary),
+        sites=site_table(an),
+        stage_source=an.labels.source,
+        events=int(len(ev)),
+        truncated=bool(rep.truncated),
+        warnings=list(an.warnings),
+    )
 
 
 def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
@@ -147,24 +187,46 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
     order = 0
     for s in doc.get("stages") or []:
         for iv in s.get("intervals") or [s]:
-            rows.append({"name": str(iv["name"]), "group": stage_group(str(iv["name"])),
-                         # null in a trace without memory events: nothing measured there
-                         "peak_allocated_bytes": int(iv["peak_allocated_bytes"] or 0),
-                         "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0), "order": order})
+            rows.append(
+                {
+                    "name": str(iv["name"]),
+                    "group": stage_group(str(iv["name"])),
+                    # null in a trace without memory events: nothing measured there
+                    "peak_allocated_bytes": int(iv["peak_allocated_bytes"] or 0),
+                    "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0),
+                    "order": order,
+                }
+            )
             order += 1
     st = pd.DataFrame(rows, columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"])
     if len(st):
-        st = st.groupby("name", sort=False).agg(group=("group", "first"), peak_allocated_bytes=("peak_allocated_bytes", "max"),
-                                               peak_reserved_bytes=("peak_reserved_bytes", "max"), order=("order", "min")).reset_index()
+        st = (
+            st.groupby("name", sort=False)
+            .agg(
+                group=("group", "first"),
+                peak_allocated_bytes=("peak_allocated_bytes", "max"),
+                peak_reserved_bytes=("peak_reserved_bytes", "max"),
+                order=("order", "min"),
+            )
+            .reset_index()
+        )
     p = doc["peak"]
-    return RunDigest(label=label, source=str(doc.get("source", label)), peak_allocated=int(p["allocated_bytes"]),
-                     peak_reserved=int(p.get("reserved_bytes") or 0), peak_stage=str(p.get("stage")), stages=st,
-                     timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
-                     categories=pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"]),
-                     attention=dict(doc.get("attention") or {}),
-                     sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
-                     stage_source=str(doc.get("stage_source", "none")), events=int((doc.get("history") or {}).get("events", 0)),
-                     truncated=bool((doc.get("history") or {}).get("truncated", False)), warnings=list(doc.get("warnings") or []))
+    return RunDigest(
+        label=label,
+        source=str(doc.get("source", label)),
+        peak_allocated=int(p["allocated_bytes"]),
+        peak_reserved=int(p.get("reserved_bytes") or 0),
+        peak_stage=str(p.get("stage")),
+        stages=st,
+        timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
+        categories=pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"]),
+        attention=dict(doc.get("attention") or {}),
+        sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
+        stage_source=str(doc.get("stage_source", "none")),
+        events=int((doc.get("history") or {}).get("events", 0)),
+        truncated=bool((doc.get("history") or {}).get("truncated", False)),
+        warnings=list(doc.get("warnings") or []),
+    )
 
 
 # ---------------------------------------------------------------- digests -> comparison

@@ -22,6 +22,7 @@ Other framed events no rule matches are ``load`` before the first pipeline frame
 ``other`` after it. When no event takes a pipeline stage of its own (the rules do not
 know the program), there are no labels from here at all.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,6 +38,7 @@ FREE_ACTIONS = np.array([A_FREE_REQ, A_FREE_DONE, A_FREE, A_SEG_FREE, A_SEG_UNMA
 
 
 # --- stage labels ------------------------------------------------------------------------------------
+
 
 def ffill_index(valid: np.ndarray) -> np.ndarray:
     """Index of the last ``valid`` position at or before each position (-1: none)."""
@@ -69,8 +71,9 @@ def _device_rows(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
     return rows
 
 
-def label_from_frames(snap: Snapshot, ev: pd.DataFrame, rules: RuleSet | None = None,
-                      tables: StackTables | None = None) -> np.ndarray | None:
+def label_from_frames(
+    snap: Snapshot, ev: pd.DataFrame, rules: RuleSet | None = None, tables: StackTables | None = None
+) -> np.ndarray | None:
     """Stage label of every event of ``ev`` (one device's events, in order) from its stack.
 
     With several devices, the stages run on one process timeline: events of every device
@@ -126,14 +129,14 @@ def _label_events(ev: pd.DataFrame, rules: RuleSet, tables: StackTables) -> np.n
 
     F = np.flatnonzero(framed)
     r = best[sids[F]]
-    code = rule_code[r]            # r == -1 picks the trailing 'unmatched' entry
+    code = rule_code[r]  # r == -1 picks the trailing 'unmatched' entry
     attach = rule_attach[r]
     matched = r >= 0
 
     # Framed events no rule explains: 'load' before the pipeline shows up, 'other' after.
     pipeline_hit = matched & ((attach != ATTACH_SELF) | ~np.isin(code, outside_codes))
     if not (matched & (attach == ATTACH_SELF) & ~np.isin(code, outside_codes)).any():
-        return None   # no pipeline stage of its own anywhere: the rules do not know this program
+        return None  # no pipeline stage of its own anywhere: the rules do not know this program
     first_pipe = int(np.argmax(pipeline_hit)) if pipeline_hit.any() else len(F)
     code = np.where(~matched & (np.arange(len(F)) < first_pipe), LOAD, code)
 
@@ -141,8 +144,8 @@ def _label_events(ev: pd.DataFrame, rules: RuleSet, tables: StackTables) -> np.n
     definite = attach == ATTACH_SELF
     is_den = definite & (code == DENOISE)
     starts = is_den & ~np.r_[False, is_den[:-1]]
-    calls = np.cumsum(starts)                                  # calls started so far
-    reset = definite & ~np.isin(code, [DENOISE, *outside_codes])   # text_encode / vae_decode: a new call
+    calls = np.cumsum(starts)  # calls started so far
+    reset = definite & ~np.isin(code, [DENOISE, *outside_codes])  # text_encode / vae_decode: a new call
     last_reset = ffill_index(reset)
     calls_at_reset = np.where(last_reset >= 0, calls[np.clip(last_reset, 0, None)], 0)
     step = calls - calls_at_reset - 1

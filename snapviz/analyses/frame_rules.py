@@ -20,6 +20,7 @@ matches any of its frames; ties go to the rule listed first. Kinds:
 A :class:`RuleSet` is resolved once per analysis (:func:`load_rules`) and passed to every
 analysis that needs it; nothing here is cached between calls.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ from snapviz.vocab import RULES_SCHEMA
 KINDS = ("stage", "category", "phase", "attention")
 ATTACH = ("self", "previous", "next")
 LIFETIMES = ("any", "short", "long")
-EVIDENCE = ("fused", "softmax")   # names of kind "attention" rules
+EVIDENCE = ("fused", "softmax")  # names of kind "attention" rules
 RULE_KEYS = frozenset({"id", "name", "function", "file", "priority", "kind", "attach", "lifetime", "note"})
 
 
@@ -72,6 +73,7 @@ class RuleSet:
 
 # --- loading ------------------------------------------------------------------------------------
 
+
 def builtin_rules_text() -> str:
     return resources.files("snapviz").joinpath("rules/diffusers.json").read_text(encoding="utf-8")
 
@@ -81,8 +83,10 @@ def _parse_rule(raw: Any, where: str, i: int) -> Rule:
         raise InputError(f"{where}: rule {i} is not an object")
     unknown = set(raw) - RULE_KEYS
     if unknown:
-        raise InputError(f"{where}: rule {i} has unknown key(s) {', '.join(sorted(unknown))} "
-                         f"(allowed: {', '.join(sorted(RULE_KEYS))})")
+        raise InputError(
+            f"{where}: rule {i} has unknown key(s) {', '.join(sorted(unknown))} "
+            f"(allowed: {', '.join(sorted(RULE_KEYS))})"
+        )
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InputError(f"{where}: rule {i} needs a non-empty string 'name' (the stage, category, phase or evidence)")
@@ -90,13 +94,17 @@ def _parse_rule(raw: Any, where: str, i: int) -> Rule:
     if kind not in KINDS:
         raise InputError(f"{where}: rule {i} ({name}): 'kind' must be one of {', '.join(KINDS)}, not {kind!r}")
     if kind == "attention" and name not in EVIDENCE:
-        raise InputError(f"{where}: rule {i} ({name}): attention evidence is one of {', '.join(EVIDENCE)}, not {name!r}")
+        raise InputError(
+            f"{where}: rule {i} ({name}): attention evidence is one of {', '.join(EVIDENCE)}, not {name!r}"
+        )
     attach = raw.get("attach", "self")
     if attach not in ATTACH:
         raise InputError(f"{where}: rule {i} ({name}): 'attach' must be one of {', '.join(ATTACH)}, not {attach!r}")
     lifetime = raw.get("lifetime", "any")
     if lifetime not in LIFETIMES:
-        raise InputError(f"{where}: rule {i} ({name}): 'lifetime' must be one of {', '.join(LIFETIMES)}, not {lifetime!r}")
+        raise InputError(
+            f"{where}: rule {i} ({name}): 'lifetime' must be one of {', '.join(LIFETIMES)}, not {lifetime!r}"
+        )
     prio = raw.get("priority", 0)
     if isinstance(prio, bool) or not isinstance(prio, (int, float)):
         raise InputError(f"{where}: rule {i} ({name}): 'priority' must be a number")
@@ -116,8 +124,16 @@ def _parse_rule(raw: Any, where: str, i: int) -> Rule:
     rid = raw.get("id")
     if rid is not None and not isinstance(rid, str):
         raise InputError(f"{where}: rule {i} ({name}): 'id' must be a string")
-    return Rule(name=name, function=pats["function"], file=pats["file"], priority=int(prio), kind=kind,
-                attach=attach, lifetime=lifetime, id=rid)
+    return Rule(
+        name=name,
+        function=pats["function"],
+        file=pats["file"],
+        priority=int(prio),
+        kind=kind,
+        attach=attach,
+        lifetime=lifetime,
+        id=rid,
+    )
 
 
 def parse_rules(data: Any, where: str) -> tuple[list[Rule], bool, set[str]]:

@@ -4,6 +4,7 @@ Pure: the input is a ``snapviz.summary/1`` dict (so snapshots and traces gate al
 output a list of :class:`GateResult` (or, with the notes that qualify them, a
 :class:`CheckResult`). The CLI prints them and maps failures to exit 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,11 +27,11 @@ def parse_stage_limit(text: str) -> tuple[str, int]:
 class GateResult:
     """One limit checked: what, against what, and the line CI prints."""
 
-    name: str           # stable id, e.g. "peak_allocated", "stage:vae_decode"
-    limit: int          # bytes
-    actual: int         # bytes
+    name: str  # stable id, e.g. "peak_allocated", "stage:vae_decode"
+    limit: int  # bytes
+    actual: int  # bytes
     passed: bool
-    message: str        # "PASS peak allocated 11.02 GiB <= 12.00 GiB"
+    message: str  # "PASS peak allocated 11.02 GiB <= 12.00 GiB"
 
     @property
     def excess_ratio(self) -> float | None:
@@ -73,30 +74,57 @@ def describe_stages(names: list[str], limit: int = 12) -> str:
         elif steps:
             parts.append(f"{steps[0]}..{steps[-1]}")
     text = ", ".join(parts[:limit])
-    return text + (f", … ({len(parts) - limit} more)" if len(parts) > limit else "") if parts else "(none: the run has no stages)"
+    return (
+        text + (f", … ({len(parts) - limit} more)" if len(parts) > limit else "")
+        if parts
+        else "(none: the run has no stages)"
+    )
 
 
-def evaluate_gates(doc: dict[str, Any], max_peak: int | None = None, max_reserved: int | None = None,
-                   stage_limits: list[tuple[str, int]] | None = None, baseline: dict[str, Any] | None = None,
-                   max_increase_pct: float | None = None) -> list[GateResult]:
+def evaluate_gates(
+    doc: dict[str, Any],
+    max_peak: int | None = None,
+    max_reserved: int | None = None,
+    stage_limits: list[tuple[str, int]] | None = None,
+    baseline: dict[str, Any] | None = None,
+    max_increase_pct: float | None = None,
+) -> list[GateResult]:
     """Every limit against one summary; a stage missing from the run is an :class:`InputError`."""
     results: list[GateResult] = []
     peak = doc["peak"]
     if max_peak is not None:
         a = int(peak["allocated_bytes"])
-        results.append(GateResult("peak_allocated", max_peak, a, a <= max_peak, _line(a <= max_peak, "peak allocated", a, max_peak)))
+        results.append(
+            GateResult(
+                "peak_allocated", max_peak, a, a <= max_peak, _line(a <= max_peak, "peak allocated", a, max_peak)
+            )
+        )
     if max_reserved is not None:
-        if peak.get("reserved_bytes") is None:   # traces of about 2021 carry Bytes only
-            raise InputError(f"{doc.get('source', 'the run')} records no reserved memory: --max-reserved cannot be checked")
+        if peak.get("reserved_bytes") is None:  # traces of about 2021 carry Bytes only
+            raise InputError(
+                f"{doc.get('source', 'the run')} records no reserved memory: --max-reserved cannot be checked"
+            )
         r = int(peak["reserved_bytes"])
-        results.append(GateResult("peak_reserved", max_reserved, r, r <= max_reserved, _line(r <= max_reserved, "peak reserved", r, max_reserved)))
+        results.append(
+            GateResult(
+                "peak_reserved",
+                max_reserved,
+                r,
+                r <= max_reserved,
+                _line(r <= max_reserved, "peak reserved", r, max_reserved),
+            )
+        )
     if stage_limits:
         peaks = stage_peaks(doc)
         for name, limit in stage_limits:
             if name not in peaks:
-                raise InputError(f"stage {name!r} is not in {doc.get('source', 'the run')} (stages: {describe_stages(list(peaks))})")
+                raise InputError(
+                    f"stage {name!r} is not in {doc.get('source', 'the run')} (stages: {describe_stages(list(peaks))})"
+                )
             a = peaks[name][0]
-            results.append(GateResult(f"stage:{name}", limit, a, a <= limit, _line(a <= limit, f"stage {name}", a, limit)))
+            results.append(
+                GateResult(f"stage:{name}", limit, a, a <= limit, _line(a <= limit, f"stage {name}", a, limit))
+            )
     if baseline is not None:
         pct = 0.0 if max_increase_pct is None else float(max_increase_pct)
         base = int(baseline["peak"]["allocated_bytes"])
@@ -105,8 +133,11 @@ def evaluate_gates(doc: dict[str, Any], max_peak: int | None = None, max_reserve
         change = f"{(a / base - 1) * 100:+.1f}%" if base else "n/a"
         extra = f" (baseline {fmt_bytes(base)}, {change}, allowed {pct:+.1f}%)"
         ok = a <= limit
-        msg = (f"PASS peak allocated vs baseline {fmt_bytes(a)} <= {fmt_bytes(limit)}{extra}" if ok else
-               f"FAIL peak allocated vs baseline {fmt_bytes(a)} > {fmt_bytes(limit)}{extra}")
+        msg = (
+            f"PASS peak allocated vs baseline {fmt_bytes(a)} <= {fmt_bytes(limit)}{extra}"
+            if ok
+            else f"FAIL peak allocated vs baseline {fmt_bytes(a)} > {fmt_bytes(limit)}{extra}"
+        )
         results.append(GateResult("increase_over_baseline", limit, a, ok, msg))
     return results
 
@@ -135,10 +166,21 @@ def history_notes(doc: dict[str, Any]) -> list[str]:
     return [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
 
 
-def check_summary(doc: dict[str, Any], max_peak: int | None = None, max_reserved: int | None = None,
-                  stage_limits: list[tuple[str, int]] | None = None, baseline: dict[str, Any] | None = None,
-                  max_increase_pct: float | None = None) -> CheckResult:
+def check_summary(
+    doc: dict[str, Any],
+    max_peak: int | None = None,
+    max_reserved: int | None = None,
+    stage_limits: list[tuple[str, int]] | None = None,
+    baseline: dict[str, Any] | None = None,
+    max_increase_pct: float | None = None,
+) -> CheckResult:
     """:func:`evaluate_gates` with the history notes: what ``snapviz check`` reports."""
-    gates = evaluate_gates(doc, max_peak=max_peak, max_reserved=max_reserved, stage_limits=stage_limits,
-                           baseline=baseline, max_increase_pct=max_increase_pct)
+    gates = evaluate_gates(
+        doc,
+        max_peak=max_peak,
+        max_reserved=max_reserved,
+        stage_limits=stage_limits,
+        baseline=baseline,
+        max_increase_pct=max_increase_pct,
+    )
     return CheckResult(str(doc.get("source", "")), tuple(gates), tuple(history_notes(doc)))

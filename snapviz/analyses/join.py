@@ -7,6 +7,7 @@ allocation is then matched with the innermost ``cpu_op`` running when it happene
 the report can show exact op shapes (``aten::baddbmm [[16,4096,4096], …]``) next to
 allocations.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -26,6 +26,7 @@ Per framed event (vectorized, per unique stack then gathers):
 Returns None when no event matches a phase rule (the caller then says it does not know
 the program's stages).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,7 +56,7 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     names = [r.name for r in prules]
     vocab = list(dict.fromkeys([*PHASES, *names, unlabelled]))
     code_of = {s: i for i, s in enumerate(vocab)}
-    rule_code = np.array([code_of[nm] for nm in names] + [-1], np.int64)   # [-1]: unmatched
+    rule_code = np.array([code_of[nm] for nm in names] + [-1], np.int64)  # [-1]: unmatched
 
     sids = ev["stack_id"].to_numpy().astype(np.int64)
     has_stack = sids >= 0
@@ -65,7 +66,7 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     if not matched.any():
         return None
     framed = matched | (has_stack & tables.has_python[np.clip(sids, 0, max(tables.n_stacks - 1, 0))])
-    framed &= matched | ~np.isin(ev["action"].to_numpy(), FREE_ACTIONS)   # unexplained frees say little
+    framed &= matched | ~np.isin(ev["action"].to_numpy(), FREE_ACTIONS)  # unexplained frees say little
 
     # Unmatched framed events: join a forward/backward just before them, else unlabelled.
     prev = ffill_index(matched)
@@ -80,7 +81,9 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     before_code = np.where(before >= 0, code[np.clip(before, 0, None)], -1)
     is_fwd = definite & (code == code_of[FORWARD])
     after_a_forward = (np.cumsum(is_fwd) - is_fwd) > 0
-    starts = is_fwd & after_a_forward & np.isin(before_code, [code_of[BACKWARD], code_of[OPTIMIZER], code_of[ZERO_GRAD]])
+    starts = (
+        is_fwd & after_a_forward & np.isin(before_code, [code_of[BACKWARD], code_of[OPTIMIZER], code_of[ZERO_GRAD]])
+    )
     micro = np.cumsum(starts)
     # Optimizer steps: a micro-batch that follows an optimizer or zero_grad phase starts the next
     # one. Counted apart, so that with gradient accumulation forward/backward carry the micro-batch
@@ -97,6 +100,6 @@ def label_phases(ev: pd.DataFrame, rules: RuleSet, tables: StackTables, unlabell
     if int(micro.max()) > 0 or int(step.max()) > 0:
         by_step = np.isin(code, [code_of[OPTIMIZER], code_of[ZERO_GRAD]])
         number = np.where(by_step, step, micro)
-        numbered = ~np.isin(code, [code_of[unlabelled], code_of[LOAD]])   # steps of training, not set-up
+        numbered = ~np.isin(code, [code_of[unlabelled], code_of[LOAD]])  # steps of training, not set-up
         labels = np.where(numbered, labels + "/" + number.astype(str).astype(object), labels)
     return labels

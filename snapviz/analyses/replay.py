@@ -14,6 +14,7 @@ free neighbours of the same segment) at ``free_completed``. ``reserved`` moves w
 ``segment_alloc/free`` and ``segment_map/unmap``. Memory that existed before the history
 began is the end-state ``segments`` minus the trace's net (the *baseline*).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,19 +48,19 @@ class ReplayResult:
     """Per-device replay. Series are aligned with ``events`` (one row per trace entry)."""
 
     device: int
-    events: pd.DataFrame          # the device's trace entries, plus replay columns
-    baseline_allocated: int        # bytes allocated before the first recorded entry
+    events: pd.DataFrame  # the device's trace entries, plus replay columns
+    baseline_allocated: int  # bytes allocated before the first recorded entry
     baseline_reserved: int
     peak_allocated: int
     peak_reserved: int
     peak_requested: int
-    peak_index: int                # row in ``events`` after which allocated is at its peak (-1: before any)
+    peak_index: int  # row in ``events`` after which allocated is at its peak (-1: before any)
     peak_reserved_index: int
-    final_allocated: int           # from the end-state segments
+    final_allocated: int  # from the end-state segments
     final_reserved: int
-    orphan_frees: int              # frees of blocks never allocated in the window
-    unknown_blocks: int            # allocs whose cached block was not known (pre-existing segments)
-    end_state_matches: bool | None # replayed live set == end-state active blocks (None: no end state)
+    orphan_frees: int  # frees of blocks never allocated in the window
+    unknown_blocks: int  # allocs whose cached block was not known (pre-existing segments)
+    end_state_matches: bool | None  # replayed live set == end-state active blocks (None: no end state)
     truncated: bool
     warnings: list[str] = field(default_factory=list)
 
@@ -93,7 +94,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     blocks = snap.blocks
     dev_blocks = blocks[blocks["device"] == device] if len(blocks) else blocks
     live_end = dev_blocks[dev_blocks["state"] == "active_allocated"] if len(dev_blocks) else dev_blocks
-    final_live_size: dict[int, int] = dict(zip(live_end["address"].tolist(), live_end["size"].tolist(), strict=True)) if len(live_end) else {}
+    final_live_size: dict[int, int] = (
+        dict(zip(live_end["address"].tolist(), live_end["size"].tolist(), strict=True)) if len(live_end) else {}
+    )
     segs = snap.segments
     dev_segs = segs[segs["device"] == device] if len(segs) else segs
     final_allocated = int(live_end["size"].sum()) if len(live_end) else 0
@@ -113,7 +116,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     b_addr = addrs[blk]
     touched, first = np.unique(b_addr, return_index=True)
     first_is_free = actions[blk][first] != A_ALLOC
-    nonfree_set = set(touched[first_is_free].tolist())   # live (or pending) when the window began
+    nonfree_set = set(touched[first_is_free].tolist())  # live (or pending) when the window began
     touched_set = set(touched.tolist())
     if len(dev_blocks):
         busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].tolist()
@@ -125,7 +128,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     s_act, s_size = actions[sg], sizes[sg]
     seg_end: dict[int, int] = {}
     for a0, fi in zip(s_touched.tolist(), s_first.tolist(), strict=True):
-        if s_act[fi] == A_SEG_FREE:               # freed in the window, allocated before it
+        if s_act[fi] == A_SEG_FREE:  # freed in the window, allocated before it
             seg_end[a0] = a0 + int(s_size[fi])
     s_touched_set = set(s_touched.tolist())
     if len(dev_segs):
@@ -134,15 +137,35 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
                 seg_end[a0] = a0 + tot
     # The loop only decides block sizes and pairs allocs with frees (compiled when numba is
     # installed); the series are cumulative sums of per-event deltas, computed vectorized here.
-    loop = block_loop(LoopInput(actions=actions, addrs=addrs, sizes=sizes, nonfree=nonfree, seg_end=seg_end,
-                                final_live_size=final_live_size, expandable=expandable_mode, max_split=max_split,
-                                has_free_done=bool((actions == A_FREE_DONE).any())))
+    loop = block_loop(
+        LoopInput(
+            actions=actions,
+            addrs=addrs,
+            sizes=sizes,
+            nonfree=nonfree,
+            seg_end=seg_end,
+            final_live_size=final_live_size,
+            expandable=expandable_mode,
+            max_split=max_split,
+            has_free_done=bool((actions == A_FREE_DONE).any()),
+        )
+    )
     orphans, unknown = loop.orphans, loop.unknown
-    delta, rdelta, block_size, free_row, alloc_row = loop.delta, loop.rdelta, loop.block_size, loop.free_row, loop.alloc_row
+    delta, rdelta, block_size, free_row, alloc_row = (
+        loop.delta,
+        loop.rdelta,
+        loop.block_size,
+        loop.free_row,
+        loop.alloc_row,
+    )
 
     allocated_s = np.cumsum(delta) if n else np.zeros(0, np.int64)
     requested_s = np.cumsum(rdelta) if n else np.zeros(0, np.int64)
-    seg_sign = np.select([(actions == A_SEG_ALLOC) | (actions == A_SEG_MAP), (actions == A_SEG_FREE) | (actions == A_SEG_UNMAP)], [1, -1], 0)
+    seg_sign = np.select(
+        [(actions == A_SEG_ALLOC) | (actions == A_SEG_MAP), (actions == A_SEG_FREE) | (actions == A_SEG_UNMAP)],
+        [1, -1],
+        0,
+    )
     reserved_s = np.cumsum(seg_sign * sizes) if n else np.zeros(0, np.int64)
     allocated = int(allocated_s[-1]) if n else 0
     reserved = int(reserved_s[-1]) if n else 0
@@ -153,20 +176,28 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     settings = snap.allocator_settings or {}
     max_entries = settings.get("trace_alloc_max_entries")
     truncated = bool(settings.get("trace_alloc_overflowed", False)) or (
-        isinstance(max_entries, int) and max_entries > 1 and n >= max_entries)
+        isinstance(max_entries, int) and max_entries > 1 and n >= max_entries
+    )
     if truncated:
-        warnings.append(f"history wrapped: the ring buffer kept only the last {n:,} entries; peaks are for the recorded window")
+        warnings.append(
+            f"history wrapped: the ring buffer kept only the last {n:,} entries; peaks are for the recorded window"
+        )
     if orphans:
         warnings.append(
             f"history incomplete: {orphans:,} frees of blocks allocated before the recorded window "
-            "(ring buffer wrapped or recording started late); peaks are for the recorded window")
+            "(ring buffer wrapped or recording started late); peaks are for the recorded window"
+        )
         truncated = True
     if unknown:
-        warnings.append(f"{unknown:,} allocations do not fit the segments and live blocks the history implies; "
-                        "their sizes come from the end state or from rounding")
+        warnings.append(
+            f"{unknown:,} allocations do not fit the segments and live blocks the history implies; "
+            "their sizes come from the end state or from rounding"
+        )
     if baseline_alloc < 0:
-        warnings.append(f"replay ends {-baseline_alloc:,} bytes above the end state: the trace is inconsistent "
-                        "with the segments (allocations after the dump?); baseline clamped to 0")
+        warnings.append(
+            f"replay ends {-baseline_alloc:,} bytes above the end state: the trace is inconsistent "
+            "with the segments (allocations after the dump?); baseline clamped to 0"
+        )
         baseline_alloc = 0
     if baseline_res < 0:
         baseline_res = 0
@@ -187,7 +218,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         else:
             end_ok = all(final_live_size.get(a) == s for a, s in replay_live.items())
         if not end_ok:
-            warnings.append(_end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans))
+            warnings.append(
+                _end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans)
+            )
 
     tot_alloc = allocated_s + baseline_alloc
     tot_res = reserved_s + baseline_res
@@ -202,21 +235,44 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         over = tot_alloc - tot_res
         if len(snap.segments) and int(over.max()) > 0:
             k = int(np.argmax(over))
-            warnings.append(f"the file contradicts itself: after event {k:,}, {int(tot_alloc[k]):,} bytes are allocated "
-                            f"but its segments reserve only {int(tot_res[k]):,} (live blocks always lie inside reserved "
-                            "segments); the peaks are this file's arithmetic, not what an allocator did")
+            warnings.append(
+                f"the file contradicts itself: after event {k:,}, {int(tot_alloc[k]):,} bytes are allocated "
+                f"but its segments reserve only {int(tot_res[k]):,} (live blocks always lie inside reserved "
+                "segments); the peaks are this file's arithmetic, not what an allocator did"
+            )
     else:
         pi, peak, pri, peak_res, peak_req = -1, final_allocated, -1, final_reserved, final_requested
     if final_allocated > final_reserved:
-        warnings.append(f"the file contradicts itself: its end state holds {final_allocated:,} bytes of live blocks "
-                        f"in {final_reserved:,} bytes of segments")
-    out = ev.assign(allocated=tot_alloc, reserved=tot_res, requested=requested_s + baseline_req,
-                    block_size=block_size, free_row=free_row, alloc_row=alloc_row)
-    return ReplayResult(device=device, events=out, baseline_allocated=baseline_alloc, baseline_reserved=baseline_res,
-                        peak_allocated=peak, peak_reserved=peak_res, peak_requested=peak_req, peak_index=pi,
-                        peak_reserved_index=pri, final_allocated=final_allocated, final_reserved=final_reserved,
-                        orphan_frees=orphans, unknown_blocks=unknown, end_state_matches=end_ok,
-                        truncated=truncated, warnings=warnings)
+        warnings.append(
+            f"the file contradicts itself: its end state holds {final_allocated:,} bytes of live blocks "
+            f"in {final_reserved:,} bytes of segments"
+        )
+    out = ev.assign(
+        allocated=tot_alloc,
+        reserved=tot_res,
+        requested=requested_s + baseline_req,
+        block_size=block_size,
+        free_row=free_row,
+        alloc_row=alloc_row,
+    )
+    return ReplayResult(
+        device=device,
+        events=out,
+        baseline_allocated=baseline_alloc,
+        baseline_reserved=baseline_res,
+        peak_allocated=peak,
+        peak_reserved=peak_res,
+        peak_requested=peak_req,
+        peak_index=pi,
+        peak_reserved_index=pri,
+        final_allocated=final_allocated,
+        final_reserved=final_reserved,
+        orphan_frees=orphans,
+        unknown_blocks=unknown,
+        end_state_matches=end_ok,
+        truncated=truncated,
+        warnings=warnings,
+    )
 
 
 def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int], complete: bool) -> str:
@@ -230,8 +286,11 @@ def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int],
         missing = sum(1 for a in end_live if a not in replay_live)
         if missing:
             parts.append(f"{missing:,} live there were never allocated in the history")
-    return ("the replay does not reproduce the snapshot's end state (" + "; ".join(parts or ["live sets differ"])
-            + "): the history and the end state disagree, so numbers may be off")
+    return (
+        "the replay does not reproduce the snapshot's end state ("
+        + "; ".join(parts or ["live sets differ"])
+        + "): the history and the end state disagree, so numbers may be off"
+    )
 
 
 def _nonzero(v: object) -> bool:

@@ -12,6 +12,7 @@ sorted multiset of non-free addresses with a count per code plus a bitmap of the
 present (next non-free block = next set bit, scanned word by word up to the segment's
 end), and keeps the few segments in sorted arrays; no Python object per event.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -36,26 +37,26 @@ COMPILED_MIN_EVENTS = 200_000
 class LoopResult:
     """Per-event outputs (aligned with the device's events) and the live set left at the end."""
 
-    delta: np.ndarray        # allocated delta (block bytes)
-    rdelta: np.ndarray       # requested delta
+    delta: np.ndarray  # allocated delta (block bytes)
+    rdelta: np.ndarray  # requested delta
     block_size: np.ndarray
-    free_row: np.ndarray     # for allocs: row of the free that ends them (n: never)
-    alloc_row: np.ndarray    # for frees: row of the matching alloc (-1: none)
-    orphans: int             # frees of blocks never allocated in the window
-    unknown: int             # allocs whose cached block was not known
-    live: dict[int, int]     # addr -> block size, live at the end
+    free_row: np.ndarray  # for allocs: row of the free that ends them (n: never)
+    alloc_row: np.ndarray  # for frees: row of the matching alloc (-1: none)
+    orphans: int  # frees of blocks never allocated in the window
+    unknown: int  # allocs whose cached block was not known
+    live: dict[int, int]  # addr -> block size, live at the end
 
 
 @dataclass
 class LoopInput:
     """What the loop starts from (built by replay_allocator from the events and end state)."""
 
-    actions: np.ndarray               # int8 action codes
-    addrs: np.ndarray                 # int64
-    sizes: np.ndarray                 # int64
-    nonfree: list[int]                # sorted: blocks live or pending when the window began
-    seg_end: dict[int, int]           # segment start -> end, for segments existing at the start
-    final_live_size: dict[int, int]   # end-state active blocks: addr -> size
+    actions: np.ndarray  # int8 action codes
+    addrs: np.ndarray  # int64
+    sizes: np.ndarray  # int64
+    nonfree: list[int]  # sorted: blocks live or pending when the window began
+    seg_end: dict[int, int]  # segment start -> end, for segments existing at the start
+    final_live_size: dict[int, int]  # end-state active blocks: addr -> size
     expandable: bool
     max_split: int
     has_free_done: bool
@@ -178,9 +179,16 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
     def i64(v: list[int]) -> np.ndarray:
         return np.array(v, dtype=np.int64) if n else np.zeros(0, np.int64)
 
-    return LoopResult(delta=i64(delta), rdelta=i64(rdelta), block_size=i64(block_size), free_row=i64(free_row),
-                      alloc_row=i64(alloc_row), orphans=orphans, unknown=unknown,
-                      live={a: b[0] for a, b in live.items()})
+    return LoopResult(
+        delta=i64(delta),
+        rdelta=i64(rdelta),
+        block_size=i64(block_size),
+        free_row=i64(free_row),
+        alloc_row=i64(alloc_row),
+        orphans=orphans,
+        unknown=unknown,
+        live={a: b[0] for a, b in live.items()},
+    )
 
 
 def block_loop_compiled(inp: LoopInput) -> LoopResult:
@@ -203,19 +211,49 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
     seg_ends = np.array([inp.seg_end[a] for a in seg_starts.tolist()], dtype=np.int64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = kernel(inp.actions.astype(np.int8), inp.addrs.astype(np.int64), inp.sizes.astype(np.int64),
-                     codes.astype(np.int64), uniq, np.searchsorted(uniq, nonfree0),
-                     seg_starts, seg_ends, final_by_code, inp.expandable, inp.max_split, inp.has_free_done)
+        out = kernel(
+            inp.actions.astype(np.int8),
+            inp.addrs.astype(np.int64),
+            inp.sizes.astype(np.int64),
+            codes.astype(np.int64),
+            uniq,
+            np.searchsorted(uniq, nonfree0),
+            seg_starts,
+            seg_ends,
+            final_by_code,
+            inp.expandable,
+            inp.max_split,
+            inp.has_free_done,
+        )
     delta, rdelta, block_size, free_row, alloc_row, live_code, live_bsize, orphans, unknown = out
     live = dict(zip(uniq[live_code].tolist(), live_bsize.tolist(), strict=True))
     assert len(delta) == n
-    return LoopResult(delta=delta, rdelta=rdelta, block_size=block_size, free_row=free_row, alloc_row=alloc_row,
-                      orphans=int(orphans), unknown=int(unknown), live=live)
+    return LoopResult(
+        delta=delta,
+        rdelta=rdelta,
+        block_size=block_size,
+        free_row=free_row,
+        alloc_row=alloc_row,
+        orphans=int(orphans),
+        unknown=int(unknown),
+        live=live,
+    )
 
 
-def _kernel_py(acts: np.ndarray, ad: np.ndarray, sz: np.ndarray, code: np.ndarray, uniq: np.ndarray,
-               nonfree0: np.ndarray, seg_starts0: np.ndarray, seg_ends0: np.ndarray, final_by_code: np.ndarray,
-               expandable: bool, max_split: int, has_free_done: bool) -> Any:  # pragma: no cover - compiled
+def _kernel_py(
+    acts: np.ndarray,
+    ad: np.ndarray,
+    sz: np.ndarray,
+    code: np.ndarray,
+    uniq: np.ndarray,
+    nonfree0: np.ndarray,
+    seg_starts0: np.ndarray,
+    seg_ends0: np.ndarray,
+    final_by_code: np.ndarray,
+    expandable: bool,
+    max_split: int,
+    has_free_done: bool,
+) -> Any:  # pragma: no cover - compiled
     n = len(acts)
     n_codes = len(uniq)
     delta = np.zeros(n, np.int64)

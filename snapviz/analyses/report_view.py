@@ -4,6 +4,7 @@ at each stage interval's own peak. Plain arrays and DataFrames; renderers only d
 :func:`report_view` runs these once per report (the HTML report's analysis step); the
 view-model builders in ``render/html`` read its :class:`ReportView` and compute nothing.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -19,8 +20,16 @@ from snapviz.vocab import BEFORE_RECORDING
 
 # Stacking order (bottom/left first): what was there before, then what persists across
 # stages, then what each stage adds. The same order and colors in every category view.
-CATEGORY_ORDER: tuple[str, ...] = (BEFORE_RECORDING, "weights", "latents & embeddings", "activations",
-                                   "attention scores", "vae buffers", "gradients & optimizer", "unknown")
+CATEGORY_ORDER: tuple[str, ...] = (
+    BEFORE_RECORDING,
+    "weights",
+    "latents & embeddings",
+    "activations",
+    "attention scores",
+    "vae buffers",
+    "gradients & optimizer",
+    "unknown",
+)
 MAX_STAGE_BARS = 150
 # The category area is a summary under the exact timeline: fewer points keep the page small.
 MAX_CATEGORY_POINTS = 10000
@@ -47,7 +56,9 @@ def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
     return np.array([int(ix.to_numpy()[np.argmax(peak[ix.to_numpy()])]) for _, ix in order], np.int64)
 
 
-def stage_category_bytes(stages: pd.DataFrame, stage_live: pd.DataFrame | None, shown: np.ndarray) -> dict[str, np.ndarray]:
+def stage_category_bytes(
+    stages: pd.DataFrame, stage_live: pd.DataFrame | None, shown: np.ndarray
+) -> dict[str, np.ndarray]:
     """Bytes by category at the peak of each ``shown`` stage interval, in stacking order.
 
     The categories cover what was allocated in the recorded history; the rest of the
@@ -93,7 +104,7 @@ class ReportView:
     """What an HTML report of one analysis shows beyond the analysis' own tables."""
 
     category_timeline: CategoryTimelineView
-    shown_intervals: np.ndarray                 # stage intervals that get a bar
+    shown_intervals: np.ndarray  # stage intervals that get a bar
     stage_category_bytes: dict[str, np.ndarray]  # bytes by category at each shown interval's peak
 
 
@@ -102,18 +113,32 @@ def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points:
     n = len(an.replay.events)
     if not n:
         return CategoryTimelineView()
-    ct = category_timeline(an.snapshot, an.replay, an.labels.labels,
-                           max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)), rules=an.rules, tables=an.tables)
+    ct = category_timeline(
+        an.snapshot,
+        an.replay,
+        an.labels.labels,
+        max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)),
+        rules=an.rules,
+        tables=an.tables,
+    )
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
     rows = ct["row"].to_numpy(np.int64)
     time_s = (ct["time_us"].to_numpy(np.int64) - t0_us) / 1e6 if has_time else np.full(len(rows), np.nan)
     shown = len(rows)
     return CategoryTimelineView(
-        index=rows, time_s=time_s, allocated=ct["allocated"].to_numpy(np.float64), categories=cats,
-        bytes={c: ct[c].to_numpy(np.float64) for c in cats}, total=n,
-        note=(f"sampled at {shown:,} of {n:,} events (min/max of allocated per bucket, peak kept)" if shown < n
-              else f"all {n:,} events"))
+        index=rows,
+        time_s=time_s,
+        allocated=ct["allocated"].to_numpy(np.float64),
+        categories=cats,
+        bytes={c: ct[c].to_numpy(np.float64) for c in cats},
+        total=n,
+        note=(
+            f"sampled at {shown:,} of {n:,} events (min/max of allocated per bucket, peak kept)"
+            if shown < n
+            else f"all {n:,} events"
+        ),
+    )
 
 
 def report_view(an: Analysis, max_points: int) -> ReportView:
@@ -125,5 +150,8 @@ def report_view(an: Analysis, max_points: int) -> ReportView:
     cat_tl = category_timeline_view(an, t0, has_time, max_points)
     if an.training is not None:  # training runs stack their own categories under the phase bands
         cat_tl = training_timeline_view(an.training, cat_tl)
-    return ReportView(category_timeline=cat_tl, shown_intervals=shown,
-                      stage_category_bytes=stage_category_bytes(an.stages, an.stage_live, shown))
+    return ReportView(
+        category_timeline=cat_tl,
+        shown_intervals=shown,
+        stage_category_bytes=stage_category_bytes(an.stages, an.stage_live, shown),
+    )

@@ -31,6 +31,7 @@ A ``kind: "attention", name: "fused"`` frame (SDPA flash / efficient / cuDNN ker
 transformers' ``sdpa_attention_forward``, diffusers' attention dispatch and processors,
 xFormers, flash-attn) is positive evidence of fused attention.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -70,7 +71,11 @@ def _named_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes: 
     hits["family"] = tables.names[fid].astype(str) + "@" + tables.files[fid].astype(str)
     hits["line"] = tables.lines[fid]
     # A Python softmax frame inside the score function marks the softmax line.
-    smask = (tables.names == "softmax") & np.char.endswith(tables.files.astype(str), "functional.py") if tables.n_frames else np.zeros(0, bool)
+    smask = (
+        (tables.names == "softmax") & np.char.endswith(tables.files.astype(str), "functional.py")
+        if tables.n_frames
+        else np.zeros(0, bool)
+    )
     sdepth, _ = tables.innermost(smask)
     hits["softmax"] = (sdepth[stacks] >= 0) & (sdepth[stacks] < depth)
     hits["max_bytes"] = hits["stack_id"].map(sizes).fillna(0).astype(np.int64).to_numpy()
@@ -95,17 +100,17 @@ def _softmax_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes
     soft_stacks = np.flatnonzero(tables.stacks_matching(soft_rules))
     if not len(soft_stacks):
         return pd.DataFrame(columns=COLUMNS)
-    py = [tuple(f for f in st if tables.is_python[f]) for st in snap.stacks]   # innermost first
+    py = [tuple(f for f in st if tables.is_python[f]) for st in snap.stacks]  # innermost first
     # family (caller function, file, Python frames above it) -> [softmax line, softmax output bytes]
     families: dict[tuple[str, str, tuple[int, ...]], list[int]] = {}
     for sid in soft_stacks.tolist():
         st = snap.stacks[sid]
         outer = max(i for i, f in enumerate(st) if smask[f])
-        caller = next((f for f in st[outer + 1:] if tables.is_python[f] and not smask[f]), None)
+        caller = next((f for f in st[outer + 1 :] if tables.is_python[f] and not smask[f]), None)
         if caller is None:
             continue
         k = py[sid].index(caller)
-        key = (str(tables.names[caller]), str(tables.files[caller]), py[sid][k + 1:])
+        key = (str(tables.names[caller]), str(tables.files[caller]), py[sid][k + 1 :])
         cur = families.setdefault(key, [0, 0])
         cur[0] = max(cur[0], int(tables.lines[caller]))
         cur[1] = max(cur[1], int(sizes.get(sid, 0)))
@@ -115,13 +120,24 @@ def _softmax_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes
             continue
         n = len(chain)
         for sid, pf in enumerate(py):
-            if len(pf) <= n or pf[len(pf) - n:] != chain:
+            if len(pf) <= n or pf[len(pf) - n :] != chain:
                 continue
-            f = pf[len(pf) - n - 1]    # the family's own frame, just inside the chain
+            f = pf[len(pf) - n - 1]  # the family's own frame, just inside the chain
             if tables.names[f] != name or tables.files[f] != file or int(tables.lines[f]) > soft_line:
                 continue
-            rows.append((sid, name, f"{name}@{file}", int(tables.lines[f]), int(sizes.get(sid, 0)), True,
-                         0, soft_bytes, "softmax"))
+            rows.append(
+                (
+                    sid,
+                    name,
+                    f"{name}@{file}",
+                    int(tables.lines[f]),
+                    int(sizes.get(sid, 0)),
+                    True,
+                    0,
+                    soft_bytes,
+                    "softmax",
+                )
+            )
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -144,8 +160,9 @@ def score_stack_table(snap: Snapshot, rules: RuleSet, tables: StackTables) -> pd
     return out
 
 
-def score_alloc_mask(snap: Snapshot, ev: pd.DataFrame, rules: RuleSet, tables: StackTables,
-                     rows: np.ndarray | None = None) -> np.ndarray:
+def score_alloc_mask(
+    snap: Snapshot, ev: pd.DataFrame, rules: RuleSet, tables: StackTables, rows: np.ndarray | None = None
+) -> np.ndarray:
     """Bool per row of ``ev`` (or of ``ev`` at ``rows``): an alloc of a score matrix."""
     t = score_stack_table(snap, rules, tables)
     stack = ev["stack_id"].to_numpy()
@@ -156,8 +173,8 @@ def score_alloc_mask(snap: Snapshot, ev: pd.DataFrame, rules: RuleSet, tables: S
     if not len(t):
         return np.zeros(len(stack), bool)
     n_stacks = max(len(snap.stacks), 1)
-    thresh = np.full(n_stacks, -1, np.int64)        # -1: not a score stack
-    soft = np.zeros(n_stacks, np.int64)             # > 0: sizes must match this softmax output
+    thresh = np.full(n_stacks, -1, np.int64)  # -1: not a score stack
+    soft = np.zeros(n_stacks, np.int64)  # > 0: sizes must match this softmax output
     ok = t["is_score"].to_numpy().astype(bool)
     ids = t["stack_id"].to_numpy()[ok].astype(np.int64)
     thresh[ids] = t["min_bytes"].to_numpy()[ok].astype(np.int64)

@@ -9,6 +9,7 @@ thread), the site is the most telling C++ frame, marked ``[C++]``: the autograd 
 allocator; on the autograd thread, with the Python line that called ``backward()`` when
 the snapshot has exactly one. The full stack stays available (:meth:`SiteNamer.stack_text`).
 """
+
 from __future__ import annotations
 
 import re
@@ -68,9 +69,13 @@ class SiteNamer:
         callers = set()
         for st in self.snap.stacks:
             py = [f for f in st if self._python[f]]
-            hits = [i for i, f in enumerate(py) if self._names[f] == "backward" and _BACKWARD_API.search(str(self._files[f]))]
+            hits = [
+                i
+                for i, f in enumerate(py)
+                if self._names[f] == "backward" and _BACKWARD_API.search(str(self._files[f]))
+            ]
             if hits:
-                caller = next((f for f in py[max(hits) + 1:] if not self._plumb[f]), None)
+                caller = next((f for f in py[max(hits) + 1 :] if not self._plumb[f]), None)
                 if caller is not None:
                     callers.add(caller)
         return callers.pop() if len(callers) == 1 else -1
@@ -101,8 +106,12 @@ class SiteNamer:
         if s is None:
             fid = self.site_frame(stack_id)
             s = self.frame_str(fid) if fid >= 0 else "(no frames recorded)"
-            if fid >= 0 and not self._python[fid] and self._backward_line >= 0 and any(
-                    _AUTOGRAD_THREAD.search(str(self._names[f])) for f in self.snap.stacks[stack_id]):
+            if (
+                fid >= 0
+                and not self._python[fid]
+                and self._backward_line >= 0
+                and any(_AUTOGRAD_THREAD.search(str(self._names[f])) for f in self.snap.stacks[stack_id])
+            ):
                 s += f" (autograd thread, backward() called at {self.frame_str(self._backward_line)})"
             self._cache[stack_id] = s
         return s
@@ -125,8 +134,18 @@ class SiteNamer:
         return "\n".join(lines)
 
 
-_KNOWN_PACKAGES = ("/diffusers/", "/transformers/", "/torch/", "/accelerate/", "/torchao/", "/bitsandbytes/",
-                   "/optimum/", "/peft/", "/collectors/", "/snapviz/")
+_KNOWN_PACKAGES = (
+    "/diffusers/",
+    "/transformers/",
+    "/torch/",
+    "/accelerate/",
+    "/torchao/",
+    "/bitsandbytes/",
+    "/optimum/",
+    "/peft/",
+    "/collectors/",
+    "/snapviz/",
+)
 
 
 def shorten_path(path: str) -> str:
@@ -134,13 +153,13 @@ def shorten_path(path: str) -> str:
     for marker in ("site-packages/", "dist-packages/"):
         i = path.rfind(marker)
         if i >= 0:
-            return path[i + len(marker):]
+            return path[i + len(marker) :]
     # Packages installed with --target or from a source checkout: cut at the package root.
     if path.startswith(tuple(pkg[1:] for pkg in _KNOWN_PACKAGES)):  # already relative (profiler)
         return path
     for pkg in _KNOWN_PACKAGES:
         i = path.rfind(pkg)
         if i >= 0:
-            return path[i + 1:]
+            return path[i + 1 :]
     parts = path.split("/")
     return "/".join(parts[-3:]) if len(parts) > 3 else path

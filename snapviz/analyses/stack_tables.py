@@ -6,6 +6,7 @@ Everything the frame-based analyses ask is answered per unique frame or per uniq
 belongs to one snapshot; ``summary.analyze_run`` builds it and passes it along, so
 nothing is cached at module level.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,7 +37,11 @@ class StackTables:
         self.n_frames = len(fr)
         self.n_stacks = len(snap.stacks)
         names = fr["name"].astype(str).to_numpy() if len(fr) else np.empty(0, object)
-        files = fr["filename"].astype(str).str.replace("\\", "/", regex=False).to_numpy() if len(fr) else np.empty(0, object)
+        files = (
+            fr["filename"].astype(str).str.replace("\\", "/", regex=False).to_numpy()
+            if len(fr)
+            else np.empty(0, object)
+        )
         self.names, self.files = names, files
         self.lines = fr["line"].to_numpy().astype(np.int64) if len(fr) else np.empty(0, np.int64)
         self.name_codes, self.name_uniques = pd.factorize(names)
@@ -48,10 +53,12 @@ class StackTables:
         depth = sf["depth"].to_numpy().astype(np.int64)
         order = np.lexsort((depth, sid))  # by stack, innermost first
         self.sf_stack, self.sf_frame, self.sf_depth = sid[order], fid[order], depth[order]
-        self._starts = np.flatnonzero(np.r_[True, self.sf_stack[1:] != self.sf_stack[:-1]]) if len(sid) else np.empty(0, np.int64)
+        self._starts = (
+            np.flatnonzero(np.r_[True, self.sf_stack[1:] != self.sf_stack[:-1]]) if len(sid) else np.empty(0, np.int64)
+        )
         self.has_python = self.per_stack_max(self.is_python.astype(np.int8), 0).astype(bool)
         self._masks: dict[tuple[str | None, str | None], np.ndarray] = {}
-        self.results: dict[Any, Any] = {}   # per-instance memo of derived per-stack arrays
+        self.results: dict[Any, Any] = {}  # per-instance memo of derived per-stack arrays
 
     def per_stack_max(self, per_frame: np.ndarray, fill: int) -> np.ndarray:
         """Max over each stack's frames of a per-frame value (``fill`` for empty stacks)."""
@@ -78,8 +85,10 @@ class StackTables:
         m = self._masks.get(key)
         if m is None:
             m = np.ones(self.n_frames, bool)
-            for rx, uniques, codes in ((rule.function_re, self.name_uniques, self.name_codes),
-                                       (rule.file_re, self.file_uniques, self.file_codes)):
+            for rx, uniques, codes in (
+                (rule.function_re, self.name_uniques, self.name_codes),
+                (rule.file_re, self.file_uniques, self.file_codes),
+            ):
                 if rx is not None:
                     hit = np.fromiter((rx.search(s) is not None for s in uniques), bool, len(uniques))
                     m &= hit[codes] if len(hit) else np.zeros(self.n_frames, bool)
@@ -107,7 +116,9 @@ class StackTables:
         for i, r in enumerate(rules):
             np.maximum(frame_rank, np.where(self.frame_mask(r), rank_of[i], -1), out=frame_rank)
         stack_rank = self.per_stack_max(frame_rank, -1)
-        out = np.where(stack_rank >= 0, np.asarray(order, np.int64)[np.clip(stack_rank, 0, None)] if len(order) else -1, -1)
+        out = np.where(
+            stack_rank >= 0, np.asarray(order, np.int64)[np.clip(stack_rank, 0, None)] if len(order) else -1, -1
+        )
         self.results[key] = out
         return out
 

@@ -20,6 +20,7 @@ timeline of a run directory's ``run.json``; then the structure the file has:
 Nothing recognised: every event is ``unlabelled`` and the source is ``none``; nothing
 guesses ``load``.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,8 @@ def _looks_like_stage(name: str) -> bool:
 class StageLabels:
     """Per-event labels for one device's events plus where they came from."""
 
-    labels: np.ndarray        # object array of str, one per event
-    source: str               # user_metadata | annotations | run.json | frames | phases | none
+    labels: np.ndarray  # object array of str, one per event
+    source: str  # user_metadata | annotations | run.json | frames | phases | none
 
 
 def _from_metadata(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
@@ -149,8 +150,9 @@ def _paint(labels: np.ndarray, times: np.ndarray, iv: pd.DataFrame) -> np.ndarra
     return inside
 
 
-def _with_annotations(snap: Snapshot, ev: pd.DataFrame, device: int,
-                      base: np.ndarray | None) -> tuple[np.ndarray, bool] | None:
+def _with_annotations(
+    snap: Snapshot, ev: pd.DataFrame, device: int, base: np.ndarray | None
+) -> tuple[np.ndarray, bool] | None:
     """``base`` (or unlabelled) with the record_function ranges painted over it; the bool
     says whether a user's own range labelled something. None when no range covers an event."""
     iv = annotation_intervals(snap, device)
@@ -182,8 +184,10 @@ def _from_run_json(run_json: dict[str, Any] | None, ev: pd.DataFrame) -> np.ndar
     stages = (run_json or {}).get("stages") or []
     if not stages or (ev["time_us"] < 0).all():
         return None
-    iv = pd.DataFrame([(s["name"], s["start_us"], s["end_us"]) for s in stages if "start_us" in s],
-                      columns=["name", "start_us", "end_us"])
+    iv = pd.DataFrame(
+        [(s["name"], s["start_us"], s["end_us"]) for s in stages if "start_us" in s],
+        columns=["name", "start_us", "end_us"],
+    )
     return label_by_intervals(ev["time_us"].to_numpy(), iv, default="other")
 
 
@@ -195,9 +199,15 @@ def _trains(labels: np.ndarray) -> bool:
 SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")
 
 
-def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto",
-                 rules: RuleSet | None = None, tables: StackTables | None = None,
-                 run_json: dict[str, Any] | None = None) -> StageLabels:
+def label_events(
+    snap: Snapshot,
+    ev: pd.DataFrame,
+    device: int,
+    use: str = "auto",
+    rules: RuleSet | None = None,
+    tables: StackTables | None = None,
+    run_json: dict[str, Any] | None = None,
+) -> StageLabels:
     """Stage label of every event of one device, from the best source present.
 
     ``use`` forces a source (one of :data:`SOURCES`). ``rules`` defaults to the built-in
@@ -226,7 +236,11 @@ def label_events(snap: Snapshot, ev: pd.DataFrame, device: int, use: str = "auto
             base, source = phased, "phases"
     # Ranges paint over generic phases only: a pipeline the rules recognise keeps its own
     # stages and step numbers (its ProfilerStep#N counts pipeline calls, not denoising steps).
-    if "annotations" in want and source != "frames" and (painted := _with_annotations(snap, ev, device, base)) is not None:
+    if (
+        "annotations" in want
+        and source != "frames"
+        and (painted := _with_annotations(snap, ev, device, base)) is not None
+    ):
         base, by_user = painted
         source = "annotations" if by_user or source == "none" else source
     if source in ("phases", "none", "annotations") and (compiling := _compiling(snap, ev)).any():
@@ -246,14 +260,20 @@ def stage_intervals(labels: np.ndarray, times: np.ndarray) -> pd.DataFrame:
     change = np.flatnonzero(labels[1:] != labels[:-1]) + 1
     starts = np.concatenate([[0], change])
     ends = np.concatenate([change, [n]])
-    return pd.DataFrame({
-        "name": labels[starts], "start_row": starts, "end_row": ends,
-        "start_us": times[starts], "end_us": times[ends - 1],
-    })
+    return pd.DataFrame(
+        {
+            "name": labels[starts],
+            "start_row": starts,
+            "end_row": ends,
+            "start_us": times[starts],
+            "end_us": times[ends - 1],
+        }
+    )
 
 
-def stage_table(intervals: pd.DataFrame, allocated: np.ndarray, reserved: np.ndarray, baseline: int,
-                baseline_reserved: int) -> pd.DataFrame:
+def stage_table(
+    intervals: pd.DataFrame, allocated: np.ndarray, reserved: np.ndarray, baseline: int, baseline_reserved: int
+) -> pd.DataFrame:
     """Per interval: peak allocated/reserved (as ``max_memory_*`` after a reset at the
     stage's start would report: the peak includes what was live on entry), entry/exit."""
     rows = []
@@ -263,14 +283,34 @@ def stage_table(intervals: pd.DataFrame, allocated: np.ndarray, reserved: np.nda
         seg = allocated[s:e]
         k = int(np.argmax(seg))
         peak = max(entry, int(seg[k]))
-        rows.append({
-            "name": name, "group": stage_group(str(name)), "start_row": int(s), "end_row": int(e),
-            "start_us": int(t0), "end_us": int(t1),
-            "peak_allocated_bytes": peak, "peak_row": int(s + k) if int(seg[k]) >= entry else int(s - 1),
-            "peak_reserved_bytes": max(entry_res, int(reserved[s:e].max())),
-            "allocated_at_entry": entry, "allocated_at_exit": int(allocated[e - 1]),
-            "duration_s": max(0, int(t1) - int(t0)) / 1e6,
-        })
-    cols = ["name", "group", "start_row", "end_row", "start_us", "end_us", "peak_allocated_bytes", "peak_row",
-            "peak_reserved_bytes", "allocated_at_entry", "allocated_at_exit", "duration_s"]
+        rows.append(
+            {
+                "name": name,
+                "group": stage_group(str(name)),
+                "start_row": int(s),
+                "end_row": int(e),
+                "start_us": int(t0),
+                "end_us": int(t1),
+                "peak_allocated_bytes": peak,
+                "peak_row": int(s + k) if int(seg[k]) >= entry else int(s - 1),
+                "peak_reserved_bytes": max(entry_res, int(reserved[s:e].max())),
+                "allocated_at_entry": entry,
+                "allocated_at_exit": int(allocated[e - 1]),
+                "duration_s": max(0, int(t1) - int(t0)) / 1e6,
+            }
+        )
+    cols = [
+        "name",
+        "group",
+        "start_row",
+        "end_row",
+        "start_us",
+        "end_us",
+        "peak_allocated_bytes",
+        "peak_row",
+        "peak_reserved_bytes",
+        "allocated_at_entry",
+        "allocated_at_exit",
+        "duration_s",
+    ]
     return pd.DataFrame(rows, columns=cols)

@@ -1,4 +1,5 @@
 """One call from a loaded run to every result table (pure: no rendering here)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,17 +38,17 @@ class Analysis:
     device: int
     replay: ReplayResult
     labels: StageLabels
-    stages: pd.DataFrame           # one row per stage interval (see stages.stage_table)
+    stages: pd.DataFrame  # one row per stage interval (see stages.stage_table)
     top_allocations: pd.DataFrame  # live at the peak, largest first
-    attention: pd.DataFrame        # one row per attention score allocation
+    attention: pd.DataFrame  # one row per attention score allocation
     attention_summary: dict[str, Any]  # the summary's "attention" object (count, largest, implementation)
-    categories: pd.DataFrame       # live bytes by category at the peak
-    device_peaks: pd.DataFrame     # every device: peak allocated / reserved
-    sites: SiteNamer               # names an allocation site from its stack
-    rules: RuleSet                 # the rules every frame-based analysis of this run used
-    tables: StackTables            # the snapshot's stack tables, built once
+    categories: pd.DataFrame  # live bytes by category at the peak
+    device_peaks: pd.DataFrame  # every device: peak allocated / reserved
+    sites: SiteNamer  # names an allocation site from its stack
+    rules: RuleSet  # the rules every frame-based analysis of this run used
+    tables: StackTables  # the snapshot's stack tables, built once
     stage_live: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: bytes by category at its peak
-    stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)   # per stage interval: largest live blocks at its peak
+    stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
 
@@ -74,9 +75,13 @@ class Analysis:
         if not len(st):
             return st
         g = st.groupby("group", sort=False).agg(
-            peak_allocated_bytes=("peak_allocated_bytes", "max"), peak_reserved_bytes=("peak_reserved_bytes", "max"),
-            start_us=("start_us", "min"), end_us=("end_us", "max"), intervals=("name", "size"),
-            duration_s=("duration_s", "sum"))
+            peak_allocated_bytes=("peak_allocated_bytes", "max"),
+            peak_reserved_bytes=("peak_reserved_bytes", "max"),
+            start_us=("start_us", "min"),
+            end_us=("end_us", "max"),
+            intervals=("name", "size"),
+            duration_s=("duration_s", "sum"),
+        )
         return g.reset_index().rename(columns={"group": "name"})
 
     def summary(self) -> dict[str, Any]:
@@ -91,7 +96,9 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
     results = {d: replay_allocator(snap, d) for d in devs}
     if device is not None:
         if device not in results:
-            raise InputError(f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})")
+            raise InputError(
+                f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})"
+            )
         return device, results
     best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
     return best, results
@@ -102,18 +109,25 @@ def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: in
     if not len(live):
         return pd.DataFrame(columns=["row", "addr", "bytes", "requested_bytes", "stage", "site", "stack_id", "time_us"])
     rows = live.index.to_numpy()
-    out = pd.DataFrame({
-        "row": rows, "addr": live["addr"].to_numpy(), "bytes": live["block_size"].to_numpy(),
-        "requested_bytes": live["size"].to_numpy(), "stage": labels[rows],
-        "stack_id": live["stack_id"].to_numpy(), "time_us": live["time_us"].to_numpy(),
-    }).sort_values(["bytes", "row"], ascending=[False, True], kind="stable")
+    out = pd.DataFrame(
+        {
+            "row": rows,
+            "addr": live["addr"].to_numpy(),
+            "bytes": live["block_size"].to_numpy(),
+            "requested_bytes": live["size"].to_numpy(),
+            "stage": labels[rows],
+            "stack_id": live["stack_id"].to_numpy(),
+            "time_us": live["time_us"].to_numpy(),
+        }
+    ).sort_values(["bytes", "row"], ascending=[False, True], kind="stable")
     out = out.head(limit).reset_index(drop=True)
     out.insert(5, "site", [sites.site(int(s)) for s in out["stack_id"]])
     return out
 
 
-def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
-                rules: RuleSet | None = None) -> Analysis:
+def analyze_run(
+    run: Run, device: int | None = None, stage_source: str = "auto", rules: RuleSet | None = None
+) -> Analysis:
     """Replay, attribute and summarise one run (snapshot required; traces: see trace_ops).
 
     ``rules`` (default: the built-in rules) and the snapshot's stack tables are resolved
@@ -150,26 +164,64 @@ def analyze_run(run: Run, device: int | None = None, stage_source: str = "auto",
     stage_live, stage_top = _stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
     if labels.source == "none" and len(ev):
-        warnings.append("no stage labels, and the built-in rules do not recognise this program (no pipeline stage, "
-                        "no forward/backward/optimizer frames, no profiler ranges): every event is 'unlabelled'")
+        warnings.append(
+            "no stage labels, and the built-in rules do not recognise this program (no pipeline stage, "
+            "no forward/backward/optimizer frames, no profiler ranges): every event is 'unlabelled'"
+        )
     elif labels.source == "phases":
-        warnings.append("stages are generic PyTorch phases (forward / backward / optimizer / zero_grad / load) "
-                        "recognised in the frames: the built-in pipeline rules do not know this program (--rules adds its own)")
+        warnings.append(
+            "stages are generic PyTorch phases (forward / backward / optimizer / zero_grad / load) "
+            "recognised in the frames: the built-in pipeline rules do not know this program (--rules adds its own)"
+        )
     if len(ev) and (ev["action"] == A_OOM).any():
         n = int((ev["action"] == A_OOM).sum())
         warnings.append(f"the run hit CUDA out-of-memory {n} time(s) (see the OOM markers)")
-    dp = pd.DataFrame([{"device": d, "peak_allocated_bytes": r.peak_allocated, "peak_reserved_bytes": r.peak_reserved,
-                        "events": len(r.events)} for d, r in sorted(results.items())])
+    dp = pd.DataFrame(
+        [
+            {
+                "device": d,
+                "peak_allocated_bytes": r.peak_allocated,
+                "peak_reserved_bytes": r.peak_reserved,
+                "events": len(r.events),
+            }
+            for d, r in sorted(results.items())
+        ]
+    )
     if len(results) > 1:
-        warnings.append(f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another")
-    return Analysis(run=run, device=dev, replay=rep, labels=labels, stages=stages, top_allocations=top,
-                    attention=attention, attention_summary=att_summary, categories=categories, device_peaks=dp,
-                    warnings=warnings, sites=sites, stage_live=stage_live, stage_top=stage_top, rules=rules, tables=tables,
-                    training=training_view(snap, rep, labels.labels, stages))
+        warnings.append(
+            f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another"
+        )
+    return Analysis(
+        run=run,
+        device=dev,
+        replay=rep,
+        labels=labels,
+        stages=stages,
+        top_allocations=top,
+        attention=attention,
+        attention_summary=att_summary,
+        categories=categories,
+        device_peaks=dp,
+        warnings=warnings,
+        sites=sites,
+        stage_live=stage_live,
+        stage_top=stage_top,
+        rules=rules,
+        tables=tables,
+        training=training_view(snap, rep, labels.labels, stages),
+    )
 
 
-def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame, sites: SiteNamer,
-                     rules: RuleSet, tables: StackTables, top_n: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _stage_live_sets(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    stages: pd.DataFrame,
+    sites: SiteNamer,
+    rules: RuleSet,
+    tables: StackTables,
+    top_n: int = 5,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """What was live at each stage interval's own peak: bytes by category, and the largest
     blocks the stage itself allocated.
 
@@ -177,8 +229,10 @@ def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stag
     """
     ev = rep.events
     alloc_rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
-    empty = (pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
-             pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]))
+    empty = (
+        pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
+        pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]),
+    )
     if not len(alloc_rows) or not len(stages):
         return empty
     cats = categorize_allocs(snap, rep, labels, alloc_rows, rules, tables)
@@ -186,8 +240,9 @@ def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stag
     sizes = ev["block_size"].to_numpy()[alloc_rows]
     stacks = ev["stack_id"].to_numpy()[alloc_rows]
     live_rows, top_rows = [], []
-    for k, (name, prow, srow) in enumerate(zip(stages["name"].tolist(), stages["peak_row"].tolist(),
-                                               stages["start_row"].tolist(), strict=True)):
+    for k, (name, prow, srow) in enumerate(
+        zip(stages["name"].tolist(), stages["peak_row"].tolist(), stages["start_row"].tolist(), strict=True)
+    ):
         if prow < 0:
             continue
         m = (alloc_rows <= prow) & (frees > prow)
@@ -200,8 +255,10 @@ def _stage_live_sets(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stag
         idx = np.flatnonzero(m & (alloc_rows >= srow))
         for j in idx[np.argsort(-sizes[idx], kind="stable")[:top_n]]:
             top_rows.append((k, name, int(sizes[j]), sites.site(int(stacks[j])), int(alloc_rows[j]), int(stacks[j])))
-    return (pd.DataFrame(live_rows, columns=empty[0].columns) if live_rows else empty[0],
-            pd.DataFrame(top_rows, columns=empty[1].columns) if top_rows else empty[1])
+    return (
+        pd.DataFrame(live_rows, columns=empty[0].columns) if live_rows else empty[0],
+        pd.DataFrame(top_rows, columns=empty[1].columns) if top_rows else empty[1],
+    )
 
 
 def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
@@ -235,35 +292,65 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         k = occurrences.get(r.name, 0)
         occurrences[r.name] = k + 1
         t = truth.get((r.name, k))
-        item = {"name": r.name, "peak_allocated_bytes": int(r.peak_allocated_bytes),
-                "peak_reserved_bytes": int(r.peak_reserved_bytes), "start_us": int(r.start_us), "end_us": int(r.end_us),
-                "allocated_at_entry": int(r.allocated_at_entry), "allocated_at_exit": int(r.allocated_at_exit)}
+        item = {
+            "name": r.name,
+            "peak_allocated_bytes": int(r.peak_allocated_bytes),
+            "peak_reserved_bytes": int(r.peak_reserved_bytes),
+            "start_us": int(r.start_us),
+            "end_us": int(r.end_us),
+            "allocated_at_entry": int(r.allocated_at_entry),
+            "allocated_at_exit": int(r.allocated_at_exit),
+        }
         if iv in live_by_iv:
             g_ = live_by_iv[iv].sort_values("bytes", ascending=False)
             item["categories_at_peak"] = {c: int(b) for c, b in zip(g_["category"], g_["bytes"], strict=True)}
         if iv in top_by_iv:
-            item["top_allocations"] = [{"bytes": int(b), "site": st} for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"], strict=True)]
+            item["top_allocations"] = [
+                {"bytes": int(b), "site": st}
+                for b, st in zip(top_by_iv[iv]["bytes"], top_by_iv[iv]["site"], strict=True)
+            ]
         item["duration_s"] = float(r.duration_s)
         if t is not None:
             item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")
             item["allocator_peak_reserved_bytes"] = t.get("peak_reserved_bytes")
         g = groups.get(r.group)
         if g is None:
-            g = groups[r.group] = {"name": r.group, "peak_allocated_bytes": 0, "peak_reserved_bytes": 0,
-                                   "start_us": int(r.start_us), "end_us": int(r.end_us), "steps": []}
+            g = groups[r.group] = {
+                "name": r.group,
+                "peak_allocated_bytes": 0,
+                "peak_reserved_bytes": 0,
+                "start_us": int(r.start_us),
+                "end_us": int(r.end_us),
+                "steps": [],
+            }
             stages_out.append(g)
         g["peak_allocated_bytes"] = max(g["peak_allocated_bytes"], int(r.peak_allocated_bytes))
         g["peak_reserved_bytes"] = max(g["peak_reserved_bytes"], int(r.peak_reserved_bytes))
         g["end_us"] = max(g["end_us"], int(r.end_us))
         g.setdefault("intervals", []).append(item)
         if "/" in str(r.name):
-            g["steps"].append({"name": r.name, "step": str(r.name).split("/", 1)[1], **{k2: v for k2, v in item.items() if k2 != "name"}})
+            g["steps"].append(
+                {
+                    "name": r.name,
+                    "step": str(r.name).split("/", 1)[1],
+                    **{k2: v for k2, v in item.items() if k2 != "name"},
+                }
+            )
     run = an.run.run_json or {}
-    top = [{"bytes": int(t.bytes), "requested_bytes": int(t.requested_bytes), "stage": str(t.stage), "site": t.site,
-            "address": int(t.addr), "event_index": int(t.row), "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
+    top = [
+        {
+            "bytes": int(t.bytes),
+            "requested_bytes": int(t.requested_bytes),
+            "stage": str(t.stage),
+            "site": t.site,
+            "address": int(t.addr),
+            "event_index": int(t.row),
+            "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
             **({"op": t.op} if getattr(t, "op", "") else {}),
-            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {})}
-           for t in an.top_allocations.itertuples(index=False)]
+            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {}),
+        }
+        for t in an.top_allocations.itertuples(index=False)
+    ]
     att = an.attention_summary
     advise_doc: list[dict[str, Any]] = []
     doc = {
@@ -272,26 +359,54 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "device": an.device,
         "stage_source": an.labels.source,
         "peak": {
-            "allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
+            "allocated_bytes": int(rep.peak_allocated),
+            "reserved_bytes": int(rep.peak_reserved),
             # None: the peak is the memory that existed before the first recorded event
-            "requested_bytes": int(rep.peak_requested), "event_index": int(pi) if pi >= 0 else None,
-            "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None, "stage": an.peak_stage,
+            "requested_bytes": int(rep.peak_requested),
+            "event_index": int(pi) if pi >= 0 else None,
+            "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None,
+            "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
         },
         "history": {
-            "events": int(len(ev)), "truncated": bool(rep.truncated),
-            "baseline_allocated_bytes": int(rep.baseline_allocated), "baseline_reserved_bytes": int(rep.baseline_reserved),
-            "orphan_frees": int(rep.orphan_frees), "end_state_matches": rep.end_state_matches,
-            "final_allocated_bytes": int(rep.final_allocated), "final_reserved_bytes": int(rep.final_reserved),
+            "events": int(len(ev)),
+            "truncated": bool(rep.truncated),
+            "baseline_allocated_bytes": int(rep.baseline_allocated),
+            "baseline_reserved_bytes": int(rep.baseline_reserved),
+            "orphan_frees": int(rep.orphan_frees),
+            "end_state_matches": rep.end_state_matches,
+            "final_allocated_bytes": int(rep.final_allocated),
+            "final_reserved_bytes": int(rep.final_reserved),
         },
         "devices": an.device_peaks.to_dict("records"),
         "stages": stages_out,
         "attention": att,
         "categories": an.categories.to_dict("records"),
         "top_allocations": top,
-        "allocator_truth": {k: (run.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")} if run else None,
-        "run": {k: run.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
-                                          "device_name", "torch_version", "diffusers_version", "command")} if run else None,
+        "allocator_truth": {
+            k: (run.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")
+        }
+        if run
+        else None,
+        "run": {
+            k: run.get(k)
+            for k in (
+                "pipeline",
+                "size",
+                "techniques",
+                "height",
+                "width",
+                "steps",
+                "batch",
+                "dtype",
+                "device_name",
+                "torch_version",
+                "diffusers_version",
+                "command",
+            )
+        }
+        if run
+        else None,
         "allocator_settings": an.snapshot.allocator_settings,
         "advice": advise_doc,
         "warnings": an.warnings,

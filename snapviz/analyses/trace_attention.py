@@ -5,6 +5,7 @@ thread (its shape is exact: the trace records input shapes); SDPA's math backend
 inside. Fused attention is an SDPA op that did not run the math backend, or a fused kernel
 of ATen, vLLM, flash-attn or xFormers. Neither: "not determined".
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,23 @@ from snapviz.load.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
 ITEMSIZE: dict[str, int] = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1,
-    "c10::Float8_e8m0fnu": 1, "long int": 8, "int": 4, "short int": 2, "signed char": 1,
-    "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+    "c10::Float8_e4m3fnuz": 1,
+    "c10::Float8_e5m2fnuz": 1,
+    "c10::Float8_e8m0fnu": 1,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
     "c10::complex<c10::Half>": 4,
 }
 
@@ -30,13 +44,18 @@ _SCORE_OPS = ("aten::baddbmm", "aten::bmm")
 _SOFTMAX_OPS = ("aten::softmax", "aten::_softmax", "aten::_safe_softmax")
 _SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # also ..._math_for_mps
 # Fused attention kernels outside SDPA's dispatcher op: ATen's own, vLLM's, flash-attn, xFormers.
-_FUSED_KERNELS = re.compile(r"(^aten::_(flash|efficient)_attention_forward$|^vllm::\w*attention|flash_attn|"
-                            r"paged_attention|^xformers|fmha)")
+_FUSED_KERNELS = re.compile(
+    r"(^aten::_(flash|efficient)_attention_forward$|^vllm::\w*attention|flash_attn|"
+    r"paged_attention|^xformers|fmha)"
+)
 
 
 def _is_sdpa(name: str) -> bool:
-    return (name == "aten::scaled_dot_product_attention" or name.startswith("aten::_scaled_dot_product_")
-            or _FUSED_KERNELS.search(name) is not None)
+    return (
+        name == "aten::scaled_dot_product_attention"
+        or name.startswith("aten::_scaled_dot_product_")
+        or _FUSED_KERNELS.search(name) is not None
+    )
 
 
 def _is_attention(name: str) -> bool:
@@ -115,8 +134,19 @@ def attention_op_table(trace: ChromeTrace) -> pd.DataFrame:
     ``score_bytes`` over ``materializes_scores`` rows only.
     """
     ops = trace.ops
-    cols = ["name", "start_us", "end_us", "tid", "shapes", "dtype", "itemsize", "score_shape",
-            "score_bytes", "materializes_scores", "nested"]
+    cols = [
+        "name",
+        "start_us",
+        "end_us",
+        "tid",
+        "shapes",
+        "dtype",
+        "itemsize",
+        "score_shape",
+        "score_bytes",
+        "materializes_scores",
+        "nested",
+    ]
     names_cat = pd.Index(ops["name"].cat.categories).astype(str) if len(ops) else pd.Index([])
     wanted = np.array([_is_attention(n) for n in names_cat], dtype=bool)
     if not len(ops) or not wanted.any():
@@ -148,7 +178,7 @@ def attention_op_table(trace: ChromeTrace) -> pd.DataFrame:
         nm, s = names[i], score[i]
         if _is_sdpa(nm):
             # The math backend is SDPA unfused: it builds the full score matrix inside.
-            kids = names[i + 1:top[j + 1] if j + 1 < len(top) else n]
+            kids = names[i + 1 : top[j + 1] if j + 1 < len(top) else n]
             materializes[i] = s is not None and any(str(k).startswith(_SDPA_MATH) for k in kids)
             continue
         if nm not in _SCORE_OPS or s is None:
@@ -159,13 +189,21 @@ def attention_op_table(trace: ChromeTrace) -> pd.DataFrame:
         if nxt is not None and names[nxt] in _SOFTMAX_OPS and score[nxt] == s:
             materializes[i] = materializes[nxt] = True
 
-    out = pd.DataFrame({
-        "name": names, "start_us": start, "end_us": end, "tid": tid,
-        "shapes": pd.Series(shapes, dtype=object).to_numpy(),
-        "dtype": dtype, "itemsize": itemsize,
-        "score_shape": pd.Series(score, dtype=object).to_numpy(),
-        "score_bytes": score_bytes, "materializes_scores": materializes, "nested": nested,
-    })
+    out = pd.DataFrame(
+        {
+            "name": names,
+            "start_us": start,
+            "end_us": end,
+            "tid": tid,
+            "shapes": pd.Series(shapes, dtype=object).to_numpy(),
+            "dtype": dtype,
+            "itemsize": itemsize,
+            "score_shape": pd.Series(score, dtype=object).to_numpy(),
+            "score_bytes": score_bytes,
+            "materializes_scores": materializes,
+            "nested": nested,
+        }
+    )
     return out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)[cols]
 
 
@@ -174,8 +212,13 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     with their exact shapes, fused SDPA calls, and the verdict. "fused" needs an SDPA or
     fused-kernel op that did not run the math backend; no attention op at all is "not
     determined" (the model may have none, or compute it in ops not listed)."""
-    att: dict[str, Any] = {"count": 0, "peak_live_bytes": 0, "largest": {"bytes": 0, "shape": None},
-                           "source": "trace ops", "sdpa_calls": 0}
+    att: dict[str, Any] = {
+        "count": 0,
+        "peak_live_bytes": 0,
+        "largest": {"bytes": 0, "shape": None},
+        "source": "trace ops",
+        "sdpa_calls": 0,
+    }
     if not len(ops):
         att["implementation"] = NOT_DETERMINED
         return att
@@ -187,11 +230,20 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     if len(mat):
         i = int(np.argmax(mat["score_bytes"].to_numpy()))
         row = mat.iloc[i]
-        att["largest"] = {"bytes": int(row["score_bytes"]),
-                          "shape": list(row["score_shape"]) if row["score_shape"] is not None else None,
-                          "dtype": row.get("dtype"), "op": row["name"], "stage": row.get("stage")}
+        att["largest"] = {
+            "bytes": int(row["score_bytes"]),
+            "shape": list(row["score_shape"]) if row["score_shape"] is not None else None,
+            "dtype": row.get("dtype"),
+            "op": row["name"],
+            "stage": row.get("stage"),
+        }
         att["peak_live_bytes"] = int(mat["score_bytes"].max())  # a lower bound: ops do not say lifetimes
     names = sorted({str(n) for n in fused["name"]})[:3]
-    att["implementation"] = ("materialized (baddbmm/bmm + softmax)" if len(mat)
-                             else f"{FUSED}: {len(fused)} call(s) of {', '.join(names)}" if len(fused) else NOT_DETERMINED)
+    att["implementation"] = (
+        "materialized (baddbmm/bmm + softmax)"
+        if len(mat)
+        else f"{FUSED}: {len(fused)} call(s) of {', '.join(names)}"
+        if len(fused)
+        else NOT_DETERMINED
+    )
     return att

@@ -12,6 +12,7 @@ from going negative (bytes freed that the trace never saw allocated), so the ser
 ``floor + running sum`` is a lower bound at every instant and its maximum a lower bound
 of the peak. Reserved memory is not recorded at all in those traces.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,8 +23,15 @@ import pandas as pd
 from snapviz.errors import InputError
 from snapviz.load.chrome_trace import ChromeTrace
 
-__all__ = ["DEVICE_TYPES", "device_label", "device_kind", "with_running_totals", "running_total_floor",
-           "pick_trace_device", "DEVICE_CPU"]
+__all__ = [
+    "DEVICE_TYPES",
+    "device_label",
+    "device_kind",
+    "with_running_totals",
+    "running_total_floor",
+    "pick_trace_device",
+    "DEVICE_CPU",
+]
 
 DEVICE_CPU = 0
 
@@ -86,7 +94,7 @@ def with_running_totals(trace: ChromeTrace) -> ChromeTrace:
     for _, idx in mem.groupby(["device_type", "device_id"], sort=False).indices.items():
         if bool(mem["has_totals"].to_numpy()[idx].all()):
             continue
-        running = np.cumsum(mem["bytes"].to_numpy()[idx])   # rows are in time order already
+        running = np.cumsum(mem["bytes"].to_numpy()[idx])  # rows are in time order already
         alloc[idx] = running + running_total_floor(running)
     mem["total_allocated"] = alloc
     return replace(trace, memory=mem)
@@ -109,7 +117,9 @@ def pick_trace_device(devs: pd.DataFrame, index: int | None, source: str) -> tup
         return int(row["device_type"]), int(row["device_id"])
     hit = accel[accel["device_id"] == index]
     if not len(hit):
-        order = sorted(zip(devs["device_type"], devs["device_id"], strict=True), key=lambda d: (d[0] == DEVICE_CPU, d[0], d[1]))
+        order = sorted(
+            zip(devs["device_type"], devs["device_id"], strict=True), key=lambda d: (d[0] == DEVICE_CPU, d[0], d[1])
+        )
         names = ", ".join(device_label(t, i) for t, i in order)
         raise InputError(f"{source}: no device {index} in this trace (devices: {names})")
     return int(hit["device_type"].iloc[0]), int(hit["device_id"].iloc[0])

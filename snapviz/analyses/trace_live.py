@@ -6,6 +6,7 @@ is every allocation not yet freed there. With ``with_stack=True`` the ``python_f
 ranges of the allocating thread that contain the allocation's time are its Python stack
 (innermost = latest start), and the innermost ``cpu_op`` is the op that allocated.
 """
+
 from __future__ import annotations
 
 import re
@@ -42,8 +43,14 @@ def live_at_trace_peak(trace: object, device: tuple[int, int] | None, limit: int
     live = (b > 0) & (rows <= p) & ((nxt > p) | (b[np.minimum(nxt, len(mem) - 1)] > 0))
     idx = rows[live]
     idx = idx[np.argsort(-b[idx], kind="stable")[:limit]]
-    out = pd.DataFrame({"bytes": b[idx], "time_us": mem["time_us"].to_numpy()[idx], "tid": mem["tid"].to_numpy()[idx],
-                        "addr": mem["addr"].to_numpy()[idx]})
+    out = pd.DataFrame(
+        {
+            "bytes": b[idx],
+            "time_us": mem["time_us"].to_numpy()[idx],
+            "tid": mem["tid"].to_numpy()[idx],
+            "addr": mem["addr"].to_numpy()[idx],
+        }
+    )
     out = pd.concat([out, ops_at(trace, out["time_us"].to_numpy())], axis=1)
     sites, stacks = _python_stacks(trace, out["time_us"].to_numpy(), out["tid"].to_numpy())
     out["site"], out["stack"] = sites, stacks
@@ -62,15 +69,17 @@ def _python_stacks(trace: object, times: np.ndarray, tids: np.ndarray) -> tuple[
         if g is None:  # allocations on another thread (autograd): use the busiest one
             g = max(by_tid.values(), key=len)
         m = (g["start_us"].to_numpy() <= t) & (g["end_us"].to_numpy() >= t)
-        names = g["name"].astype(str).to_numpy()[m][::-1]   # innermost first
-        frames = []   # (raw file, line, function); built-ins and nn.Module markers carry no file
+        names = g["name"].astype(str).to_numpy()[m][::-1]  # innermost first
+        frames = []  # (raw file, line, function); built-ins and nn.Module markers carry no file
         for n in names:
             mt = _PY_FRAME.match(n)
             if mt and not n.startswith("<built-in"):
                 frames.append((mt["file"], int(mt["line"]), mt["func"]))
         stack = [f"{shorten_path(f)}:{line} {fn}" for f, line, fn in frames]
-        site = next((s for (f, _, _), s in zip(frames, stack, strict=True) if not _PLUMBING.search("/" + f.lstrip("/"))),
-                    stack[0] if stack else "")
+        site = next(
+            (s for (f, _, _), s in zip(frames, stack, strict=True) if not _PLUMBING.search("/" + f.lstrip("/"))),
+            stack[0] if stack else "",
+        )
         sites.append(site or "(no Python frame)")
         stacks.append(stack[:12])
     return sites, stacks

@@ -6,6 +6,7 @@ Time axes (docs/design.md, "Format facts"): every ``*_us`` column of a ``ChromeT
 already absolute Unix µs (``ts + baseTimeNanoseconds / 1000``), the clock of a
 snapshot's ``time_us``; see :func:`trace_ts_to_unix_us` and :func:`align_offset_us`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,8 +21,17 @@ from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
 
 __all__ = [
-    "devices", "memory_timeline", "annotation_stages", "stage_peaks", "attention_ops",
-    "stage_at", "analyze_trace", "TraceAnalysis", "trace_ts_to_unix_us", "unix_us_to_trace_ts", "align_offset_us",
+    "devices",
+    "memory_timeline",
+    "annotation_stages",
+    "stage_peaks",
+    "attention_ops",
+    "stage_at",
+    "analyze_trace",
+    "TraceAnalysis",
+    "trace_ts_to_unix_us",
+    "unix_us_to_trace_ts",
+    "align_offset_us",
 ]
 
 
@@ -61,6 +71,7 @@ def align_offset_us(trace: ChromeTrace, snapshot_ranges: pd.DataFrame) -> float:
     ann = trace.annotations
     if not len(ann) or not len(snapshot_ranges):
         return 0.0
+
     def numbered(names: pd.Series, times: np.ndarray, col: str) -> pd.DataFrame:
         df = pd.DataFrame({"name": names.astype(str).to_numpy(), col: times}).sort_values(col, kind="stable")
         return df.assign(k=df.groupby("name").cumcount())
@@ -87,12 +98,14 @@ def devices(trace: ChromeTrace) -> pd.DataFrame:
     if not len(mem):
         return pd.DataFrame({c: pd.Series(dtype=bool if c == "exact" else np.int64) for c in cols})
     g = mem.groupby(["device_type", "device_id"], sort=False)
-    out = pd.DataFrame({
-        "events": g.size(),
-        "max_allocated": g["total_allocated"].max(),
-        "max_reserved": g["total_reserved"].max(),
-        "exact": g["has_totals"].all() if "has_totals" in mem else True,
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "events": g.size(),
+            "max_allocated": g["total_allocated"].max(),
+            "max_reserved": g["total_reserved"].max(),
+            "exact": g["has_totals"].all() if "has_totals" in mem else True,
+        }
+    ).reset_index()
     out["_cuda"] = out["device_type"] != DEVICE_CPU
     out = out.sort_values(["_cuda", "max_allocated", "device_id"], ascending=[False, False, True])
     return out.drop(columns="_cuda").reset_index(drop=True)[cols]
@@ -127,12 +140,14 @@ def memory_timeline(trace: ChromeTrace, device_type: int | None = None, device_i
     defaults to the accelerator with the largest ``Total Allocated``, else the CPU.
     """
     mem = _device_memory(trace, device_type, device_id)
-    return pd.DataFrame({
-        "time_us": mem["time_us"].to_numpy(),
-        "allocated": mem["total_allocated"].to_numpy(),
-        "reserved": mem["total_reserved"].to_numpy(),
-        "bytes": mem["bytes"].to_numpy(),
-    })
+    return pd.DataFrame(
+        {
+            "time_us": mem["time_us"].to_numpy(),
+            "allocated": mem["total_allocated"].to_numpy(),
+            "reserved": mem["total_reserved"].to_numpy(),
+            "bytes": mem["bytes"].to_numpy(),
+        }
+    )
 
 
 # --------------------------------------------------------------------------- stages
@@ -181,9 +196,16 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     ann = trace.annotations
     cols = ["name", "start_us", "end_us", "group", "depth", "tid"]
     if not len(ann):
-        return pd.DataFrame({"name": pd.Series(dtype=object), "start_us": pd.Series(dtype=np.float64),
-                             "end_us": pd.Series(dtype=np.float64), "group": pd.Series(dtype=object),
-                             "depth": pd.Series(dtype=np.int64), "tid": pd.Series(dtype=np.int64)})
+        return pd.DataFrame(
+            {
+                "name": pd.Series(dtype=object),
+                "start_us": pd.Series(dtype=np.float64),
+                "end_us": pd.Series(dtype=np.float64),
+                "group": pd.Series(dtype=object),
+                "depth": pd.Series(dtype=np.int64),
+                "tid": pd.Series(dtype=np.int64),
+            }
+        )
     # Decide per distinct name (categories), then broadcast through the codes.
     cats = pd.Index(ann["name"].cat.categories).astype(str)
     canonical = np.isin([stage_group(c) for c in cats], CANONICAL)
@@ -195,13 +217,15 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
         names = np.array([range_stage(c) for c in cats], dtype=object)
     groups = np.array([stage_group(n) for n in names], dtype=object)
     rows = ann[keep_name[codes]]
-    out = pd.DataFrame({
-        "name": names[rows["name"].cat.codes.to_numpy()],
-        "start_us": rows["start_us"].to_numpy(),
-        "end_us": rows["end_us"].to_numpy(),
-        "group": groups[rows["name"].cat.codes.to_numpy()],
-        "tid": rows["tid"].to_numpy(),
-    })
+    out = pd.DataFrame(
+        {
+            "name": names[rows["name"].cat.codes.to_numpy()],
+            "start_us": rows["start_us"].to_numpy(),
+            "end_us": rows["end_us"].to_numpy(),
+            "group": groups[rows["name"].cat.codes.to_numpy()],
+            "tid": rows["tid"].to_numpy(),
+        }
+    )
     out = out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
     out["depth"] = _containment_depth(out["start_us"].to_numpy(), out["end_us"].to_numpy())
     return out[cols]
@@ -229,8 +253,9 @@ def stage_at(times: np.ndarray, stages: pd.DataFrame, default: str = "") -> np.n
     return labels
 
 
-def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | None = None,
-                device_id: int | None = None) -> pd.DataFrame:
+def stage_peaks(
+    trace: ChromeTrace, stages: pd.DataFrame, device_type: int | None = None, device_id: int | None = None
+) -> pd.DataFrame:
     """Allocator peaks of one device inside each stage interval.
 
     For each row of ``stages`` (``name``, ``start_us``, ``end_us``):
@@ -253,19 +278,25 @@ def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | Non
     n_st = len(stages)
     starts = stages["start_us"].to_numpy(dtype=np.float64) if n_st else np.zeros(0)
     ends = stages["end_us"].to_numpy(dtype=np.float64) if n_st else np.zeros(0)
-    out = pd.DataFrame({"name": stages["name"].to_numpy() if n_st else np.zeros(0, object),
-                        "start_us": starts, "end_us": ends})
+    out = pd.DataFrame(
+        {"name": stages["name"].to_numpy() if n_st else np.zeros(0, object), "start_us": starts, "end_us": ends}
+    )
     t = tl["time_us"].to_numpy()
     alloc = tl["allocated"].to_numpy()
     res = tl["reserved"].to_numpy()
     if not len(t):
         out["events"] = np.zeros(n_st, np.int64)
-        for c in ("entry_allocated_bytes", "exit_allocated_bytes", "peak_allocated_bytes", "peak_time_us",
-                  "peak_reserved_bytes"):
+        for c in (
+            "entry_allocated_bytes",
+            "exit_allocated_bytes",
+            "peak_allocated_bytes",
+            "peak_time_us",
+            "peak_reserved_bytes",
+        ):
             out[c] = np.full(n_st, np.nan)
         return out
-    lo = np.searchsorted(t, starts, "left")    # first event inside
-    hi = np.searchsorted(t, ends, "right")     # one past the last event inside
+    lo = np.searchsorted(t, starts, "left")  # first event inside
+    hi = np.searchsorted(t, ends, "right")  # one past the last event inside
     has = hi > lo
     before_first = alloc[0] - tl["bytes"].iloc[0]  # Total Allocated is the value *after* an event
     entry = np.where(lo > 0, alloc[np.maximum(lo - 1, 0)], before_first)
@@ -277,7 +308,7 @@ def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | Non
     r_max = np.maximum.reduceat(np.append(res, res[-1]), idx)[::2]
     arg = np.zeros(n_st, np.int64)
     for i in np.flatnonzero(has):  # argmax per stage; stages are few
-        arg[i] = lo[i] + int(np.argmax(alloc[lo[i]:hi[i]]))
+        arg[i] = lo[i] + int(np.argmax(alloc[lo[i] : hi[i]]))
     inside_wins = has & (a_max > entry)
     res_entry = np.where(lo > 0, res[np.maximum(lo - 1, 0)].astype(np.float64), np.nan)
     res_inside = np.where(has, r_max.astype(np.float64), np.nan)
@@ -294,11 +325,11 @@ def stage_peaks(trace: ChromeTrace, stages: pd.DataFrame, device_type: int | Non
 class TraceAnalysis:
     """Everything the trace-only report needs, as DataFrames (see the functions named)."""
 
-    device: tuple[int, int] | None   # (device_type, device_id) of timeline and stage peaks
-    devices: pd.DataFrame            # devices()
-    timeline: pd.DataFrame           # memory_timeline()
-    stages: pd.DataFrame             # annotation_stages() joined with stage_peaks()
-    attention_ops: pd.DataFrame      # attention_ops()
+    device: tuple[int, int] | None  # (device_type, device_id) of timeline and stage peaks
+    devices: pd.DataFrame  # devices()
+    timeline: pd.DataFrame  # memory_timeline()
+    stages: pd.DataFrame  # annotation_stages() joined with stage_peaks()
+    attention_ops: pd.DataFrame  # attention_ops()
 
 
 def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id: int | None = None) -> TraceAnalysis:

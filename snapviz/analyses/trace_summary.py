@@ -4,6 +4,7 @@ The profiler's ``[memory]`` events carry the allocator's own totals after every 
 so the peak needs no replay; stages come from ``user_annotation`` ranges (or the run
 directory's stage timeline), attention from op shapes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -63,30 +64,47 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
     rj = run.run_json or {}
     if not len(ta.stages) and rj.get("stages"):
         # No record_function ranges in the trace: take the run's own stage timeline.
-        st = pd.DataFrame([(s["name"], float(s["start_us"]), float(s["end_us"])) for s in rj["stages"]],
-                          columns=["name", "start_us", "end_us"])
+        st = pd.DataFrame(
+            [(s["name"], float(s["start_us"]), float(s["end_us"])) for s in rj["stages"]],
+            columns=["name", "start_us", "end_us"],
+        )
         peaks = stage_peaks(tr, st, *(dev if dev is not None else (None, None)))
         ta = replace(ta, stages=pd.concat([st, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1))
     if not len(ta.timeline):
         warnings.append("the trace has no [memory] events: record with torch.profiler(profile_memory=True)")
     elif not _exact(ta):
         floor = int(ta.timeline["allocated"].iat[0] - ta.timeline["bytes"].iat[0])
-        warnings.append("this trace's [memory] events carry Bytes but no Total Allocated/Total Reserved (an older "
-                        "torch.profiler): allocated memory is the running sum of the events, so the peak is a lower "
-                        "bound; memory allocated before the trace began and not freed in it is unknown"
-                        + (f" (at least {floor:,} bytes existed, since the trace frees that much it never saw allocated)"
-                           if floor else "") + "; reserved memory is not recorded")
+        warnings.append(
+            "this trace's [memory] events carry Bytes but no Total Allocated/Total Reserved (an older "
+            "torch.profiler): allocated memory is the running sum of the events, so the peak is a lower "
+            "bound; memory allocated before the trace began and not freed in it is unknown"
+            + (
+                f" (at least {floor:,} bytes existed, since the trace frees that much it never saw allocated)"
+                if floor
+                else ""
+            )
+            + "; reserved memory is not recorded"
+        )
     if dev is not None and dev[0] == DEVICE_CPU:
-        warnings.append("CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)")
-    others = [device_label(t, i) for t, i in zip(ta.devices["device_type"], ta.devices["device_id"], strict=True)
-              if dev is not None and (int(t), int(i)) != dev and int(t) != DEVICE_CPU]
+        warnings.append(
+            "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)"
+        )
+    others = [
+        device_label(t, i)
+        for t, i in zip(ta.devices["device_type"], ta.devices["device_id"], strict=True)
+        if dev is not None and (int(t), int(i)) != dev and int(t) != DEVICE_CPU
+    ]
     if others and device is None:
-        warnings.append(f"this trace also holds {', '.join(others)}; showing {device_label(*dev)} "  # type: ignore[misc]
-                        "(highest peak); use --device to pick another")
+        warnings.append(
+            f"this trace also holds {', '.join(others)}; showing {device_label(*dev)} "  # type: ignore[misc]
+            "(highest peak); use --device to pick another"
+        )
     top = live_at_trace_peak(tr, ta.device)
     if len(ta.timeline) and not tr.memory["addr"].to_numpy().any():
-        warnings.append("the [memory] events carry no addresses, so allocations cannot be paired with their frees: "
-                        "what was live at the peak is not itemized")
+        warnings.append(
+            "the [memory] events carry no addresses, so allocations cannot be paired with their frees: "
+            "what was live at the peak is not itemized"
+        )
     return TraceRunAnalysis(run=run, trace=ta, warnings=warnings, top_allocations=top)
 
 
@@ -124,13 +142,28 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         t_peak = float(tl["time_us"].iat[pi])
         peak_stage = str(stage_at(np.array([t_peak]), st, default="unlabelled")[0]) if len(st) else "unlabelled"
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
-        peak = {"allocated_bytes": int(a[pi]), "reserved_bytes": int(tl["reserved"].max()) if exact else None,
-                "requested_bytes": None, "event_index": pi, "time_us": int(t_peak), "stage": peak_stage,
-                "within_recorded_window": False, "exact": exact}
+        peak = {
+            "allocated_bytes": int(a[pi]),
+            "reserved_bytes": int(tl["reserved"].max()) if exact else None,
+            "requested_bytes": None,
+            "event_index": pi,
+            "time_us": int(t_peak),
+            "stage": peak_stage,
+            "within_recorded_window": False,
+            "exact": exact,
+        }
         baseline = int(a[0] - tl["bytes"].iat[0])
     else:
-        peak = {"allocated_bytes": 0, "reserved_bytes": None, "requested_bytes": None, "event_index": None,
-                "time_us": None, "stage": "unlabelled", "within_recorded_window": False, "exact": False}
+        peak = {
+            "allocated_bytes": 0,
+            "reserved_bytes": None,
+            "requested_bytes": None,
+            "event_index": None,
+            "time_us": None,
+            "stage": "unlabelled",
+            "within_recorded_window": False,
+            "exact": False,
+        }
         baseline = 0
     groups: dict[str, dict[str, Any]] = {}
     stages_out: list[dict[str, Any]] = []
@@ -138,14 +171,25 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     for r in st.itertuples(index=False):
         name = str(r.name)
         g = groups.get(stage_group(name))
-        item = {"name": name, "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
-                "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if exact else None,
-                "start_us": int(r.start_us), "end_us": int(r.end_us)}
+        item = {
+            "name": name,
+            "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
+            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if exact else None,
+            "start_us": int(r.start_us),
+            "end_us": int(r.end_us),
+        }
         if rss.get(name) is not None:
             item["rss_peak_bytes"] = rss[name]
         if g is None:
-            g = groups[stage_group(name)] = {"name": stage_group(name), "peak_allocated_bytes": None, "peak_reserved_bytes": None,
-                                             "start_us": int(r.start_us), "end_us": int(r.end_us), "steps": [], "intervals": []}
+            g = groups[stage_group(name)] = {
+                "name": stage_group(name),
+                "peak_allocated_bytes": None,
+                "peak_reserved_bytes": None,
+                "start_us": int(r.start_us),
+                "end_us": int(r.end_us),
+                "steps": [],
+                "intervals": [],
+            }
             stages_out.append(g)
         # None (JSON null) where the trace has no figure: no memory events, or no Total Reserved.
         g["peak_allocated_bytes"] = _max_known(g["peak_allocated_bytes"], item["peak_allocated_bytes"])
@@ -153,42 +197,98 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         g["end_us"] = max(g["end_us"], int(r.end_us))
         g["intervals"].append(item)
         if "/" in name:
-            g["steps"].append({"name": name, "step": name.split("/", 1)[1], **{k: v for k, v in item.items() if k != "name"}})
+            g["steps"].append(
+                {"name": name, "step": name.split("/", 1)[1], **{k: v for k, v in item.items() if k != "name"}}
+            )
     if peak["stage"] == "unlabelled" and len(tl):
         # The peak lies outside every range: the stage table says so rather than omit it.
         t = tl["time_us"].to_numpy()
         out = stage_at(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
         a = tl["allocated"].to_numpy()
-        stages_out.append({"name": "unlabelled", "peak_allocated_bytes": int(a[out].max()),
-                           "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if exact else None,
-                           "start_us": int(t[out].min()), "end_us": int(t[out].max()), "steps": [], "intervals": []})
+        stages_out.append(
+            {
+                "name": "unlabelled",
+                "peak_allocated_bytes": int(a[out].max()),
+                "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if exact else None,
+                "start_us": int(t[out].min()),
+                "end_us": int(t[out].max()),
+                "steps": [],
+                "intervals": [],
+            }
+        )
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
     return {
-        "schema": SCHEMA, "source": an.run.source, "kind": "trace",
+        "schema": SCHEMA,
+        "source": an.run.source,
+        "kind": "trace",
         "device": device_label(*dev) if dev else None,
         "device_kind": device_kind(dev[0]) if dev else None,
-        "devices": [{"device": device_label(t, i), "kind": device_kind(t), "events": int(n), "exact": bool(x),
-                     "peak_allocated_bytes": int(m)}
-                    for t, i, n, m, x in zip(*(an.trace.devices[c] for c in ("device_type", "device_id", "events",
-                                                                              "max_allocated", "exact")), strict=True)],
+        "devices": [
+            {
+                "device": device_label(t, i),
+                "kind": device_kind(t),
+                "events": int(n),
+                "exact": bool(x),
+                "peak_allocated_bytes": int(m),
+            }
+            for t, i, n, m, x in zip(
+                *(an.trace.devices[c] for c in ("device_type", "device_id", "events", "max_allocated", "exact")),
+                strict=True,
+            )
+        ],
         "stage_source": "annotations" if len(st) else "none",
         "peak": peak,
-        "history": {"events": int(len(tl)), "truncated": False, "baseline_allocated_bytes": baseline,
-                    "baseline_exact": exact},
+        "history": {
+            "events": int(len(tl)),
+            "truncated": False,
+            "baseline_allocated_bytes": baseline,
+            "baseline_exact": exact,
+        },
         "stages": stages_out,
         "attention": att,
         "top_allocations": [
-            {"bytes": int(t.bytes), "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
-             "site": t.site, "address": int(t.addr), "time_us": int(t.time_us), "stack": list(t.stack),
-             **({"op": t.op} if t.op else {}), **({"op_input_dims": t.op_input_dims} if t.op_input_dims else {})}
-            for t in an.top_allocations.itertuples(index=False)],
-        "top_allocations_note": ("allocations made before the trace began (e.g. weights loaded before profiling) are "
-                                 f"not itemized: {'' if exact else 'at least '}{baseline:,} bytes were already allocated "
-                                 "at its first event; "
-                                 "Python lines are the first line of each function (profiler stacks)"),
-        "allocator_truth": {k: (rj.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")} if rj else None,
-        "run": {k: rj.get(k) for k in ("pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
-                                         "device_name", "torch_version", "diffusers_version", "command")} if rj else None,
+            {
+                "bytes": int(t.bytes),
+                "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
+                "site": t.site,
+                "address": int(t.addr),
+                "time_us": int(t.time_us),
+                "stack": list(t.stack),
+                **({"op": t.op} if t.op else {}),
+                **({"op_input_dims": t.op_input_dims} if t.op_input_dims else {}),
+            }
+            for t in an.top_allocations.itertuples(index=False)
+        ],
+        "top_allocations_note": (
+            "allocations made before the trace began (e.g. weights loaded before profiling) are "
+            f"not itemized: {'' if exact else 'at least '}{baseline:,} bytes were already allocated "
+            "at its first event; "
+            "Python lines are the first line of each function (profiler stacks)"
+        ),
+        "allocator_truth": {
+            k: (rj.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")
+        }
+        if rj
+        else None,
+        "run": {
+            k: rj.get(k)
+            for k in (
+                "pipeline",
+                "size",
+                "techniques",
+                "height",
+                "width",
+                "steps",
+                "batch",
+                "dtype",
+                "device_name",
+                "torch_version",
+                "diffusers_version",
+                "command",
+            )
+        }
+        if rj
+        else None,
         "warnings": an.warnings,
     }

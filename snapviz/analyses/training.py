@@ -18,6 +18,7 @@ Decided per allocation from the phases it was born and freed in (``forward``, ``
 
 Pure functions of the replay and the labels; nothing here reads run.json.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,15 @@ from snapviz.analyses.replay import ReplayResult
 from snapviz.model import A_ALLOC, Snapshot
 from snapviz.vocab import stage_group
 
-TRAINING_CATEGORIES = ("parameters", "gradients", "optimizer state", "saved activations",
-                       "autocast weight copies", "temporaries", "other")
+TRAINING_CATEGORIES = (
+    "parameters",
+    "gradients",
+    "optimizer state",
+    "saved activations",
+    "autocast weight copies",
+    "temporaries",
+    "other",
+)
 _WEIGHT_OPS = ("torch/nn/modules/linear.py", "torch/nn/modules/conv.py")
 # autocast copies every Linear/Conv weight: matches are counted only when they cover this
 # share of the parameters' half size (measured: 0.99 on SD 1.5 AMP), so activations of a
@@ -68,8 +76,7 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
     param_sizes = np.unique(size[cat == "parameters"])
     # freed by zero_grad(set_to_none=True), or (kept and zeroed) the size of a parameter; what
     # else backward leaves alive for good is the autograd thread's cuBLAS workspace
-    grads = ((born_g == "backward") & ~same_interval
-             & ((freed_g == "zero_grad") | np.isin(size, param_sizes)))
+    grads = (born_g == "backward") & ~same_interval & ((freed_g == "zero_grad") | np.isin(size, param_sizes))
     cat[grads] = "gradients"
     cat[(born_g == "optimizer") & ~same_interval] = "optimizer state"
     saved = (born_g == "forward") & (freed_g == "backward")
@@ -97,9 +104,17 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
                     keep.append(i)
             if size[keep].sum() >= _AUTOCAST_COVERAGE * size[params].sum() / 2:
                 cat[keep] = "autocast weight copies"
-    return pd.DataFrame({"row": rows, "free_row": free_row, "size": size,
-                         "block_size": ev["block_size"].to_numpy()[rows], "born": born,
-                         "freed": freed, "category": cat})
+    return pd.DataFrame(
+        {
+            "row": rows,
+            "free_row": free_row,
+            "size": size,
+            "block_size": ev["block_size"].to_numpy()[rows],
+            "born": born,
+            "freed": freed,
+            "category": cat,
+        }
+    )
 
 
 def live_by_category(allocs: pd.DataFrame, row: int, column: str = "size") -> dict[str, int]:
@@ -116,6 +131,7 @@ def phase_categories(allocs: pd.DataFrame, stages: pd.DataFrame) -> pd.DataFrame
     for st in stages.itertuples(index=False):
         for when, row in (("peak", int(st.peak_row)), ("exit", int(st.end_row) - 1)):
             live = live_by_category(allocs, row, "block_size")
-            out += [{"name": st.name, "group": st.group, "at": when, "category": c, "bytes": b}
-                    for c, b in live.items()]
+            out += [
+                {"name": st.name, "group": st.group, "at": when, "category": c, "bytes": b} for c, b in live.items()
+            ]
     return pd.DataFrame(out, columns=["name", "group", "at", "category", "bytes"])

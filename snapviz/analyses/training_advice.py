@@ -20,6 +20,7 @@ to the categories (docs/training.md, where each estimate is compared with its tw
   gradients then stay live through every micro-batch's forward;
 * fused AdamW (or foreach off): the optimizer step's temporaries go.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,9 +54,16 @@ class PhasePeak:
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
     """Training phase intervals of ``stages`` (in order) with the categories live at each one's
     peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it)."""
-    return [PhasePeak(str(st.name), str(st.group), int(st.peak_allocated_bytes),
-                      live_by_category(allocs, int(st.peak_row), "block_size"))
-            for st in stages.itertuples(index=False) if st.group in TRAIN_PHASES]
+    return [
+        PhasePeak(
+            str(st.name),
+            str(st.group),
+            int(st.peak_allocated_bytes),
+            live_by_category(allocs, int(st.peak_row), "block_size"),
+        )
+        for st in stages.itertuples(index=False)
+        if st.group in TRAIN_PHASES
+    ]
 
 
 @dataclass(frozen=True)
@@ -64,8 +72,8 @@ class Estimate:
 
     technique: str
     new_peak: int
-    saving: int                         # the run's peak minus new_peak (negative: it would grow)
-    phase_savings: dict[str, int]       # largest saving at a phase peak, per phase group
+    saving: int  # the run's peak minus new_peak (negative: it would grow)
+    phase_savings: dict[str, int]  # largest saving at a phase peak, per phase group
 
 
 def estimate(phases: list[PhasePeak], technique: str, cut: Callable[[PhasePeak], float]) -> Estimate:
@@ -100,10 +108,10 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
     _, k = _split(run)
     grads = _most(phases, GRADS)
     fwd_bwd = ("forward", "backward")
-    fp32_weights = _most(phases, CASTS) > 0   # autocast copies weights that are not already half
+    fp32_weights = _most(phases, CASTS) > 0  # autocast copies weights that are not already half
 
     def lora(p: PhasePeak) -> float:
-        temps = p[TEMPS] if p.group == "optimizer" else 0   # the foreach lists scale with what is trained
+        temps = p[TEMPS] if p.group == "optimizer" else 0  # the foreach lists scale with what is trained
         half_base = p[PARAMS] / 2 if fp32_weights else 0
         return p[GRADS] + p[STATE] + temps + half_base + p[CASTS]
 
@@ -113,7 +121,9 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
         "lora": lora,
         "set_to_none": lambda p: p[GRADS] if p.group in fwd_bwd else 0,
         "amp": lambda p: (p[SAVED] - p[PARAMS]) / 2 if p.group in fwd_bwd else 0,
-        "bf16": lambda p: (p[PARAMS] + p[GRADS] + p[STATE] + (p[TEMPS] if p.group == "optimizer" else 0)) / 2 + p[CASTS],
+        "bf16": lambda p: (
+            (p[PARAMS] + p[GRADS] + p[STATE] + (p[TEMPS] if p.group == "optimizer" else 0)) / 2 + p[CASTS]
+        ),
         "accumulation": lambda p: (p[SAVED] * (1 - 1 / k) - (grads - p[GRADS])) if p.group in fwd_bwd else 0,
         "fused": lambda p: p[TEMPS] if p.group == "optimizer" else 0,
     }
@@ -122,22 +132,28 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
 
 _HOW = {
     "checkpointing": "unet.enable_gradient_checkpointing()  (torch.utils.checkpoint per block; about one extra "
-                     "forward of compute)",
+    "forward of compute)",
     "adamw8bit": "bitsandbytes.optim.AdamW8bit(params, lr=...)  (or transformers' Adafactor: no first moment, "
-                 "factored second)",
-    "lora": "peft: unet.add_adapter(LoraConfig(r=16, target_modules=[\"to_q\", \"to_k\", \"to_v\", \"to_out.0\"])) "
-            "with the base frozen in fp16/bf16",
+    "factored second)",
+    "lora": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
+    "with the base frozen in fp16/bf16",
     "set_to_none": "optimizer.zero_grad(set_to_none=True)  (the default since torch 2.0)",
-    "amp": "with torch.autocast(\"cuda\", dtype=torch.bfloat16): loss = ...  (fp16: with a GradScaler)",
+    "amp": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = ...  (fp16: with a GradScaler)',
     "bf16": "model.to(torch.bfloat16) and an optimizer that keeps bf16 state (no fp32 master copy; "
-            "stochastic rounding or Kahan summation help)",
+    "stochastic rounding or Kahan summation help)",
     "accumulation": "micro-batch {micro}, loss / {k}, optimizer.step() every {k} micro-batches",
     "fused": "torch.optim.AdamW(params, fused=True)  (or foreach=False: no lists of temporaries, slower)",
 }
-_NAMES = {"checkpointing": "gradient checkpointing", "adamw8bit": "8-bit AdamW / Adafactor", "lora": "LoRA",
-          "set_to_none": "zero_grad(set_to_none=True)", "amp": "mixed precision (AMP bf16/fp16)",
-          "bf16": "pure bf16 weights", "accumulation": "gradient accumulation (smaller micro-batch)",
-          "fused": "fused AdamW"}
+_NAMES = {
+    "checkpointing": "gradient checkpointing",
+    "adamw8bit": "8-bit AdamW / Adafactor",
+    "lora": "LoRA",
+    "set_to_none": "zero_grad(set_to_none=True)",
+    "amp": "mixed precision (AMP bf16/fp16)",
+    "bf16": "pure bf16 weights",
+    "accumulation": "gradient accumulation (smaller micro-batch)",
+    "fused": "fused AdamW",
+}
 
 
 def _applies(phases: list[PhasePeak], run: dict[str, Any] | None) -> dict[str, bool]:
@@ -149,8 +165,9 @@ def _applies(phases: list[PhasePeak], run: dict[str, Any] | None) -> dict[str, b
     grads, state, params = _most(phases, GRADS), _most(phases, STATE), _most(phases, PARAMS)
     casts = _most(phases, CASTS)
     opt_temps = max((p[TEMPS] for p in phases if p.group == "optimizer"), default=0)
-    after_step = [p for i, p in enumerate(phases) if p.group == "forward"
-                  and any(q.group == "optimizer" for q in phases[:i])]
+    after_step = [
+        p for i, p in enumerate(phases) if p.group == "forward" and any(q.group == "optimizer" for q in phases[:i])
+    ]
     kept = bool(after_step) and all(p[GRADS] > 0 for p in after_step)
     micro, _ = _split(run)
     return {
@@ -170,22 +187,24 @@ def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: in
     moved = f"; the peak would be {fmt_bytes(e.new_peak)}" if e.saving > 0 else ""
     best_group = max(e.phase_savings, key=lambda g: e.phase_savings[g])
     if e.saving <= 0:
-        head = (f"cuts the {best_group} peak by {fmt_bytes(e.phase_savings[best_group])}, but the run's peak is "
-                f"{peak_phase}, which it does not touch")
+        head = (
+            f"cuts the {best_group} peak by {fmt_bytes(e.phase_savings[best_group])}, but the run's peak is "
+            f"{peak_phase}, which it does not touch"
+        )
     else:
         head = f"saves {fmt_bytes(e.saving)} of the run's peak ({peak_phase})"
     basis = {
         "checkpointing": f"{fmt_bytes(_most(phases, SAVED))} of activations are saved for backward",
         "adamw8bit": f"Adam's moments are {fmt_bytes(_most(phases, STATE))}; 8-bit states keep a quarter",
         "lora": f"gradients {fmt_bytes(_most(phases, GRADS))} and optimizer state {fmt_bytes(_most(phases, STATE))} "
-                "of the frozen weights go",
+        "of the frozen weights go",
         "set_to_none": f"{fmt_bytes(_most(phases, GRADS))} of zeroed gradients live through forward and backward",
         "amp": f"activations saved for backward ({fmt_bytes(_most(phases, SAVED))}) halve; autocast adds "
-               "half-size weight copies",
+        "half-size weight copies",
         "bf16": f"fp32 weights, gradients and state halve and {fmt_bytes(_most(phases, CASTS))} of autocast copies go",
         "accumulation": f"saved activations shrink to 1/{k}, but the gradients stay live across micro-batches",
         "fused": "the foreach step's temporary lists "
-                 f"({fmt_bytes(max((p[TEMPS] for p in phases if p.group == 'optimizer'), default=0))}) go",
+        f"({fmt_bytes(max((p[TEMPS] for p in phases if p.group == 'optimizer'), default=0))}) go",
     }[name]
     return f"{head}: {basis}{moved}"
 
@@ -201,11 +220,19 @@ def advise_training(phases: list[PhasePeak], run: dict[str, Any] | None = None) 
     peak = max(p.peak for p in phases)
     peak_phase = stage_group(max(phases, key=lambda p: p.peak).name)
     micro, k = _split(run)
-    kept = [e for name, e in ests.items()
-            if applies[name] and max(max(e.phase_savings.values()), e.saving) >= 0.05 * peak]
+    kept = [
+        e for name, e in ests.items() if applies[name] and max(max(e.phase_savings.values()), e.saving) >= 0.05 * peak
+    ]
     kept.sort(key=lambda e: (-e.saving, -max(e.phase_savings.values())))
-    return [{"technique": _NAMES[e.technique], "kind": "training", "why": _why(e.technique, e, peak_phase, phases, k),
-             "saves_up_to_bytes": max(e.saving, 0), "estimated_peak_bytes": e.new_peak,
-             "phase_savings_bytes": e.phase_savings,
-             "how": _HOW[e.technique].format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k)}
-            for e in kept]
+    return [
+        {
+            "technique": _NAMES[e.technique],
+            "kind": "training",
+            "why": _why(e.technique, e, peak_phase, phases, k),
+            "saves_up_to_bytes": max(e.saving, 0),
+            "estimated_peak_bytes": e.new_peak,
+            "phase_savings_bytes": e.phase_savings,
+            "how": _HOW[e.technique].format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
+        }
+        for e in kept
+    ]

@@ -4,6 +4,7 @@ Built only when the stages are training phases (a ``backward`` or an ``optimizer
 labels, profiler ranges or frames). Pure tables for the summary (``training`` block), the
 Markdown "per step" table and the HTML phase bands; nothing here renders.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -30,9 +31,9 @@ class TrainingView:
     """Every allocation's category, each phase interval's peak split by category, and per step
     (an optimizer step with its micro-batches) the highest phase peak."""
 
-    allocs: pd.DataFrame          # classify_allocations
-    phases: list[PhasePeak]       # training phase intervals, in order
-    steps: pd.DataFrame           # step, phase (the peak's interval), peak_allocated_bytes, <category>...
+    allocs: pd.DataFrame  # classify_allocations
+    phases: list[PhasePeak]  # training phase intervals, in order
+    steps: pd.DataFrame  # step, phase (the peak's interval), peak_allocated_bytes, <category>...
 
 
 def phase_steps(phases: list[PhasePeak]) -> list[int]:
@@ -54,8 +55,10 @@ def step_table(phases: list[PhasePeak]) -> pd.DataFrame:
     for step, p in zip(phase_steps(phases), phases, strict=True):
         if step not in best or p.peak > best[step].peak:
             best[step] = p
-    rows = [{"step": step, "phase": p.name, "peak_allocated_bytes": p.peak, **{c: p[c] for c in TRAINING_CATEGORIES}}
-            for step, p in best.items()]
+    rows = [
+        {"step": step, "phase": p.name, "peak_allocated_bytes": p.peak, **{c: p[c] for c in TRAINING_CATEGORIES}}
+        for step, p in best.items()
+    ]
     return pd.DataFrame(rows, columns=["step", "phase", "peak_allocated_bytes", *TRAINING_CATEGORIES])
 
 
@@ -82,7 +85,6 @@ def training_category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFr
     return pd.DataFrame(out, columns=list(TRAINING_CATEGORIES))
 
 
-
 def training_timeline_view(view: TrainingView, base: CategoryTimelineView) -> CategoryTimelineView:
     """``base`` (:func:`snapviz.analyses.report_view.category_timeline_view`'s sampled rows) with the
     training categories stacked instead, so the report's area under the phase bands shows parameters,
@@ -105,8 +107,22 @@ def training_dict(view: TrainingView) -> dict[str, object]:
     steps = phase_steps(view.phases)
     return {
         "categories": list(TRAINING_CATEGORIES),
-        "phases": [{"name": p.name, "step": s, "peak_allocated_bytes": p.peak,
-                    "categories_at_peak": {c: p[c] for c in TRAINING_CATEGORIES}} for s, p in zip(steps, view.phases, strict=True)],
-        "steps": [{"step": int(r["step"]), "peak_phase": str(r["phase"]), "peak_allocated_bytes": int(r["peak_allocated_bytes"]),
-                   "categories_at_peak": {c: int(r[c]) for c in TRAINING_CATEGORIES}} for r in view.steps.to_dict("records")],
+        "phases": [
+            {
+                "name": p.name,
+                "step": s,
+                "peak_allocated_bytes": p.peak,
+                "categories_at_peak": {c: p[c] for c in TRAINING_CATEGORIES},
+            }
+            for s, p in zip(steps, view.phases, strict=True)
+        ],
+        "steps": [
+            {
+                "step": int(r["step"]),
+                "peak_phase": str(r["phase"]),
+                "peak_allocated_bytes": int(r["peak_allocated_bytes"]),
+                "categories_at_peak": {c: int(r[c]) for c in TRAINING_CATEGORIES},
+            }
+            for r in view.steps.to_dict("records")
+        ],
     }

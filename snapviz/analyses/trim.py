@@ -16,6 +16,7 @@ a cached block handed out whole. Such frees carry the block's size instead (the 
 is not in the file any more); the allocated and reserved series stay exact, the
 requested series can differ by the rounding of those blocks.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -85,8 +86,11 @@ def window_from_times(an: Analysis, spec: str) -> Window:
 def window_from_stage(an: Analysis, stage: str) -> Window:
     """A stage label (``denoise/3``) or group (``vae_decode``): from its first event to its last."""
     labels = an.labels.labels
-    hit = np.flatnonzero((labels == stage) | np.array([stage_group(x) == stage for x in labels], bool)) \
-        if "/" not in stage else np.flatnonzero(labels == stage)
+    hit = (
+        np.flatnonzero((labels == stage) | np.array([stage_group(x) == stage for x in labels], bool))
+        if "/" not in stage
+        else np.flatnonzero(labels == stage)
+    )
     if not len(hit):
         names = list(dict.fromkeys(str(x) for x in an.stages["name"])) if len(an.stages) else []
         raise InputError(f"--stage {stage}: no such stage in this run (stages: {', '.join(names[:20]) or 'none'})")
@@ -110,8 +114,14 @@ def _segments_at(snap: Snapshot, ev: pd.DataFrame, device: int, last: int) -> di
     segs: dict[int, dict[str, Any]] = {}
     s = snap.segments
     for r in s[s["device"] == device].itertuples(index=False):
-        segs[int(r.address)] = {"total_size": int(r.total_size), "stream": int(r.stream), "segment_type": str(r.segment_type),
-                                "is_expandable": bool(r.is_expandable), "pool": str(r.pool_id), "stack_id": int(r.stack_id)}
+        segs[int(r.address)] = {
+            "total_size": int(r.total_size),
+            "stream": int(r.stream),
+            "segment_type": str(r.segment_type),
+            "is_expandable": bool(r.is_expandable),
+            "pool": str(r.pool_id),
+            "stack_id": int(r.stack_id),
+        }
     act = ev["action"].to_numpy()
     addr = ev["addr"].to_numpy()
     size = ev["size"].to_numpy()
@@ -119,15 +129,21 @@ def _segments_at(snap: Snapshot, ev: pd.DataFrame, device: int, last: int) -> di
     later = np.arange(len(ev)) > last
     for r in np.flatnonzero(later & ((act == A_SEG_ALLOC) | (act == A_SEG_FREE)))[::-1].tolist():
         a = int(addr[r])
-        if act[r] == A_SEG_ALLOC:       # did not exist yet at the window's end
+        if act[r] == A_SEG_ALLOC:  # did not exist yet at the window's end
             segs.pop(a, None)
-        else:                            # freed later: still there at the window's end
-            segs[a] = {"total_size": int(size[r]), "stream": int(stream[r]), "is_expandable": False, "pool": "0,0",
-                       "segment_type": "small" if int(size[r]) == SMALL_SEGMENT else "large", "stack_id": int(ev["stack_id"].iat[r])}
+        else:  # freed later: still there at the window's end
+            segs[a] = {
+                "total_size": int(size[r]),
+                "stream": int(stream[r]),
+                "is_expandable": False,
+                "pool": "0,0",
+                "segment_type": "small" if int(size[r]) == SMALL_SEGMENT else "large",
+                "stack_id": int(ev["stack_id"].iat[r]),
+            }
     starts = sorted(segs)
     for r in np.flatnonzero(later & ((act == A_SEG_MAP) | (act == A_SEG_UNMAP))).tolist():
         j = bisect.bisect_right(starts, int(addr[r])) - 1
-        if j >= 0:   # mapped later: not yet part of the segment at the window's end
+        if j >= 0:  # mapped later: not yet part of the segment at the window's end
             segs[starts[j]]["total_size"] -= int(size[r]) if act[r] == A_SEG_MAP else -int(size[r])
     return segs
 
@@ -155,15 +171,28 @@ def _blocks_at(an: Analysis, last: int) -> list[tuple[int, int, int, str, int]]:
         for f in rev[k].tolist():
             if act[f] == A_FREE_REQ:
                 a_row = int(alloc_row[f])
-                out.append((int(addr[f]), int(bsz[f]), int(req[a_row] if a_row >= 0 else req[f]), "active_pending_free",
-                            int(sid[a_row] if a_row >= 0 else sid[f])))
+                out.append(
+                    (
+                        int(addr[f]),
+                        int(bsz[f]),
+                        int(req[a_row] if a_row >= 0 else req[f]),
+                        "active_pending_free",
+                        int(sid[a_row] if a_row >= 0 else sid[f]),
+                    )
+                )
     # Blocks from before the history: the end state's busy blocks the history never touches,
     # and blocks it frees after the window without having allocated them.
     touched = set(addr[blk].tolist())
     b = an.snapshot.blocks
     b = b[(b["device"] == an.device) & (b["state"] != "inactive")]
-    for a, size, rq, st, k_ in zip(b["address"].tolist(), b["size"].tolist(), b["requested_size"].tolist(),
-                                   b["state"].astype(str).tolist(), b["stack_id"].tolist(), strict=True):
+    for a, size, rq, st, k_ in zip(
+        b["address"].tolist(),
+        b["size"].tolist(),
+        b["requested_size"].tolist(),
+        b["state"].astype(str).tolist(),
+        b["stack_id"].tolist(),
+        strict=True,
+    ):
         if a not in touched:
             out.append((int(a), int(size), int(rq), st, int(k_)))
     seen: set[int] = set()
@@ -183,13 +212,15 @@ class _Frames:
         self.an = an
         sids = an.replay.events["stack_id"].to_numpy()
         uniq, first = np.unique(sids, return_index=True)
-        self.by_stack: dict[int, Any] = {int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first, strict=True) if k >= 0}
+        self.by_stack: dict[int, Any] = {
+            int(k): entries[int(r)].get("frames") or [] for k, r in zip(uniq, first, strict=True) if k >= 0
+        }
 
     def __call__(self, stack_id: int) -> Any:
         if stack_id < 0:
             return []
         got = self.by_stack.get(stack_id)
-        if got is None:   # a stack only the end state has (blocks from before the history)
+        if got is None:  # a stack only the end state has (blocks from before the history)
             got = self.by_stack[stack_id] = self.an.snapshot.stack(stack_id)
         return got
 
@@ -201,13 +232,17 @@ def trim_snapshot(raw: dict[str, Any], an: Analysis, window: Window) -> dict[str
     first, last = window.first, window.last
     entries = [e for e in raw["device_traces"][dev] if isinstance(e, dict)]
     assert len(entries) == len(ev)
-    kept = entries[first:last + 1]
+    kept = entries[first : last + 1]
     # Frees of blocks allocated before the window: the block's size, not the request (module doc).
     act = ev["action"].to_numpy()
     alloc_row = ev["alloc_row"].to_numpy()
     bsz = ev["block_size"].to_numpy()
-    for r in np.flatnonzero(((act == A_FREE_REQ) | (act == A_FREE)) & (np.arange(len(ev)) >= first)
-                            & (np.arange(len(ev)) <= last) & (alloc_row < first)).tolist():
+    for r in np.flatnonzero(
+        ((act == A_FREE_REQ) | (act == A_FREE))
+        & (np.arange(len(ev)) >= first)
+        & (np.arange(len(ev)) <= last)
+        & (alloc_row < first)
+    ).tolist():
         if int(bsz[r]) != int(entries[r].get("size", 0)):
             kept[r - first] = {**entries[r], "size": int(bsz[r])}
 
@@ -227,21 +262,36 @@ def trim_snapshot(raw: dict[str, Any], an: Analysis, window: Window) -> dict[str
         cur = a
         for b_addr, b_size, b_req, state, sid in by_seg[a]:
             if b_addr > cur:
-                out_blocks.append({"address": cur, "size": b_addr - cur, "requested_size": 0, "state": "inactive", "frames": []})
-            out_blocks.append({"address": b_addr, "size": b_size, "requested_size": b_req, "state": state,
-                               "frames": frames(sid)})
+                out_blocks.append(
+                    {"address": cur, "size": b_addr - cur, "requested_size": 0, "state": "inactive", "frames": []}
+                )
+            out_blocks.append(
+                {"address": b_addr, "size": b_size, "requested_size": b_req, "state": state, "frames": frames(sid)}
+            )
             cur = max(cur, b_addr + b_size)
         total = max(info["total_size"], cur - a)
         if a + total > cur:
-            out_blocks.append({"address": cur, "size": a + total - cur, "requested_size": 0, "state": "inactive", "frames": []})
+            out_blocks.append(
+                {"address": cur, "size": a + total - cur, "requested_size": 0, "state": "inactive", "frames": []}
+            )
         busy = [b for b in out_blocks if b["state"] != "inactive"]
         pool = tuple(int(x) for x in info["pool"].split(","))
-        segments.append({
-            "device": dev, "address": a, "total_size": total,
-            "allocated_size": sum(b["size"] for b in busy), "active_size": sum(b["size"] for b in busy),
-            "requested_size": sum(b["requested_size"] for b in busy), "stream": info["stream"],
-            "segment_type": info["segment_type"], "segment_pool_id": pool, "is_expandable": info["is_expandable"],
-            "frames": frames(info["stack_id"]), "blocks": out_blocks})
+        segments.append(
+            {
+                "device": dev,
+                "address": a,
+                "total_size": total,
+                "allocated_size": sum(b["size"] for b in busy),
+                "active_size": sum(b["size"] for b in busy),
+                "requested_size": sum(b["requested_size"] for b in busy),
+                "stream": info["stream"],
+                "segment_type": info["segment_type"],
+                "segment_pool_id": pool,
+                "is_expandable": info["is_expandable"],
+                "frames": frames(info["stack_id"]),
+                "blocks": out_blocks,
+            }
+        )
 
     traces: list[list[dict[str, Any]]] = [[] for _ in range(max(dev + 1, len(raw.get("device_traces") or [])))]
     traces[dev] = kept
@@ -251,6 +301,7 @@ def trim_snapshot(raw: dict[str, Any], an: Analysis, window: Window) -> dict[str
     t = ev["time_us"].to_numpy()
     if raw.get("external_annotations") and (t >= 0).all():
         t0, t1 = int(t[first]), int(t[last])
-        out["external_annotations"] = [a for a in raw["external_annotations"]
-                                       if isinstance(a, dict) and t0 <= int(a.get("time_us", -1)) <= t1]
+        out["external_annotations"] = [
+            a for a in raw["external_annotations"] if isinstance(a, dict) and t0 <= int(a.get("time_us", -1)) <= t1
+        ]
     return out

@@ -1,4 +1,5 @@
 """Files in, model out: snapshot pickles, Chrome traces and run directories."""
+
 from __future__ import annotations
 
 import gc
@@ -84,7 +85,9 @@ def _sniff(path: str) -> str:
     except InputError:
         raise
     except (OSError, EOFError, ValueError) as exc:  # bad gzip/xz header and the like
-        raise InputError(f"{path}: corrupt compressed file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise InputError(
+            f"{path}: corrupt compressed file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
     if first not in (b"{", b"["):
         return "pickle"
     if first == b"[":
@@ -130,7 +133,9 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
     if os.path.isdir(p):
         rj = os.path.join(p, "run.json")
         if not os.path.isfile(rj):
-            raise InputError(f"{p}: is a directory without run.json (pass a snapshot file, a trace, or a run directory)")
+            raise InputError(
+                f"{p}: is a directory without run.json (pass a snapshot file, a trace, or a run directory)"
+            )
         run_json = _read_run_json(rj)
         snap_path = next((os.path.join(p, n) for n in SNAPSHOT_NAMES if os.path.isfile(os.path.join(p, n))), None)
         trace_path = next((os.path.join(p, n) for n in TRACE_NAMES if os.path.isfile(os.path.join(p, n))), None)

@@ -11,6 +11,7 @@ Time axis (docs/design.md, "Format facts"): ``ts`` is µs relative to ``baseTime
 every ``*_us`` column here is absolute Unix µs, ``ts + base_us``, the same clock as a
 snapshot's ``time_us``. Traces without ``baseTimeNanoseconds`` carry absolute ``ts``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -39,8 +40,8 @@ from snapviz.load.limits import Limits
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
-MEMORY_EVENT_NAME = "[memory]"   # torch.autograd.profiler_util.MEMORY_EVENT_NAME
-TAIL_WINDOW_BYTES = 4 << 20      # keys after the events array must fit in this window
+MEMORY_EVENT_NAME = "[memory]"  # torch.autograd.profiler_util.MEMORY_EVENT_NAME
+TAIL_WINDOW_BYTES = 4 << 20  # keys after the events array must fit in this window
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -131,7 +132,10 @@ class _Interner:
 
     def categorical(self, codes: array, to_text: Callable[[str], str] | None = None) -> pd.Categorical:
         cats = [to_text(c) for c in self.codes] if to_text else list(self.codes)
-        return pd.Categorical.from_codes(np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, np.int32), categories=pd.Index(cats, dtype=object))
+        return pd.Categorical.from_codes(
+            np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, np.int32),
+            categories=pd.Index(cats, dtype=object),
+        )
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -156,7 +160,13 @@ class _Columns:
         self.m_bytes, self.m_addr, self.m_alloc, self.m_res, self.m_tid = (array("q") for _ in range(5))
         self.m_has_totals = array("b")
         # annotations
-        self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = array("i"), array("d"), array("d"), array("q"), array("q")
+        self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = (
+            array("i"),
+            array("d"),
+            array("d"),
+            array("q"),
+            array("q"),
+        )
         self.a_names = _Interner()
         # ops
         self.o_name, self.o_ts, self.o_dur, self.o_tid = array("i"), array("d"), array("d"), array("q")
@@ -172,11 +182,22 @@ class _Columns:
     def add(self, events: Iterable[Any]) -> None:
         """Keep the fields we need from parsed event dicts, dropping each dict at once."""
         # Bound methods as locals: this loop runs once per event (millions of times).
-        o_name, o_ts, o_dur, o_tid, o_dims, o_types = (self.o_name.append, self.o_ts.append, self.o_dur.append,
-                                                       self.o_tid.append, self.o_dims.append, self.o_types.append)
+        o_name, o_ts, o_dur, o_tid, o_dims, o_types = (
+            self.o_name.append,
+            self.o_ts.append,
+            self.o_dur.append,
+            self.o_tid.append,
+            self.o_dims.append,
+            self.o_types.append,
+        )
         o_names, o_dims_s, o_types_s = self.o_names, self.o_dims_s, self.o_types_s
-        p_name, p_ts, p_dur, p_tid, p_names = (self.p_name.append, self.p_ts.append, self.p_dur.append,
-                                               self.p_tid.append, self.p_names)
+        p_name, p_ts, p_dur, p_tid, p_names = (
+            self.p_name.append,
+            self.p_ts.append,
+            self.p_dur.append,
+            self.p_tid.append,
+            self.p_names,
+        )
         n = 0
         for ev in events:
             n += 1
@@ -235,30 +256,45 @@ class _Columns:
 
         m_time = f64(self.m_ts) + base_us
         order = np.argsort(m_time, kind="stable")
-        memory = pd.DataFrame({
-            "time_us": m_time[order],
-            "device_type": (np.frombuffer(self.m_dtype, dtype=np.int8) if len(self.m_dtype) else np.zeros(0, np.int8))[order],
-            "device_id": (np.frombuffer(self.m_did, dtype=np.int16) if len(self.m_did) else np.zeros(0, np.int16))[order],
-            "bytes": i64(self.m_bytes)[order],
-            "addr": i64(self.m_addr)[order],
-            "total_allocated": i64(self.m_alloc)[order],
-            "total_reserved": i64(self.m_res)[order],
-            "has_totals": (np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8))[order].astype(bool),
-            "tid": i64(self.m_tid)[order],
-        })
+        memory = pd.DataFrame(
+            {
+                "time_us": m_time[order],
+                "device_type": (
+                    np.frombuffer(self.m_dtype, dtype=np.int8) if len(self.m_dtype) else np.zeros(0, np.int8)
+                )[order],
+                "device_id": (np.frombuffer(self.m_did, dtype=np.int16) if len(self.m_did) else np.zeros(0, np.int16))[
+                    order
+                ],
+                "bytes": i64(self.m_bytes)[order],
+                "addr": i64(self.m_addr)[order],
+                "total_allocated": i64(self.m_alloc)[order],
+                "total_reserved": i64(self.m_res)[order],
+                "has_totals": (
+                    np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8)
+                )[order].astype(bool),
+                "tid": i64(self.m_tid)[order],
+            }
+        )
 
         def ranges(names: _Interner, codes: array, ts: array, dur: array) -> dict[str, Any]:
             # ts + dur on the relative axis first: one rounding at ~2e15 µs (0.25 µs ulp), not two.
             rel = f64(ts)
             return {"name": names.categorical(codes), "start_us": rel + base_us, "end_us": (rel + f64(dur)) + base_us}
 
-        annotations = pd.DataFrame({**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur),
-                                    "tid": i64(self.a_tid), "pid": i64(self.a_pid)})
-        ops = pd.DataFrame({**ranges(self.o_names, self.o_name, self.o_ts, self.o_dur), "tid": i64(self.o_tid),
-                            "input_dims": self.o_dims_s.categorical(self.o_dims, _repr_to_json),
-                            "input_types": self.o_types_s.categorical(self.o_types, _repr_to_json)})
-        python_functions = pd.DataFrame({**ranges(self.p_names, self.p_name, self.p_ts, self.p_dur),
-                                         "tid": i64(self.p_tid)})
+        annotations = pd.DataFrame(
+            {**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur), "tid": i64(self.a_tid), "pid": i64(self.a_pid)}
+        )
+        ops = pd.DataFrame(
+            {
+                **ranges(self.o_names, self.o_name, self.o_ts, self.o_dur),
+                "tid": i64(self.o_tid),
+                "input_dims": self.o_dims_s.categorical(self.o_dims, _repr_to_json),
+                "input_types": self.o_types_s.categorical(self.o_types, _repr_to_json),
+            }
+        )
+        python_functions = pd.DataFrame(
+            {**ranges(self.p_names, self.p_name, self.p_ts, self.p_dur), "tid": i64(self.p_tid)}
+        )
         return {"memory": memory, "annotations": annotations, "ops": ops, "python_functions": python_functions}
 
 

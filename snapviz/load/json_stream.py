@@ -4,6 +4,7 @@ scan of a JSON object's top-level keys that decides whether a file is a trace.
 Both read through :class:`TapReader`, so I/O damage, the first byte, nesting depth,
 string lengths and value counts are handled in one place (limits: :mod:`snapviz.load.limits`).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -29,8 +30,8 @@ try:  # a C parser faster than the stdlib's on event arrays; optional
 except ImportError:  # pragma: no cover - exercised where orjson is absent
     _fast_loads = json.loads
 
-CHUNK_BYTES = 64 << 10           # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
-BATCH_READ_BYTES = 1 << 20       # reads of the batched array parse: one C parse call per read
+CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
+BATCH_READ_BYTES = 1 << 20  # reads of the batched array parse: one C parse call per read
 
 
 def one_line(exc: BaseException) -> str:
@@ -48,8 +49,8 @@ def open_json(path: str, limits: Limits) -> IO[bytes]:
 
 
 # The guard works on the chunk with bytes.translate / re / numpy, never a Python loop per byte.
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')   # deleted: leaves quotes and brackets
-_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")               # bracket -> +1 / -1 (int8)
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')  # deleted: leaves quotes and brackets
+_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # bracket -> +1 / -1 (int8)
 _IS_BRACKET = np.zeros(256, bool)
 _IS_BRACKET[list(b"[]{}")] = True
 _IS_STRUCTURE = _IS_BRACKET.copy()
@@ -70,17 +71,17 @@ class _JsonGuard:
 
     def __init__(self, path: str, limits: Limits, watch: int = -1) -> None:
         self.path, self.limits, self.watch = path, limits, watch
-        self.offset = 0            # bytes fed so far
+        self.offset = 0  # bytes fed so far
         self.depth = 0
         self.in_string = False
-        self.string_len = 0        # length so far of the open string
+        self.string_len = 0  # length so far of the open string
         self.pending_escape = False
         self.values = 0
-        self.top_closed = 0        # top-level containers closed so far
+        self.top_closed = 0  # top-level containers closed so far
         self.top_opened = 0
-        self.watch_start = -1      # offset of the watched container's opening bracket
-        self.watch_end = -1        # offset of the watched container's closing bracket
-        self.last_item_end = -1    # offset of the last bracket closing an item of a top-level array
+        self.watch_start = -1  # offset of the watched container's opening bracket
+        self.watch_end = -1  # offset of the watched container's closing bracket
+        self.last_item_end = -1  # offset of the last bracket closing an item of a top-level array
 
     def feed(self, chunk: bytes) -> None:
         if self.pending_escape and chunk:  # the byte after a backslash at the end of the last read
@@ -128,7 +129,9 @@ class _JsonGuard:
                 ends = np.flatnonzero((step == -1) & (depth == 2))
                 if len(ends):
                     j = int(np.flatnonzero(outside & ~is_quote)[ends[-1]])
-                    self.last_item_end = self.offset + int(np.flatnonzero(_IS_STRUCTURE[np.frombuffer(chunk, np.uint8)])[j])
+                    self.last_item_end = self.offset + int(
+                        np.flatnonzero(_IS_STRUCTURE[np.frombuffer(chunk, np.uint8)])[j]
+                    )
             self.depth = int(depth[-1])
         if self.values > self.limits.objects:
             raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
@@ -200,8 +203,8 @@ class TapReader:
         self.limits = limits
         self.started = False
         self.guard = _JsonGuard(path, limits, watch)
-        self.keep_tail = keep_tail            # bytes of tail window to keep (0: none)
-        self.tail: list[bytes] = []           # the last chunks, >= keep_tail bytes of them
+        self.keep_tail = keep_tail  # bytes of tail window to keep (0: none)
+        self.tail: list[bytes] = []  # the last chunks, >= keep_tail bytes of them
         self.tail_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
@@ -243,7 +246,7 @@ class TapReader:
         window_at = self.guard.offset - len(window)
         if offset < window_at or len(window) - (offset - window_at) > self.keep_tail:
             return None
-        return window[offset - window_at:]
+        return window[offset - window_at :]
 
 
 @dataclass
@@ -251,9 +254,9 @@ class TopLevel:
     """The top-level keys of a JSON object up to ``traceEvents`` (streamed, not searched)."""
 
     meta: dict[str, Any]
-    has_events: bool = False     # a "traceEvents" key was reached
+    has_events: bool = False  # a "traceEvents" key was reached
     events_is_list: bool = False
-    events_index: int = -1       # how many top-level container values come before it
+    events_index: int = -1  # how many top-level container values come before it
 
 
 def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
@@ -310,7 +313,7 @@ def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
     window)."""
     guard = reader.guard
     carry: list[bytes | memoryview] = []  # unparsed item text from earlier reads
-    first = True                          # the next text starts right after the array's '['
+    first = True  # the next text starts right after the array's '['
     opened = done = False
     while chunk := reader.read(BATCH_READ_BYTES):
         if done:

@@ -7,6 +7,7 @@ so it reaches every entry point alike: ``snapviz analyze``/``compare``/``check``
 their worker processes, the pytest plugin and the library API. A file over a limit is
 an :class:`InputError` (exit 2) whose one line names the limit and the variable.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,14 +27,14 @@ class Limits:
     file we know (a 1M-event snapshot) has nesting depth 10, ~9M objects, strings under
     1 KiB; real traces compress 20-40x (see docs/security.md for the measurements)."""
 
-    depth: int = 100                    # container nesting (pickle and JSON)
-    objects: int = 400_000_000          # objects a pickle creates / values in a JSON file
-    expansion: int = 20_000_000_000     # pickle tree size, counting every memo reference in full
-    string_length: int = 16 << 20       # one string (or bytes / big int) in bytes
-    string_bytes: int = 4 << 30         # all strings a pickle creates, in bytes
-    ratio: int = 200                    # decompressed size / file size ...
-    ratio_floor: int = 64 << 20         # ... once more than this many bytes came out
-    header_bytes: int = 64 << 20        # JSON before the "traceEvents" list starts
+    depth: int = 100  # container nesting (pickle and JSON)
+    objects: int = 400_000_000  # objects a pickle creates / values in a JSON file
+    expansion: int = 20_000_000_000  # pickle tree size, counting every memo reference in full
+    string_length: int = 16 << 20  # one string (or bytes / big int) in bytes
+    string_bytes: int = 4 << 30  # all strings a pickle creates, in bytes
+    ratio: int = 200  # decompressed size / file size ...
+    ratio_floor: int = 64 << 20  # ... once more than this many bytes came out
+    header_bytes: int = 64 << 20  # JSON before the "traceEvents" list starts
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
@@ -80,7 +81,8 @@ class LimitExceeded(InputError):
         got = f" ({value:,}{unit} or more)" if value is not None else ""
         super().__init__(
             f"{path}: input limit exceeded: {DESCRIPTION[name]} is over {limit:,}{unit}{got}; "
-            f"if the file is trusted, raise it with {ENV[name]}=<n> (docs/security.md)")
+            f"if the file is trusted, raise it with {ENV[name]}=<n> (docs/security.md)"
+        )
         self.limit_name = name
 
 
@@ -95,6 +97,15 @@ def check_regular_file(path: str) -> None:
         raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
     if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
         return
-    kind = ("a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    kind = (
+        "a named pipe (FIFO)"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
     raise InputError(f"{path}: is {kind}, not a regular file; copy the data to a file first")

@@ -14,6 +14,7 @@ recurse.
 
 Opcodes and their argument layouts: ``pickletools`` (Lib/pickletools.py), protocol 0-5.
 """
+
 from __future__ import annotations
 
 import re
@@ -35,9 +36,19 @@ _SCALAR = [0, 1, True, _ATOM]
 # and everything before them has passed this scan, so the scan stops there.
 _DEFER = frozenset(b"ci\x93PQ")
 _REFUSED = {
-    0x8f: "a set", 0x90: "a set", 0x91: "a frozenset", 0x82: "an extension code", 0x83: "an extension code",
-    0x84: "an extension code", 0x97: "an out-of-band buffer", 0x98: "an out-of-band buffer", ord("R"): "a call (REDUCE)",
-    ord("b"): "object state (BUILD)", ord("o"): "an object (OBJ)", 0x81: "an object (NEWOBJ)", 0x92: "an object (NEWOBJ_EX)",
+    0x8F: "a set",
+    0x90: "a set",
+    0x91: "a frozenset",
+    0x82: "an extension code",
+    0x83: "an extension code",
+    0x84: "an extension code",
+    0x97: "an out-of-band buffer",
+    0x98: "an out-of-band buffer",
+    ord("R"): "a call (REDUCE)",
+    ord("b"): "object state (BUILD)",
+    ord("o"): "an object (OBJ)",
+    0x81: "an object (NEWOBJ)",
+    0x92: "an object (NEWOBJ_EX)",
 }
 
 
@@ -80,78 +91,80 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
     push = stack.append
     marks: list[int] = []
     memo: dict[int, list] = {}
-    objects = 0          # objects the unpickler would create
-    strbytes = 0         # bytes of strings, bytes and long integers it would create
+    objects = 0  # objects the unpickler would create
+    strbytes = 0  # bytes of strings, bytes and long integers it would create
     scalar = _SCALAR
     u4, i4, u8 = _U4.unpack_from, _I4.unpack_from, _U8.unpack_from
     i = 0
     while i < n:
         op = data[i]
         i += 1
-        if op == 0x68:                      # BINGET
+        if op == 0x68:  # BINGET
             rec = memo.get(data[i])
             i += 1
             if rec is None:
                 raise _Malformed("a memo reference to nothing")
             rec[2] = True
             push(rec)
-        elif op == 0x6a:                    # LONG_BINGET
+        elif op == 0x6A:  # LONG_BINGET
             rec = memo.get(u4(data, i)[0])
             i += 4
             if rec is None:
                 raise _Malformed("a memo reference to nothing")
             rec[2] = True
             push(rec)
-        elif op == 0x94:                    # MEMOIZE
+        elif op == 0x94:  # MEMOIZE
             memo[len(memo)] = stack[-1]
-        elif op == 0x8c or op == 0x8a or op == 0x43 or op == 0x55:   # SHORT_BINUNICODE, LONG1, SHORT_BINBYTES, SHORT_BINSTRING
+        elif (
+            op == 0x8C or op == 0x8A or op == 0x43 or op == 0x55
+        ):  # SHORT_BINUNICODE, LONG1, SHORT_BINBYTES, SHORT_BINSTRING
             k = data[i]
             i += 1 + k
             strbytes += k
             objects += 1
             push(scalar)
-        elif op == 0x4b:                    # BININT1
+        elif op == 0x4B:  # BININT1
             i += 1
             objects += 1
             push(scalar)
-        elif op == 0x4a:                    # BININT
+        elif op == 0x4A:  # BININT
             i += 4
             objects += 1
             push(scalar)
-        elif op == 0x4d:                    # BININT2
+        elif op == 0x4D:  # BININT2
             i += 2
             objects += 1
             push(scalar)
-        elif op == 0x28:                    # MARK
+        elif op == 0x28:  # MARK
             marks.append(len(stack))
             if len(marks) > max_depth:
                 raise LimitExceeded(path, "depth", len(marks), max_depth)
-        elif op == 0x75 or op == 0x65:      # SETITEMS, APPENDS
+        elif op == 0x75 or op == 0x65:  # SETITEMS, APPENDS
             m = marks.pop()
             items = stack[m:]
             del stack[m:]
             _fill(stack[-1], items, op == 0x75, path, max_depth, max_size)
-        elif op == 0x7d or op == 0x5d:      # EMPTY_DICT, EMPTY_LIST
+        elif op == 0x7D or op == 0x5D:  # EMPTY_DICT, EMPTY_LIST
             objects += 1
-            push([1, 1, False, _DICT if op == 0x7d else _LIST])
-        elif op == 0x73 or op == 0x61:      # SETITEM, APPEND
+            push([1, 1, False, _DICT if op == 0x7D else _LIST])
+        elif op == 0x73 or op == 0x61:  # SETITEM, APPEND
             k = 2 if op == 0x73 else 1
             items = stack[-k:]
             if len(items) != k:
                 raise _Malformed("stack underflow")
             del stack[-k:]
             _fill(stack[-1], items, op == 0x73, path, max_depth, max_size)
-        elif op == 0x95:                    # FRAME
+        elif op == 0x95:  # FRAME
             if u8(data, i)[0] > n - i - 8:
                 raise _Malformed("truncated: a frame runs past the end of the data")
             i += 8
-        elif op == 0x4e or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
+        elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
             push(scalar)
-        elif op == 0x47:                    # BINFLOAT
+        elif op == 0x47:  # BINFLOAT
             i += 8
             objects += 1
             push(scalar)
-        elif op == 0x58 or op == 0x42 or op == 0x8b or op == 0x54:   # BINUNICODE, BINBYTES, LONG4, BINSTRING
+        elif op == 0x58 or op == 0x42 or op == 0x8B or op == 0x54:  # BINUNICODE, BINBYTES, LONG4, BINSTRING
             k = u4(data, i)[0] if op in (0x58, 0x42) else i4(data, i)[0]
             if k < 0:
                 raise _Malformed("a negative length")
@@ -161,7 +174,7 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
             strbytes += k
             objects += 1
             push(scalar)
-        elif op == 0x8d or op == 0x8e or op == 0x96:  # BINUNICODE8, BINBYTES8, BYTEARRAY8
+        elif op == 0x8D or op == 0x8E or op == 0x96:  # BINUNICODE8, BINBYTES8, BYTEARRAY8
             k = u8(data, i)[0]
             if k > max_str:
                 raise LimitExceeded(path, "string_length", k, max_str, " bytes")
@@ -176,10 +189,10 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
                 k = len(stack) - marks.pop()
             else:
                 k = op - 0x84
-            items = stack[len(stack) - k:] if k else []
+            items = stack[len(stack) - k :] if k else []
             if len(items) != k:
                 raise _Malformed("stack underflow")
-            del stack[len(stack) - k:]
+            del stack[len(stack) - k :]
             objects += 1
             push(_container(items, _TUPLE, path, max_depth, max_size))
         elif op == 0x71 or op == 0x72 or op == 0x70:  # BINPUT, LONG_BINPUT, PUT
@@ -196,25 +209,25 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
             if idx > len(memo) + objects + 1024:
                 raise _Malformed(f"memo index {idx} out of sequence")
             memo[idx] = stack[-1]
-        elif op == 0x67:                    # GET
+        elif op == 0x67:  # GET
             text, i = _line(data, i)
             rec = memo.get(int(text))
             if rec is None:
                 raise _Malformed("a memo reference to nothing")
             rec[2] = True
             push(rec)
-        elif op == 0x32:                    # DUP
+        elif op == 0x32:  # DUP
             rec = stack[-1]
             rec[2] = True
             push(rec)
-        elif op == 0x30:                    # POP
+        elif op == 0x30:  # POP
             if marks and marks[-1] == len(stack):
                 marks.pop()
             else:
                 stack.pop()
-        elif op == 0x31:                    # POP_MARK
-            del stack[marks.pop():]
-        elif op == 0x64 or op == 0x6c:      # DICT, LIST (protocol 0/1: items since MARK)
+        elif op == 0x31:  # POP_MARK
+            del stack[marks.pop() :]
+        elif op == 0x64 or op == 0x6C:  # DICT, LIST (protocol 0/1: items since MARK)
             m = marks.pop()
             items = stack[m:]
             del stack[m:]
@@ -222,23 +235,25 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
             rec = [1, 1, False, _DICT if op == 0x64 else _LIST]
             _fill(rec, items, op == 0x64, path, max_depth, max_size)
             push(rec)
-        elif op == 0x49 or op == 0x4c or op == 0x46 or op == 0x53 or op == 0x56:  # INT, LONG, FLOAT, STRING, UNICODE
+        elif op == 0x49 or op == 0x4C or op == 0x46 or op == 0x53 or op == 0x56:  # INT, LONG, FLOAT, STRING, UNICODE
             text, i = _line(data, i)
             if len(text) > max_str:
                 raise LimitExceeded(path, "string_length", len(text), max_str, " bytes")
             strbytes += len(text)
             objects += 1
             push(scalar)
-        elif op == 0x80:                    # PROTO
+        elif op == 0x80:  # PROTO
             i += 1
-        elif op == 0x2e:                    # STOP
+        elif op == 0x2E:  # STOP
             if len(stack) != 1 or marks:
                 raise _Malformed("the stack is not a single value at STOP")
             break
         elif op in _DEFER:
             return None  # the unpickler refuses it (find_class / persistent_load) after this same prefix
         elif op in _REFUSED:
-            raise InputError(f"refusing to load: the pickle builds {_REFUSED[op]}, which memory snapshots never contain")
+            raise InputError(
+                f"refusing to load: the pickle builds {_REFUSED[op]}, which memory snapshots never contain"
+            )
         else:
             raise _Malformed(f"invalid opcode 0x{op:02x} at byte {i - 1}")
         if objects > max_objects:
@@ -267,7 +282,9 @@ def _fill(target: list, items: list[list], pairs: bool, path: str, max_depth: in
             raise _Malformed("a dict item without a value")
         keys = items[0::2]
         if keys.count(_SCALAR) != len(keys):
-            raise InputError("refusing to load: a dict key that is a tuple or container, which memory snapshots never contain")
+            raise InputError(
+                "refusing to load: a dict key that is a tuple or container, which memory snapshots never contain"
+            )
     depth = 1 + max(map(_DEPTH, items))
     if depth > target[0]:
         if depth > max_depth:
@@ -307,8 +324,27 @@ def _counted(op: bytes) -> bytes:
     return op + b"(?:" + b"|".join(re.escape(bytes([k])) + (_A + b"{%d}" % k if k else b"") for k in range(256)) + b")"
 
 
-_HOT = (rb"(?:h" + _A + rb"|j" + _A + rb"{4}|\x94|[(ue}\]saN\x88\x89]|K" + _A + rb"|M" + _A + rb"{2}|J" + _A + rb"{4}|G"
-        + _A + rb"{8}|\x95" + _A + rb"{8}|" + _counted(rb"\x8c") + b"|" + _counted(rb"\x8a") + b")")
+_HOT = (
+    rb"(?:h"
+    + _A
+    + rb"|j"
+    + _A
+    + rb"{4}|\x94|[(ue}\]saN\x88\x89]|K"
+    + _A
+    + rb"|M"
+    + _A
+    + rb"{2}|J"
+    + _A
+    + rb"{4}|G"
+    + _A
+    + rb"{8}|\x95"
+    + _A
+    + rb"{8}|"
+    + _counted(rb"\x8c")
+    + b"|"
+    + _counted(rb"\x8a")
+    + b")"
+)
 _RUN = re.compile(_HOT + rb"{0,256}")
 _SCALAR_OPS = frozenset(b"KMJGN\x88\x89\x8c\x8a")
 _TOKEN_LEN = {ord("h"): 2, ord("j"): 5, 0x94: 1, ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x95: 9}
@@ -321,7 +357,7 @@ def _tokens(data: bytes, start: int, end: int) -> list[int]:
     while i < end:
         op = data[i]
         ops.append(op)
-        i += data[i + 1] + 2 if op in (0x8c, 0x8a) else _TOKEN_LEN.get(op, 1)
+        i += data[i + 1] + 2 if op in (0x8C, 0x8A) else _TOKEN_LEN.get(op, 1)
     return ops
 
 
@@ -332,7 +368,7 @@ def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
         return False  # the counts could exceed their limits: only the exact scan knows
     n = len(data)
     i = 2 if data[:1] == b"\x80" else 0
-    starts = [i, i]              # the last two run starts: known token boundaries
+    starts = [i, i]  # the last two run starts: known token boundaries
     while i < n:
         m = _RUN.match(data, i)
         assert m is not None  # {0,256}: it matches the empty string at worst
@@ -342,18 +378,18 @@ def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
             i = j
             continue
         op = data[i]
-        if op == 0x2e:                                   # STOP
+        if op == 0x2E:  # STOP
             return True
-        if op in (0x85, 0x86, 0x87):                     # TUPLE1-3: items must be fresh scalars
-            items = [t for t in _tokens(data, starts[0], i) if t != 0x94][-(op - 0x84):]
+        if op in (0x85, 0x86, 0x87):  # TUPLE1-3: items must be fresh scalars
+            items = [t for t in _tokens(data, starts[0], i) if t != 0x94][-(op - 0x84) :]
             if len(items) != op - 0x84 or not all(t in _SCALAR_OPS for t in items):
                 return False
             i += 1
-        elif op == 0x29:                                 # EMPTY_TUPLE
+        elif op == 0x29:  # EMPTY_TUPLE
             i += 1
-        elif op in (0x58, 0x42, 0x8d, 0x8e):             # BINUNICODE, BINBYTES (+8-byte forms)
+        elif op in (0x58, 0x42, 0x8D, 0x8E):  # BINUNICODE, BINBYTES (+8-byte forms)
             w = 4 if op in (0x58, 0x42) else 8
-            k = int.from_bytes(data[i + 1:i + 1 + w], "little")
+            k = int.from_bytes(data[i + 1 : i + 1 + w], "little")
             if k > limits.string_length:
                 raise LimitExceeded(path, "string_length", k, limits.string_length, " bytes")
             i += 1 + w + k

@@ -5,6 +5,7 @@ str, int, float, bool, tuple, None): no GLOBAL/STACK_GLOBAL opcode is needed, so
 unpickler whose ``find_class`` always refuses loads every real snapshot and blocks
 every ``__reduce__`` payload before it can run.
 """
+
 from __future__ import annotations
 
 import bz2
@@ -46,9 +47,7 @@ def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
         try:
             from compression import zstd  # type: ignore[import-not-found]  # Python 3.14
         except ImportError as exc:
-            raise InputError(
-                "the file is zstd-compressed; install 'zstandard' or decompress it first"
-            ) from exc
+            raise InputError("the file is zstd-compressed; install 'zstandard' or decompress it first") from exc
         return zstd.ZstdFile(raw)
     return zstandard.ZstdDecompressor().stream_reader(raw)
 
@@ -70,7 +69,7 @@ class _DecompressErrors(io.RawIOBase):
             # read1: one decompressed piece at a time, so the data before a truncation point
             # is delivered before the error (a truncated trace is still recognised as one).
             data = self._inner.read1(len(b))  # type: ignore[attr-defined]
-            b[:len(data)] = data
+            b[: len(data)] = data
             return len(data)
         except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as exc:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -113,8 +112,9 @@ class _Bounded(io.RawIOBase):
             super().close()
 
 
-def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (and not a run directory)",
-                      limits: Limits | None = None) -> IO[bytes]:
+def open_decompressed(
+    path: str | os.PathLike[str], what: str = "snapshot file (and not a run directory)", limits: Limits | None = None
+) -> IO[bytes]:
     """Open ``path`` for reading, undoing gzip/xz/bz2/zstd by magic bytes, not by extension.
 
     Only regular files are opened (a FIFO would block, a device never ends), and the
@@ -135,7 +135,8 @@ def open_decompressed(path: str | os.PathLike[str], what: str = "snapshot file (
     raw.seek(0)
     inner: IO[bytes]
     kind = {_GZIP: "gzip", _XZ: "xz", _BZ2: "bz2", _ZSTD: "zstd"}.get(
-        next((m for m in (_GZIP, _XZ, _BZ2, _ZSTD) if head.startswith(m)), b""), "compressed")
+        next((m for m in (_GZIP, _XZ, _BZ2, _ZSTD) if head.startswith(m)), b""), "compressed"
+    )
     if head.startswith(_GZIP):
         inner = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     elif head.startswith(_XZ):
@@ -187,11 +188,24 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
         raise InputError(f"{p}: pickle nests too deeply to be a snapshot") from None
     except MemoryError:
         # FIX (tests/unit/test_safe_load.py): a corrupt length field asks for exabytes
-        raise InputError(f"{p}: not a readable snapshot pickle (a length field asks for more memory "
-                         "than there is: corrupt, or too big for this machine)") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError,
-            AttributeError, lzma.LZMAError, OSError, UnicodeDecodeError,
-            OverflowError, zlib.error) as exc:  # FIX: OverflowError from FRAME/BINBYTES8 lengths
+        raise InputError(
+            f"{p}: not a readable snapshot pickle (a length field asks for more memory "
+            "than there is: corrupt, or too big for this machine)"
+        ) from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        lzma.LZMAError,
+        OSError,
+        UnicodeDecodeError,
+        OverflowError,
+        zlib.error,
+    ) as exc:  # FIX: OverflowError from FRAME/BINBYTES8 lengths
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, EOFError) or "truncated" in detail.lower() or "ran out of input" in detail.lower():
             raise InputError(f"{p}: truncated or incomplete snapshot pickle ({detail})") from None

@@ -1,4 +1,5 @@
 """Report phrases shared by the renderers (sizes themselves are :mod:`snapviz.units`)."""
+
 from __future__ import annotations
 
 from typing import Any

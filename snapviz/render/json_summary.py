@@ -1,5 +1,6 @@
 """JSON renderer: the summary dict as strict JSON text (numpy scalars made plain; strings
 clipped and non-finite numbers written as null with a warning, see :func:`bounded_doc`)."""
+
 from __future__ import annotations
 
 import json

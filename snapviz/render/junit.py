@@ -1,4 +1,5 @@
 """JUnit XML for ``snapviz check``: one testcase per limit, so CI dashboards show each gate."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -8,16 +9,30 @@ from snapviz.analyses.gate import GateResult
 from snapviz.safe_text import xml_text
 
 
-def render_junit(results: Sequence[GateResult], source: str, notes: Sequence[str] = (), suite: str = "snapviz check") -> str:
+def render_junit(
+    results: Sequence[GateResult], source: str, notes: Sequence[str] = (), suite: str = "snapviz check"
+) -> str:
     """A ``<testsuites>`` document; failures carry the FAIL line as message and limit/actual bytes as text.
 
     Every name and message may quote the input (file name, stage names): :func:`xml_text`
     keeps the document parseable whatever they hold."""
     x = xml_text
     failures = sum(1 for r in results if not r.passed)
-    root = ET.Element("testsuites", {"name": x(suite), "tests": str(len(results)), "failures": str(failures), "errors": "0"})
-    ts = ET.SubElement(root, "testsuite", {"name": x(suite), "tests": str(len(results)), "failures": str(failures),
-                                            "errors": "0", "skipped": "0", "time": "0"})
+    root = ET.Element(
+        "testsuites", {"name": x(suite), "tests": str(len(results)), "failures": str(failures), "errors": "0"}
+    )
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        {
+            "name": x(suite),
+            "tests": str(len(results)),
+            "failures": str(failures),
+            "errors": "0",
+            "skipped": "0",
+            "time": "0",
+        },
+    )
     props = ET.SubElement(ts, "properties")
     ET.SubElement(props, "property", {"name": "source", "value": x(source)})
     for r in results:

@@ -4,6 +4,7 @@ Order is what a reader of the issue needs first: the peak, what would help, then
 stage what its peak was made of, then the evidence (live blocks at the peak). Denoising
 steps are one row (the peak step and the range over steps), so a 50-step run fits too.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,16 +59,20 @@ def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         top = sorted(cats.items(), key=lambda kv: -kv[1])
         peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
         own = pk.get("top_allocations") or []
-        out.append({
-            # None where the input has no figure (trace without memory events or Total Reserved)
-            "name": str(s["name"]), "peak_allocated_bytes": s.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": s.get("peak_reserved_bytes"),
-            "intervals": len(ivs), "steps": len(s.get("steps") or []),
-            "peak_interval": str(pk.get("name", s["name"])),
-            "range": (min(peaks), max(peaks)) if len(peaks) > 1 else None,
-            "top": [(c, b, b / total if total else 0.0) for c, b in top],
-            "largest": max(own, key=lambda t: int(t["bytes"])) if own else None,
-        })
+        out.append(
+            {
+                # None where the input has no figure (trace without memory events or Total Reserved)
+                "name": str(s["name"]),
+                "peak_allocated_bytes": s.get("peak_allocated_bytes"),
+                "peak_reserved_bytes": s.get("peak_reserved_bytes"),
+                "intervals": len(ivs),
+                "steps": len(s.get("steps") or []),
+                "peak_interval": str(pk.get("name", s["name"])),
+                "range": (min(peaks), max(peaks)) if len(peaks) > 1 else None,
+                "top": [(c, b, b / total if total else 0.0) for c, b in top],
+                "largest": max(own, key=lambda t: int(t["bytes"])) if own else None,
+            }
+        )
     return out
 
 
@@ -95,8 +100,10 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
             steps = f"{what}, peak {md_code(r['peak_interval'])}, {_span(*r['range'])}"
         else:
             steps = what if r["steps"] else f"{n} interval{'s' if n != 1 else ''}"
-        line = (f"| {md_code(r['name'])} | {_known_bytes(r['peak_allocated_bytes'])} | "
-                f"{_known_bytes(r['peak_reserved_bytes'])} | {steps} |")
+        line = (
+            f"| {md_code(r['name'])} | {_known_bytes(r['peak_allocated_bytes'])} | "
+            f"{_known_bytes(r['peak_reserved_bytes'])} | {steps} |"
+        )
         if has_cats:
             top = ", ".join(f"{md_text(c)} {share:.0%}" for c, _, share in r["top"][:2])
             lg = r["largest"]
@@ -106,8 +113,11 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
             line += f" {fmt_bytes(rss[r['name']])} |"
         out.append(line)
     if len(rows) > MAX_STAGE_ROWS:
-        out.append(f"| … {len(rows) - MAX_STAGE_ROWS} more stages | | | |" + (" | |" if has_cats else "")
-                   + (" |" if has_rss else ""))
+        out.append(
+            f"| … {len(rows) - MAX_STAGE_ROWS} more stages | | | |"
+            + (" | |" if has_cats else "")
+            + (" |" if has_rss else "")
+        )
     return out + [""]
 
 
@@ -117,12 +127,18 @@ def _training_table(doc: dict[str, Any]) -> list[str]:
     if not steps:
         return []
     cats = [c for c in doc["training"]["categories"] if any(s["categories_at_peak"].get(c) for s in steps)]
-    out = ["Per optimizer step, the peak and what it is made of (allocator blocks):", "",
-           "| step | peak | in | " + " | ".join(md_text(c) for c in cats) + " |",
-           "|---:|---:|---|" + "---:|" * len(cats)]
+    out = [
+        "Per optimizer step, the peak and what it is made of (allocator blocks):",
+        "",
+        "| step | peak | in | " + " | ".join(md_text(c) for c in cats) + " |",
+        "|---:|---:|---|" + "---:|" * len(cats),
+    ]
     for s in steps[:MAX_STAGE_ROWS]:
-        out.append(f"| {s['step']} | {fmt_bytes(s['peak_allocated_bytes'])} | {md_code(s['peak_phase'])} | "
-                   + " | ".join(fmt_bytes(s["categories_at_peak"].get(c, 0)) for c in cats) + " |")
+        out.append(
+            f"| {s['step']} | {fmt_bytes(s['peak_allocated_bytes'])} | {md_code(s['peak_phase'])} | "
+            + " | ".join(fmt_bytes(s["categories_at_peak"].get(c, 0)) for c in cats)
+            + " |"
+        )
     return out + [""]
 
 
@@ -134,8 +150,17 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     run = doc.get("run") or {}
-    title = " ".join(md_text(x) for x in (run.get("pipeline"), run.get("size"), f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
-                                         run.get("dtype"), "+".join(run.get("techniques") or []) or None) if x)
+    title = " ".join(
+        md_text(x)
+        for x in (
+            run.get("pipeline"),
+            run.get("size"),
+            f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
+            run.get("dtype"),
+            "+".join(run.get("techniques") or []) or None,
+        )
+        if x
+    )
     is_trace = doc.get("kind") == "trace"
     kind = (doc.get("device_kind") or "memory") + " (profiler trace)" if is_trace else "GPU memory"
     out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}", ""]
@@ -146,8 +171,10 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     where = md_text(fmt_peak_where(p).strip())
     out += ["| | bytes | |", "|---|---:|---|"]
     if h["events"] or p["allocated_bytes"]:
-        out.append(f"| peak allocated{window}{'' if exact else ' (lower bound)'} | {p['allocated_bytes']:,} | "
-                   f"**{'' if exact else 'at least '}{fmt_bytes(p['allocated_bytes'])}** {where} |")
+        out.append(
+            f"| peak allocated{window}{'' if exact else ' (lower bound)'} | {p['allocated_bytes']:,} | "
+            f"**{'' if exact else 'at least '}{fmt_bytes(p['allocated_bytes'])}** {where} |"
+        )
     else:
         out.append("| peak allocated | not recorded | the input has no memory events |")
     if p.get("reserved_bytes") is not None:
@@ -155,11 +182,15 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     else:
         out.append("| peak reserved | not recorded | this trace carries no Total Reserved |")
     if p.get("requested_bytes") is not None:
-        out.append(f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} "
-                   f"(rounding: {fmt_bytes(p['allocated_bytes'] - p['requested_bytes'])}) |")
+        out.append(
+            f"| peak requested | {p['requested_bytes']:,} | {fmt_bytes(p['requested_bytes'])} "
+            f"(rounding: {fmt_bytes(p['allocated_bytes'] - p['requested_bytes'])}) |"
+        )
     truth = doc.get("allocator_truth") or {}
     if truth.get("max_memory_allocated"):
-        out.append(f"| allocator's own max_memory_allocated | {truth['max_memory_allocated']:,} | {fmt_bytes(truth['max_memory_allocated'])} |")
+        out.append(
+            f"| allocator's own max_memory_allocated | {truth['max_memory_allocated']:,} | {fmt_bytes(truth['max_memory_allocated'])} |"
+        )
     out.append("")
     advice = doc.get("advice") or []
     if advice:
@@ -174,26 +205,35 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     if att.get("count"):
         lg = att["largest"]
         shape = f" {md_code(lg['shape'])} {md_text(lg.get('dtype') or '')}" if lg.get("shape") else ""
-        out.append(f"**Attention scores:** {att['count']} materialized ({md_text(att.get('implementation'))}); largest "
-                   f"{fmt_bytes(lg['bytes'])}{shape}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
-                   "A fused kernel (SDPA / flash) would not materialize them.")
+        out.append(
+            f"**Attention scores:** {att['count']} materialized ({md_text(att.get('implementation'))}); largest "
+            f"{fmt_bytes(lg['bytes'])}{shape}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
+            "A fused kernel (SDPA / flash) would not materialize them."
+        )
         out.append("")
     elif att:
         out += [f"**Attention:** {md_text(att.get('implementation'))}", ""]
     cats = doc.get("categories") or []
     tail: list[str] = []
     if cats:
-        tail.append("By category at the peak: " + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7]))
+        tail.append(
+            "By category at the peak: "
+            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7])
+        )
         tail.append("")
     settings = doc.get("allocator_settings") or {}
     baseline = f"{'' if h.get('baseline_exact', True) else 'at least '}{fmt_bytes(h.get('baseline_allocated_bytes'))}"
     if is_trace:
-        source = f"{h['events']:,} memory events on {md_text(fmt_device(doc))}, {baseline} allocated before the first one"
+        source = (
+            f"{h['events']:,} memory events on {md_text(fmt_device(doc))}, {baseline} allocated before the first one"
+        )
     elif "PYTORCH_CUDA_ALLOC_CONF" in settings:
         conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
         conf_code = md_code("PYTORCH_CUDA_ALLOC_CONF=" + str(conf or "(unset)"), limit=None)  # conf is clipped already
-        source = (f"Allocator: {conf_code}, expandable_segments={md_text(settings.get('expandable_segments', 'n/a'))}; "
-                  f"history {h['events']:,} events, baseline {baseline}")
+        source = (
+            f"Allocator: {conf_code}, expandable_segments={md_text(settings.get('expandable_segments', 'n/a'))}; "
+            f"history {h['events']:,} events, baseline {baseline}"
+        )
     else:
         # Snapshots of torch < 2.1 carry no allocator_settings: say so rather than print empty values.
         source = f"Allocator: settings not in this snapshot; history {h['events']:,} events, baseline {baseline}"

@@ -14,6 +14,7 @@ Every verb (analyze, compare, check, matrix) checks all its output paths with
   failed rename puts back what was there. An existing file keeps its mode (and owner
   where allowed); a symlink to a regular file keeps pointing at it (the target is replaced).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,13 @@ _MAX_DIR_MEMBERS = 10_000  # members of an input directory compared by inode (a 
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -96,7 +102,11 @@ def _target(flag: str, path: str) -> tuple[str, os.stat_result | None]:
     except OSError as err:
         raise InputError(f"{flag} {path}: cannot use as output ({err.strerror or err})") from None
     if not stat.S_ISREG(st.st_mode):
-        hint = "; name an output file" if stat.S_ISDIR(st.st_mode) else "; snapviz writes only regular files ('-' for stdout)"
+        hint = (
+            "; name an output file"
+            if stat.S_ISDIR(st.st_mode)
+            else "; snapviz writes only regular files ('-' for stdout)"
+        )
         link = " (through a symbolic link)" if os.path.islink(path) else ""
         raise InputError(f"{flag} {path}: is {_kind(st.st_mode)}{link}{hint}")
     return real, st

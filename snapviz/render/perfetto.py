@@ -19,6 +19,7 @@ ranges both files hold (:func:`snapviz.analyses.join.snapshot_trace_offset`).
 A merge never rewrites the user's trace in place: the result goes to a new file, the
 user's keys and events unchanged, ours first in its ``traceEvents`` array.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -53,8 +54,15 @@ def _meta(pid: int, tid: int | None, what: str, name: str, sort_index: int | Non
     out = [base]
     if sort_index is not None:
         key = "thread_sort_index" if tid is not None else "process_sort_index"
-        out.append({"ph": "M", "pid": pid, **({"tid": tid} if tid is not None else {}), "name": key,
-                    "args": {"sort_index": sort_index}})
+        out.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                **({"tid": tid} if tid is not None else {}),
+                "name": key,
+                "args": {"sort_index": sort_index},
+            }
+        )
     return out
 
 
@@ -76,8 +84,13 @@ def _stack_args(an: Analysis, stack_id: int) -> list[str]:
     return an.sites.stack_text(int(stack_id), limit=MAX_FRAMES).splitlines()
 
 
-def perfetto_events(an: Analysis, base_us: float, offset_us: float = 0.0, top_n: int = TOP_ALLOCATIONS,
-                    max_points: int = MAX_COUNTER_POINTS) -> list[dict[str, Any]]:
+def perfetto_events(
+    an: Analysis,
+    base_us: float,
+    offset_us: float = 0.0,
+    top_n: int = TOP_ALLOCATIONS,
+    max_points: int = MAX_COUNTER_POINTS,
+) -> list[dict[str, Any]]:
     """Trace events for one :class:`~snapviz.analyses.summary.Analysis` (see module doc).
 
     ``base_us`` is the Unix µs that ``ts = 0`` stands for; ``offset_us`` is added to every
@@ -92,8 +105,12 @@ def perfetto_events(an: Analysis, base_us: float, offset_us: float = 0.0, top_n:
     t = (raw_t.astype(np.float64) + offset_us - base_us) if _has_time(raw_t) else np.arange(n, dtype=np.float64)
     out: list[dict[str, Any]] = []
     out += _meta(pid, None, "process_name", f"snapviz cuda:{an.device} (replayed allocator)", sort_index=-1)
-    for tid, name in ((TID_MARKERS, "peak & OOM"), (TID_STAGES, "stages"), (TID_STEPS, "steps"),
-                      (TID_ALLOCS, f"largest allocations (top {top_n})")):
+    for tid, name in (
+        (TID_MARKERS, "peak & OOM"),
+        (TID_STAGES, "stages"),
+        (TID_STEPS, "steps"),
+        (TID_ALLOCS, f"largest allocations (top {top_n})"),
+    ):
         out += _meta(pid, tid, "thread_name", name, sort_index=tid)
     if not n:
         return out
@@ -113,19 +130,44 @@ def perfetto_events(an: Analysis, base_us: float, offset_us: float = 0.0, top_n:
 
     pi = rep.peak_index
     peak_ts = float(t[pi]) if pi >= 0 else t_first
-    out.append({"ph": "i", "s": "t", "pid": pid, "tid": TID_MARKERS, "ts": peak_ts,
-                "name": f"peak allocated {fmt_bytes(rep.peak_allocated)} ({an.peak_stage})",
-                "args": {"allocated_bytes": int(rep.peak_allocated), "reserved_bytes": int(rep.peak_reserved),
-                         "stage": an.peak_stage, "event_index": int(pi),
-                         "top_sites": [str(s) for s in an.top_allocations["site"].head(5)] if len(an.top_allocations) else []}})
+    out.append(
+        {
+            "ph": "i",
+            "s": "t",
+            "pid": pid,
+            "tid": TID_MARKERS,
+            "ts": peak_ts,
+            "name": f"peak allocated {fmt_bytes(rep.peak_allocated)} ({an.peak_stage})",
+            "args": {
+                "allocated_bytes": int(rep.peak_allocated),
+                "reserved_bytes": int(rep.peak_reserved),
+                "stage": an.peak_stage,
+                "event_index": int(pi),
+                "top_sites": [str(s) for s in an.top_allocations["site"].head(5)] if len(an.top_allocations) else [],
+            },
+        }
+    )
     act = ev["action"].to_numpy()
     for r in np.flatnonzero(act == A_OOM).tolist():
         free = int(ev["device_free"].iat[r])
-        out.append({"ph": "i", "s": "t", "pid": pid, "tid": TID_MARKERS, "ts": float(t[r]),
-                    "name": f"CUDA OOM: asked {fmt_bytes(int(ev['size'].iat[r]))}",
-                    "args": {"requested_bytes": int(ev["size"].iat[r]), "device_free_bytes": free,
-                             "allocated_bytes": int(alloc[r]), "reserved_bytes": int(resv[r]),
-                             "stage": str(an.labels.labels[r]), "event_index": r}})
+        out.append(
+            {
+                "ph": "i",
+                "s": "t",
+                "pid": pid,
+                "tid": TID_MARKERS,
+                "ts": float(t[r]),
+                "name": f"CUDA OOM: asked {fmt_bytes(int(ev['size'].iat[r]))}",
+                "args": {
+                    "requested_bytes": int(ev["size"].iat[r]),
+                    "device_free_bytes": free,
+                    "allocated_bytes": int(alloc[r]),
+                    "reserved_bytes": int(resv[r]),
+                    "stage": str(an.labels.labels[r]),
+                    "event_index": r,
+                },
+            }
+        )
     out += _allocation_slices(an, t, pid, top_n)
     return out
 
@@ -141,8 +183,14 @@ def _stage_slices(an: Analysis, t: np.ndarray, pid: int) -> list[dict[str, Any]]
     # An interval lasts until the next one starts (or its own last event at the end).
     ends = np.r_[starts[1:], n - 1]
     rows = []
-    for name, group, s, e, peak in zip(st["name"].astype(str), st["group"].astype(str), starts.tolist(),
-                                       ends.tolist(), st["peak_allocated_bytes"].tolist(), strict=True):
+    for name, group, s, e, peak in zip(
+        st["name"].astype(str),
+        st["group"].astype(str),
+        starts.tolist(),
+        ends.tolist(),
+        st["peak_allocated_bytes"].tolist(),
+        strict=True,
+    ):
         rows.append((name, group, float(t[s]), float(t[e]), int(peak)))
     out: list[dict[str, Any]] = []
     # Merge consecutive intervals of one group (denoise/0, denoise/1, ... -> denoise).
@@ -151,14 +199,32 @@ def _stage_slices(an: Analysis, t: np.ndarray, pid: int) -> list[dict[str, Any]]
         j = k
         while j + 1 < len(rows) and rows[j + 1][1] == rows[k][1]:
             j += 1
-        g_peak = max(r[4] for r in rows[k:j + 1])
-        out.append({"ph": "X", "pid": pid, "tid": TID_STAGES, "name": rows[k][1], "ts": rows[k][2],
-                    "dur": max(rows[j][3] - rows[k][2], 0.0), "args": {"peak_allocated_bytes": g_peak}})
+        g_peak = max(r[4] for r in rows[k : j + 1])
+        out.append(
+            {
+                "ph": "X",
+                "pid": pid,
+                "tid": TID_STAGES,
+                "name": rows[k][1],
+                "ts": rows[k][2],
+                "dur": max(rows[j][3] - rows[k][2], 0.0),
+                "args": {"peak_allocated_bytes": g_peak},
+            }
+        )
         k = j + 1
     for name, _group, t0, t1, peak in rows:
         if "/" in name:
-            out.append({"ph": "X", "pid": pid, "tid": TID_STEPS, "name": name, "ts": t0, "dur": max(t1 - t0, 0.0),
-                        "args": {"peak_allocated_bytes": peak}})
+            out.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": TID_STEPS,
+                    "name": name,
+                    "ts": t0,
+                    "dur": max(t1 - t0, 0.0),
+                    "args": {"peak_allocated_bytes": peak},
+                }
+            )
     return out
 
 
@@ -181,11 +247,29 @@ def _allocation_slices(an: Analysis, t: np.ndarray, pid: int, top_n: int) -> lis
         sid = int(ev["stack_id"].iat[r])
         site = an.sites.site(sid)
         f = int(free_row[r])
-        common = {"cat": "snapviz.allocation", "id": f"alloc-{an.device}-{r}", "pid": pid, "tid": TID_ALLOCS,
-                  "name": f"{fmt_bytes(size)} {site}"}
-        out.append({**common, "ph": "b", "ts": float(t[r]), "args": {
-            "bytes": size, "requested_bytes": int(ev["size"].iat[r]), "address": hex(int(ev["addr"].iat[r])),
-            "stage": str(labels[r]), "site": site, "freed": f < n, "stack": _stack_args(an, sid)}})
+        common = {
+            "cat": "snapviz.allocation",
+            "id": f"alloc-{an.device}-{r}",
+            "pid": pid,
+            "tid": TID_ALLOCS,
+            "name": f"{fmt_bytes(size)} {site}",
+        }
+        out.append(
+            {
+                **common,
+                "ph": "b",
+                "ts": float(t[r]),
+                "args": {
+                    "bytes": size,
+                    "requested_bytes": int(ev["size"].iat[r]),
+                    "address": hex(int(ev["addr"].iat[r])),
+                    "stage": str(labels[r]),
+                    "site": site,
+                    "freed": f < n,
+                    "stack": _stack_args(an, sid),
+                },
+            }
+        )
         out.append({**common, "ph": "e", "ts": float(t[min(f, n - 1)])})
     return out
 
@@ -198,10 +282,15 @@ def standalone_trace(an: Analysis, top_n: int = TOP_ALLOCATIONS) -> dict[str, An
     times = an.replay.events["time_us"].to_numpy()
     has_time = _has_time(times)
     base_us = float(times[0]) if has_time else 0.0
-    doc: dict[str, Any] = {"displayTimeUnit": "ms",
-                           "traceEvents": perfetto_events(an, base_us=base_us, top_n=top_n),
-                           "snapviz": {"source": an.run.source, "device": int(an.device),
-                                       "time_axis": "unix_us" if has_time else "event_index"}}
+    doc: dict[str, Any] = {
+        "displayTimeUnit": "ms",
+        "traceEvents": perfetto_events(an, base_us=base_us, top_n=top_n),
+        "snapviz": {
+            "source": an.run.source,
+            "device": int(an.device),
+            "time_axis": "unix_us" if has_time else "event_index",
+        },
+    }
     if has_time:
         doc["baseTimeNanoseconds"] = int(times[0]) * 1000
     return doc
@@ -221,8 +310,10 @@ def render_perfetto(an: Analysis, out_path: str, merge_into: str | None = None, 
 
     times = an.replay.events["time_us"].to_numpy()
     if len(times) and not _has_time(times):
-        raise InputError(f"{an.run.source}: the snapshot has no time_us (torch < 2.2), so it cannot be placed "
-                         "on a trace's clock; use --perfetto without --merge-into")
+        raise InputError(
+            f"{an.run.source}: the snapshot has no time_us (torch < 2.2), so it cannot be placed "
+            "on a trace's clock; use --perfetto without --merge-into"
+        )
     trace = load_chrome_trace(merge_into)
     offset = snapshot_trace_offset(an.snapshot, trace)
     events = perfetto_events(an, base_us=trace.base_us, offset_us=offset, top_n=top_n)

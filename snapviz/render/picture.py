@@ -9,6 +9,7 @@ stage-aligned axis of :mod:`snapviz.analyses.compare`) hold every number drawn; 
 ``render_*`` functions only draw them with matplotlib's Agg backend (no display needed).
 matplotlib is an optional extra (``snapviz[picture]``): nothing else in snapviz needs it.
 """
+
 from __future__ import annotations
 
 import io
@@ -23,11 +24,11 @@ from snapviz.model import A_OOM
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
-WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100   # 900 x 440 px
+WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100  # 900 x 440 px
 PEAK_COLOR = "#d62728"
 ALLOCATED_COLOR = "#1f3b73"
 RESERVED_COLOR = "#e8710a"
-MAX_POINTS = 3000                           # per series; min/max decimation keeps the peak
+MAX_POINTS = 3000  # per series; min/max decimation keeps the peak
 GIB = float(1 << 30)
 
 
@@ -75,15 +76,19 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
     return {
         "title": f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
-                 f"{fmt_bytes(peak['reserved_bytes'])} reserved" + (f", CUDA OOM ×{len(oom_rows)}" if len(oom_rows) else ""),
+        f"{fmt_bytes(peak['reserved_bytes'])} reserved" + (f", CUDA OOM ×{len(oom_rows)}" if len(oom_rows) else ""),
         "ooms": {"x": x_all[oom_rows], "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0)},
         "x_label": "time since the first recorded event (s)" if has_time else "event index",
-        "x": x_all[rows], "allocated": ev["allocated"].to_numpy()[rows] if n else np.empty(0),
+        "x": x_all[rows],
+        "allocated": ev["allocated"].to_numpy()[rows] if n else np.empty(0),
         "reserved": ev["reserved"].to_numpy()[rows] if n else np.empty(0),
         "categories": [{"name": c, "color": palette[c], "bytes": ct[c].to_numpy(np.float64)} for c in cats],
         "spans": spans,
-        "peak": {"x": float(x_all[pi]) if pi >= 0 and n else 0.0, "bytes": int(rep.peak_allocated),
-                 "stage": str(peak["stage"])},
+        "peak": {
+            "x": float(x_all[pi]) if pi >= 0 and n else 0.0,
+            "bytes": int(rep.peak_allocated),
+            "stage": str(peak["stage"]),
+        },
         "truncated": bool(rep.truncated),
     }
 
@@ -141,24 +146,64 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
     for k, s in enumerate(d["spans"]):
         ax.axvspan(s["start"], s["end"], color=s["color"], alpha=0.10 if k % 2 else 0.17, linewidth=0)
         label = s["group"] + (f" ×{s['steps']}" if s["steps"] > 1 else "")
-        ax.text((s["start"] + s["end"]) / 2, 1.0, label, transform=ax.get_xaxis_transform(), ha="center",
-                va="bottom", fontsize=7.5, color="#444444", clip_on=False)
+        ax.text(
+            (s["start"] + s["end"]) / 2,
+            1.0,
+            label,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+            color="#444444",
+            clip_on=False,
+        )
     if d["categories"]:
-        ax.stackplot(x, *[c["bytes"] / GIB for c in d["categories"]], colors=[c["color"] for c in d["categories"]],
-                     labels=[c["name"] for c in d["categories"]], alpha=0.75, linewidth=0, step="post",
-                     rasterized=fmt == "svg")  # thousands of vertices: pixels keep the SVG small
+        ax.stackplot(
+            x,
+            *[c["bytes"] / GIB for c in d["categories"]],
+            colors=[c["color"] for c in d["categories"]],
+            labels=[c["name"] for c in d["categories"]],
+            alpha=0.75,
+            linewidth=0,
+            step="post",
+            rasterized=fmt == "svg",
+        )  # thousands of vertices: pixels keep the SVG small
     ax.step(x, d["reserved"] / GIB, where="post", color=RESERVED_COLOR, linewidth=1.0, linestyle="--", label="reserved")
     ax.step(x, d["allocated"] / GIB, where="post", color=ALLOCATED_COLOR, linewidth=1.2, label="allocated")
     p = d["peak"]
-    ax.plot([p["x"]], [p["bytes"] / GIB], marker="o", markersize=9, color=PEAK_COLOR, markeredgecolor=PEAK_COLOR,
-            linestyle="none", zorder=5)  # no legend entry: the annotation names it
+    ax.plot(
+        [p["x"]],
+        [p["bytes"] / GIB],
+        marker="o",
+        markersize=9,
+        color=PEAK_COLOR,
+        markeredgecolor=PEAK_COLOR,
+        linestyle="none",
+        zorder=5,
+    )  # no legend entry: the annotation names it
     if len(d["ooms"]["x"]):
-        ax.plot(d["ooms"]["x"], d["ooms"]["bytes"] / GIB, marker="X", markersize=9, color="black", linestyle="none",
-                label="CUDA OOM", zorder=6)
+        ax.plot(
+            d["ooms"]["x"],
+            d["ooms"]["bytes"] / GIB,
+            marker="X",
+            markersize=9,
+            color="black",
+            linestyle="none",
+            label="CUDA OOM",
+            zorder=6,
+        )
     lo, hi = ax.get_xlim()
-    right = p["x"] > (lo + hi) / 2   # keep the label inside the axes
-    ax.annotate(f"peak {fmt_bytes(p['bytes'])}\n{p['stage']}", (p["x"], p["bytes"] / GIB), xytext=(-10 if right else 10, -4),
-                textcoords="offset points", fontsize=8, color=PEAK_COLOR, va="top", ha="right" if right else "left")
+    right = p["x"] > (lo + hi) / 2  # keep the label inside the axes
+    ax.annotate(
+        f"peak {fmt_bytes(p['bytes'])}\n{p['stage']}",
+        (p["x"], p["bytes"] / GIB),
+        xytext=(-10 if right else 10, -4),
+        textcoords="offset points",
+        fontsize=8,
+        color=PEAK_COLOR,
+        va="top",
+        ha="right" if right else "left",
+    )
     ax.set_xlabel(d["x_label"] + (" — history wrapped: recorded window only" if d["truncated"] else ""), fontsize=8)
     ax.tick_params(labelsize=8)
     fig.suptitle(d["title"], fontsize=10.5, x=0.01, ha="left")
@@ -182,12 +227,25 @@ def compare_picture_data(cmp: Comparison, doc: dict[str, Any]) -> dict[str, Any]
     for tl, r in zip(rd.timelines, cmp.runs.itertuples(index=False), strict=True):
         alloc = np.asarray(tl.allocated, np.float64)
         k = int(np.nanargmax(alloc)) if len(alloc) and np.isfinite(alloc).any() else -1
-        runs.append({"label": tl.label, "color": tl.color, "x": np.asarray(tl.x, np.float64), "allocated": alloc,
-                     "peak_x": float(tl.x[k]) if k >= 0 else 0.0, "peak_bytes": int(r.peak_allocated_bytes)})
+        runs.append(
+            {
+                "label": tl.label,
+                "color": tl.color,
+                "x": np.asarray(tl.x, np.float64),
+                "allocated": alloc,
+                "peak_x": float(tl.x[k]) if k >= 0 else 0.0,
+                "peak_bytes": int(r.peak_allocated_bytes),
+            }
+        )
     base = runs[0]
     parts = [f"{r['label']} {fmt_bytes(r['peak_bytes'])}" for r in runs]
-    return {"title": "peak allocated: " + " vs ".join(parts), "runs": runs, "spans": spans, "n_slots": len(rd.slots),
-            "base_label": base["label"]}
+    return {
+        "title": "peak allocated: " + " vs ".join(parts),
+        "runs": runs,
+        "spans": spans,
+        "n_slots": len(rd.slots),
+        "base_label": base["label"],
+    }
 
 
 def render_compare_picture(cmp: Comparison, doc: dict[str, Any], fmt: str = "png") -> bytes:
@@ -202,15 +260,38 @@ def draw_compare(d: dict[str, Any], fmt: str = "png") -> bytes:
     for k, s in enumerate(d["spans"]):
         ax.axvspan(s["start"], s["end"], color=s["color"], alpha=0.10 if k % 2 else 0.17, linewidth=0)
         label = s["group"] + (f" ×{s['steps']}" if s["steps"] > 1 else "")
-        ax.text((s["start"] + s["end"]) / 2, 1.0, label, transform=ax.get_xaxis_transform(), ha="center",
-                va="bottom", fontsize=7.5, color="#444444", clip_on=False)
+        ax.text(
+            (s["start"] + s["end"]) / 2,
+            1.0,
+            label,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="bottom",
+            fontsize=7.5,
+            color="#444444",
+            clip_on=False,
+        )
     for k in range(1, d["n_slots"]):
-        ax.axvline(k, color="white", linewidth=0.6)   # step boundaries inside a shaded stage
+        ax.axvline(k, color="white", linewidth=0.6)  # step boundaries inside a shaded stage
     for i, r in enumerate(d["runs"]):
         # The base is drawn wide underneath, so where the runs agree both stay visible.
-        ax.plot(r["x"], r["allocated"] / GIB, color=r["color"], linewidth=2.6 if i == 0 else 1.1,
-                alpha=0.55 if i == 0 else 1.0, label=f"{r['label']} (peak {fmt_bytes(r['peak_bytes'])})")
-        ax.plot([r["peak_x"]], [r["peak_bytes"] / GIB], marker="v", markersize=8, color=r["color"], linestyle="none", zorder=5)
+        ax.plot(
+            r["x"],
+            r["allocated"] / GIB,
+            color=r["color"],
+            linewidth=2.6 if i == 0 else 1.1,
+            alpha=0.55 if i == 0 else 1.0,
+            label=f"{r['label']} (peak {fmt_bytes(r['peak_bytes'])})",
+        )
+        ax.plot(
+            [r["peak_x"]],
+            [r["peak_bytes"] / GIB],
+            marker="v",
+            markersize=8,
+            color=r["color"],
+            linestyle="none",
+            zorder=5,
+        )
     ax.set_xticks([])
     ax.set_xlabel("stages aligned by label (each stage or step has the same width in every run)", fontsize=8)
     ax.tick_params(labelsize=8)

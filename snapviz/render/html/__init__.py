@@ -10,6 +10,7 @@
 
 What needs computing comes from :mod:`snapviz.analyses.report_view`; renderers only draw.
 """
+
 from __future__ import annotations
 
 from snapviz.render.html.compare import render_compare_html, render_compare_report_data
@@ -17,5 +18,13 @@ from snapviz.render.html.page import build_page, esc
 from snapviz.render.html.snapshot import render_html, render_report_data
 from snapviz.render.html.trace import render_trace_html, render_trace_report_data
 
-__all__ = ["render_html", "render_report_data", "render_trace_html", "render_trace_report_data",
-           "render_compare_html", "render_compare_report_data", "build_page", "esc"]
+__all__ = [
+    "render_html",
+    "render_report_data",
+    "render_trace_html",
+    "render_trace_report_data",
+    "render_compare_html",
+    "render_compare_report_data",
+    "build_page",
+    "esc",
+]

@@ -3,6 +3,7 @@
 Everything here takes plain columns and returns Bokeh models; nothing is computed from the
 analyses. Byte values show in binary units (``1.5 GiB``) on axes and in tooltips.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,11 +60,13 @@ def bytes_ticker(desired_num_ticks: int = 6) -> AdaptiveTicker:
 
 def seconds_tick_formatter() -> CustomJSTickFormatter:
     """Seconds with as many decimals as the tick spacing needs (no 1.000e-3)."""
-    return CustomJSTickFormatter(code="""
+    return CustomJSTickFormatter(
+        code="""
 const step = ticks.length > 1 ? Math.abs(ticks[1] - ticks[0]) : 1;
 const d = step > 0 ? Math.min(6, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9))) : 0;
 return tick.toFixed(d);
-""")
+"""
+    )
 
 
 def bytes_hover_formatter() -> CustomJSHover:
@@ -71,8 +74,9 @@ def bytes_hover_formatter() -> CustomJSHover:
 
 
 def lookup_formatter(names: Sequence[str], missing: str = "") -> CustomJSHover:
-    return CustomJSHover(args={"names": list(names)},
-                         code=f"return (value >= 0 && value < names.length) ? names[value] : {missing!r};")
+    return CustomJSHover(
+        args={"names": list(names)}, code=f"return (value >= 0 && value < names.length) ? names[value] : {missing!r};"
+    )
 
 
 def plain_text(text: str) -> PlainText:
@@ -86,7 +90,11 @@ def make_source(columns: dict[str, Any]) -> ColumnDataSource:
         if isinstance(v, np.ndarray):
             # Bokeh ships typed arrays in base64; int64 has no JS typed array.
             if v.dtype.kind in "iu":
-                v = v.astype(np.int32) if (len(v) == 0 or (v.min() >= -2**31 and v.max() < 2**31)) else v.astype(np.float64)
+                v = (
+                    v.astype(np.int32)
+                    if (len(v) == 0 or (v.min() >= -(2**31) and v.max() < 2**31))
+                    else v.astype(np.float64)
+                )
             elif v.dtype.kind == "b":
                 v = v.astype(np.int8)
         data[k] = v
@@ -128,10 +136,21 @@ def bytes_axis(fig: Any, ticks: int = 6) -> None:
     fig.yaxis.ticker = bytes_ticker(ticks)
 
 
-def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec], *, x_label: str,
-                    bands: Mapping[str, Any] | None = None, band_x: tuple[str, str] | None = None,
-                    peak: Peak | None = None, peak_x: float | None = None, y_top: float | None = None,
-                    height: int = 380, x_range: Any = None, title: str | None = None) -> Any:
+def timeline_figure(
+    source: ColumnDataSource,
+    x: str,
+    lines: Sequence[LineSpec],
+    *,
+    x_label: str,
+    bands: Mapping[str, Any] | None = None,
+    band_x: tuple[str, str] | None = None,
+    peak: Peak | None = None,
+    peak_x: float | None = None,
+    y_top: float | None = None,
+    height: int = 380,
+    x_range: Any = None,
+    title: str | None = None,
+) -> Any:
     """A memory-over-time figure: step lines of ``source`` columns over ``x``, stage
     bands (``bands`` columns ``band_x[0]``/``band_x[1]``, ``name``, ``group``, ``color``,
     ``alpha``) under them, and the peak marked with a span and a label."""
@@ -145,38 +164,99 @@ def timeline_figure(source: ColumnDataSource, x: str, lines: Sequence[LineSpec],
         groups = list(dict.fromkeys(bands["group"]))
         for g in groups:
             ix = [i for i, gg in enumerate(bands["group"]) if gg == g]
-            src = make_source({"left": np.asarray(bands[band_x[0]])[ix], "right": np.asarray(bands[band_x[1]])[ix],
-                           "name": [bands["name"][i] for i in ix], "alpha": [bands["alpha"][i] for i in ix],
-                           "top": np.full(len(ix), top * 1.12)})
+            src = make_source(
+                {
+                    "left": np.asarray(bands[band_x[0]])[ix],
+                    "right": np.asarray(bands[band_x[1]])[ix],
+                    "name": [bands["name"][i] for i in ix],
+                    "alpha": [bands["alpha"][i] for i in ix],
+                    "top": np.full(len(ix), top * 1.12),
+                }
+            )
             color = bands["color"][ix[0]]
-            r = fig.quad(left="left", right="right", bottom=0, top="top", fill_color=color, fill_alpha="alpha",
-                         line_color=None, source=src, level="underlay")
+            r = fig.quad(
+                left="left",
+                right="right",
+                bottom=0,
+                top="top",
+                fill_color=color,
+                fill_alpha="alpha",
+                line_color=None,
+                source=src,
+                level="underlay",
+            )
             # The bands' own alpha is too faint for a legend swatch: add an empty, stronger one.
             sw = fig.quad(left=[], right=[], bottom=[], top=[], fill_color=color, fill_alpha=0.45, line_color=None)
             legend_items.append(LegendItem(label=value(g), renderers=[sw, r]))
     line_items = []
     for spec in lines:
-        r = fig.step(x=x, y=spec.field, source=source, mode="after", line_color=spec.color, line_width=spec.width,
-                     line_dash=spec.dash, line_alpha=spec.alpha)
+        r = fig.step(
+            x=x,
+            y=spec.field,
+            source=source,
+            mode="after",
+            line_color=spec.color,
+            line_width=spec.width,
+            line_dash=spec.dash,
+            line_alpha=spec.alpha,
+        )
         line_items.append(LegendItem(label=value(spec.label), renderers=[r]))
     if peak is not None and peak_x is not None and np.isfinite(peak_x):
-        fig.add_layout(Span(location=float(peak_x), dimension="height", line_color=SERIES_COLORS["peak"],
-                            line_dash="dashed", line_width=1.5))
-        pr = fig.scatter(x=[float(peak_x)], y=[float(peak.allocated)], size=11, marker="circle",
-                         fill_color=SERIES_COLORS["peak"], line_color="white", line_width=2)
+        fig.add_layout(
+            Span(
+                location=float(peak_x),
+                dimension="height",
+                line_color=SERIES_COLORS["peak"],
+                line_dash="dashed",
+                line_width=1.5,
+            )
+        )
+        pr = fig.scatter(
+            x=[float(peak_x)],
+            y=[float(peak.allocated)],
+            size=11,
+            marker="circle",
+            fill_color=SERIES_COLORS["peak"],
+            line_color="white",
+            line_width=2,
+        )
         line_items.append(LegendItem(label=value("peak"), renderers=[pr]))
         # Keep the label inside the plot: put it left of the peak when the peak is near the right end.
         xs = np.asarray(source.data.get(x, []), dtype=np.float64)
-        right_side = bool(len(xs)) and np.isfinite(xs).any() and \
-            (float(peak_x) - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12)
-        fig.add_layout(Label(x=float(peak_x), y=float(peak.allocated), text=plain_text(peak.label),
-                             x_offset=-8 if right_side else 8, y_offset=6, text_align="right" if right_side else "left",
-                             text_font_size="12px", text_color=SERIES_COLORS["peak"], text_font_style="bold",
-                             background_fill_color="white", background_fill_alpha=0.85))
+        right_side = (
+            bool(len(xs))
+            and np.isfinite(xs).any()
+            and (float(peak_x) - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12)
+        )
+        fig.add_layout(
+            Label(
+                x=float(peak_x),
+                y=float(peak.allocated),
+                text=plain_text(peak.label),
+                x_offset=-8 if right_side else 8,
+                y_offset=6,
+                text_align="right" if right_side else "left",
+                text_font_size="12px",
+                text_color=SERIES_COLORS["peak"],
+                text_font_style="bold",
+                background_fill_color="white",
+                background_fill_alpha=0.85,
+            )
+        )
     items = line_items + legend_items
-    legend = Legend(items=items, orientation="horizontal", location="top_left",
-                    click_policy="hide", label_text_font_size="12px", spacing=14, padding=4, margin=4,
-                    border_line_color=None, background_fill_alpha=0.0, glyph_width=18)
+    legend = Legend(
+        items=items,
+        orientation="horizontal",
+        location="top_left",
+        click_policy="hide",
+        label_text_font_size="12px",
+        spacing=14,
+        padding=4,
+        margin=4,
+        border_line_color=None,
+        background_fill_alpha=0.0,
+        glyph_width=18,
+    )
     if len(items) > 12:  # many custom stages: wrap instead of running off the plot
         legend.ncols = 12
     fig.add_layout(legend, "above")
@@ -192,12 +272,22 @@ def small_title(fig: Any) -> None:
 
 def stack_pane(text: str) -> PreText:
     """A text pane for stacks (styled by ``assets/stack_pane.css`` inside Bokeh's shadow DOM)."""
-    return PreText(text=text, sizing_mode="stretch_width", disable_math=True,
-                   stylesheets=[InlineStyleSheet(css=load_asset("stack_pane.css"))])
+    return PreText(
+        text=text,
+        sizing_mode="stretch_width",
+        disable_math=True,
+        stylesheets=[InlineStyleSheet(css=load_asset("stack_pane.css"))],
+    )
 
 
-def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], name: str, stack_field: str | None,
-                 hint: str, max_height: int = 420) -> UIElement:
+def table_block(
+    columns: dict[str, Any],
+    spec: Sequence[tuple[str, str, int]],
+    name: str,
+    stack_field: str | None,
+    hint: str,
+    max_height: int = 420,
+) -> UIElement:
     # The stacks shown on selection travel as one JSON string on the pane, not as a column:
     # BokehJS decodes string columns value by value when the page opens (see timeline_plots).
     stacks = list(columns[stack_field]) if stack_field is not None else []
@@ -207,16 +297,31 @@ def table_block(columns: dict[str, Any], spec: Sequence[tuple[str, str, int]], n
     scale = max(1.0, TABLE_WIDTH / max(sum(w for _, _, w in spec), 1))
     cols = [TableColumn(field=f, title=t, width=int(w * scale)) for f, t, w in spec]
     n = len(next(iter(columns.values()))) if columns else 0
-    table = DataTable(source=src, columns=cols, height=min(max_height, 28 * n + 32), sizing_mode="stretch_width",
-                      index_position=None, selectable=True, row_height=26, name=f"{name}-table",
-                      autosize_mode="none", reorderable=False)  # reordering needs jquery-ui, which Bokeh does not bundle
+    table = DataTable(
+        source=src,
+        columns=cols,
+        height=min(max_height, 28 * n + 32),
+        sizing_mode="stretch_width",
+        index_position=None,
+        selectable=True,
+        row_height=26,
+        name=f"{name}-table",
+        autosize_mode="none",
+        reorderable=False,
+    )  # reordering needs jquery-ui, which Bokeh does not bundle
     if stack_field is None:
         return Column(table, sizing_mode="stretch_width", name=name)
     pane = stack_pane(hint)
     pane.tags = [json.dumps(stacks)]
-    src.selected.js_on_change("indices", CustomJS(args={"pane": pane}, code="""
+    src.selected.js_on_change(
+        "indices",
+        CustomJS(
+            args={"pane": pane},
+            code="""
 const ix = cb_obj.indices;
 const texts = pane.sv_texts || (pane.sv_texts = JSON.parse(pane.tags[0]));
 if (ix.length && ix[0] < texts.length) pane.text = texts[ix[0]];
-"""))
+""",
+        ),
+    )
     return Column(table, pane, sizing_mode="stretch_width", name=name)

@@ -1,5 +1,6 @@
 """The comparison page: one self-contained HTML file (Bokeh INLINE, works offline), drawn
 from :func:`~snapviz.render.html.compare_data.compare_report_data` with the page and Bokeh kits."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,18 +32,22 @@ def _hero(data: CompareReport) -> str:
     rows = "".join(
         f'<tr><td><span class="sv-swatch" style="background:{r.color}"></span>{esc(r.label)}</td><td>{esc(r.peak)}</td>'
         f"<td>{esc(r.delta)}</td><td>{esc(r.reserved)}</td><td>{esc(r.reserved_delta)}</td><td>{esc(r.stage)}</td>"
-        f"<td>{r.events:,}</td></tr>" for r in data.runs)
+        f"<td>{r.events:,}</td></tr>"
+        for r in data.runs
+    )
     gate = ""
     fo = data.fail_over
     if fo is not None:
         cls = "match" if fo["passed"] else "differs"
         gate = f'<div class="sv-badge {cls}">gate --fail-over {fo["percent"]:g}%: {"passed" if fo["passed"] else "FAILED"}</div>'
-    return (f'<header class="sv-hero"><p class="sv-kicker">snapviz · GPU memory comparison</p>'
-            f'<p class="sv-title">{esc(data.title)}</p><h1 class="sv-verdict" id="sv-verdict">{esc(head)}</h1>'
-            f'{"<ul class=sv-lines>" + items + "</ul>" if items else ""}'
-            f'<div class="sv-cmp-wrap"><table class="sv-cmp" id="sv-runs"><thead><tr><th>run</th><th>peak allocated</th>'
-            f'<th>Δ vs base</th><th>peak reserved</th><th>Δ reserved</th><th>peak in</th><th>events</th></tr></thead>'
-            f'<tbody>{rows}</tbody></table></div>{gate}</header>')
+    return (
+        f'<header class="sv-hero"><p class="sv-kicker">snapviz · GPU memory comparison</p>'
+        f'<p class="sv-title">{esc(data.title)}</p><h1 class="sv-verdict" id="sv-verdict">{esc(head)}</h1>'
+        f"{'<ul class=sv-lines>' + items + '</ul>' if items else ''}"
+        f'<div class="sv-cmp-wrap"><table class="sv-cmp" id="sv-runs"><thead><tr><th>run</th><th>peak allocated</th>'
+        f"<th>Δ vs base</th><th>peak reserved</th><th>Δ reserved</th><th>peak in</th><th>events</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>{gate}</header>"
+    )
 
 
 def _timeline(data: CompareReport) -> Any:
@@ -50,10 +55,17 @@ def _timeline(data: CompareReport) -> Any:
     n_slots = max(len(data.slots), 1)
     first = tls[0]
     src0 = make_source({"x": first.x, "allocated": first.allocated, "reserved": first.reserved, "stage": first.stage})
-    fig = timeline_figure(src0, "x", [LineSpec("allocated", first.label, first.color, 2.2)],
-                          x_label="stage (each stage label has the same width in every run)",
-                          bands=vars(data.bands), band_x=("left", "right"), y_top=data.y_top, height=420,
-                          x_range=Range1d(0, n_slots, bounds=(0, n_slots)))
+    fig = timeline_figure(
+        src0,
+        "x",
+        [LineSpec("allocated", first.label, first.color, 2.2)],
+        x_label="stage (each stage label has the same width in every run)",
+        bands=vars(data.bands),
+        band_x=("left", "right"),
+        y_top=data.y_top,
+        height=420,
+        x_range=Range1d(0, n_slots, bounds=(0, n_slots)),
+    )
     legend = fig.legend[0]
     sources = [(first, src0)]
     for t in tls[1:]:
@@ -61,8 +73,20 @@ def _timeline(data: CompareReport) -> Any:
         r = fig.step(x="x", y="allocated", source=src, mode="after", line_color=t.color, line_width=2.0, line_alpha=0.9)
         legend.items.insert(len(sources), LegendItem(label=value(t.label), renderers=[r]))
         sources.append((t, src))
-    reserved = [fig.step(x="x", y="reserved", source=src, mode="after", line_color=t.color, line_width=1.0,
-                         line_dash="dashed", line_alpha=0.55, visible=False) for t, src in sources]
+    reserved = [
+        fig.step(
+            x="x",
+            y="reserved",
+            source=src,
+            mode="after",
+            line_color=t.color,
+            line_width=1.0,
+            line_dash="dashed",
+            line_alpha=0.55,
+            visible=False,
+        )
+        for t, src in sources
+    ]
     legend.items.append(LegendItem(label=value("reserved (dashed, every run)"), renderers=reserved))
     # Autoscale y on the visible lines only (bands and hover markers do not count), from 0.
     lines = [r for r in fig.renderers if getattr(r.glyph, "mode", None) == "after"]
@@ -70,9 +94,13 @@ def _timeline(data: CompareReport) -> Any:
     hover_renderers = []
     for _t, src in sources:
         hover_renderers.append(fig.scatter(x="x", y="allocated", source=src, size=7, fill_alpha=0, line_alpha=0))
-    fig.add_tools(HoverTool(renderers=hover_renderers, tooltips=[("stage", "@stage"), ("allocated", "@allocated{custom}"),
-                                                                  ("reserved", "@reserved{custom}")],
-                            formatters={"@allocated": bytes_hover_formatter(), "@reserved": bytes_hover_formatter()}))
+    fig.add_tools(
+        HoverTool(
+            renderers=hover_renderers,
+            tooltips=[("stage", "@stage"), ("allocated", "@allocated{custom}"), ("reserved", "@reserved{custom}")],
+            formatters={"@allocated": bytes_hover_formatter(), "@reserved": bytes_hover_formatter()},
+        )
+    )
     fig.xaxis.ticker = FixedTicker(ticks=data.ticks)
     fig.xaxis.major_label_overrides = {float(k): v for k, v in data.tick_labels.items()}
     if len(data.ticks) > 8 or len(data.slots) > 24:  # many ticks, or one-slot stages side by side
@@ -87,16 +115,34 @@ def _timeline(data: CompareReport) -> Any:
 def _bars(data: CompareReport) -> Any:
     b = data.bars
     top = float(np.nanmax(b.peak_allocated)) if len(b.factors) and np.isfinite(b.peak_allocated).any() else 1.0
-    src = make_source({"x": b.factors, "peak_allocated": np.nan_to_num(b.peak_allocated),
-                       "peak_reserved": b.peak_reserved, "color": b.color, "delta": b.delta,
-                       "run": [f[1] for f in b.factors]})
-    fig = base_figure(340, x_range=FactorRange(*b.factors) if b.factors else FactorRange(),
-                       y_range=Range1d(0, max(top, 1.0) * 1.12, bounds=(0, None)))
+    src = make_source(
+        {
+            "x": b.factors,
+            "peak_allocated": np.nan_to_num(b.peak_allocated),
+            "peak_reserved": b.peak_reserved,
+            "color": b.color,
+            "delta": b.delta,
+            "run": [f[1] for f in b.factors],
+        }
+    )
+    fig = base_figure(
+        340,
+        x_range=FactorRange(*b.factors) if b.factors else FactorRange(),
+        y_range=Range1d(0, max(top, 1.0) * 1.12, bounds=(0, None)),
+    )
     fig.toolbar_location = None
     fig.vbar(x="x", top="peak_allocated", width=0.85, source=src, fill_color="color", line_color=None, fill_alpha=0.85)
-    fig.add_tools(HoverTool(tooltips=[("run", "@run"), ("peak allocated", "@peak_allocated{custom}"),
-                                      ("peak reserved", "@peak_reserved{custom}"), ("vs base", "@delta")],
-                            formatters={"@peak_allocated": bytes_hover_formatter(), "@peak_reserved": bytes_hover_formatter()}))
+    fig.add_tools(
+        HoverTool(
+            tooltips=[
+                ("run", "@run"),
+                ("peak allocated", "@peak_allocated{custom}"),
+                ("peak reserved", "@peak_reserved{custom}"),
+                ("vs base", "@delta"),
+            ],
+            formatters={"@peak_allocated": bytes_hover_formatter(), "@peak_reserved": bytes_hover_formatter()},
+        )
+    )
     fig.yaxis.formatter = bytes_tick_formatter()
     fig.yaxis.ticker = bytes_ticker()
     fig.xgrid.grid_line_color = None
@@ -116,26 +162,52 @@ def render_compare_report_data(data: CompareReport, lead: Sequence[str | UIEleme
     blocks: list[Any] = [table_css(), _hero(data), *lead]
     blocks.append(warnings_html(data.warnings[:12], "⚠ warnings"))
     if any(len(t.x) for t in data.timelines):
-        blocks += [card_open("Memory over the pipeline, aligned by stage",
-                         "Each stage label (every denoising step too) gets the same width in every run, so steps line "
-                         "up whatever their wall time. Solid: allocated; click a legend entry to show reserved (dashed) "
-                         "or hide a run. Min/max decimation keeps every stage's peak.", "sv-cmp-timeline-card"),
-                   _timeline(data), "</section>"]
+        blocks += [
+            card_open(
+                "Memory over the pipeline, aligned by stage",
+                "Each stage label (every denoising step too) gets the same width in every run, so steps line "
+                "up whatever their wall time. Solid: allocated; click a legend entry to show reserved (dashed) "
+                "or hide a run. Min/max decimation keeps every stage's peak.",
+                "sv-cmp-timeline-card",
+            ),
+            _timeline(data),
+            "</section>",
+        ]
     if data.bars.factors:
-        blocks += [card_open("Peak allocated per stage", "One bar per run in each stage (the peak over all its intervals and steps).",
-                         "sv-cmp-bars-card"), _bars(data), "</section>"]
+        blocks += [
+            card_open(
+                "Peak allocated per stage",
+                "One bar per run in each stage (the peak over all its intervals and steps).",
+                "sv-cmp-bars-card",
+            ),
+            _bars(data),
+            "</section>",
+        ]
     head = ["stage"] + [f"{lab} (base)" if i == 0 else lab for i, lab in enumerate(labels)]
     rows = [[r.name, *r.cells] for r in data.stage_rows]
-    blocks.append(card_open("Peak allocated per stage and step", "Δ against the base; — where a run has no such stage.", "sv-cmp-deltas")
-                  + f'<div class="sv-cmp-wrap">{html_table(head, rows, "sv-delta-table")}</div></section>')
+    blocks.append(
+        card_open(
+            "Peak allocated per stage and step", "Δ against the base; — where a run has no such stage.", "sv-cmp-deltas"
+        )
+        + f'<div class="sv-cmp-wrap">{html_table(head, rows, "sv-delta-table")}</div></section>'
+    )
     if data.site_rows:
-        head = ["allocation site", f"{labels[0]}: live at peak / allocated in total"] + [f"{lab}: Δ" for lab in labels[1:]]
+        head = ["allocation site", f"{labels[0]}: live at peak / allocated in total"] + [
+            f"{lab}: Δ" for lab in labels[1:]
+        ]
         rows = [[r.name, *r.cells] for r in data.site_rows]
-        blocks.append(card_open("Allocation sites that changed", "Matched by source line; bytes live at each run's peak / bytes "
-                            "allocated over the whole run.", "sv-cmp-sites")
-                      + f'<div class="sv-cmp-wrap">{html_table(head, rows, "sv-site-table")}</div></section>')
-    blocks.append(f'<footer class="sv-foot" id="sv-footer">Generated by snapviz {esc(__version__)} compare — '
-                  "self-contained, works offline.</footer>")
+        blocks.append(
+            card_open(
+                "Allocation sites that changed",
+                "Matched by source line; bytes live at each run's peak / bytes allocated over the whole run.",
+                "sv-cmp-sites",
+            )
+            + f'<div class="sv-cmp-wrap">{html_table(head, rows, "sv-site-table")}</div></section>'
+        )
+    blocks.append(
+        f'<footer class="sv-foot" id="sv-footer">Generated by snapviz {esc(__version__)} compare — '
+        "self-contained, works offline.</footer>"
+    )
     return build_page(f"snapviz compare: {data.title}", blocks)
 
 

@@ -7,6 +7,7 @@ The timeline's x axis is *stage-normalised*: stage label k (``load``, ``denoise/
 owns the slot [k, k+1) in every run, and an event's position inside the slot is its rank
 among that label's events, so ``denoise/3`` lines up across runs whatever its wall time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,18 @@ from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 from snapviz.vocab import stage_group
 
 # Run colors: the base is dark, others follow Tableau 10 (stage colors stay in the bands).
-RUN_COLORS = ("#1d2330", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+RUN_COLORS = (
+    "#1d2330",
+    "#d62728",
+    "#1f77b4",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+)
 
 
 @dataclass
@@ -123,23 +135,39 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
     palette = stage_palette(slots)
     groups = [stage_group(s) for s in slots]
     shade = [0.16 if k % 2 == 0 else 0.08 for k in range(len(slots))]  # neighbours of one group stay apart
-    bands = SlotBands(left=np.arange(len(slots), dtype=np.float64),
-                      right=np.arange(1, len(slots) + 1, dtype=np.float64), name=slots, group=groups,
-                      color=[palette[s] for s in slots], alpha=shade)
+    bands = SlotBands(
+        left=np.arange(len(slots), dtype=np.float64),
+        right=np.arange(1, len(slots) + 1, dtype=np.float64),
+        name=slots,
+        group=groups,
+        color=[palette[s] for s in slots],
+        alpha=shade,
+    )
     timelines = []
     tl = cmp.timeline
     for i, lab in enumerate(labels):
         part = tl[tl["run"] == i]
         x = part["x"].to_numpy(np.float64)
-        cols = {"allocated": part["allocated"].to_numpy(np.float64), "reserved": part["reserved"].to_numpy(np.float64),
-                "stage": np.asarray(part["name"].astype(str).tolist(), dtype=object)}
+        cols = {
+            "allocated": part["allocated"].to_numpy(np.float64),
+            "reserved": part["reserved"].to_numpy(np.float64),
+            "stage": np.asarray(part["name"].astype(str).tolist(), dtype=object),
+        }
         # Break the line over stage slots this run does not have (fewer steps, no refiner…).
         gap = np.flatnonzero(np.floor(x[1:]) - np.floor(x[:-1]) > 1) + 1 if len(x) else np.empty(0, np.int64)
         if len(gap):
             x = np.insert(x, gap, np.floor(x[gap - 1]) + 1)
             cols = {k: np.insert(v, gap, "" if k == "stage" else np.nan) for k, v in cols.items()}
-        timelines.append(RunTimeline(label=str(lab), color=run_color(i), x=x, allocated=cols["allocated"],
-                                     reserved=cols["reserved"], stage=[str(v) for v in cols["stage"]]))
+        timelines.append(
+            RunTimeline(
+                label=str(lab),
+                color=run_color(i),
+                x=x,
+                allocated=cols["allocated"],
+                reserved=cols["reserved"],
+                stage=[str(v) for v in cols["stage"]],
+            )
+        )
     st = cmp.stages
     factors: list[tuple[str, str]] = []
     peak: list[float] = []
@@ -151,19 +179,34 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
             factors.append((str(name), str(r.label)))
             peak.append(float(r.peak_allocated_bytes) if not _na(r.peak_allocated_bytes) else np.nan)
             reserved.append(float(r.peak_reserved_bytes) if not _na(r.peak_reserved_bytes) else np.nan)
-            delta.append("" if r.run == 0 or _na(r.delta_bytes) else fmt_delta(int(r.delta_bytes)) + _pct(r.delta_ratio))
+            delta.append(
+                "" if r.run == 0 or _na(r.delta_bytes) else fmt_delta(int(r.delta_bytes)) + _pct(r.delta_ratio)
+            )
             colors.append(run_color(int(r.run)))
-    bars = CompareBars(factors=factors, peak_allocated=np.array(peak, np.float64),
-                       peak_reserved=np.array(reserved, np.float64), color=colors, delta=delta)
+    bars = CompareBars(
+        factors=factors,
+        peak_allocated=np.array(peak, np.float64),
+        peak_reserved=np.array(reserved, np.float64),
+        color=colors,
+        delta=delta,
+    )
     runs = []
     for i, r in enumerate(doc["runs"]):
         p = r["peak"]
-        runs.append(RunRow(label=str(r["label"]), color=run_color(i), source=str(r["source"]),
-                           peak=fmt_bytes(p["allocated_bytes"]), reserved=fmt_bytes(p["reserved_bytes"]),
-                           stage=str(p["stage"]),
-                           delta="base" if i == 0 else fmt_delta(r["delta_bytes"]) + _pct(r.get("delta_ratio")),
-                           reserved_delta="" if i == 0 else fmt_delta(r["reserved_delta_bytes"]),
-                           events=int(r["events"]), stage_source=str(r["stage_source"])))
+        runs.append(
+            RunRow(
+                label=str(r["label"]),
+                color=run_color(i),
+                source=str(r["source"]),
+                peak=fmt_bytes(p["allocated_bytes"]),
+                reserved=fmt_bytes(p["reserved_bytes"]),
+                stage=str(p["stage"]),
+                delta="base" if i == 0 else fmt_delta(r["delta_bytes"]) + _pct(r.get("delta_ratio")),
+                reserved_delta="" if i == 0 else fmt_delta(r["reserved_delta_bytes"]),
+                events=int(r["events"]),
+                stage_source=str(r["stage_source"]),
+            )
+        )
     stage_rows = []
     for s in doc["stages"] + doc["steps"]:
         cells = []
@@ -175,7 +218,11 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
                 cells.append(fmt_bytes(v))
             else:
                 d = s["delta_bytes"][i]
-                cells.append(f"{fmt_bytes(v)} ({'=' if d == 0 else fmt_delta(d) + _pct(s['delta_ratio'][i])})" if d is not None else fmt_bytes(v))
+                cells.append(
+                    f"{fmt_bytes(v)} ({'=' if d == 0 else fmt_delta(d) + _pct(s['delta_ratio'][i])})"
+                    if d is not None
+                    else fmt_bytes(v)
+                )
         stage_rows.append(TableRow(name=str(s["name"]), cells=cells, is_step="step" in s))
     site_rows = []
     for site in changed_sites(cmp.sites, 40):
@@ -192,10 +239,23 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
     warnings = [f"{r['label']}: {w}" for r in doc["runs"] for w in (r.get("warnings") or [])]
     ticks, tick_labels = _slot_ticks(slots)
     y_top = max([float(np.nanmax(t.reserved)) for t in timelines if len(t.reserved)] + [1.0])
-    return CompareReport(title=f"{labels[0]} vs " + ", ".join(labels[1:]), labels=[str(x) for x in labels],
-                         verdict=list(doc.get("verdict") or []), runs=runs, slots=slots, bands=bands, ticks=ticks,
-                         tick_labels=tick_labels, timelines=timelines, y_top=y_top, bars=bars, stage_rows=stage_rows,
-                         site_rows=site_rows, warnings=warnings, fail_over=doc.get("fail_over"))
+    return CompareReport(
+        title=f"{labels[0]} vs " + ", ".join(labels[1:]),
+        labels=[str(x) for x in labels],
+        verdict=list(doc.get("verdict") or []),
+        runs=runs,
+        slots=slots,
+        bands=bands,
+        ticks=ticks,
+        tick_labels=tick_labels,
+        timelines=timelines,
+        y_top=y_top,
+        bars=bars,
+        stage_rows=stage_rows,
+        site_rows=site_rows,
+        warnings=warnings,
+        fail_over=doc.get("fail_over"),
+    )
 
 
 def _na(v: Any) -> bool:

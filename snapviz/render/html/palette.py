@@ -1,4 +1,5 @@
 """Colors shared by every report and picture: a stage or category has one color everywhere."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -15,8 +16,23 @@ STAGE_COLORS: dict[str, str] = {
     "other": "#bcbd22",
     UNLABELLED: "#c7c7c7",
 }
-_EXTRA_COLORS = ("#17becf", "#e377c2", "#8c564b", "#aec7e8", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2",
-                 "#dbdb8d", "#9edae5", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+_EXTRA_COLORS = (
+    "#17becf",
+    "#e377c2",
+    "#8c564b",
+    "#aec7e8",
+    "#98df8a",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+)
 CATEGORY_COLORS: dict[str, str] = {
     "weights": "#7f7f7f",
     "attention scores": "#d62728",
@@ -28,8 +44,13 @@ CATEGORY_COLORS: dict[str, str] = {
     "unknown": "#bcbd22",
 }
 _EXTRA_CATEGORY_COLORS = ("#17becf", "#e377c2", "#ff7f0e", "#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5")
-SERIES_COLORS: dict[str, str] = {"allocated": "#1f3b73", "reserved": "#e8710a", "requested": "#5f9ea0",
-                                 "fragmentation": "#e8710a", "peak": "#d62728"}
+SERIES_COLORS: dict[str, str] = {
+    "allocated": "#1f3b73",
+    "reserved": "#e8710a",
+    "requested": "#5f9ea0",
+    "fragmentation": "#e8710a",
+    "peak": "#d62728",
+}
 
 
 def stage_palette(names: Iterable[str]) -> dict[str, str]:

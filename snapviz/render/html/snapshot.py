@@ -6,6 +6,7 @@ readable even where JavaScript is off; the plots and tables are Bokeh roots of o
 so their sources, ranges and selections are linked (the category area pans with the
 timeline; a click on a stage's bar selects that stage's blocks in its table).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,24 +30,34 @@ def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
 def _advice_html(data: SnapshotReport) -> str:
     advice = data.advice
     if not advice:
-        return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-none">Nothing from '
-                "the standard toolbox (SDPA, VAE tiling, fp16, offload, expandable segments) stands out for this "
-                "run's peak.</p></section>")
+        return (
+            '<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-none">Nothing from '
+            "the standard toolbox (SDPA, VAE tiling, fp16, offload, expandable segments) stands out for this "
+            "run's peak.</p></section>"
+        )
     tiles = []
     for a in advice[:4]:
         share = a.share
         save_cls = "sv-fix-save" if a.saves_up_to_bytes else "sv-fix-save unknown"
         if share and share > 1:  # e.g. cached memory beyond the peak: no share of it to show
             share = None
-        meter = (f'<div class="sv-meter" title="{share:.0%} of the peak"><span style="width:{share * 100:.1f}%">'
-                 "</span></div>" if share else "")
+        meter = (
+            f'<div class="sv-meter" title="{share:.0%} of the peak"><span style="width:{share * 100:.1f}%">'
+            "</span></div>"
+            if share
+            else ""
+        )
         save = esc(a.saves) + (f" · {share:.0%} of the peak" if share else "")
-        tiles.append(f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a.technique)}'
-                     f'</span><span class="{save_cls}">{save}</span></div>{meter}'
-                     f'<div class="sv-fix-why">{esc(a.why)}</div><code>{esc(a.how)}</code></div>')
-    return ('<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-hint">Fixes from the '
-            "standard toolbox, ranked by what this run's own live set at the peak says they can remove.</p>"
-            f'<div class="sv-fixes">{"".join(tiles)}</div></section>')
+        tiles.append(
+            f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a.technique)}'
+            f'</span><span class="{save_cls}">{save}</span></div>{meter}'
+            f'<div class="sv-fix-why">{esc(a.why)}</div><code>{esc(a.how)}</code></div>'
+        )
+    return (
+        '<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-hint">Fixes from the '
+        "standard toolbox, ranked by what this run's own live set at the peak says they can remove.</p>"
+        f'<div class="sv-fixes">{"".join(tiles)}</div></section>'
+    )
 
 
 def render_report_data(data: SnapshotReport) -> str:
@@ -55,33 +66,50 @@ def render_report_data(data: SnapshotReport) -> str:
     stage_top, linked = _stage_top_blocks(data)
     cards = _breakdown_blocks(data, linked)
     top = data.top_allocations
-    hint = (f"The {len(top.size)} largest blocks live at the peak (event {data.peak.index:,}). "
-            "Select a row to see where it was allocated." if len(top.size) else "")
+    hint = (
+        f"The {len(top.size)} largest blocks live at the peak (event {data.peak.index:,}). "
+        "Select a row to see where it was allocated."
+        if len(top.size)
+        else ""
+    )
     if top.has_ops:
         hint += " The op and its input shapes come from the run's profiler trace."
     cards.append(card_open("Live at the peak", hint, "sv-top"))
     if len(top.size):
-        spec = [("size", "size", 90), ("stage", "stage", 120), ("site", "allocated at", 900),
-                ("event_index", "event", 80)]
+        spec = [
+            ("size", "size", 90),
+            ("stage", "stage", 120),
+            ("site", "allocated at", 900),
+            ("event_index", "event", 80),
+        ]
         fields = ["size", "bytes", "stage", "site", "event_index", "stack_text"]
         if top.has_ops:
             spec[2] = ("site", "allocated at", 520)
             spec[3:3] = [("op", "op (trace)", 200), ("op_input_dims", "op input shapes", 260)]
             fields += ["op", "op_input_dims"]
-        cards.append(table_block(_columns(top, tuple(fields)), spec, "sv-top-allocations", "stack_text",
-                                 "Select a row to see its stack."))
+        cards.append(
+            table_block(
+                _columns(top, tuple(fields)), spec, "sv-top-allocations", "stack_text", "Select a row to see its stack."
+            )
+        )
     else:
-        cards.append('<p class="sv-none">No recorded allocation was live at the peak: the peak is memory '
-                     "allocated before the recorded history (see the categories).</p>" if data.peak.index < 0
-                     else '<p class="sv-none">No recorded allocation was live at the peak.</p>')
+        cards.append(
+            '<p class="sv-none">No recorded allocation was live at the peak: the peak is memory '
+            "allocated before the recorded history (see the categories).</p>"
+            if data.peak.index < 0
+            else '<p class="sv-none">No recorded allocation was live at the peak.</p>'
+        )
     cards.append("</section>")
     cards += stage_top
     cards += _attention_blocks(data)
-    hint = ("allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd segments · "
-            "requested = what tensors asked for; below, the same allocated memory by category. Drag to pan, scroll "
-            "to zoom (the plots move together), click a point for its stack; click legend entries to hide lines.")
-    return single_run_page(data, "snapviz · GPU memory report", hint, with_points=True,
-                           before_timeline=[_advice_html(data)], cards=cards)
+    hint = (
+        "allocated = blocks handed out (what max_memory_allocated counts) · reserved = cudaMalloc'd segments · "
+        "requested = what tensors asked for; below, the same allocated memory by category. Drag to pan, scroll "
+        "to zoom (the plots move together), click a point for its stack; click legend entries to hide lines."
+    )
+    return single_run_page(
+        data, "snapviz · GPU memory report", hint, with_points=True, before_timeline=[_advice_html(data)], cards=cards
+    )
 
 
 def _breakdown_blocks(data: SnapshotReport, linked: ColumnDataSource | None = None) -> list[str | UIElement]:
@@ -89,19 +117,37 @@ def _breakdown_blocks(data: SnapshotReport, linked: ColumnDataSource | None = No
     b = data.stage_breakdown
     n = len(b.label)
     if not n:
-        return ['<section class="sv-card" id="sv-stages"><h2>Peak by stage</h2><p class="sv-none">No stage '
-                "intervals: there is no trace history to attribute.</p></section>",
-                card_open("At the peak, by category", f"What the {fmt_bytes(data.peak.allocated)} live at "
-                           "the peak is made of", "sv-categories-card"), category_block(data), "</section>"]
+        return [
+            '<section class="sv-card" id="sv-stages"><h2>Peak by stage</h2><p class="sv-none">No stage '
+            "intervals: there is no trace history to attribute.</p></section>",
+            card_open(
+                "At the peak, by category",
+                f"What the {fmt_bytes(data.peak.allocated)} live at the peak is made of",
+                "sv-categories-card",
+            ),
+            category_block(data),
+            "</section>",
+        ]
     height = max(300, 26 * n + 90)
-    hint = b.note or ("Each bar is one stage interval (each denoising step separately) at its own peak, split by "
-                         "what was live then. Hover a segment for its bytes")
+    hint = b.note or (
+        "Each bar is one stage interval (each denoising step separately) at its own peak, split by "
+        "what was live then. Hover a segment for its bytes"
+    )
     hint += "; click a bar for the stage's largest blocks (below)." if linked is not None else "."
-    stages = [card_open("Peak by stage, by category", hint, "sv-stages"), stage_breakdown_block(data, height, linked),
-              "</section>"]
-    cats = [card_open("At the peak, by category", f"What the {fmt_bytes(data.peak.allocated)} live at the "
-                       "peak is made of", "sv-categories-card"),
-            category_block(data, height if n <= 14 else None), "</section>"]
+    stages = [
+        card_open("Peak by stage, by category", hint, "sv-stages"),
+        stage_breakdown_block(data, height, linked),
+        "</section>",
+    ]
+    cats = [
+        card_open(
+            "At the peak, by category",
+            f"What the {fmt_bytes(data.peak.allocated)} live at the peak is made of",
+            "sv-categories-card",
+        ),
+        category_block(data, height if n <= 14 else None),
+        "</section>",
+    ]
     if n <= 14:
         return ['<div class="sv-grid">', *stages, *cats, "</div>"]
     return [*stages, *cats]  # a tall chart of many steps gets the full width
@@ -112,12 +158,18 @@ def _stage_top_blocks(data: SnapshotReport) -> tuple[list[str | UIElement], Colu
     t = data.stage_top
     if not len(t.size):
         return [], None
-    hint = ("For each stage interval, the largest blocks it allocated itself that were still live at its own peak "
-            "(what the stage adds on top of what it inherited). Select a row to see its stack.")
-    table = table_block(_columns(t, ("interval", "stage", "size", "bytes", "site", "event_index", "stack_text")),
-                         [("stage", "stage", 130), ("size", "size", 90), ("site", "allocated at", 900),
-                          ("event_index", "event", 80)],
-                         "sv-stage-top-table", "stack_text", "Select a row to see its stack.", max_height=330)
+    hint = (
+        "For each stage interval, the largest blocks it allocated itself that were still live at its own peak "
+        "(what the stage adds on top of what it inherited). Select a row to see its stack."
+    )
+    table = table_block(
+        _columns(t, ("interval", "stage", "size", "bytes", "site", "event_index", "stack_text")),
+        [("stage", "stage", 130), ("size", "size", 90), ("site", "allocated at", 900), ("event_index", "event", 80)],
+        "sv-stage-top-table",
+        "stack_text",
+        "Select a row to see its stack.",
+        max_height=330,
+    )
     src = table.children[0].source
     return [card_open("Largest blocks each stage allocated", hint, "sv-stage-top"), table, "</section>"], src
 
@@ -128,21 +180,41 @@ def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
     out: list[str | UIElement] = [card_open("Attention score matrices", ident="sv-attention")]
     if att.rows is None:
         impl = s.get("implementation") or "unknown"
-        out += [f'<p class="sv-none" id="sv-attention-none">No attention score matrices were materialized. '
-                f'Implementation: {esc(impl)}.</p>', "</section>"]
+        out += [
+            f'<p class="sv-none" id="sv-attention-none">No attention score matrices were materialized. '
+            f"Implementation: {esc(impl)}.</p>",
+            "</section>",
+        ]
         return out
     lg = s.get("largest") or {}
-    summary = (f"{s.get('count', 0):,} score matrices materialized; largest {fmt_bytes(lg.get('bytes'))}; up to "
-               f"{fmt_bytes(s.get('peak_live_bytes'))} live at once. Implementation: {s.get('implementation', 'unknown')}. "
-               "SDPA (the diffusers default) computes attention without materializing them.")
+    summary = (
+        f"{s.get('count', 0):,} score matrices materialized; largest {fmt_bytes(lg.get('bytes'))}; up to "
+        f"{fmt_bytes(s.get('peak_live_bytes'))} live at once. Implementation: {s.get('implementation', 'unknown')}. "
+        "SDPA (the diffusers default) computes attention without materializing them."
+    )
     if att.note:
         summary += f" ({att.note})"
     out.append(f'<p class="sv-hint">{esc(summary)}</p>')
-    out.append(table_block(
-        _columns(att.rows, ("size", "bytes", "shape", "dtype", "stage", "site", "event_index", "lifetime", "stack_text")),
-        [("size", "size", 90), ("shape", "shape [b·h, q, k]", 140), ("dtype", "dtype", 90), ("stage", "stage", 110),
-         ("site", "allocated at", 520), ("event_index", "event", 80), ("lifetime", "freed after", 170)],
-        "sv-attention-table", "stack_text", "Select a row to see its stack.", max_height=300))
+    out.append(
+        table_block(
+            _columns(
+                att.rows, ("size", "bytes", "shape", "dtype", "stage", "site", "event_index", "lifetime", "stack_text")
+            ),
+            [
+                ("size", "size", 90),
+                ("shape", "shape [b·h, q, k]", 140),
+                ("dtype", "dtype", 90),
+                ("stage", "stage", 110),
+                ("site", "allocated at", 520),
+                ("event_index", "event", 80),
+                ("lifetime", "freed after", 170),
+            ],
+            "sv-attention-table",
+            "stack_text",
+            "Select a row to see its stack.",
+            max_height=300,
+        )
+    )
     out.append("</section>")
     return out
 

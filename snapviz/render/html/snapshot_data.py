@@ -5,6 +5,7 @@ it shows, as typed plain columns (no Bokeh).
 (:mod:`snapviz.render.html.snapshot`), which draws what it holds and computes nothing; what
 takes computing comes from :func:`snapviz.analyses.report_view.report_view`. Tests assert on it.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,11 +50,14 @@ MAX_ATTENTION_ROWS = 500
 def _categories(doc: dict[str, Any], colors: dict[str, str]) -> Categories:
     cats = doc.get("categories") or []
     total = sum(int(c["bytes"]) for c in cats) or 1
-    return Categories(category=[str(c["category"]) for c in cats], bytes=np.array([float(c["bytes"]) for c in cats]),
-                      count=np.array([int(c.get("count", 0)) for c in cats], np.int64),
-                      share=np.array([int(c["bytes"]) / total for c in cats]),
-                      label=[f"{fmt_bytes(c['bytes'])} ({int(c['bytes']) / total:.0%})" for c in cats],
-                      color=[colors.get(str(c["category"]), "#999999") for c in cats])
+    return Categories(
+        category=[str(c["category"]) for c in cats],
+        bytes=np.array([float(c["bytes"]) for c in cats]),
+        count=np.array([int(c.get("count", 0)) for c in cats], np.int64),
+        share=np.array([int(c["bytes"]) / total for c in cats]),
+        label=[f"{fmt_bytes(c['bytes'])} ({int(c['bytes']) / total:.0%})" for c in cats],
+        color=[colors.get(str(c["category"]), "#999999") for c in cats],
+    )
 
 
 def _advice(doc: dict[str, Any]) -> list[Advice]:
@@ -61,10 +65,16 @@ def _advice(doc: dict[str, Any]) -> list[Advice]:
     out = []
     for a in doc.get("advice") or []:
         saves = a.get("saves_up_to_bytes")
-        out.append(Advice(technique=str(a.get("technique", "")), why=str(a.get("why", "")), how=str(a.get("how", "")),
-                          saves_up_to_bytes=saves,
-                          saves=f"up to {fmt_bytes(saves)}" if saves else "saving not measurable from this run",
-                          share=(saves / total) if (saves and total) else None))
+        out.append(
+            Advice(
+                technique=str(a.get("technique", "")),
+                why=str(a.get("why", "")),
+                how=str(a.get("how", "")),
+                saves_up_to_bytes=saves,
+                saves=f"up to {fmt_bytes(saves)}" if saves else "saving not measurable from this run",
+                share=(saves / total) if (saves and total) else None,
+            )
+        )
     return out
 
 
@@ -95,9 +105,14 @@ def _top_allocations(an: Any, time_s: np.ndarray, stacks: StackTable) -> TopAllo
         requested_bytes=top["requested_bytes"].to_numpy(np.float64) if len(top) else np.empty(0),
         stage=[str(s) for s in (top["stage"] if len(top) else [])],
         site=[str(s) for s in (top["site"] if len(top) else [])],
-        event_index=rows, time_s=time_s[rows] if len(rows) else np.empty(0), stack=stacks.add_many(sids),
+        event_index=rows,
+        time_s=time_s[rows] if len(rows) else np.empty(0),
+        stack=stacks.add_many(sids),
         stack_text=[an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids],
-        has_ops=any(ops), op=ops, op_input_dims=dims)
+        has_ops=any(ops),
+        op=ops,
+        op_input_dims=dims,
+    )
 
 
 def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTable) -> AttentionView:
@@ -114,17 +129,29 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
     life = np.where(free_row < n, free_row - rows, -1)
     if len(time_s) and np.isfinite(time_s).all():
         dt = np.where(free_row < n, time_s[np.clip(free_row, 0, n - 1)] - time_s[rows], np.nan)
-        lifetime = [f"{d * 1e3:,.2f} ms ({_events(e)})" if e >= 0 else "not freed"
-                    for d, e in zip(dt, life, strict=False)]
+        lifetime = [
+            f"{d * 1e3:,.2f} ms ({_events(e)})" if e >= 0 else "not freed" for d, e in zip(dt, life, strict=False)
+        ]
     else:
         lifetime = [_events(e) if e >= 0 else "not freed" for e in life]
-    return AttentionView(summary=summary, note=note, rows=AttentionRows(
-        event_index=rows, time_s=time_s[rows], bytes=shown["bytes"].to_numpy(np.float64),
-        size=[fmt_bytes(b) for b in shown["bytes"]],
-        shape=["×".join(map(str, s)) if isinstance(s, (list, tuple)) else "?" for s in shown["shape"]],
-        dtype=[str(d) if d else "?" for d in shown["dtype"]],
-        stage=[str(s) for s in shown["stage"]], site=[str(s) for s in shown["site"]],
-        live_events=life, lifetime=lifetime, stack=local, stack_text=[stacks.stacks.text(int(k)) for k in local]))
+    return AttentionView(
+        summary=summary,
+        note=note,
+        rows=AttentionRows(
+            event_index=rows,
+            time_s=time_s[rows],
+            bytes=shown["bytes"].to_numpy(np.float64),
+            size=[fmt_bytes(b) for b in shown["bytes"]],
+            shape=["×".join(map(str, s)) if isinstance(s, (list, tuple)) else "?" for s in shown["shape"]],
+            dtype=[str(d) if d else "?" for d in shown["dtype"]],
+            stage=[str(s) for s in shown["stage"]],
+            site=[str(s) for s in shown["site"]],
+            live_events=life,
+            lifetime=lifetime,
+            stack=local,
+            stack_text=[stacks.stacks.text(int(k)) for k in local],
+        ),
+    )
 
 
 def _events(n: int) -> str:
@@ -144,8 +171,9 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
         where = "before the recorded history began"
     else:
         where = "at the time of the snapshot (no trace history: end state only)"
-    verdict = (f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) "
-               f"{where}{window}")
+    verdict = (
+        f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
+    )
     lines = []
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
@@ -153,8 +181,10 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
     if att.get("count"):
         lg = att.get("largest") or {}
         shape = "×".join(map(str, lg["shape"])) if lg.get("shape") else "?"
-        lines.append(f"{att['count']:,} attention score matrices materialized (largest {fmt_bytes(lg.get('bytes'))}, "
-                     f"[{shape}]); up to {fmt_bytes(att.get('peak_live_bytes'))} live at once")
+        lines.append(
+            f"{att['count']:,} attention score matrices materialized (largest {fmt_bytes(lg.get('bytes'))}, "
+            f"[{shape}]); up to {fmt_bytes(att.get('peak_live_bytes'))} live at once"
+        )
     return Headline(title=run_title(doc), verdict=verdict, lines=lines, truth=allocator_truth(doc))
 
 
@@ -173,8 +203,11 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
     rep = an.replay
     oom_rows = np.flatnonzero(actions == A_OOM)
     force = [rep.peak_index, rep.peak_reserved_index, *oom_rows[:100].tolist()]
-    keep = (decimated_rows(n, [alloc, resv, req, frag], max_points, force, time_us if has_time else None)
-            if n else np.empty(0, np.int64))
+    keep = (
+        decimated_rows(n, [alloc, resv, req, frag], max_points, force, time_us if has_time else None)
+        if n
+        else np.empty(0, np.int64)
+    )
 
     labels = np.asarray(an.labels.labels, dtype=object)
     stage_names, stage_codes = intern_stages(labels) if n else ([], np.empty(0, np.int32))
@@ -186,38 +219,77 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
     is_block = np.isin(a_k, (A_ALLOC, A_FREE_REQ, A_FREE_DONE, A_FREE))
     size_col = np.where(is_block, ev["block_size"].to_numpy(np.int64)[keep], ev["size"].to_numpy(np.int64)[keep])
     timeline = Timeline(
-        index=keep.astype(np.int64), time_s=time_s[keep], allocated=alloc[keep].astype(np.float64),
-        reserved=resv[keep].astype(np.float64), requested=req[keep].astype(np.float64),
-        fragmentation=frag[keep].astype(np.float64), action=a_k.astype(np.int32),
-        stage=stage_codes[keep] if n else np.empty(0, np.int32), size=size_col.astype(np.float64),
-        stack=stacks.add_many(ev["stack_id"].to_numpy()[keep]) if n else np.empty(0, np.int32))
+        index=keep.astype(np.int64),
+        time_s=time_s[keep],
+        allocated=alloc[keep].astype(np.float64),
+        reserved=resv[keep].astype(np.float64),
+        requested=req[keep].astype(np.float64),
+        fragmentation=frag[keep].astype(np.float64),
+        action=a_k.astype(np.int32),
+        stage=stage_codes[keep] if n else np.empty(0, np.int32),
+        size=size_col.astype(np.float64),
+        stack=stacks.add_many(ev["stack_id"].to_numpy()[keep]) if n else np.empty(0, np.int32),
+    )
 
     pi = int(rep.peak_index)
-    peak = Peak(index=pi, time_s=float(time_s[pi]) if (pi >= 0 and has_time) else None,
-                allocated=int(rep.peak_allocated), reserved=int(rep.peak_reserved),
-                requested=int(rep.peak_requested), stage=str(an.peak_stage),
-                reserved_index=int(rep.peak_reserved_index),
-                label=f"peak {fmt_bytes(rep.peak_allocated)} · {an.peak_stage}")
+    peak = Peak(
+        index=pi,
+        time_s=float(time_s[pi]) if (pi >= 0 and has_time) else None,
+        allocated=int(rep.peak_allocated),
+        reserved=int(rep.peak_reserved),
+        requested=int(rep.peak_requested),
+        stage=str(an.peak_stage),
+        reserved_index=int(rep.peak_reserved_index),
+        label=f"peak {fmt_bytes(rep.peak_allocated)} · {an.peak_stage}",
+    )
 
     st = an.stages
-    bands = stage_bands(interval_names, st["start_row"].to_numpy() if len(st) else np.empty(0, np.int64),
-                        st["end_row"].to_numpy() if len(st) else np.empty(0, np.int64), time_s, has_time, palette)
+    bands = stage_bands(
+        interval_names,
+        st["start_row"].to_numpy() if len(st) else np.empty(0, np.int64),
+        st["end_row"].to_numpy() if len(st) else np.empty(0, np.int64),
+        time_s,
+        has_time,
+        palette,
+    )
     top = _top_allocations(an, time_s, stacks)
     attention = _attention(an, doc, time_s, stacks)
     cat_tl = view.category_timeline
     live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) and len(an.stage_live) else None
-    colors = category_palette([*(c["category"] for c in doc.get("categories") or []), *cat_tl.categories,
-                               *(live["category"] if live is not None else []), BEFORE_RECORDING])
+    colors = category_palette(
+        [
+            *(c["category"] for c in doc.get("categories") or []),
+            *cat_tl.categories,
+            *(live["category"] if live is not None else []),
+            BEFORE_RECORDING,
+        ]
+    )
     bars = stage_bars(an, doc, palette)
     breakdown = stage_breakdown(an, view, bars, colors)
     headline = _headline(doc, peak, top.site[0] if top.site else None, has_time)
     return SnapshotReport(
-        title=headline.title, headline=headline, warnings=[str(w) for w in doc.get("warnings") or []],
-        has_time=has_time, timeline=timeline, stage_names=stage_names, stage_colors=palette, bands=bands, peak=peak,
-        stage_bars=bars, metadata=metadata_rows(doc, t0), decimation=decimation_note(len(keep), n),
-        action_names=list(ACTION_NAMES), stacks=stacks.stacks,
+        title=headline.title,
+        headline=headline,
+        warnings=[str(w) for w in doc.get("warnings") or []],
+        has_time=has_time,
+        timeline=timeline,
+        stage_names=stage_names,
+        stage_colors=palette,
+        bands=bands,
+        peak=peak,
+        stage_bars=bars,
+        metadata=metadata_rows(doc, t0),
+        decimation=decimation_note(len(keep), n),
+        action_names=list(ACTION_NAMES),
+        stacks=stacks.stacks,
         oom=Oom(index=oom_rows.astype(np.int64), time_s=time_s[oom_rows], allocated=alloc[oom_rows].astype(np.float64)),
-        advice=_advice(doc), stage_breakdown=breakdown, stage_top=stage_top(an, breakdown.interval, time_s, stacks),
-        category_colors=colors, category_timeline=cat_tl,
-        category_stage=stage_codes[cat_tl.index] if n else np.empty(0, np.int32), categories=_categories(doc, colors),
-        top_allocations=top, attention=attention)
+        advice=_advice(doc),
+        stage_breakdown=breakdown,
+        stage_top=stage_top(an, breakdown.interval, time_s, stacks),
+        category_colors=colors,
+        category_timeline=cat_tl,
+        category_stage=stage_codes[cat_tl.index] if n else np.empty(0, np.int32),
+        categories=_categories(doc, colors),
+        top_allocations=top,
+        attention=attention,
+    )

@@ -1,5 +1,6 @@
 """The stage pieces of the snapshot report's view-model: bands on the timeline, peak per
 stage, bytes by category at each stage's peak, and the blocks each stage added."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,8 +23,14 @@ def band_alpha(names: Sequence[str]) -> list[float]:
     return [0.22 if (stage_step(x) or 0) % 2 else 0.13 for x in names]
 
 
-def stage_bands(names: Sequence[str], start_row: np.ndarray, end_row: np.ndarray, time_s: np.ndarray,
-                has_time: bool, palette: dict[str, str]) -> Bands:
+def stage_bands(
+    names: Sequence[str],
+    start_row: np.ndarray,
+    end_row: np.ndarray,
+    time_s: np.ndarray,
+    has_time: bool,
+    palette: dict[str, str],
+) -> Bands:
     n = len(time_s)
     names = [str(x) for x in names]
     start_index = np.asarray(start_row, np.int64)
@@ -33,8 +40,16 @@ def stage_bands(names: Sequence[str], start_row: np.ndarray, end_row: np.ndarray
         end_s = np.where(end_index < n, time_s[np.clip(end_index, 0, n - 1)], time_s[n - 1])
     else:
         start_s = end_s = np.full(len(names), np.nan)
-    return Bands(name=names, group=[stage_group(x) for x in names], color=[palette[x] for x in names],
-                 alpha=band_alpha(names), start_s=start_s, end_s=end_s, start_index=start_index, end_index=end_index)
+    return Bands(
+        name=names,
+        group=[stage_group(x) for x in names],
+        color=[palette[x] for x in names],
+        alpha=band_alpha(names),
+        start_s=start_s,
+        end_s=end_s,
+        start_index=start_index,
+        end_index=end_index,
+    )
 
 
 def stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> StageBars:
@@ -46,18 +61,30 @@ def stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> StageBa
     if len(st) > MAX_STAGE_BARS:
         g = an.stage_groups()
         names = [str(x) for x in g["name"]]
-        return StageBars(label=names, name=names, group=names, color=[palette.get(x, "#999999") for x in names],
-                         peak_allocated=g["peak_allocated_bytes"].to_numpy(np.float64),
-                         peak_reserved=g["peak_reserved_bytes"].to_numpy(np.float64),
-                         allocator_peak=np.full(len(g), np.nan), duration_s=g["duration_s"].to_numpy(np.float64),
-                         note=f"{len(st):,} stage intervals: showing one bar per stage (peak over its intervals)")
+        return StageBars(
+            label=names,
+            name=names,
+            group=names,
+            color=[palette.get(x, "#999999") for x in names],
+            peak_allocated=g["peak_allocated_bytes"].to_numpy(np.float64),
+            peak_reserved=g["peak_reserved_bytes"].to_numpy(np.float64),
+            allocator_peak=np.full(len(g), np.nan),
+            duration_s=g["duration_s"].to_numpy(np.float64),
+            note=f"{len(st):,} stage intervals: showing one bar per stage (peak over its intervals)",
+        )
     names = [str(x) for x in st["name"]]
     got = [truth.get((x, int(s))) for x, s in zip(names, st["start_us"], strict=False)]
     ap = np.array([float(t) if isinstance(t, (int, float)) else np.nan for t in got], np.float64)
-    return StageBars(label=unique_labels(names), name=names, group=[stage_group(x) for x in names],
-                     color=[palette[x] for x in names], peak_allocated=st["peak_allocated_bytes"].to_numpy(np.float64),
-                     peak_reserved=st["peak_reserved_bytes"].to_numpy(np.float64), allocator_peak=ap,
-                     duration_s=st["duration_s"].to_numpy(np.float64))
+    return StageBars(
+        label=unique_labels(names),
+        name=names,
+        group=[stage_group(x) for x in names],
+        color=[palette[x] for x in names],
+        peak_allocated=st["peak_allocated_bytes"].to_numpy(np.float64),
+        peak_reserved=st["peak_reserved_bytes"].to_numpy(np.float64),
+        allocator_peak=ap,
+        duration_s=st["duration_s"].to_numpy(np.float64),
+    )
 
 
 def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str, str]) -> StageBreakdown:
@@ -74,12 +101,21 @@ def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str
     names = [str(x) for x in st["name"].to_numpy()[shown]] if len(st) else []
     top_cat = [cats[k] for k in top_k] if cats else ["" for _ in shown]
     return StageBreakdown(
-        interval=shown, label=[stage_group(x) for x in names] if collapsed else list(bars.label), name=names,
-        total=totals, categories=cats, colors=[colors[c] for c in cats], bytes=by, share=share, top_category=top_cat,
+        interval=shown,
+        label=[stage_group(x) for x in names] if collapsed else list(bars.label),
+        name=names,
+        total=totals,
+        categories=cats,
+        colors=[colors[c] for c in cats],
+        bytes=by,
+        share=share,
+        top_category=top_cat,
         top_share=np.array([share[c][j] if c else 0.0 for j, c in enumerate(top_cat)]),
-        allocator_peak=(np.asarray(bars.allocator_peak, np.float64)[shown] if not collapsed
-                        else np.full(len(shown), np.nan)),
-        note=f"{len(st):,} stage intervals: one bar per stage, at its highest interval's peak" if collapsed else "")
+        allocator_peak=(
+            np.asarray(bars.allocator_peak, np.float64)[shown] if not collapsed else np.full(len(shown), np.nan)
+        ),
+        note=f"{len(st):,} stage intervals: one bar per stage, at its highest interval's peak" if collapsed else "",
+    )
 
 
 def stage_top(an: Any, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable) -> StageTop:
@@ -89,13 +125,27 @@ def stage_top(an: Any, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable
         top = top[top["interval"].isin(shown.tolist())].head(MAX_STAGE_TOP_ROWS)
     if not len(top):
         empty = np.empty(0, np.int64)
-        return StageTop(bytes=np.empty(0), size=[], stage=[], site=[], event_index=empty, time_s=np.empty(0),
-                        stack=np.empty(0, np.int32), stack_text=[], interval=empty)
+        return StageTop(
+            bytes=np.empty(0),
+            size=[],
+            stage=[],
+            site=[],
+            event_index=empty,
+            time_s=np.empty(0),
+            stack=np.empty(0, np.int32),
+            stack_text=[],
+            interval=empty,
+        )
     rows = top["row"].to_numpy(np.int64)
     sids = top["stack_id"].to_numpy(np.int64)
     return StageTop(
-        interval=top["interval"].to_numpy(np.int64), stage=[str(x) for x in top["stage"]],
-        bytes=top["bytes"].to_numpy(np.float64), size=[fmt_bytes(b) for b in top["bytes"]],
-        site=[str(x) for x in top["site"]], event_index=rows,
-        time_s=time_s[rows] if len(time_s) else np.full(len(rows), np.nan), stack=stacks.add_many(sids),
-        stack_text=[an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids])
+        interval=top["interval"].to_numpy(np.int64),
+        stage=[str(x) for x in top["stage"]],
+        bytes=top["bytes"].to_numpy(np.float64),
+        size=[fmt_bytes(b) for b in top["bytes"]],
+        site=[str(x) for x in top["site"]],
+        event_index=rows,
+        time_s=time_s[rows] if len(time_s) else np.full(len(rows), np.nan),
+        stack=stacks.add_many(sids),
+        stack_text=[an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids],
+    )

@@ -6,6 +6,7 @@ The stacks a click can show are handed to the page once, as one JSON string on t
 (``tags[0]``), parsed on the first click or hover: BokehJS decodes plain arrays value by value,
 which made loading them the largest part of opening a report.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,10 @@ def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElem
     peak = data.peak
     y_top = float(np.nanmax(tl.reserved)) if len(tl.reserved) else 1.0
     y_top = max(y_top, float(peak.allocated or 0), 1.0)
-    lines = [LineSpec("reserved", "reserved", SERIES_COLORS["reserved"], 1.6, alpha=0.9),
-             LineSpec("allocated", "allocated", SERIES_COLORS["allocated"], 2.0)]
+    lines = [
+        LineSpec("reserved", "reserved", SERIES_COLORS["reserved"], 1.6, alpha=0.9),
+        LineSpec("allocated", "allocated", SERIES_COLORS["allocated"], 2.0),
+    ]
     if tl.requested is not None:
         lines.insert(1, LineSpec("requested", "requested", SERIES_COLORS["requested"], 1.2, "dashed", 0.9))
     snap = data if isinstance(data, SnapshotReport) else None
@@ -70,28 +73,48 @@ def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElem
         st = snap.stacks
         pane.tags = [json.dumps({"site": st.site, "frames": st.frames, "more": st.more, "text": st.frame_text})]
     ct = snap.category_timeline if snap is not None else None
-    cat_src = (_category_source(snap) if snap is not None and ct is not None and ct.categories and len(ct.index)
-               else None)
+    cat_src = (
+        _category_source(snap) if snap is not None and ct is not None and ct.categories and len(ct.index) else None
+    )
     views = []
     axes = [("time_s", "time since the first event (s)", ("start_s", "end_s"), "By time")] if data.has_time else []
     axes.append(("index", "event index", ("start_index", "end_index"), "By event"))
     for x, x_label, band_x, tab in axes:
         peak_x = peak.time_s if x == "time_s" else (peak.index if peak.index >= 0 else None)
-        fig = timeline_figure(src, x, lines, x_label=x_label, bands=vars(data.bands), band_x=band_x, peak=peak,
-                              peak_x=peak_x, y_top=y_top, height=400)
+        fig = timeline_figure(
+            src,
+            x,
+            lines,
+            x_label=x_label,
+            bands=vars(data.bands),
+            band_x=band_x,
+            peak=peak,
+            peak_x=peak_x,
+            y_top=y_top,
+            height=400,
+        )
         fig.xaxis.visible = False
         fig.min_border_bottom = 4
         if snap is not None and len(snap.oom.index):
             ox = snap.oom.time_s if x == "time_s" else snap.oom.index
-            r = fig.scatter(x=np.asarray(ox, np.float64), y=np.asarray(snap.oom.allocated, np.float64), marker="x",
-                            size=14, line_width=3, line_color=SERIES_COLORS["peak"])
+            r = fig.scatter(
+                x=np.asarray(ox, np.float64),
+                y=np.asarray(snap.oom.allocated, np.float64),
+                marker="x",
+                size=14,
+                line_width=3,
+                line_color=SERIES_COLORS["peak"],
+            )
             fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
         if with_points and snap is not None:
             _add_point_hover(fig, src, x, snap, pane)
         area = _category_area(snap, cat_src, x, fig.x_range, peak_x) if snap is not None and cat_src else None
         parts = [fig, area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
-        views.append(TabPanel(title=tab, child=Column(*[p for p in parts if p is not None],
-                                                      sizing_mode="stretch_width", spacing=0)))
+        views.append(
+            TabPanel(
+                title=tab, child=Column(*[p for p in parts if p is not None], sizing_mode="stretch_width", spacing=0)
+            )
+        )
     body = _lazy_tabs(views) if len(views) > 1 else views[0].child
     show_pane = with_points and snap is not None
     return Column(*([body, pane] if show_pane else [body]), sizing_mode="stretch_width", name="sv-timeline")
@@ -103,25 +126,43 @@ def _lazy_tabs(panels: list[TabPanel]) -> Tabs:
     it on the first click. BokehJS builds every panel's views up front otherwise."""
     shown = [panels[0], *(TabPanel(title=p.title, child=Div(text="")) for p in panels[1:])]
     tabs = Tabs(tabs=shown, sizing_mode="stretch_width")
-    tabs.js_on_change("active", CustomJS(args={"tabs": tabs, "real": panels}, code="""
+    tabs.js_on_change(
+        "active",
+        CustomJS(
+            args={"tabs": tabs, "real": panels},
+            code="""
 const i = tabs.active;
 if (i >= 0 && i < real.length && tabs.tabs[i] !== real[i]) {
   const t = tabs.tabs.slice();
   t[i] = real[i];
   tabs.tabs = t;
 }
-"""))
+""",
+        ),
+    )
     return tabs
 
 
 def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, frag: np.ndarray) -> Any:
     top = max(float(np.nanmax(frag)) if len(frag) else 1.0, 1.0)
-    fig = base_figure(150, x_range=x_range, title="cached but not allocated (reserved − allocated)",
-                      y_range=Range1d(0, top * 1.1, bounds=(0, None)))
-    fig.varea_step(x=x, y1=0, y2="fragmentation", source=src, step_mode="after",
-                   fill_color=SERIES_COLORS["fragmentation"], fill_alpha=0.3)
-    fig.step(x=x, y="fragmentation", source=src, mode="after", line_color=SERIES_COLORS["fragmentation"],
-             line_width=1.2)
+    fig = base_figure(
+        150,
+        x_range=x_range,
+        title="cached but not allocated (reserved − allocated)",
+        y_range=Range1d(0, top * 1.1, bounds=(0, None)),
+    )
+    fig.varea_step(
+        x=x,
+        y1=0,
+        y2="fragmentation",
+        source=src,
+        step_mode="after",
+        fill_color=SERIES_COLORS["fragmentation"],
+        fill_alpha=0.3,
+    )
+    fig.step(
+        x=x, y="fragmentation", source=src, mode="after", line_color=SERIES_COLORS["fragmentation"], line_width=1.2
+    )
     fig.xaxis.axis_label = x_label
     fig.xaxis.formatter = NumeralTickFormatter(format="0,0") if x == "index" else seconds_tick_formatter()
     bytes_axis(fig, ticks=3)
@@ -132,16 +173,22 @@ def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, fr
 
 def timeline_or_note(data: SingleRunReport, with_points: bool = True) -> str | UIElement:
     if data.decimation.total == 0:
-        return ('<p class="sv-none" id="sv-no-timeline">No trace history in this input (recorded without '
-                "<code>_record_memory_history</code>, or an end-state-only dump): nothing to draw over time.</p>")
+        return (
+            '<p class="sv-none" id="sv-no-timeline">No trace history in this input (recorded without '
+            "<code>_record_memory_history</code>, or an end-state-only dump): nothing to draw over time.</p>"
+        )
     return timeline_block(data, with_points=with_points)
 
 
 def _site_formatter(pane: PreText) -> CustomJSHover:
     """The allocation site of a timeline point's stack, from the pane's stacks."""
-    return CustomJSHover(args={"pane": pane}, code=_STACKS_JS + """
+    return CustomJSHover(
+        args={"pane": pane},
+        code=_STACKS_JS
+        + """
 return (value >= 0 && value < st.site.length) ? st.site[value] : "(no frames recorded)";
-""")
+""",
+    )
 
 
 def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotReport, pane: PreText) -> None:
@@ -149,34 +196,64 @@ def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotRepo
     r = fig.scatter(x=x, y="allocated", source=src, size=8, fill_alpha=0, line_alpha=0)
     # State glyphs need the renderer's own x/y fields: a bare Scatter() reads 'x'/'y', which the
     # source lacks (Bokeh logged "nonexistent field" for each in the browser console).
-    r.selection_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["peak"], line_color="white",
-                                fill_alpha=1, line_alpha=1)
+    r.selection_glyph = Scatter(
+        x=x, y="allocated", fill_color=SERIES_COLORS["peak"], line_color="white", fill_alpha=1, line_alpha=1
+    )
     r.nonselection_glyph = Scatter(x=x, y="allocated", fill_alpha=0, line_alpha=0)
-    r.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white",
-                            fill_alpha=1, line_alpha=1)
+    r.hover_glyph = Scatter(
+        x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1
+    )
     nbytes = bytes_hover_formatter()
     tooltips = [("event", "@index{0,0}")]
     if data.has_time:
         tooltips.append(("time", "@time_s{0.000} s"))
-    tooltips += [("stage", "@stage{custom}"), ("action", "@action{custom}"), ("size", "@size{custom}"),
-                 ("site", "@stack{custom}"), ("allocated", "@allocated{custom}"), ("reserved", "@reserved{custom}")]
-    fig.add_tools(HoverTool(renderers=[r], mode="vline", tooltips=tooltips, limit=1, attachment="horizontal",
-                            formatters={"@stage": lookup_formatter(data.stage_names),
-                                        "@action": lookup_formatter(data.action_names),
-                                        "@stack": _site_formatter(pane),
-                                        "@size": nbytes, "@allocated": nbytes, "@reserved": nbytes}))
+    tooltips += [
+        ("stage", "@stage{custom}"),
+        ("action", "@action{custom}"),
+        ("size", "@size{custom}"),
+        ("site", "@stack{custom}"),
+        ("allocated", "@allocated{custom}"),
+        ("reserved", "@reserved{custom}"),
+    ]
+    fig.add_tools(
+        HoverTool(
+            renderers=[r],
+            mode="vline",
+            tooltips=tooltips,
+            limit=1,
+            attachment="horizontal",
+            formatters={
+                "@stage": lookup_formatter(data.stage_names),
+                "@action": lookup_formatter(data.action_names),
+                "@stack": _site_formatter(pane),
+                "@size": nbytes,
+                "@allocated": nbytes,
+                "@reserved": nbytes,
+            },
+        )
+    )
     # A click anywhere selects the event in force at that x (the step line's value there),
     # so users need not hit a vertex.
-    fig.js_on_event(Tap, CustomJS(args={"src": src, "field": x}, code="""
+    fig.js_on_event(
+        Tap,
+        CustomJS(
+            args={"src": src, "field": x},
+            code="""
 const xs = src.data[field];
 let lo = 0, hi = xs.length - 1;
 if (hi < 0 || cb_obj.x < xs[0]) return;
 while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (xs[mid] <= cb_obj.x) lo = mid; else hi = mid - 1; }
 src.selected.indices = [lo];
-"""))
-    src.selected.js_on_change("indices", CustomJS(
-        args={"src": src, "pane": pane, "stages": data.stage_names, "actions": data.action_names},
-        code=BYTES_JS + _STACKS_JS + """
+""",
+        ),
+    )
+    src.selected.js_on_change(
+        "indices",
+        CustomJS(
+            args={"src": src, "pane": pane, "stages": data.stage_names, "actions": data.action_names},
+            code=BYTES_JS
+            + _STACKS_JS
+            + """
 const ix = src.selected.indices;
 if (!ix.length) return;
 const i = ix[0], d = src.data, k = d.stack[i];
@@ -188,15 +265,21 @@ if (k >= 0 && k < st.frames.length) {
   if (st.more[k] > 0) body += "\\n... " + st.more[k] + " more";
 }
 pane.text = head + "\\n" + body;
-"""))
+""",
+        ),
+    )
 
 
 def _category_source(data: SnapshotReport) -> ColumnDataSource:
     """Categories as columns ``c0``… (names may hold spaces or '&'); float32 is exact to
     well under a pixel and halves what the page carries."""
     ct = data.category_timeline
-    cols: dict[str, Any] = {"index": ct.index, "time_s": ct.time_s, "allocated": ct.allocated,
-                            "stage": data.category_stage}
+    cols: dict[str, Any] = {
+        "index": ct.index,
+        "time_s": ct.time_s,
+        "allocated": ct.allocated,
+        "stage": data.category_stage,
+    }
     for i, c in enumerate(ct.categories):
         cols[f"c{i}"] = np.asarray(ct.bytes[c], np.float32)
     return make_source(cols)
@@ -208,8 +291,12 @@ def _category_area(data: SnapshotReport, src: ColumnDataSource, x: str, x_range:
     cats = ct.categories
     colors = [data.category_colors[c] for c in cats]
     top = max(float(np.nanmax(ct.allocated)) if len(ct.allocated) else 1.0, 1.0)
-    fig = base_figure(230, x_range=x_range, title=f"live memory by category · {ct.note}",
-                      y_range=Range1d(0, top * 1.1, bounds=(0, None)))
+    fig = base_figure(
+        230,
+        x_range=x_range,
+        title=f"live memory by category · {ct.note}",
+        y_range=Range1d(0, top * 1.1, bounds=(0, None)),
+    )
     small_title(fig)
     fig.toolbar_location = None
     fig.xaxis.visible = False
@@ -217,31 +304,73 @@ def _category_area(data: SnapshotReport, src: ColumnDataSource, x: str, x_range:
     fields = [f"c{i}" for i in range(len(cats))]
     items = []
     for i, (cat, color) in enumerate(zip(cats, colors, strict=False)):
-        r = fig.varea_step(x=x, y1=stack(*fields[:i]) if i else 0, y2=stack(*fields[: i + 1]), step_mode="after",
-                           source=src, fill_color=color, fill_alpha=0.85)
+        r = fig.varea_step(
+            x=x,
+            y1=stack(*fields[:i]) if i else 0,
+            y2=stack(*fields[: i + 1]),
+            step_mode="after",
+            source=src,
+            fill_color=color,
+            fill_alpha=0.85,
+        )
         items.append(LegendItem(label=value(cat), renderers=[r]))
     bytes_axis(fig, ticks=4)
     if peak_x is not None and np.isfinite(peak_x):
-        fig.add_layout(Span(location=float(peak_x), dimension="height", line_color=SERIES_COLORS["peak"],
-                            line_dash="dashed", line_width=1.5))
-        fig.scatter(x=[float(peak_x)], y=[float(data.peak.allocated)], size=9, marker="circle",
-                    fill_color=SERIES_COLORS["peak"], line_color="white", line_width=2)
+        fig.add_layout(
+            Span(
+                location=float(peak_x),
+                dimension="height",
+                line_color=SERIES_COLORS["peak"],
+                line_dash="dashed",
+                line_width=1.5,
+            )
+        )
+        fig.scatter(
+            x=[float(peak_x)],
+            y=[float(data.peak.allocated)],
+            size=9,
+            marker="circle",
+            fill_color=SERIES_COLORS["peak"],
+            line_color="white",
+            line_width=2,
+        )
     # A thin line on the total: short spikes (a score matrix, the peak itself) stay visible at
     # any zoom. Step glyphs are not hit-tested, so invisible markers carry the hover.
-    fig.step(x=x, y="allocated", source=src, mode="after", line_color=SERIES_COLORS["allocated"], line_width=1,
-             line_alpha=0.7)
+    fig.step(
+        x=x,
+        y="allocated",
+        source=src,
+        mode="after",
+        line_color=SERIES_COLORS["allocated"],
+        line_width=1,
+        line_alpha=0.7,
+    )
     probe = fig.scatter(x=x, y="allocated", source=src, size=6, fill_alpha=0, line_alpha=0)
-    probe.hover_glyph = Scatter(x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white",
-                                fill_alpha=1, line_alpha=1)
+    probe.hover_glyph = Scatter(
+        x=x, y="allocated", fill_color=SERIES_COLORS["allocated"], line_color="white", fill_alpha=1, line_alpha=1
+    )
     nbytes = bytes_hover_formatter()
     tips = [("stage", "@stage{custom}"), ("allocated", "@allocated{custom}")]
     tips += [(cat, f"@c{i}{{custom}}") for i, cat in enumerate(cats)]
     formatters: dict[str, Any] = {f"@c{i}": nbytes for i in range(len(cats))}
     formatters.update({"@allocated": nbytes, "@stage": lookup_formatter(data.stage_names)})
-    fig.add_tools(HoverTool(renderers=[probe], mode="vline", tooltips=tips, formatters=formatters, limit=1,
-                            attachment="horizontal"))
-    legend = Legend(items=items, orientation="horizontal", location="top_left",
-                    label_text_font_size="11.5px", spacing=12, padding=2, margin=2, border_line_color=None,
-                    background_fill_alpha=0.0, glyph_width=14, glyph_height=12)
+    fig.add_tools(
+        HoverTool(
+            renderers=[probe], mode="vline", tooltips=tips, formatters=formatters, limit=1, attachment="horizontal"
+        )
+    )
+    legend = Legend(
+        items=items,
+        orientation="horizontal",
+        location="top_left",
+        label_text_font_size="11.5px",
+        spacing=12,
+        padding=2,
+        margin=2,
+        border_line_color=None,
+        background_fill_alpha=0.0,
+        glyph_width=14,
+        glyph_height=12,
+    )
     fig.add_layout(legend, "above")
     return fig

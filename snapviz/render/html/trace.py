@@ -1,5 +1,6 @@
 """The report of a trace-only run (a profiler trace without a snapshot): one self-contained
 HTML file drawn from :func:`~snapviz.render.html.trace_data.trace_report_data`."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -24,24 +25,36 @@ def render_trace_report_data(data: TraceReport) -> str:
     data = bounded(data)
     cards: list[str | UIElement] = []
     if len(data.stage_bars.label):
-        cards += [card_open("Peak by stage", "Peak allocated in each stage interval", "sv-stages"),
-                  stage_bar_block(data), "</section>"]
+        cards += [
+            card_open("Peak by stage", "Peak allocated in each stage interval", "sv-stages"),
+            stage_bar_block(data),
+            "</section>",
+        ]
     live = data.live_table
     if live.rows:
-        cards += [card_open("Live at the peak", live.note, "sv-live"),
-                  _text_table(live, (90, 110, 520, 200, 360), "sv-live-table", 360), "</section>"]
+        cards += [
+            card_open("Live at the peak", live.note, "sv-live"),
+            _text_table(live, (90, 110, 520, 200, 360), "sv-live-table", 360),
+            "</section>",
+        ]
     ops = data.attention_ops
     cards.append(card_open("Attention ops", ops.note, "sv-attention"))
     if ops.rows:
         cards.append(_text_table(ops, (120,), "sv-attention-table", 300))
     else:
         impl = data.attention_summary.get("implementation")
-        cards.append(f'<p class="sv-none" id="sv-attention-none">No attention ops found in the trace.'
-                     f'{" Implementation: " + esc(impl) + "." if impl else ""}</p>')
+        cards.append(
+            f'<p class="sv-none" id="sv-attention-none">No attention ops found in the trace.'
+            f"{' Implementation: ' + esc(impl) + '.' if impl else ''}</p>"
+        )
     cards.append("</section>")
-    return single_run_page(data, "snapviz · GPU memory report (profiler trace)",
-                           "From the trace's memory events. Drag to pan, scroll to zoom.", with_points=False,
-                           cards=cards)
+    return single_run_page(
+        data,
+        "snapviz · GPU memory report (profiler trace)",
+        "From the trace's memory events. Drag to pan, scroll to zoom.",
+        with_points=False,
+        cards=cards,
+    )
 
 
 def render_trace_html(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> str:

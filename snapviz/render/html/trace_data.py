@@ -4,6 +4,7 @@ Duck-typed on purpose: ``tan`` has ``timeline`` (time_us, allocated, reserved), 
 (name, start_us, end_us, peak_allocated_bytes) and ``attention_ops`` DataFrames; ``doc`` is
 its summary dict. No allocator replay, so no stacks.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -58,8 +59,11 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
     has_time, t0, time_s = time_axis(time_us)
     frag = resv - alloc
     pi = int(np.argmax(alloc)) if n else -1
-    keep = (decimated_rows(n, [alloc, resv, frag], max_points, [pi], time_us if has_time else None)
-            if n else np.empty(0, np.int64))
+    keep = (
+        decimated_rows(n, [alloc, resv, frag], max_points, [pi], time_us if has_time else None)
+        if n
+        else np.empty(0, np.int64)
+    )
 
     st = _frame_or_empty(tan, "stages")
     names = [str(x) for x in st["name"]] if len(st) else []
@@ -72,61 +76,120 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
             stage_of[lo:hi] = name
     stage_names, stage_codes = intern_stages(stage_of) if n else ([], np.empty(0, np.int32))
     palette = stage_palette(list(dict.fromkeys(names + stage_names)))
-    timeline = Timeline(index=keep.astype(np.int64), time_s=time_s[keep], allocated=alloc[keep].astype(np.float64),
-                        reserved=resv[keep].astype(np.float64), fragmentation=frag[keep].astype(np.float64),
-                        stage=stage_codes[keep] if n else np.empty(0, np.int32))
+    timeline = Timeline(
+        index=keep.astype(np.int64),
+        time_s=time_s[keep],
+        allocated=alloc[keep].astype(np.float64),
+        reserved=resv[keep].astype(np.float64),
+        fragmentation=frag[keep].astype(np.float64),
+        stage=stage_codes[keep] if n else np.empty(0, np.int32),
+    )
     if len(st) and n:
         s_us, e_us = st["start_us"].to_numpy(np.int64), st["end_us"].to_numpy(np.int64)
-        bands = Bands(name=names, group=[stage_group(x) for x in names], color=[palette[x] for x in names],
-                      alpha=band_alpha(names), start_s=(s_us - t0) / 1e6, end_s=(e_us - t0) / 1e6,
-                      start_index=np.searchsorted(time_us, s_us, "left"),
-                      end_index=np.searchsorted(time_us, e_us, "right"))
+        bands = Bands(
+            name=names,
+            group=[stage_group(x) for x in names],
+            color=[palette[x] for x in names],
+            alpha=band_alpha(names),
+            start_s=(s_us - t0) / 1e6,
+            end_s=(e_us - t0) / 1e6,
+            start_index=np.searchsorted(time_us, s_us, "left"),
+            end_index=np.searchsorted(time_us, e_us, "right"),
+        )
     else:
-        bands = Bands(name=[], group=[], color=[], alpha=[], start_s=np.empty(0), end_s=np.empty(0),
-                      start_index=np.empty(0, np.int64), end_index=np.empty(0, np.int64))
+        bands = Bands(
+            name=[],
+            group=[],
+            color=[],
+            alpha=[],
+            start_s=np.empty(0),
+            end_s=np.empty(0),
+            start_index=np.empty(0, np.int64),
+            end_index=np.empty(0, np.int64),
+        )
     peak_doc = doc.get("peak") or {}
     peak_alloc = int(peak_doc.get("allocated_bytes") or (alloc[pi] if n else 0))
     peak_stage = str(peak_doc.get("stage") or (stage_of[pi] if n else "n/a"))
-    peak = Peak(index=pi, time_s=float(time_s[pi]) if (n and has_time) else None, allocated=peak_alloc,
-                reserved=int(peak_doc.get("reserved_bytes") or (resv.max() if n else 0)), requested=None,
-                stage=peak_stage, reserved_index=int(np.argmax(resv)) if n else -1,
-                label=f"peak {fmt_bytes(peak_alloc)} · {peak_stage}")
+    peak = Peak(
+        index=pi,
+        time_s=float(time_s[pi]) if (n and has_time) else None,
+        allocated=peak_alloc,
+        reserved=int(peak_doc.get("reserved_bytes") or (resv.max() if n else 0)),
+        requested=None,
+        stage=peak_stage,
+        reserved_index=int(np.argmax(resv)) if n else -1,
+        label=f"peak {fmt_bytes(peak_alloc)} · {peak_stage}",
+    )
     bars = StageBars(
-        label=unique_labels(names), name=names, group=[stage_group(x) for x in names],
+        label=unique_labels(names),
+        name=names,
+        group=[stage_group(x) for x in names],
         color=[palette[x] for x in names],
         peak_allocated=st["peak_allocated_bytes"].to_numpy(np.float64) if len(st) else np.empty(0),
-        peak_reserved=(st["peak_reserved_bytes"].to_numpy(np.float64) if "peak_reserved_bytes" in st
-                       else np.full(len(st), np.nan)),
+        peak_reserved=(
+            st["peak_reserved_bytes"].to_numpy(np.float64) if "peak_reserved_bytes" in st else np.full(len(st), np.nan)
+        ),
         allocator_peak=np.full(len(st), np.nan),
-        duration_s=((st["end_us"] - st["start_us"]).to_numpy(np.float64) / 1e6) if len(st) else np.empty(0))
+        duration_s=((st["end_us"] - st["start_us"]).to_numpy(np.float64) / 1e6) if len(st) else np.empty(0),
+    )
     ops = _frame_or_empty(tan, "attention_ops")
     ops_shown = ops.head(MAX_ATTENTION_ROWS)
-    att_table = TextTable(columns=[str(c) for c in ops_shown.columns],
-                          rows=[[_cell(v) for v in r] for r in ops_shown.itertuples(index=False)],
-                          note=(f"showing {len(ops_shown):,} of {len(ops):,} attention ops" if len(ops) > len(ops_shown)
-                                else ""))
+    att_table = TextTable(
+        columns=[str(c) for c in ops_shown.columns],
+        rows=[[_cell(v) for v in r] for r in ops_shown.itertuples(index=False)],
+        note=(f"showing {len(ops_shown):,} of {len(ops):,} attention ops" if len(ops) > len(ops_shown) else ""),
+    )
     window = " (within the recorded window only)" if peak_doc.get("within_recorded_window") else ""
     when = f", at {peak.time_s:.3f} s" if peak.time_s is not None else ""
     exact = peak_doc.get("exact", True)
-    reserved = (f"{fmt_bytes(peak.reserved)} reserved" if peak_doc.get("reserved_bytes") is not None
-                else "reserved not recorded")
-    verdict = (f"Peak {'' if exact else 'at least '}{fmt_bytes(peak_alloc)} allocated ({reserved}) "
-               f"in {peak_stage}{when}{window}" if n else "No memory events in this trace: nothing to measure")
-    lines = ["From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
-             "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"]
+    reserved = (
+        f"{fmt_bytes(peak.reserved)} reserved"
+        if peak_doc.get("reserved_bytes") is not None
+        else "reserved not recorded"
+    )
+    verdict = (
+        f"Peak {'' if exact else 'at least '}{fmt_bytes(peak_alloc)} allocated ({reserved}) "
+        f"in {peak_stage}{when}{window}"
+        if n
+        else "No memory events in this trace: nothing to measure"
+    )
+    lines = [
+        "From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
+        "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"
+    ]
     top = doc.get("top_allocations") or []
     live_table = TextTable(
         columns=["size", "stage", "allocated in (Python, function start line)", "op (trace)", "op input shapes"],
-        rows=[[fmt_bytes(t["bytes"]), str(t.get("stage", "")), str(t.get("site", "")), str(t.get("op", "")),
-               str(t.get("op_input_dims", ""))] for t in top],
-        note=str(doc.get("top_allocations_note") or ""))
+        rows=[
+            [
+                fmt_bytes(t["bytes"]),
+                str(t.get("stage", "")),
+                str(t.get("site", "")),
+                str(t.get("op", "")),
+                str(t.get("op_input_dims", "")),
+            ]
+            for t in top
+        ],
+        note=str(doc.get("top_allocations_note") or ""),
+    )
     att_doc = doc.get("attention") or {}
     if att_doc.get("implementation"):
         lines.append(f"Attention: {att_doc['implementation']}")
     truth = allocator_truth(doc) if "allocated_bytes" in peak_doc else None
     return TraceReport(
-        title=run_title(doc), headline=Headline(title=run_title(doc), verdict=verdict, lines=lines, truth=truth),
-        warnings=[str(w) for w in doc.get("warnings") or []], has_time=has_time, timeline=timeline,
-        stage_names=stage_names, stage_colors=palette, bands=bands, peak=peak, stage_bars=bars,
-        metadata=metadata_rows(doc, t0), decimation=decimation_note(len(keep), n), attention_ops=att_table,
-        live_table=live_table, attention_summary=dict(att_doc))
+        title=run_title(doc),
+        headline=Headline(title=run_title(doc), verdict=verdict, lines=lines, truth=truth),
+        warnings=[str(w) for w in doc.get("warnings") or []],
+        has_time=has_time,
+        timeline=timeline,
+        stage_names=stage_names,
+        stage_colors=palette,
+        bands=bands,
+        peak=peak,
+        stage_bars=bars,
+        metadata=metadata_rows(doc, t0),
+        decimation=decimation_note(len(keep), n),
+        attention_ops=att_table,
+        live_table=live_table,
+        attention_summary=dict(att_doc),
+    )

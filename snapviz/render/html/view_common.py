@@ -2,6 +2,7 @@
 stacks, the time axis, decimation, the allocator-truth badge, title and run metadata
 (the types are in :mod:`.view_models`).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -73,8 +74,9 @@ def time_axis(time_us: np.ndarray) -> tuple[bool, int, np.ndarray]:
     return True, t0, (time_us - t0) / 1e6
 
 
-def decimated_rows(n: int, series: Sequence[np.ndarray], max_points: int, force: Iterable[int] = (),
-                   time_us: np.ndarray | None = None) -> np.ndarray:
+def decimated_rows(
+    n: int, series: Sequence[np.ndarray], max_points: int, force: Iterable[int] = (), time_us: np.ndarray | None = None
+) -> np.ndarray:
     """Rows kept for the timeline: min/max per bucket of every series, plus ``force`` rows.
 
     With ``time_us`` the budget is split between buckets in event order and buckets in
@@ -83,8 +85,10 @@ def decimated_rows(n: int, series: Sequence[np.ndarray], max_points: int, force:
     """
     if time_us is not None and was_decimated(n, max_points):
         half = max(2, max_points // 2)
-        keep = np.union1d(decimate_minmax(np.arange(n), *series, max_points=half),
-                          decimate_minmax(time_us, *series, max_points=max_points - half))
+        keep = np.union1d(
+            decimate_minmax(np.arange(n), *series, max_points=half),
+            decimate_minmax(time_us, *series, max_points=max_points - half),
+        )
     else:
         keep = decimate_minmax(np.arange(n), *series, max_points=max_points)
     extra = np.array([int(r) for r in force if 0 <= int(r) < n], np.int64)
@@ -93,8 +97,11 @@ def decimated_rows(n: int, series: Sequence[np.ndarray], max_points: int, force:
 
 def decimation_note(shown: int, total: int) -> Decimation:
     dec = shown < total
-    note = (f"showing {shown:,} of {total:,} points (min/max per bucket, peak kept)" if dec
-            else f"showing all {total:,} points")
+    note = (
+        f"showing {shown:,} of {total:,} points (min/max per bucket, peak kept)"
+        if dec
+        else f"showing all {total:,} points"
+    )
     return Decimation(decimated=bool(dec), shown=int(shown), total=int(total), note=note)
 
 
@@ -110,19 +117,31 @@ def allocator_truth(doc: dict[str, Any]) -> Truth | None:
         text = f"matches the allocator's own max_memory_allocated to the byte ({want:,} B)"
         status = "match"
     else:
-        text = (f"allocator's own max_memory_allocated is {fmt_bytes(want)}; the replay is "
-                f"{'+' if diff > 0 else '-'}{fmt_bytes(abs(diff))} ({rel * 100:+.2f}%) off")
+        text = (
+            f"allocator's own max_memory_allocated is {fmt_bytes(want)}; the replay is "
+            f"{'+' if diff > 0 else '-'}{fmt_bytes(abs(diff))} ({rel * 100:+.2f}%) off"
+        )
         status = "close" if abs(rel) < 0.01 else "differs"
     reserved = truth.get("max_memory_reserved")
-    return Truth(status=status, text=text, max_memory_allocated=int(want), replay_allocated=got, diff_bytes=int(diff),
-                 max_memory_reserved=int(reserved) if reserved else None)
+    return Truth(
+        status=status,
+        text=text,
+        max_memory_allocated=int(want),
+        replay_allocated=got,
+        diff_bytes=int(diff),
+        max_memory_reserved=int(reserved) if reserved else None,
+    )
 
 
 def run_title(doc: dict[str, Any]) -> str:
     run = doc.get("run") or {}
-    parts = [run.get("pipeline"), run.get("size"),
-             f"{run.get('height')}×{run.get('width')}" if run.get("height") and run.get("width") else None,
-             run.get("dtype"), "+".join(run.get("techniques") or []) or None]
+    parts = [
+        run.get("pipeline"),
+        run.get("size"),
+        f"{run.get('height')}×{run.get('width')}" if run.get("height") and run.get("width") else None,
+        run.get("dtype"),
+        "+".join(run.get("techniques") or []) or None,
+    ]
     label = " · ".join(str(p) for p in parts if p)
     return label or str(doc.get("source", ""))
 
@@ -160,8 +179,13 @@ def metadata_rows(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, An
             rows.append(("replay matches end state", str(hist["end_state_matches"])))
     for d in doc.get("devices") or []:
         if len(doc.get("devices") or []) > 1:
-            rows.append((f"device {d.get('device')} peak", f"{fmt_bytes(d.get('peak_allocated_bytes'))} allocated, "
-                                                           f"{fmt_bytes(d.get('peak_reserved_bytes'))} reserved"))
+            rows.append(
+                (
+                    f"device {d.get('device')} peak",
+                    f"{fmt_bytes(d.get('peak_allocated_bytes'))} allocated, "
+                    f"{fmt_bytes(d.get('peak_reserved_bytes'))} reserved",
+                )
+            )
     return rows
 
 

@@ -8,6 +8,7 @@ Strings that repeat per timeline point are interned: ``Timeline.stage`` indexes
 hundred KB in the page. A new view (a training band, another table) is one more field here
 and one more block in the renderer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -280,12 +281,14 @@ class TraceReport(SingleRunReport):
     live_table: TextTable
     attention_summary: dict[str, Any]
 
+
 def bounded(view: Any) -> Any:
     """A copy of a view-model with every string from the input clipped (columns stay whole and
     aligned): a page's size follows its rows, not the longest frame name in the snapshot."""
     if dataclasses.is_dataclass(view) and not isinstance(view, type):
-        return dataclasses.replace(view, **{f.name: bounded(getattr(view, f.name)) for f in dataclasses.fields(view)
-                                            if f.init})
+        return dataclasses.replace(
+            view, **{f.name: bounded(getattr(view, f.name)) for f in dataclasses.fields(view) if f.init}
+        )
     if isinstance(view, str):
         return clip(view)
     if isinstance(view, (list, tuple, dict, np.ndarray)):
