@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from snapviz.errors import InputError
 from snapviz.load import labels as load_labels
 from snapviz.progress import progress
+
+if TYPE_CHECKING:  # the analyses (pandas) load when a verb runs, not for --help
+    from snapviz.analyses.digest import RunDigest
+    from snapviz.analyses.summary import Analysis
+    from snapviz.api import RunAnalysis
 
 
 def unique_labels(paths: Sequence[str], given: Sequence[str]) -> list[str]:
@@ -17,44 +21,34 @@ def unique_labels(paths: Sequence[str], given: Sequence[str]) -> list[str]:
     return load_labels.unique_labels(paths, given, what="--label values")
 
 
-def _analyze_input(path: str, label: str | None, stage_source: str) -> tuple[Any, dict[str, Any] | None]:
-    """(Analysis, None) for a snapshot; (None, summary dict) for a trace-only run."""
+def _analyze_input(path: str, label: str | None, stage_source: str) -> RunAnalysis:
+    """The API's analysis of one input, named ``label``: the replayed allocator for a snapshot,
+    the profiler's totals for a trace-only run."""
+    from snapviz.api import analyze
     from snapviz.load import load
 
-    run = load(path, label)
-    if run.snapshot is None:
-        try:
-            from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
-        except ImportError:
-            raise InputError(
-                f"{path}: a trace without a memory snapshot; this snapviz build needs a snapshot here"
-            ) from None
-        return None, trace_summary_dict(analyze_trace_run(run))
-    from snapviz.analyses.summary import analyze_run
-
-    return analyze_run(run, stage_source=stage_source), None
+    return analyze(load(path, label), stages_from=stage_source)
 
 
-def summarize_input(path: str, label: str | None = None, stage_source: str = "auto") -> tuple[dict[str, Any], Any]:
+def summarize_input(
+    path: str, label: str | None = None, stage_source: str = "auto"
+) -> tuple[dict[str, Any], Analysis | None]:
     """Load one input: the ``snapviz.summary/1`` dict and the Analysis (None for trace-only runs)."""
-    an, doc = _analyze_input(path, label, stage_source)
-    if an is None:
-        assert doc is not None
-        return doc, None
-    from snapviz.analyses.summary import summary_dict
+    from snapviz.analyses.summary import Analysis
 
-    return summary_dict(an), an
+    an = _analyze_input(path, label, stage_source)
+    return an.summary(), (an if isinstance(an, Analysis) else None)
 
 
-def digest_input(path: str, label: str, stage_source: str = "auto", points_per_label: int = 200) -> Any:
+def digest_input(path: str, label: str, stage_source: str = "auto", points_per_label: int = 200) -> RunDigest:
     """One input reduced to a :class:`~snapviz.analyses.digest.RunDigest` (the analysis is dropped)."""
     from snapviz.analyses.digest import digest_run, digest_summary
+    from snapviz.analyses.summary import Analysis
 
-    an, doc = _analyze_input(path, label, stage_source)
-    if an is None:
-        assert doc is not None
-        return digest_summary(doc, label)
-    return digest_run(an, label, points_per_label=points_per_label)
+    an = _analyze_input(path, label, stage_source)
+    if isinstance(an, Analysis):
+        return digest_run(an, label, points_per_label=points_per_label)
+    return digest_summary(an.summary(), label)
 
 
 def digest_inputs(
