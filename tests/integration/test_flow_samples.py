@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 from paths import SAMPLES
+from strip import strip_labels
 
 from snapviz.analyses.summary import analyze_run, summary_dict
-from snapviz.load import load
+from snapviz.load import Run, load
+from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot import snapshot_from_dict
 
 NAMES = ("flux-dev-bf16", "flux-dev-bf16-group-offload", "flux-dev-bf16-nf4-transformer",
          "sd35-large-bf16", "sd35-large-bf16-no-t5")
@@ -67,3 +70,29 @@ def test_techniques_show_where_they_should() -> None:
     no_t5, _ = _sample("sd35-large-bf16-no-t5")
     # T5-XXL's 4.76B bf16 parameters (8.87 GiB) are the difference at text encoding
     assert _stage_peak(sd, "text_encode") - _stage_peak(no_t5, "text_encode") > 8 * 2**30
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_stages_from_frames_alone_within_3_percent(name: str) -> None:
+    """With the labels taken out (tests/support/strip.py) and no run.json, the built-in rules find
+    text encoding, every denoising step and the VAE decode from the frames (diffusers'
+    transformer_flux / transformer_sd3, transformers' T5 and CLIP), each peak within 3% of the
+    allocator's."""
+    path = SAMPLES / name
+    if not (path / "run.json").exists():
+        pytest.skip(f"sample {name} not recorded yet")
+    rj = load(str(path)).run_json
+    raw = safe_load_pickle(path / "snapshot.pickle.xz")
+    snap = snapshot_from_dict(strip_labels(raw), name)
+    an = analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None))
+    assert an.labels.source == "frames"
+    found = {r.name: int(r.peak_allocated_bytes) for r in an.stages.itertuples()}
+    for group in ("text_encode", "vae_decode"):
+        truth = _stage_peak(rj, group)
+        got = max(v for k, v in found.items() if k.split("/")[0] == group)
+        assert got == pytest.approx(truth, rel=0.03), (name, group)
+    steps = sorted(k for k in found if k.startswith("denoise/"))
+    assert len(steps) == rj["steps"], steps
+    for s in steps:
+        assert found[s] == pytest.approx(_stage_peak(rj, s), rel=0.03), (name, s)
