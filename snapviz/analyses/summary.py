@@ -10,10 +10,11 @@ import pandas as pd
 
 from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
-from snapviz.analyses.categories import categorize_allocs, categorize_live
+from snapviz.analyses.categories import categorize_live
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
-from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
+from snapviz.analyses.live_sets import stage_live_sets, top_live
+from snapviz.analyses.replay import ReplayResult, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
@@ -21,7 +22,7 @@ from snapviz.analyses.training_advice import advise_training
 from snapviz.analyses.training_view import TrainingView, training_dict, training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_ALLOC, A_OOM, Snapshot
+from snapviz.model import A_OOM, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
 
 SCHEMA = SUMMARY_SCHEMA
@@ -104,27 +105,6 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
     return best, results
 
 
-def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: int, limit: int = 25) -> pd.DataFrame:
-    live = live_at(replay, row)
-    if not len(live):
-        return pd.DataFrame(columns=["row", "addr", "bytes", "requested_bytes", "stage", "site", "stack_id", "time_us"])
-    rows = live.index.to_numpy()
-    out = pd.DataFrame(
-        {
-            "row": rows,
-            "addr": live["addr"].to_numpy(),
-            "bytes": live["block_size"].to_numpy(),
-            "requested_bytes": live["size"].to_numpy(),
-            "stage": labels[rows],
-            "stack_id": live["stack_id"].to_numpy(),
-            "time_us": live["time_us"].to_numpy(),
-        }
-    ).sort_values(["bytes", "row"], ascending=[False, True], kind="stable")
-    out = out.head(limit).reset_index(drop=True)
-    out.insert(5, "site", [sites.site(int(s)) for s in out["stack_id"]])
-    return out
-
-
 def analyze_run(
     run: Run, device: int | None = None, stage_source: str = "auto", rules: RuleSet | None = None
 ) -> Analysis:
@@ -161,7 +141,7 @@ def analyze_run(
         att_summary["trace_offset_us"] = off
     categories = categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables)
 
-    stage_live, stage_top = _stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
+    stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
     if labels.source == "none" and len(ev):
         warnings.append(
@@ -209,55 +189,6 @@ def analyze_run(
         rules=rules,
         tables=tables,
         training=training_view(snap, rep, labels.labels, stages),
-    )
-
-
-def _stage_live_sets(
-    snap: Snapshot,
-    rep: ReplayResult,
-    labels: np.ndarray,
-    stages: pd.DataFrame,
-    sites: SiteNamer,
-    rules: RuleSet,
-    tables: StackTables,
-    top_n: int = 5,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What was live at each stage interval's own peak: bytes by category, and the largest
-    blocks the stage itself allocated.
-
-    Allocations are categorised once; each stage is then one vectorized mask.
-    """
-    ev = rep.events
-    alloc_rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
-    empty = (
-        pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
-        pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]),
-    )
-    if not len(alloc_rows) or not len(stages):
-        return empty
-    cats = categorize_allocs(snap, rep, labels, alloc_rows, rules, tables)
-    frees = ev["free_row"].to_numpy()[alloc_rows]
-    sizes = ev["block_size"].to_numpy()[alloc_rows]
-    stacks = ev["stack_id"].to_numpy()[alloc_rows]
-    live_rows, top_rows = [], []
-    for k, (name, prow, srow) in enumerate(
-        zip(stages["name"].tolist(), stages["peak_row"].tolist(), stages["start_row"].tolist(), strict=True)
-    ):
-        if prow < 0:
-            continue
-        m = (alloc_rows <= prow) & (frees > prow)
-        if not m.any():
-            continue
-        df = pd.DataFrame({"category": cats[m], "bytes": sizes[m]}).groupby("category")["bytes"].agg(["sum", "size"])
-        for cat, (b, c) in df.iterrows():
-            live_rows.append((k, name, cat, int(b), int(c)))
-        # The stage's own allocations: what it added on top of what it inherited.
-        idx = np.flatnonzero(m & (alloc_rows >= srow))
-        for j in idx[np.argsort(-sizes[idx], kind="stable")[:top_n]]:
-            top_rows.append((k, name, int(sizes[j]), sites.site(int(stacks[j])), int(alloc_rows[j]), int(stacks[j])))
-    return (
-        pd.DataFrame(live_rows, columns=empty[0].columns) if live_rows else empty[0],
-        pd.DataFrame(top_rows, columns=empty[1].columns) if top_rows else empty[1],
     )
 
 
