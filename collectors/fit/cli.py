@@ -15,6 +15,7 @@ import click
 from collectors.errors import OptionError
 from collectors.matrix.runner import MatrixOptions, VariantResult, run_one
 from collectors.matrix.variants import MatrixError, Variant, parse_variant, screen_variants
+from snapviz.cli.errors import CollectorCommand
 
 from .plan import DEFAULT_CANDIDATES, DEFAULT_CARDS, Card, default_candidates, parse_cards
 from .report import card_dir, fit_dict, render_fit_html, render_fit_markdown
@@ -75,7 +76,7 @@ def _candidates(pipeline: str, variants: tuple[str, ...], known: tuple[str, ...]
     return screen_variants(chosen, device="cuda", pipeline=pipeline)
 
 
-@click.command("fit", epilog=FIT_EPILOG,
+@click.command("fit", cls=CollectorCommand, epilog=FIT_EPILOG,
                context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--pipeline", required=True, help="Pipeline to build (flux-dev, flux-schnell, sd35-medium, sd35-large, ...).")
 @click.option("--size", default="full", show_default=True, type=click.Choice(["tiny", "full"]),

@@ -8,7 +8,6 @@ the matrix's own Markdown and HTML card.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,21 +163,19 @@ def render_fit_markdown(doc: dict[str, Any]) -> str:
     return text
 
 
-def _esc(text: Any) -> str:
-    return html.escape(printable(text, None))
-
-
 def fit_card_html(doc: dict[str, Any]) -> str:
-    parts = [f'<section class="sv-card" id="sv-fit"><h2>{_esc(_title(doc))}</h2>',
-             f'<p class="sv-hint">{_esc(doc["memory_metric_text"])}. {_esc(doc["time_text"])}.</p>']
-    for card in doc["cards"]:
+    """The fit tables, one per card, as one card of the shared page kit (which escapes)."""
+    from snapviz.render.html.page import card_open, esc, html_table
+
+    parts = [card_open(printable(_title(doc), None), printable(f"{doc['memory_metric_text']}. {doc['time_text']}.", None),
+                       "sv-fit")]
+    for i, card in enumerate(doc["cards"]):
         head, rows = fit_table(card)
-        th = "".join(f"<th>{_esc(h)}</th>" for h in head)
-        body = "".join("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-        parts.append(f"<h3>{_esc(card['label'])} card</h3><p>{_esc(_fastest_line(doc, card, str))}</p>"
-                     f'<div class="sv-matrix-wrap"><table class="sv-matrix"><thead><tr>{th}</tr></thead>'
-                     f"<tbody>{body}</tbody></table></div>")
-    parts.append(f'<p class="sv-hint">{_esc(doc["pruning_rule"])}</p></section>')
+        table = html_table([printable(h, None) for h in head], [[printable(c, None) for c in r] for r in rows],
+                           f"sv-fit-table-{i}")
+        parts.append(f"<h3>{esc(printable(card['label'], None))} card</h3>"
+                     f"<p>{esc(printable(_fastest_line(doc, card, str), None))}</p><div class=\"sv-cmp-wrap\">{table}</div>")
+    parts.append(f'<p class="sv-hint">{esc(printable(doc["pruning_rule"], None))}</p></section>')
     return "".join(parts)
 
 
@@ -186,9 +183,11 @@ def render_fit_html(doc: dict[str, Any]) -> str:
     """One page: the fit card, then each card's matrix card. bokeh is imported here (a GPU box
     without it still writes JSON and Markdown)."""
     from snapviz.render.html import build_page
+    from snapviz.render.html.page import table_css
 
     doc = bounded_doc(doc)
-    blocks = [fit_card_html(doc)] + [matrix_card_html(c["matrix"]) for c in doc["cards"] if c["matrix"]]
+    blocks = [table_css(), fit_card_html(doc)]
+    blocks += [matrix_card_html(c["matrix"], f"sv-matrix-{i}") for i, c in enumerate(doc["cards"]) if c["matrix"]]
     return build_page(f"snapviz fit: {doc['pipeline']}", blocks)
 
 

@@ -99,7 +99,8 @@ def test_search_with_a_fake_collector(tmp_path: Path, flux_collectors: None, mon
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir()} >= {"fit.json", "fit.md", "fit.html"}
     page = (out / "fit.html").read_text()
-    assert page.count('class="sv-matrix"') == 2 + 2  # a fit table per card, then a matrix card per card
+    # the page kit's cards: one fit table per card inside the fit card, then a matrix card per card
+    assert page.count('id="sv-fit-table-') == 2 and page.count('id="sv-matrix-0"') == page.count('id="sv-matrix-1"') == 1 and page.count('id="sv-fit"') == 1
     doc = json.loads((out / "fit.json").read_text())
     assert doc["schema"] == "snapviz.fit/1" and doc["steps"] == 2
     by = {c["label"]: c for c in doc["cards"]}

@@ -87,7 +87,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 # The collectors' verbs are snapviz verbs: their command modules share snapviz.cli's error mapping,
 # output checks and options. Everything else in collectors/ is library and stays free of the CLI.
-COMMAND_MODULES = {"collectors.cli"}
+COMMAND_MODULES = {"collectors.cli", "collectors.fit.cli"}
 
 
 def test_collectors_library_does_not_use_the_cli() -> None:
