@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.training_advice import Estimate, training_estimates
 from snapviz.load import load
@@ -129,8 +130,8 @@ def test_reports_carry_the_training_view() -> None:
     worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
     assert worst["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"] and worst["peak_phase"] == doc["peak"]["stage"]
     assert sum(worst["categories_at_peak"].values()) == worst["peak_allocated_bytes"]
-    data = report_data(an, doc)
-    ct = data["category_timeline"]
-    assert {"parameters", "gradients", "optimizer state", "saved activations"} <= set(ct["categories"])
-    assert np.allclose(np.sum([ct["bytes"][c] for c in ct["categories"]], axis=0), ct["allocated"])
-    assert {"forward", "backward", "optimizer", "zero_grad"} <= set(data["bands"]["group"])
+    data = report_data(an, doc, report_view(an, 20000))
+    ct = data.category_timeline
+    assert {"parameters", "gradients", "optimizer state", "saved activations"} <= set(ct.categories)
+    assert np.allclose(np.sum([ct.bytes[c] for c in ct.categories], axis=0), ct.allocated)
+    assert {"forward", "backward", "optimizer", "zero_grad"} <= set(data.bands.group)
