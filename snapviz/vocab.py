@@ -6,6 +6,8 @@ the ``/`` (docs/design.md, "Stage labels"). Each word is defined here once.
 
 from __future__ import annotations
 
+from typing import Any
+
 STAGE_SEP = "/"
 # inference stages, then the training phases written by ``snapviz collect --train``
 CANONICAL_STAGES: tuple[str, ...] = (
@@ -27,6 +29,32 @@ COMPARE_SCHEMA = "snapviz.compare/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"
 RULES_SCHEMA = "snapviz.rules/1"
+
+# What a summary carries over from a run directory's run.json (the snapviz.run/1 fields that say
+# how the run was made), and the allocator's own figures it is checked against.
+RUN_SUMMARY_KEYS = (
+    "pipeline",
+    "size",
+    "techniques",
+    "height",
+    "width",
+    "steps",
+    "batch",
+    "dtype",
+    "device_name",
+    "torch_version",
+    "diffusers_version",
+    "command",
+)
+ALLOCATOR_TRUTH_KEYS = ("max_memory_allocated", "max_memory_reserved")
+
+
+def run_summary_fields(run_json: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(allocator_truth, run) of a summary document from run.json; (None, None) without one."""
+    if not run_json:
+        return None, None
+    truth = run_json.get("allocator") or {}
+    return {k: truth.get(k) for k in ALLOCATOR_TRUTH_KEYS}, {k: run_json.get(k) for k in RUN_SUMMARY_KEYS}
 
 
 def stage_group(label: object) -> str:

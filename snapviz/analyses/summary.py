@@ -23,7 +23,7 @@ from snapviz.analyses.training_view import TrainingView, training_dict, training
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_OOM, Snapshot
-from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA
+from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
 
@@ -284,6 +284,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     ]
     att = an.attention_summary
     advise_doc: list[dict[str, Any]] = []
+    alloc_truth, run_fields = run_summary_fields(run)
     doc = {
         "schema": SCHEMA,
         "source": an.run.source,
@@ -314,30 +315,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "attention": att,
         "categories": an.categories.to_dict("records"),
         "top_allocations": top,
-        "allocator_truth": {
-            k: (run.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")
-        }
-        if run
-        else None,
-        "run": {
-            k: run.get(k)
-            for k in (
-                "pipeline",
-                "size",
-                "techniques",
-                "height",
-                "width",
-                "steps",
-                "batch",
-                "dtype",
-                "device_name",
-                "torch_version",
-                "diffusers_version",
-                "command",
-            )
-        }
-        if run
-        else None,
+        "allocator_truth": alloc_truth,
+        "run": run_fields,
         "allocator_settings": an.snapshot.allocator_settings,
         "advice": advise_doc,
         "warnings": an.warnings,

@@ -18,7 +18,7 @@ from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label
 from snapviz.analyses.trace_live import live_at_trace_peak
 from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
 from snapviz.load import Run
-from snapviz.vocab import SUMMARY_SCHEMA, stage_group
+from snapviz.vocab import SUMMARY_SCHEMA, run_summary_fields, stage_group
 
 SCHEMA = SUMMARY_SCHEMA
 
@@ -218,6 +218,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         )
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
+    alloc_truth, run_fields = run_summary_fields(rj)
     return {
         "schema": SCHEMA,
         "source": an.run.source,
@@ -266,29 +267,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             "at its first event; "
             "Python lines are the first line of each function (profiler stacks)"
         ),
-        "allocator_truth": {
-            k: (rj.get("allocator") or {}).get(k) for k in ("max_memory_allocated", "max_memory_reserved")
-        }
-        if rj
-        else None,
-        "run": {
-            k: rj.get(k)
-            for k in (
-                "pipeline",
-                "size",
-                "techniques",
-                "height",
-                "width",
-                "steps",
-                "batch",
-                "dtype",
-                "device_name",
-                "torch_version",
-                "diffusers_version",
-                "command",
-            )
-        }
-        if rj
-        else None,
+        "allocator_truth": alloc_truth,
+        "run": run_fields,
         "warnings": an.warnings,
     }
