@@ -131,19 +131,9 @@ def _gib_axis(ax: Any, y_top: float) -> None:
         ax.spines[side].set_visible(False)
 
 
-def render_timeline_picture(an: Analysis, doc: dict[str, Any], fmt: str = "png") -> bytes:
-    """One run's timeline as PNG or SVG bytes (see module doc)."""
-    return draw_timeline(picture_data(an, doc), fmt)
-
-
-def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
-    fig, ax = _figure()
-    x = d["x"]
-    y_top = float(max(d["reserved"].max(initial=0), d["peak"]["bytes"]))
-    _gib_axis(ax, y_top)
-    if len(x):
-        ax.set_xlim(float(x[0]), float(x[-1]) if x[-1] > x[0] else float(x[0]) + 1)
-    for k, s in enumerate(d["spans"]):
+def _shade_stages(ax: Any, spans: list[dict[str, Any]]) -> None:
+    """Stage spans shaded in alternating strengths, each named above the plot (×N for steps)."""
+    for k, s in enumerate(spans):
         ax.axvspan(s["start"], s["end"], color=s["color"], alpha=0.10 if k % 2 else 0.17, linewidth=0)
         label = s["group"] + (f" ×{s['steps']}" if s["steps"] > 1 else "")
         ax.text(
@@ -157,6 +147,21 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
             color="#444444",
             clip_on=False,
         )
+
+
+def render_timeline_picture(an: Analysis, doc: dict[str, Any], fmt: str = "png") -> bytes:
+    """One run's timeline as PNG or SVG bytes (see module doc)."""
+    return draw_timeline(picture_data(an, doc), fmt)
+
+
+def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
+    fig, ax = _figure()
+    x = d["x"]
+    y_top = float(max(d["reserved"].max(initial=0), d["peak"]["bytes"]))
+    _gib_axis(ax, y_top)
+    if len(x):
+        ax.set_xlim(float(x[0]), float(x[-1]) if x[-1] > x[0] else float(x[0]) + 1)
+    _shade_stages(ax, d["spans"])
     if d["categories"]:
         ax.stackplot(
             x,
@@ -257,20 +262,7 @@ def draw_compare(d: dict[str, Any], fmt: str = "png") -> bytes:
     y_top = max([r["peak_bytes"] for r in d["runs"]] + [1])
     _gib_axis(ax, y_top)
     ax.set_xlim(0, max(d["n_slots"], 1))
-    for k, s in enumerate(d["spans"]):
-        ax.axvspan(s["start"], s["end"], color=s["color"], alpha=0.10 if k % 2 else 0.17, linewidth=0)
-        label = s["group"] + (f" ×{s['steps']}" if s["steps"] > 1 else "")
-        ax.text(
-            (s["start"] + s["end"]) / 2,
-            1.0,
-            label,
-            transform=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=7.5,
-            color="#444444",
-            clip_on=False,
-        )
+    _shade_stages(ax, d["spans"])
     for k in range(1, d["n_slots"]):
         ax.axvline(k, color="white", linewidth=0.6)  # step boundaries inside a shaded stage
     for i, r in enumerate(d["runs"]):

@@ -325,3 +325,20 @@ if (ix.length && ix[0] < texts.length) pane.text = texts[ix[0]];
         ),
     )
     return Column(table, pane, sizing_mode="stretch_width", name=name)
+
+
+def compact_legend(items: list[Any]) -> Legend:
+    """The small horizontal legend placed above the category and stage-bar plots."""
+    return Legend(
+        items=items,
+        orientation="horizontal",
+        location="top_left",
+        label_text_font_size="11.5px",
+        spacing=12,
+        padding=2,
+        margin=2,
+        border_line_color=None,
+        background_fill_alpha=0.0,
+        glyph_width=14,
+        glyph_height=12,
+    )

@@ -14,7 +14,6 @@ from bokeh.models import (
     CustomJS,
     FactorRange,
     HoverTool,
-    Legend,
     LegendItem,
     Range1d,
     TapTool,
@@ -27,6 +26,7 @@ from snapviz.render.html.bokeh_kit import (
     bytes_hover_formatter,
     bytes_tick_formatter,
     bytes_ticker,
+    compact_legend,
     make_source,
 )
 from snapviz.render.html.view_models import SingleRunReport, SnapshotReport
@@ -204,22 +204,7 @@ def stage_breakdown_block(data: SnapshotReport, height: int, linked: ColumnDataS
             line_color="#1d2330",
         )
         items.append(LegendItem(label=value("allocator's own peak"), renderers=[m]))
-    fig.add_layout(
-        Legend(
-            items=items,
-            orientation="horizontal",
-            location="top_left",
-            label_text_font_size="11.5px",
-            spacing=12,
-            padding=2,
-            margin=2,
-            border_line_color=None,
-            background_fill_alpha=0.0,
-            glyph_width=14,
-            glyph_height=12,
-        ),
-        "above",
-    )
+    fig.add_layout(compact_legend(items), "above")
     fig.xaxis.formatter = bytes_tick_formatter()
     fig.xaxis.ticker = bytes_ticker()
     fig.ygrid.grid_line_color = None

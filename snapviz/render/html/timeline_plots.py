@@ -22,7 +22,6 @@ from bokeh.models import (
     CustomJSHover,
     Div,
     HoverTool,
-    Legend,
     LegendItem,
     NumeralTickFormatter,
     PreText,
@@ -40,6 +39,7 @@ from snapviz.render.html.bokeh_kit import (
     base_figure,
     bytes_axis,
     bytes_hover_formatter,
+    compact_legend,
     lookup_formatter,
     make_source,
     seconds_tick_formatter,
@@ -359,18 +359,6 @@ def _category_area(data: SnapshotReport, src: ColumnDataSource, x: str, x_range:
             renderers=[probe], mode="vline", tooltips=tips, formatters=formatters, limit=1, attachment="horizontal"
         )
     )
-    legend = Legend(
-        items=items,
-        orientation="horizontal",
-        location="top_left",
-        label_text_font_size="11.5px",
-        spacing=12,
-        padding=2,
-        margin=2,
-        border_line_color=None,
-        background_fill_alpha=0.0,
-        glyph_width=14,
-        glyph_height=12,
-    )
+    legend = compact_legend(items)
     fig.add_layout(legend, "above")
     return fig
