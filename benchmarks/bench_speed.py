@@ -116,7 +116,7 @@ def _child_phases(path: str, html: bool) -> None:
 
     summary.replay_allocator = timed_replay  # type: ignore[assignment]
     t = time.process_time()
-    an = summary.analyze_run(Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run=None))
+    an = summary.analyze_run(Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run_json=None))
     ph["replay"] = spent[0]
     ph["stages"] = time.process_time() - t - spent[0]
     t = time.process_time()
