@@ -56,6 +56,7 @@ _PROBE = """
                documents: 0, roots: 0, canvases: 0, plots: 0, table_rows: 0, tables: 0};
   if (!window.Bokeh || !window.Bokeh.documents) return out;
   out.documents = window.Bokeh.documents.length;
+  out.doc_roots = window.Bokeh.documents.map((d) => d.roots().map((r) => r.name));
   for (const d of window.Bokeh.documents) out.roots += d.roots().length;
   const walk = (root) => {
     for (const el of root.querySelectorAll("*")) {
@@ -145,6 +146,7 @@ def check_report_in_browser(path: str, screenshot_dir: str | None = None, width:
             browser.close()
     return {"errors": errors + [f"blocked request: {u}" for u in blocked], "blocked": blocked,
             "roots": int(probe.get("roots", 0)), "documents": int(probe.get("documents", 0)),
+            "doc_roots": probe.get("doc_roots", []),
             "canvases": int(probe.get("canvases", 0)), "plots": int(probe.get("plots", 0)),
             "tables": int(probe.get("tables", 0)), "table_rows": int(probe.get("table_rows", 0)),
             "bokeh_version": probe.get("version"), "screenshot": shot, "text": text,

@@ -590,6 +590,41 @@ def test_page_paints_before_bokeh_and_defers_later_roots() -> None:
     assert eager is not None and json.loads(eager.group(1)) == []
 
 
+def _page_documents(page: str) -> list[list[str]]:
+    """The root names of each Bokeh document a page embeds, in the page's order."""
+    import html as html_mod
+    import re
+
+    m = re.search(r'<script type="application/json" id="[0-9a-f-]{36}">(.*?)</script>', page, re.S)
+    assert m is not None
+    docs = json.loads(html_mod.unescape(m.group(1)))
+    return [[r["attributes"]["name"] for r in d["roots"]] for d in docs.values()]
+
+
+def test_linked_roots_share_a_document_and_tables_load_later() -> None:
+    """Roots that share a model (here a source) are one document, so their selections stay
+    linked; an unlinked root is a document of its own, and the tables bundle, needed only by
+    later roots, is kept out of the scripts that run before the first screen."""
+    from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn
+    from bokeh.plotting import figure
+
+    from snapviz.render.html import build_page
+
+    src = ColumnDataSource({"x": [1, 2], "y": [3, 4]})
+    fig = figure(name="sv-plot")
+    fig.scatter("x", "y", source=src)
+    table = DataTable(source=src, columns=[TableColumn(field="x")], name="sv-table")
+    other = DataTable(source=ColumnDataSource({"a": [1]}), columns=[TableColumn(field="a")], name="sv-other")
+    page = build_page("t", [Div(text="first", name="sv-first"), fig, "<p>x</p>", other, table])
+    assert _page_documents(page) == [["sv-first"], ["sv-plot", "sv-table"], ["sv-other"]]
+    deferred = page.index('<script type="text/plain" id="sv-deferred-js">')
+    assert page.index("/* BEGIN bokeh-tables.min.js */") > deferred
+    assert page.count("/* BEGIN bokeh-tables.min.js */") == 1
+    # A table on the first screen needs the bundle at once: nothing is deferred then.
+    eager = build_page("t", [DataTable(source=ColumnDataSource({"a": [1]}), columns=[TableColumn(field="a")])])
+    assert 'id="sv-deferred-js"' not in eager and "/* BEGIN bokeh-tables.min.js */" in eager
+
+
 # --------------------------------------------------------------------------------------
 # Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
 # --------------------------------------------------------------------------------------

@@ -13,7 +13,10 @@ from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
 
-from bokeh.embed import file_html
+from bokeh.document import Document
+from bokeh.embed.bundle import bundle_for_objs_and_resources
+from bokeh.embed.elements import html_page_for_render_items
+from bokeh.embed.util import standalone_docs_json_and_render_items
 from bokeh.models import PreText, UIElement
 from bokeh.resources import INLINE
 
@@ -35,14 +38,41 @@ BYTES_JS = load_asset("bytes.js")
 LAZY_EMBED_JS = load_asset("lazy_embed.js")
 
 
+def _linked_groups(roots: Sequence[UIElement]) -> list[list[UIElement]]:
+    """The roots in groups that share no model (source, range, callback argument) with another
+    group, each group in page order. Each group becomes a Bokeh document of its own, which the
+    page deserializes only when its first root is due."""
+    parent = list(range(len(roots)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, root in enumerate(roots):
+        for model in root.references():
+            j = owner.setdefault(model.id, i)
+            if find(j) != find(i):
+                parent[find(i)] = find(j)
+    groups: dict[int, list[UIElement]] = {}
+    for i, root in enumerate(roots):
+        groups.setdefault(find(i), []).append(root)
+    return list(groups.values())
+
+
 def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int = 1) -> str:
     """One self-contained HTML page: ``blocks`` are raw HTML strings (already escaped by the
-    caller) and Bokeh models, in order. All models share one document, so sources,
-    ranges and selections may be linked across blocks.
+    caller) and Bokeh models, in order. Roots that share a model (a source, a range, a
+    selection) are in one document, so they stay linked across blocks.
 
     The page paints before BokehJS runs (the scripts come after the blocks), and only the
     first ``eager_roots`` Bokeh roots render at once; the others follow one per frame
-    (``assets/lazy_embed.js``), so the first screen does not wait for the plots below it."""
+    (``assets/lazy_embed.js``), so the first screen does not wait for the plots below it. A
+    document holding only later roots is deserialized when its turn comes, and the BokehJS
+    bundles only such documents need (the tables) are compiled then, not before the first
+    screen."""
     roots: list[UIElement] = []
     items: list[tuple[str, str]] = []
     for b in blocks:
@@ -53,23 +83,39 @@ def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int =
                 b.name = f"sv-root-{len(roots)}"
             roots.append(b)
             items.append(("root", b.name))
-    if not roots:  # file_html needs a document; an empty one still loads BokehJS
+    if not roots:  # BokehJS needs a document; an empty one still loads it
         filler = PreText(text="", visible=False, name="sv-empty")
         roots.append(filler)
         items.append(("root", filler.name))
+    later = {r.name for r in roots[max(eager_roots, 0) :]}
+    docs = []
+    for group in _linked_groups(roots):
+        doc = Document()
+        for root in group:
+            doc.add_root(root)
+        docs.append(doc)
+    docs_json, render_items = standalone_docs_json_and_render_items(roots)
+    first_docs = [d for d in docs if any(r.name not in later for r in d.roots)]
+    bundle = bundle_for_objs_and_resources(first_docs, INLINE)
+    deferred = [js for js in bundle_for_objs_and_resources(docs, INLINE).js_raw if js not in bundle.js_raw]
     # Root names are ours (sv-...), but the list sits in a <script> element: keep "</" out of it.
-    lazy = json.dumps([r.name for r in roots[max(eager_roots, 0) :]]).replace("</", "<\\/")
-    return file_html(
-        roots,
-        resources=INLINE,
+    lazy = json.dumps([r.name for r in roots if r.name in later]).replace("</", "<\\/")
+    return html_page_for_render_items(
+        bundle,
+        docs_json,
+        render_items,
         title=title,
         template=load_asset("page.html"),
         template_variables={
             "blocks": items,
+            # by name, over every document (Bokeh sets this itself only for a page of one document)
+            "roots": {r.name: r for item in render_items for r in item.roots},
             "page_css": PAGE_CSS,
             "version": __version__,
             "lazy_roots": lazy,
             "lazy_js": LAZY_EMBED_JS,
+            # BokehJS's own minified bundles, which never hold "</script"
+            "deferred_js": "\n".join(deferred),
         },
     )
 

@@ -28,7 +28,7 @@ def single_run_page(
         warnings_html(data.warnings),
         *before_timeline,
         card_open("Memory over time", timeline_hint, "sv-timeline-card"),
-        timeline_or_note(data, with_points),
+        *timeline_or_note(data, with_points),
         "</section>",
         *cards,
         metadata_html(data.metadata),

@@ -55,7 +55,11 @@ from snapviz.render.html.view_models import SingleRunReport, SnapshotReport
 _STACKS_JS = "const st = pane.sv_stacks || (pane.sv_stacks = JSON.parse(pane.tags[0]));\n"
 
 
-def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElement:
+def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[UIElement]:
+    """The timeline as two Bokeh roots: the memory lines (one tab per x axis), then the category
+    area, the fragmentation strip and the stack pane under them. The second is its own root so
+    the page can draw it after the first (it sits below the first screen): the lines are what
+    the reader sees first. Both share one document, so the plots still pan and zoom together."""
     tl = data.timeline
     src = make_source(tl.columns())
     peak = data.peak
@@ -77,6 +81,7 @@ def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElem
         _category_source(snap) if snap is not None and ct is not None and ct.categories and len(ct.index) else None
     )
     views = []
+    details = []
     axes = [("time_s", "time since the first event (s)", ("start_s", "end_s"), "By time")] if data.has_time else []
     axes.append(("index", "event index", ("start_index", "end_index"), "By event"))
     for x, x_label, band_x, tab in axes:
@@ -109,27 +114,30 @@ def timeline_block(data: SingleRunReport, *, with_points: bool = True) -> UIElem
         if with_points and snap is not None:
             _add_point_hover(fig, src, x, snap, pane)
         area = _category_area(snap, cat_src, x, fig.x_range, peak_x) if snap is not None and cat_src else None
-        parts = [fig, area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
-        views.append(
-            TabPanel(
-                title=tab, child=Column(*[p for p in parts if p is not None], sizing_mode="stretch_width", spacing=0)
-            )
-        )
-    body = _lazy_tabs(views) if len(views) > 1 else views[0].child
+        parts = [area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
+        views.append(TabPanel(title=tab, child=fig))
+        details.append(Column(*[p for p in parts if p is not None], sizing_mode="stretch_width", spacing=0))
+    below = Column(details[0], sizing_mode="stretch_width", spacing=0)
     show_pane = with_points and snap is not None
-    return Column(*([body, pane] if show_pane else [body]), sizing_mode="stretch_width", name="sv-timeline")
+    detail = Column(*([below, pane] if show_pane else [below]), sizing_mode="stretch_width", name="sv-timeline-detail")
+    if len(views) == 1:
+        main = views[0].child
+        main.name = "sv-timeline"
+        return [main, detail]
+    return [_lazy_tabs(views, below, details), detail]
 
 
-def _lazy_tabs(panels: list[TabPanel]) -> Tabs:
+def _lazy_tabs(panels: list[TabPanel], below: Column, details: list[Column]) -> Tabs:
     """Tabs whose hidden panels are built when first shown: until then each holds an empty
     placeholder, and the real panel (kept in the callback, so it is in the document) replaces
-    it on the first click. BokehJS builds every panel's views up front otherwise."""
+    it on the first click. BokehJS builds every panel's views up front otherwise. ``below``
+    (in the root under the tabs) shows the active tab's ``details``, swapped the same way."""
     shown = [panels[0], *(TabPanel(title=p.title, child=Div(text="")) for p in panels[1:])]
-    tabs = Tabs(tabs=shown, sizing_mode="stretch_width")
+    tabs = Tabs(tabs=shown, sizing_mode="stretch_width", name="sv-timeline")
     tabs.js_on_change(
         "active",
         CustomJS(
-            args={"tabs": tabs, "real": panels},
+            args={"tabs": tabs, "real": panels, "below": below, "details": details},
             code="""
 const i = tabs.active;
 if (i >= 0 && i < real.length && tabs.tabs[i] !== real[i]) {
@@ -137,6 +145,7 @@ if (i >= 0 && i < real.length && tabs.tabs[i] !== real[i]) {
   t[i] = real[i];
   tabs.tabs = t;
 }
+if (i >= 0 && i < details.length && below.children[0] !== details[i]) below.children = [details[i]];
 """,
         ),
     )
@@ -171,13 +180,13 @@ def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, fr
     return fig
 
 
-def timeline_or_note(data: SingleRunReport, with_points: bool = True) -> str | UIElement:
+def timeline_or_note(data: SingleRunReport, with_points: bool = True) -> list[str | UIElement]:
     if data.decimation.total == 0:
-        return (
+        return [
             '<p class="sv-none" id="sv-no-timeline">No trace history in this input (recorded without '
             "<code>_record_memory_history</code>, or an end-state-only dump): nothing to draw over time.</p>"
-        )
-    return timeline_block(data, with_points=with_points)
+        ]
+    return [*timeline_blocks(data, with_points=with_points)]
 
 
 def _site_formatter(pane: PreText) -> CustomJSHover:
