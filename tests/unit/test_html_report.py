@@ -585,9 +585,10 @@ def test_page_paints_before_bokeh_and_defers_later_roots() -> None:
                             Div(text="c", name="sv-third")])
     assert page.index("id='hero'") < page.index("/* BEGIN bokeh.min.js */") < page.index("Bokeh.embed.embed_items = ")
     lazy = re.search(r'<script type="application/json" id="sv-lazy-roots">(.*?)</script>', page, re.S)
-    assert lazy is not None and json.loads(lazy.group(1)) == ["sv-root-1", "sv-third"]
+    assert lazy is not None and json.loads(lazy.group(1))["roots"] == ["sv-root-1", "sv-third"]
+    assert len(json.loads(lazy.group(1))["docs"]) == 2, "each unlinked later root is a document deferred whole"
     eager = re.search(r'id="sv-lazy-roots">(.*?)</script>', build_page("t", [Div(text="a"), Div(text="b")], eager_roots=2))
-    assert eager is not None and json.loads(eager.group(1)) == []
+    assert eager is not None and json.loads(eager.group(1)) == {"roots": [], "docs": []}
 
 
 def _page_documents(page: str) -> list[list[str]]:

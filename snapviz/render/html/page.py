@@ -98,8 +98,15 @@ def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int =
     first_docs = [d for d in docs if any(r.name not in later for r in d.roots)]
     bundle = bundle_for_objs_and_resources(first_docs, INLINE)
     deferred = [js for js in bundle_for_objs_and_resources(docs, INLINE).js_raw if js not in bundle.js_raw]
-    # Root names are ours (sv-...), but the list sits in a <script> element: keep "</" out of it.
-    lazy = json.dumps([r.name for r in roots if r.name in later]).replace("</", "<\\/")
+    # What lazy_embed.js defers: the later roots, by name, and the documents holding only such
+    # roots, by id. Root names are ours (sv-...), but this sits in a <script> element: keep "</"
+    # out of it.
+    lazy = json.dumps(
+        {
+            "roots": [r.name for r in roots if r.name in later],
+            "docs": [item.docid for item in render_items if all(r.name in later for r in item.roots)],
+        }
+    ).replace("</", "<\\/")
     return html_page_for_render_items(
         bundle,
         docs_json,

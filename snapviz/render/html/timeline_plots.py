@@ -2,9 +2,12 @@
 tab per x axis), the category area and the cached-but-unallocated strip under it, and the
 stack pane a click fills. Draws a view-model; computes nothing.
 
-The stacks a click can show are handed to the page once, as one JSON string on the pane
-(``tags[0]``), parsed on the first click or hover: BokehJS decodes plain arrays value by value,
-which made loading them the largest part of opening a report.
+The stacks a click can show are handed to the page once, as one JSON string on the timeline's
+source (``tags[0]``), parsed on the first click or hover: BokehJS decodes plain arrays value by
+value, which made loading them the largest part of opening a report. The stack pane is a root
+of its own that shares no model with the plots (a click finds it by name), so the document
+drawn first holds only models of BokehJS's core bundle: the widgets bundle the pane needs is
+compiled after the first screen (``assets/lazy_embed.js``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,12 @@ from bokeh.models import (
     ColumnDataSource,
     CustomJS,
     CustomJSHover,
-    Div,
     HoverTool,
     LegendItem,
     NumeralTickFormatter,
-    PreText,
     Range1d,
     Scatter,
+    Spacer,
     Span,
     TabPanel,
     Tabs,
@@ -51,15 +53,17 @@ from snapviz.render.html.page import BYTES_JS
 from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.html.view_models import SingleRunReport, SnapshotReport
 
-# The pane's stacks, parsed once per page (tags[0] is their JSON).
-_STACKS_JS = "const st = pane.sv_stacks || (pane.sv_stacks = JSON.parse(pane.tags[0]));\n"
+PANE_NAME = "sv-timeline-pane"
+# The stacks, parsed once per page (the source's tags[0] is their JSON).
+_STACKS_JS = "const st = src.sv_stacks || (src.sv_stacks = JSON.parse(src.tags[0]));\n"
 
 
 def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[UIElement]:
-    """The timeline as two Bokeh roots: the memory lines (one tab per x axis), then the category
-    area, the fragmentation strip and the stack pane under them. The second is its own root so
-    the page can draw it after the first (it sits below the first screen): the lines are what
-    the reader sees first. Both share one document, so the plots still pan and zoom together."""
+    """The timeline as Bokeh roots: the memory lines (one tab per x axis), then the category
+    area and the fragmentation strip under them, then the stack pane (where points are
+    clickable). The later ones are roots of their own so the page can draw them after the first
+    (they sit below the first screen): the lines are what the reader sees first. The plots share
+    one document, so they still pan and zoom together."""
     tl = data.timeline
     src = make_source(tl.columns())
     peak = data.peak
@@ -72,10 +76,9 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
     if tl.requested is not None:
         lines.insert(1, LineSpec("requested", "requested", SERIES_COLORS["requested"], 1.2, "dashed", 0.9))
     snap = data if isinstance(data, SnapshotReport) else None
-    pane = stack_pane("Click a point on the timeline to see the allocation's stack here.")
     if snap is not None:
         st = snap.stacks
-        pane.tags = [json.dumps({"site": st.site, "frames": st.frames, "more": st.more, "text": st.frame_text})]
+        src.tags = [json.dumps({"site": st.site, "frames": st.frames, "more": st.more, "text": st.frame_text})]
     ct = snap.category_timeline if snap is not None else None
     cat_src = (
         _category_source(snap) if snap is not None and ct is not None and ct.categories and len(ct.index) else None
@@ -112,19 +115,22 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
             )
             fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
         if with_points and snap is not None:
-            _add_point_hover(fig, src, x, snap, pane)
+            _add_point_hover(fig, src, x, snap)
         area = _category_area(snap, cat_src, x, fig.x_range, peak_x) if snap is not None and cat_src else None
         parts = [area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
         views.append(TabPanel(title=tab, child=fig))
         details.append(Column(*[p for p in parts if p is not None], sizing_mode="stretch_width", spacing=0))
-    below = Column(details[0], sizing_mode="stretch_width", spacing=0)
-    show_pane = with_points and snap is not None
-    detail = Column(*([below, pane] if show_pane else [below]), sizing_mode="stretch_width", name="sv-timeline-detail")
+    below = Column(details[0], sizing_mode="stretch_width", spacing=0, name="sv-timeline-detail")
     if len(views) == 1:
         main = views[0].child
         main.name = "sv-timeline"
-        return [main, detail]
-    return [_lazy_tabs(views, below, details), detail]
+    else:
+        main = _lazy_tabs(views, below, details)
+    if not (with_points and snap is not None):
+        return [main, below]
+    pane = stack_pane("Click a point on the timeline to see the allocation's stack here.")
+    pane.name = PANE_NAME
+    return [main, below, pane]
 
 
 def _lazy_tabs(panels: list[TabPanel], below: Column, details: list[Column]) -> Tabs:
@@ -132,7 +138,8 @@ def _lazy_tabs(panels: list[TabPanel], below: Column, details: list[Column]) -> 
     placeholder, and the real panel (kept in the callback, so it is in the document) replaces
     it on the first click. BokehJS builds every panel's views up front otherwise. ``below``
     (in the root under the tabs) shows the active tab's ``details``, swapped the same way."""
-    shown = [panels[0], *(TabPanel(title=p.title, child=Div(text="")) for p in panels[1:])]
+    # Spacer, not Div: a Div would pull BokehJS's widgets bundle into the first document.
+    shown = [panels[0], *(TabPanel(title=p.title, child=Spacer()) for p in panels[1:])]
     tabs = Tabs(tabs=shown, sizing_mode="stretch_width", name="sv-timeline")
     tabs.js_on_change(
         "active",
@@ -189,10 +196,10 @@ def timeline_or_note(data: SingleRunReport, with_points: bool = True) -> list[st
     return [*timeline_blocks(data, with_points=with_points)]
 
 
-def _site_formatter(pane: PreText) -> CustomJSHover:
-    """The allocation site of a timeline point's stack, from the pane's stacks."""
+def _site_formatter(src: ColumnDataSource) -> CustomJSHover:
+    """The allocation site of a timeline point's stack, from the stacks on ``src``."""
     return CustomJSHover(
-        args={"pane": pane},
+        args={"src": src},
         code=_STACKS_JS
         + """
 return (value >= 0 && value < st.site.length) ? st.site[value] : "(no frames recorded)";
@@ -200,7 +207,7 @@ return (value >= 0 && value < st.site.length) ? st.site[value] : "(no frames rec
     )
 
 
-def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotReport, pane: PreText) -> None:
+def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotReport) -> None:
     """Invisible markers on the allocated line: hover shows the event, a click its stack."""
     r = fig.scatter(x=x, y="allocated", source=src, size=8, fill_alpha=0, line_alpha=0)
     # State glyphs need the renderer's own x/y fields: a bare Scatter() reads 'x'/'y', which the
@@ -234,7 +241,7 @@ def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotRepo
             formatters={
                 "@stage": lookup_formatter(data.stage_names),
                 "@action": lookup_formatter(data.action_names),
-                "@stack": _site_formatter(pane),
+                "@stack": _site_formatter(src),
                 "@size": nbytes,
                 "@allocated": nbytes,
                 "@reserved": nbytes,
@@ -259,7 +266,7 @@ src.selected.indices = [lo];
     src.selected.js_on_change(
         "indices",
         CustomJS(
-            args={"src": src, "pane": pane, "stages": data.stage_names, "actions": data.action_names},
+            args={"src": src, "name": PANE_NAME, "stages": data.stage_names, "actions": data.action_names},
             code=BYTES_JS
             + _STACKS_JS
             + """
@@ -273,7 +280,9 @@ if (k >= 0 && k < st.frames.length) {
   body = st.frames[k].map(f => st.text[f]).join("\\n");
   if (st.more[k] > 0) body += "\\n... " + st.more[k] + " more";
 }
-pane.text = head + "\\n" + body;
+// The pane is a root of a document of its own (drawn after the first screen): found by name.
+const pane = Bokeh.documents.map((doc) => doc.get_model_by_name(name)).find((m) => m != null);
+if (pane != null) pane.text = head + "\\n" + body;
 """,
         ),
     )

@@ -8,10 +8,12 @@
 // `window.snapviz_pending` counts the roots not yet added (0 when the page is complete).
 (function () {
   const Bokeh = window.Bokeh;
-  const lazyNames = new Set(JSON.parse(document.getElementById("sv-lazy-roots").textContent));
+  const lazy = JSON.parse(document.getElementById("sv-lazy-roots").textContent);
+  const lazyNames = new Set(lazy.roots);
+  const lazyDocs = new Set(lazy.docs);
   const { Document } = Bokeh.require("document");
   const { unescape } = Bokeh.require("core/util/string");
-  window.snapviz_pending = 0;
+  window.snapviz_pending = lazyNames.size;
   const loadDeferredJs = () => {
     const text = document.getElementById("sv-deferred-js");
     if (text === null || text.dataset.loaded) return;
@@ -45,10 +47,7 @@
       }
     };
     for (const item of render_items) {
-      const names = docs_json[item.docid].roots.map((r) => (r.attributes ? r.attributes.name : undefined));
-      const lazy = names.filter((n) => lazyNames.has(n)).length;
-      window.snapviz_pending += lazy;
-      if (lazy === names.length) {
+      if (lazyDocs.has(item.docid)) {
         queue.push(async () => {
           loadDeferredJs();
           await open(item);
