@@ -13,6 +13,11 @@ page's own clock (``performance.now()``, milliseconds since navigation started):
   first viewport has rendered (what the reader sees without scrolling), lazy roots included;
 * **all drawn**: Bokeh says every document is idle (every root of the page rendered).
 
+Beside them, the CPU time the Chromium processes spent up to first view and up to all drawn
+(read from /proc through psutil): on a shared machine the wall-clock moments grow with the
+other processes' load, the CPU time much less. Pages are loaded in turn, run after run, so
+reports given side by side (before/after) see the same load.
+
 Target (issue 14): first view <= 1 s (median) for every report, page <= 5 MB.
 
     python benchmarks/bench_paint.py [--runs 5] [--no-samples] [--keep DIR] [FILE.html|SNAPSHOT ...]
@@ -79,18 +84,24 @@ def write_report(source: str, out: Path) -> None:
         raise SystemExit(f"failed (rc {res.returncode}): {' '.join(cmd)}\n{res.stderr[-2000:]}")
 
 
-def _chromium_cpu_s() -> float:
-    """CPU seconds (user + system) used so far by the Chromium processes this script started: a
+def _chromium_cpu_s() -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each Chromium process this script started: a
     figure other processes' load cannot inflate, beside the wall-clock moments."""
-    total = 0.0
+    out: dict[int, float] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             if "chrom" in proc.name():
                 t = proc.cpu_times()
-                total += t.user + t.system
+                out[proc.pid] = t.user + t.system
         except psutil.Error:  # exited between listing and reading
             continue
-    return total
+    return out
+
+
+def _cpu_ms_since(start: dict[int, float]) -> float:
+    """CPU milliseconds the Chromium processes used since ``start`` (processes that exited in
+    between, such as the previous page's renderer, drop out of both ends)."""
+    return sum(t - start.get(pid, 0.0) for pid, t in _chromium_cpu_s().items()) * 1000
 
 
 def measure(pages: list[Path], runs: int, timeout_ms: int = 60000) -> list[dict[str, Any]]:
@@ -123,14 +134,14 @@ def measure(pages: list[Path], runs: int, timeout_ms: int = 60000) -> list[dict[
                     cpu0 = _chromium_cpu_s()
                     page.goto("file://" + str(path.resolve()), wait_until="commit", timeout=timeout_ms)
                     page.wait_for_function("() => window.__sv.first_view !== null", timeout=timeout_ms, polling=20)
-                    cpu1 = _chromium_cpu_s()
+                    cpu1 = _cpu_ms_since(cpu0)
                     page.wait_for_function("() => window.__sv.idle !== null", timeout=timeout_ms, polling=20)
-                    cpu2 = _chromium_cpu_s()
+                    cpu2 = _cpu_ms_since(cpu0)
                     got = page.evaluate("() => window.__sv")
                     for k in ("fcp", "first_view", "idle"):
                         res[k].append(float(got[k]) if got[k] is not None else float("nan"))
-                    res["cpu_first_view"].append((cpu1 - cpu0) * 1000)
-                    res["cpu_idle"].append((cpu2 - cpu0) * 1000)
+                    res["cpu_first_view"].append(cpu1)
+                    res["cpu_idle"].append(cpu2)
                     ctx.close()
         finally:
             browser.close()
