@@ -143,9 +143,8 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
 
 def _child_load(path: str, paused: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
-    from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
-
     from snapviz.load import paused_gc  # noqa: PLC0415
+    from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
 
     if paused:
         gc_ctx = paused_gc()

@@ -103,12 +103,10 @@ def _child_phases(path: str, html: bool) -> None:
     """One process, the CLI's steps in order, each timed in CPU seconds (the replay timed inside analyze_run)."""
     t0 = time.process_time()
     from snapviz.analyses import summary  # noqa: PLC0415 - importing is what is measured
-    from snapviz.load import Run, paused_gc, safe_load_pickle  # noqa: PLC0415
+    from snapviz.load import Run, paused_gc, safe_load_pickle, safe_pickle  # noqa: PLC0415
     from snapviz.load.snapshot import snapshot_from_dict  # noqa: PLC0415
     from snapviz.render.json_summary import render_json  # noqa: PLC0415
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
-
-    from snapviz.load import safe_pickle  # noqa: PLC0415
 
     ph: dict[str, float] = {"import": time.process_time() - t0}
     scan, scan_spent = safe_pickle.scan_pickle, [0.0]

@@ -66,7 +66,6 @@ class _Interner:
         self.keep_alive.append(frames)  # ids stay unique only while the object lives
         return sid
 
-
     def stack_ids(self, lists: list[Any]) -> list[int]:
         """:meth:`stack_id` of many distinct frame lists. torch writes one list object per
         trace entry (two entries in three hold a list of their own), so a 1M-event file holds
@@ -92,10 +91,10 @@ class _Interner:
             elif reps[0][0] == fl:  # the last list matched in this bucket: the common case
                 sid = reps[0][1]
             else:
-                for j, (rep, sid) in enumerate(reps):
-                    if rep == fl:
-                        reps[0], reps[j] = reps[j], reps[0]  # move to front
-                        break
+                j = next((j for j, (rep, _) in enumerate(reps) if rep == fl), -1)
+                if j >= 0:
+                    reps[0], reps[j] = reps[j], reps[0]  # move to front
+                    sid = reps[0][1]
                 else:
                     sid = one(fl)
                     if _plain_frames(fl):
@@ -107,9 +106,7 @@ class _Interner:
 def _plain_frames(frames: list[Any]) -> bool:
     """Every frame a dict whose name and filename are str, as torch writes them: a list equal
     to this one then names the same frames (``1 == 1.0`` cannot turn into another name)."""
-    return all(
-        type(f) is dict and type(f.get("name")) is str and type(f.get("filename")) is str for f in frames
-    )
+    return all(type(f) is dict and type(f.get("name")) is str and type(f.get("filename")) is str for f in frames)
 
 
 def _block_frames(block: dict[str, Any]) -> Any:
