@@ -130,6 +130,64 @@ def _block_requested(block: dict[str, Any], size: int) -> int:
     return size
 
 
+def block_columns(
+    seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: _Interner
+) -> dict[str, Any]:
+    """The blocks of every segment as columns, plus ``segment_stack_id`` (one per segment).
+
+    Each block's values are read once with the common types tested inline (the helpers run
+    only for an odd value); stacks are interned in bulk, in the order a walk of the file
+    meets them (a segment's frames, then its blocks'), so their ids are numbered as before.
+    """
+    frames: list[Any] = []
+    seg_at: list[int] = []
+    seg_col: list[int] = []
+    dev_col: list[int] = []
+    addr_col: list[int] = []
+    size_col: list[int] = []
+    req_col: list[int] = []
+    state_col: list[str] = []
+    for k, (row, sfr, blocks) in enumerate(zip(seg_rows, seg_frames, seg_blocks, strict=True)):
+        dev, baddr = row[0], row[1]
+        seg_at.append(len(frames))
+        frames.append(sfr)
+        for b in blocks:
+            if type(b) is not dict:
+                continue
+            get = b.get
+            size = get("size", 0)
+            if type(size) is not int:
+                size = _as_int(size)
+            addr = get("address", baddr)
+            req = get("requested_size")
+            state = get("state", "inactive")
+            if type(state) is not str or len(state) > MAX_NAME_CHARS:
+                state = _text(state)
+            seg_col.append(k)
+            dev_col.append(dev)
+            addr_col.append(addr if type(addr) is int else _as_int(addr))
+            size_col.append(size)
+            req_col.append(req if type(req) is int else _block_requested(b, size))
+            # the docstring's spelling of the C++ state
+            state_col.append("active_pending_free" if state == "active_awaiting_free" else state)
+            frames.append(get("frames") or _block_frames(b))
+            baddr += size
+    codes, distinct = _factorize(frames)
+    stack = np.array(interner.stack_ids(distinct), dtype=np.int64)[codes] if frames else np.empty(0, np.int64)
+    is_seg = np.zeros(len(frames), bool)
+    is_seg[seg_at] = True
+    return {
+        "segment_stack_id": stack[is_seg],
+        "segment": seg_col,
+        "device": dev_col,
+        "address": addr_col,
+        "size": size_col,
+        "requested_size": req_col,
+        "state": state_col,
+        "stack_id": stack[~is_seg],
+    }
+
+
 ADDRESS_LIMIT = 1 << 62  # no allocator hands out sizes or addresses at or above 2**62
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxstring, _REPR.maxother = 3, 16, 16, 16, 1000, 200
