@@ -139,7 +139,10 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         "compile_id": np.int32,
         "device_free": np.int64,
     }
-    events = pd.DataFrame({k: (np.concatenate(v) if v else np.empty(0, dtypes[k])) for k, v in ev_cols.items()})
+    events = pd.DataFrame(
+        {k: (np.concatenate(v) if v else np.empty(0, dtypes[k])) for k, v in ev_cols.items()}, copy=False
+    )
+    ev_cols.clear()  # the frame owns the concatenated columns; the per-device pieces can go
     if (events["time_us"] < 0).all() and len(events):
         notes.append("trace entries carry no time_us (torch < 2.2): the time axis is the event index")
 
