@@ -174,13 +174,18 @@ def _row(name: str, r: dict[str, Any], floor: dict[str, Any]) -> str:
 
 def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
     sample = ROOT / "sample_snapshots" / source / "snapshot.pickle.xz"
-    base, base_name, _ = load_base(str(sample if sample.exists() else source), 0, 0)
-    big, reps = repeat_snapshot(base, args.events)
-    n_events = sum(len(t) for t in big["device_traces"])
-    path = work / f"speed_{Path(source).name.split('.')[0]}_{n_events}.pickle"
-    with open(path, "wb") as f:
-        pickle.dump(big, f, protocol=4)
-    del big, base
+    stem = f"speed_{Path(source).name.split('.')[0]}_{args.events}"
+    path, info = work / f"{stem}.pickle", work / f"{stem}.json"
+    if args.keep and path.exists() and info.exists():  # built by an earlier run with --keep
+        n_events, reps, base_name = json.loads(info.read_text())
+    else:
+        base, base_name, _ = load_base(str(sample if sample.exists() else source), 0, 0)
+        big, reps = repeat_snapshot(base, args.events)
+        n_events = sum(len(t) for t in big["device_traces"])
+        with open(path, "wb") as f:
+            pickle.dump(big, f, protocol=4)
+        del big, base
+        info.write_text(json.dumps([n_events, reps, base_name]))
     py, me = sys.executable, str(Path(__file__).resolve())
     on = _best([py, "-c", FLOOR_CHILD, str(path), "on"], env, args.repeat)
     paused = _best([py, "-c", FLOOR_CHILD, str(path), "paused"], env, args.repeat)
@@ -208,7 +213,7 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     print("in process (CPU s): unpickle " + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on / "
           + f"{p_safe['unpickle_s']:.2f} s safe load; "
           + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()) + f"; sum {sum(ph.values()):.2f} s")
-    for p in (path, js, work / "speed.html"):
+    for p in (path, info, js, work / "speed.html"):
         if not args.keep:
             p.unlink(missing_ok=True)
 
@@ -284,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-source", action="append", help="Chrome trace(s) to repeat (default: bundled samples)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each process; the fastest counts")
     ap.add_argument("--no-html", action="store_true", help="skip the HTML report")
-    ap.add_argument("--keep", help="directory to build files in and keep them")
+    ap.add_argument("--keep", help="directory to build files in and keep them (a file built there before is reused)")
     ap.add_argument("--child-phases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_phases:
