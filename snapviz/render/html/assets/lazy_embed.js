@@ -56,13 +56,20 @@
         await open(item);
       }
     }
+    let waits = 0;
+    const later = () => requestAnimationFrame(() => setTimeout(next, 0));  // paint between steps
     const next = async () => {
+      // Each step waits until every root added so far has finished drawing (a few seconds at
+      // most, should one never say so): the first screen is complete before anything below it
+      // (or a deferred bundle) takes the main thread.
+      if (waits++ < 300 && !Object.values(Bokeh.index).every((view) => view.has_finished())) return later();
+      waits = 0;
       const step = queue.shift();
       if (step === undefined) return;
       await step();
-      requestAnimationFrame(() => setTimeout(next, 0));  // paint between steps
+      later();
     };
-    requestAnimationFrame(() => setTimeout(next, 0));
+    later();
     return views;
   };
 })();
