@@ -2,9 +2,10 @@
 
 Renders the view-model of :func:`~snapviz.render.html.snapshot_data.report_data` and computes
 nothing. Static parts (verdict, warnings, what would help, run metadata) are plain HTML,
-readable even where JavaScript is off; the plots and tables are Bokeh roots of one document,
-so their sources, ranges and selections are linked (the category area pans with the
-timeline; a click on a stage's bar selects that stage's blocks in its table).
+readable even where JavaScript is off; the plots and tables are Bokeh roots, and roots that
+share a model are one document, so their sources, ranges and selections are linked (the
+category area pans with the timeline; a click on a stage's bar selects that stage's blocks in
+its table).
 """
 
 from __future__ import annotations
