@@ -93,7 +93,7 @@ class _JsonGuard:
                 self.pending_escape = True
         started_in_string = self.in_string
         # Brackets outside strings: keep quotes and brackets, drop what is between quote pairs.
-        kept = np.frombuffer(chunk.translate(None, _NOT_STRUCTURE).translate(_STEP), np.int8)
+        kept = np.frombuffer(chunk.translate(_STEP, _NOT_STRUCTURE), np.int8)
         is_quote = kept == 34
         if len(chunk) <= self.limits.string_length:
             # Only a string that spans reads can be over the limit: its ends are the first and
@@ -320,13 +320,13 @@ def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
     return top
 
 
-def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
-    """The items of the top-level array the reader's guard watches (``traceEvents``), one
-    list per read. The guard has bounded each read (depth, string length, values) and says
-    where its last item ends, so the complete items of a read are one JSON array for a C
-    parser: no Python work per byte or per JSON token, and memory of one read plus one
-    unfinished item. The rest of the document is still read through the guard (the tail
-    window)."""
+def array_item_docs(reader: TapReader, path: str) -> Iterator[tuple[bytes, int]]:
+    """The items of the top-level array the reader's guard watches (``traceEvents``), as one
+    JSON array text per read, with how many items at its start are not events (0 or 1). The
+    guard has bounded each read (depth, string length, values) and says where its last item
+    ends, so the complete items of a read are one JSON array for a C parser: no Python work
+    per byte or per JSON token, and memory of one read plus one unfinished item. The rest of
+    the document is still read through the guard (the tail window)."""
     guard = reader.guard
     carry: list[bytes | memoryview] = []  # unparsed item text from earlier reads
     first = True  # the next text starts right after the array's '['
@@ -348,25 +348,29 @@ def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
             carry.append(chunk[lo:])
             continue
         view = memoryview(chunk)
-        # Later texts open with the comma after the previous item: a leading 0 makes them an
-        # array too (dropped below), and a missing or extra comma stays a parse error.
-        doc = b"".join([b"[" if first else b"[0", *carry, view[lo:cut], b"]"])
+        # Later texts open with the comma after the previous item: a leading {} makes them an
+        # array too (skipped by the caller), and a missing or extra comma stays a parse error.
+        doc = b"".join([b"[" if first else b"[{}", *carry, view[lo:cut], b"]"])
         carry = [view[cut:]]
-        batch = _parse_items(doc, path)
-        batch = batch if first else batch[1:]
+        yield doc, 0 if first else 1
         first = False
-        if batch:
-            yield batch
     if opened and not done:
         raise InputError(f"{path}: not valid JSON (it ends inside the traceEvents list)")
 
 
-def _parse_items(doc: bytes, path: str) -> list[Any]:
+def parse_items(doc: bytes, path: str) -> list[Any]:
+    """A JSON array text (one of :func:`array_item_docs`) parsed with orjson, else the stdlib."""
     try:
-        items = _fast_loads(doc)
-    except ValueError:  # orjson refuses integers beyond 64 bits, which the stdlib reads
-        try:
-            items = json.loads(doc)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
-            raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
+        items = load_value(doc)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
+        raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
     return items if isinstance(items, list) else []
+
+
+def load_value(text: bytes) -> Any:
+    """orjson's parse, or the stdlib's where orjson refuses (integers beyond 64 bits in some
+    versions, which the stdlib reads)."""
+    try:
+        return _fast_loads(text)
+    except ValueError:
+        return json.loads(text)
