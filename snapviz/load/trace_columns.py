@@ -27,10 +27,11 @@ _INT64_MIN = -(1 << 63)
 class Interner:
     """String -> dense int code; the strings become a categorical's categories."""
 
-    __slots__ = ("codes",)
+    __slots__ = ("codes", "raw")
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
+        self.raw: dict[bytes, int] = {}  # JSON text -> code, for values interned by their parse
 
     def __call__(self, s: str) -> int:
         code = self.codes.get(s)

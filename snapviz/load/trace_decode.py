@@ -139,10 +139,11 @@ def _take(events: list[Any], idx: np.ndarray) -> list[Any]:
 
 def _json_codes(interner: Interner, raws: list[Any]) -> np.ndarray:
     """Codes of raw JSON values in ``interner``, keyed like the reference: by the ``repr`` of
-    the parsed value (``""`` stays the 'not recorded' code 0, as JSON ``null`` does there).
-    One parse per distinct text of the batch, in order of first appearance."""
+    the parsed value (an absent value and JSON ``null`` are the 'not recorded' code 0, as
+    there). Each distinct text is parsed once per trace, in order of first appearance."""
     texts = list(map(bytes, raws))
-    codes: dict[bytes, int] = {}
+    codes = interner.raw
     for text in dict.fromkeys(texts):
-        codes[text] = 0 if text in (b"", b"null") else interner(repr(load_value(text)))
+        if text not in codes:
+            codes[text] = 0 if text in (b"", b"null") else interner(repr(load_value(text)))
     return np.fromiter(map(codes.__getitem__, texts), np.int32, len(texts))
