@@ -26,14 +26,18 @@ from snapviz.load.trace_columns import MEMORY_EVENT_NAME, Columns, Interner
 
 try:
     import msgspec
+
+    _HAVE_MSGSPEC = True
 except ImportError:  # pragma: no cover - exercised where msgspec is absent
-    msgspec = None
+    _HAVE_MSGSPEC = False
 
 # The Chrome trace event phases: as a Literal, msgspec hands back one shared string per phase
 # instead of a new one per event (an unknown phase sends the batch the reference way).
-_Phase = Literal["B", "E", "X", "I", "i", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")"]
+_Phase = Literal[
+    "B", "E", "X", "I", "i", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")"
+]
 
-if msgspec is not None:
+if _HAVE_MSGSPEC:
 
     class _Args(msgspec.Struct, frozen=True, gc=False):
         """The ``args`` keys we read. Shapes stay raw JSON text: parsed once per distinct value."""
@@ -66,7 +70,7 @@ else:  # pragma: no cover
     _REFUSED = ()
 
 _KIND = {"cpu_op": 1, "python_function": 2, "user_annotation": 3}
-_CAT, _NAME, _PH, _TS, _DUR, _TID, _PID, _ARGS = map(attrgetter, ("cat", "name", "ph", "ts", "dur", "tid", "pid", "args"))
+_CAT, _NAME, _TS, _DUR, _TID, _PID, _ARGS = map(attrgetter, ("cat", "name", "ts", "dur", "tid", "pid", "args"))
 _DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_type")
 _MEMORY_ARGS = {
     "Device Type": attrgetter("device_type"),
