@@ -4,7 +4,8 @@ With ``msgspec`` installed (the ``fast`` extra) a batch is decoded straight into
 structs holding only the fields the loader reads: msgspec skips every other key in C
 without building its value, so no dict per event exists. The structs are then sorted by
 kind and copied column by column (``map`` over attribute getters, one array call per
-column), with no Python statement per event.
+column): Python statements run per distinct name or shape text and per kept
+``user_annotation`` range (a few per trace), not per event.
 
 The types are strict on purpose: a batch they refuse (a string ``ts``, a non-object item,
 bad JSON...) goes the reference way, a plain parse (orjson or the stdlib) and
