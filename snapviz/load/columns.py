@@ -172,7 +172,7 @@ def block_columns(
             state_col.append("active_pending_free" if state == "active_awaiting_free" else state)
             frames.append(get("frames") or _block_frames(b))
             baddr += size
-    codes, distinct = _factorize(frames)
+    codes, distinct = _factorize(frames, by_value=False)
     stack = np.array(interner.stack_ids(distinct), dtype=np.int64)[codes] if frames else np.empty(0, np.int64)
     is_seg = np.zeros(len(frames), bool)
     is_seg[seg_at] = True
@@ -302,15 +302,18 @@ def _first_positions(codes: np.ndarray) -> np.ndarray:
 _STR_OR_NONE = frozenset((str, type(None)))
 
 
-def _factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+def _factorize(values: list[Any], by_value: bool = True) -> tuple[np.ndarray, list[Any]]:
     """Codes (first-seen order) and the distinct values of one column of untrusted values.
 
     Strings (and None) are factorized by value in one C-level dict pass. Anything else is
     factorized by object identity (pickle memoizes repeated values), so nothing from the file
     but a string is ever hashed: a deeply nested tuple cannot overflow the C stack.
+    ``by_value=False`` skips the type test for columns that hold containers (frame lists).
     """
     n = len(values)
-    if set(map(type, values)) <= _STR_OR_NONE:
+    if values.count(None) == n:  # a key no entry has (compile_context, mostly): one C-level pass
+        return np.zeros(n, np.int64), [None] if n else []
+    if by_value and set(map(type, values)) <= _STR_OR_NONE:
         index = dict.fromkeys(values)
         for i, k in enumerate(index):
             index[k] = i
@@ -357,7 +360,7 @@ def _entry_columns(
         time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
     # Frames: lists are factorized by identity (map over dict.get with repeated arguments
     # stays in C), then each distinct list is interned by the interner's bulk path.
-    fcodes, flists = _factorize(list(map(get, entries, repeat("frames"))))
+    fcodes, flists = _factorize(list(map(get, entries, repeat("frames"))), by_value=False)
     stack_id = np.array(interner.stack_ids(flists), dtype=np.int32)[fcodes] if n else np.empty(0, np.int32)
     del fcodes, flists
 
