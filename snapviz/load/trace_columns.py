@@ -24,6 +24,13 @@ _INT64_MAX = (1 << 63) - 1
 _INT64_MIN = -(1 << 63)
 
 
+def _args(ev: dict[str, Any]) -> dict[str, Any]:
+    """An event's ``args``; anything but an object (a list, a number: other writers' files)
+    reads as no arguments rather than failing the whole trace."""
+    args = ev.get("args")
+    return args if type(args) is dict else {}
+
+
 class Interner:
     """String -> dense int code; the strings become a categorical's categories."""
 
@@ -145,7 +152,7 @@ class Columns:
                 continue
             cat = ev.get("cat")
             if cat == "cpu_op":
-                args = ev.get("args") or {}
+                args = _args(ev)
                 dims = args.get("Input Dims")
                 types = args.get("Input type")
                 o_name(o_names(str(ev.get("name", ""))))
@@ -173,7 +180,7 @@ class Columns:
         self.count += n
 
     def _add_memory(self, ev: dict[str, Any]) -> None:
-        args = ev.get("args") or {}
+        args = _args(ev)
         self.m_ts.append(ev.get("ts", 0.0))
         self.m_dtype.append(max(-128, min(127, to_int(args.get("Device Type"), 0))))
         self.m_did.append(max(-32768, min(32767, to_int(args.get("Device Id"), -1))))
