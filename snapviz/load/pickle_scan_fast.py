@@ -29,11 +29,16 @@ import numpy as np
 from snapviz.load.limits import LimitExceeded, Limits
 
 FULL_SCAN_BYTES = 1 << 20
-# From this size on the compiled check is used when numba is installed. Importing numba and
-# loading the cached kernel costs about 0.5 s of CPU in a fresh process, which the Python
-# check spends on about 20 MB; a snapshot that big (200k+ events) also replays with numba
-# (snapviz.analyses.replay_loop.COMPILED_MIN_EVENTS), so the two share that import.
-COMPILED_MIN_BYTES = 16 << 20
+# From this size on the compiled check is used when numba is installed. In a fresh process
+# numba's import and first kernel cost 1.0-1.5 s of CPU (measured on the 2-core dev machine,
+# with the garbage collector's extra walks over numba's objects during the unpickle), the
+# Python check about 27 ms per MiB. ``analyze`` replays with numba from 200k events
+# (snapviz.analyses.replay_loop.COMPILED_MIN_EVENTS: 18-26 MiB of pickle), so it pays that
+# import anyway; a pickle with fewer events pays it for the scan alone. At 24 MiB the Python
+# check costs about half the import: compiled, it gains ~0.6 s in the first case and loses
+# ~0.6 s in the second; the gain grows with size, and from ~50 MiB it wins alone too
+# (analyze --json of an 80 MiB snapshot: 14.4 -> 11.2 s CPU).
+COMPILED_MIN_BYTES = 24 << 20
 _A = rb"[\s\S]"
 
 
