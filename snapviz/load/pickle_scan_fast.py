@@ -168,7 +168,7 @@ _TOKEN_LENGTH, _IS_SCALAR = _token_tables()
 @functools.cache
 def compiled_kernel() -> Callable[..., Any] | None:
     """The numba-compiled kernel (None without numba). numba is imported here, not at module
-    import: it takes about half a second, which only big pickles win back."""
+    import: with its first kernel it costs 1.0-1.5 s of CPU, which only big pickles win back."""
     try:
         import numba  # noqa: PLC0415 - optional (the `fast` extra) and slow to import
     except ImportError:
