@@ -102,8 +102,15 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
         rows: list[dict[str, Any]] = []
         for k in range(reps):
             da, dt = k * window, k * t_step
+            lists: dict[int, Any] = {}  # one new frame list per list of the base, shared as the base shares it
             for e in t:
-                e2 = dict(e)  # frames stay the *same* list objects (as c10 shares them)
+                e2 = dict(e)
+                fr = e.get("frames")
+                if type(fr) is list:
+                    # torch writes a list object per entry (the frame dicts in it are shared):
+                    # a repetition must not share the base's lists, or the model build looks
+                    # ~20x cheaper than on a real file of this size.
+                    e2["frames"] = lists.get(id(fr)) or lists.setdefault(id(fr), list(fr))
                 if "addr" in e2 and e2.get("action") != "snapshot":
                     e2["addr"] = e2["addr"] + da
                 if "time_us" in e2:
@@ -136,9 +143,8 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
 
 def _child_load(path: str, paused: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
-    from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
-
     from snapviz.load import paused_gc  # noqa: PLC0415
+    from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
 
     if paused:
         gc_ctx = paused_gc()

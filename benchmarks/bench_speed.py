@@ -11,7 +11,9 @@ still an exact allocator history), pickled with protocol 4 as ``_dump_snapshot``
 Then, each in a fresh process (wall time and peak RSS of that process alone, read by a small
 launcher from ``RUSAGE_CHILDREN``, so the large parent never inflates a child's figure):
 
-* floors: the restricted unpickle (``safe_load_pickle``) with the GC on and with it paused;
+* floors: the restricted unpickle (a ``pickle.Unpickler`` refusing every global: what any tool
+  that reads the pickle without running its code pays) with the GC on and with it paused, and
+  snapviz's own ``safe_load_pickle`` (its opcode safety scan, then the same unpickle) beside them;
 * phases in one process: import, unpickle, model build, replay, stages (the rest of
   ``analyze_run``), JSON document, HTML render;
 * the CLI: ``analyze FILE --json``, ``analyze FILE -o report.html --json`` and ``--help``.
@@ -50,13 +52,23 @@ print(json.dumps({"rc": p.returncode, "wall_s": wall, "rss": ru.ru_maxrss * 1024
                   "stdout": p.stdout[-20000:], "stderr": p.stderr[-3000:]}))
 """
 FLOOR_CHILD = r"""
-import gc, json, sys, time
+import gc, json, pickle, sys, time
 t0 = time.process_time()
-from snapviz.load.safe_pickle import safe_load_pickle
+mode = sys.argv[2]
+if mode == "safe":  # snapviz's own load: the opcode safety scan, then the same restricted unpickle
+    from snapviz.load.safe_pickle import safe_load_pickle
+else:  # the floor: any tool that reads the pickle without running its code pays this
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, name):
+            raise pickle.UnpicklingError(f"global {module}.{name} refused")
 t1 = time.process_time()
-if sys.argv[2] == "paused":
+if mode != "on":
     gc.disable()
-data = safe_load_pickle(sys.argv[1])
+if mode == "safe":
+    data = safe_load_pickle(sys.argv[1])
+else:
+    with open(sys.argv[1], "rb") as f:
+        data = Restricted(f).load()
 t2 = time.process_time()
 print(json.dumps({"import_s": t1 - t0, "unpickle_s": t2 - t1}))
 """
@@ -91,16 +103,27 @@ def _child_phases(path: str, html: bool) -> None:
     """One process, the CLI's steps in order, each timed in CPU seconds (the replay timed inside analyze_run)."""
     t0 = time.process_time()
     from snapviz.analyses import summary  # noqa: PLC0415 - importing is what is measured
-    from snapviz.load import Run, paused_gc, safe_load_pickle  # noqa: PLC0415
+    from snapviz.load import Run, paused_gc, safe_load_pickle, safe_pickle  # noqa: PLC0415
     from snapviz.load.snapshot import snapshot_from_dict  # noqa: PLC0415
     from snapviz.render.json_summary import render_json  # noqa: PLC0415
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
 
     ph: dict[str, float] = {"import": time.process_time() - t0}
+    scan, scan_spent = safe_pickle.scan_pickle, [0.0]
+
+    def timed_scan(*a: Any, **k: Any) -> Any:
+        t_ = time.process_time()
+        try:
+            return scan(*a, **k)
+        finally:
+            scan_spent[0] += time.process_time() - t_
+
+    safe_pickle.scan_pickle = timed_scan  # type: ignore[assignment]
     t = time.process_time()
     with paused_gc():
         data = safe_load_pickle(path)
-        ph["unpickle"] = time.process_time() - t
+        ph["scan"] = scan_spent[0]
+        ph["unpickle"] = time.process_time() - t - scan_spent[0]
         t = time.process_time()
         snap = snapshot_from_dict(data, source=path)
         del data
@@ -161,6 +184,7 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     py, me = sys.executable, str(Path(__file__).resolve())
     on = _best([py, "-c", FLOOR_CHILD, str(path), "on"], env, args.repeat)
     paused = _best([py, "-c", FLOOR_CHILD, str(path), "paused"], env, args.repeat)
+    safe = _best([py, "-c", FLOOR_CHILD, str(path), "safe"], env, args.repeat)
     phases = _best([py, me, "--child-phases", str(path)] + (["--no-html"] if args.no_html else []), env, args.repeat)
     js = work / "speed.json"
     ana_json = _best([py, "-m", "snapviz", "analyze", str(path), "--json", str(js), "-q"], env, args.repeat)
@@ -175,11 +199,14 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     print("|---|---:|---:|---:|---:|---:|---:|")
     print(_row("floor: restricted unpickle, GC paused", paused, paused))
     print(_row("floor: restricted unpickle, GC on", on, paused))
+    print(_row("snapviz safe load (opcode scan + unpickle, GC paused)", safe, paused))
     for name, r in rows:
         print(_row(name, r, paused))
     print(_row("phases (one process, below)", phases, paused))
     print("\nfloor: the GC-paused restricted unpickle process. CPU (user + sys) is the figure to trust on a busy machine.")
-    print("in process (CPU s): unpickle " + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on; "
+    p_safe = json.loads(safe["stdout"])
+    print("in process (CPU s): unpickle " + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on / "
+          + f"{p_safe['unpickle_s']:.2f} s safe load; "
           + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()) + f"; sum {sum(ph.values()):.2f} s")
     for p in (path, js, work / "speed.html"):
         if not args.keep:

@@ -66,6 +66,48 @@ class _Interner:
         self.keep_alive.append(frames)  # ids stay unique only while the object lives
         return sid
 
+    def stack_ids(self, lists: list[Any]) -> list[int]:
+        """:meth:`stack_id` of many distinct frame lists. torch writes one list object per
+        trace entry (two entries in three hold a list of their own), so a 1M-event file holds
+        ~660k lists over a few hundred stacks: walking every list by value costs ~9 s. Lists
+        are bucketed by length and their first frames' identities, and a list equal (C-level
+        ``==``, identical elements compare in a pointer test) to a bucket's representative
+        takes its stack; only a list equal to none is interned by value. Exact: only lists of
+        plain frames (str name and filename) represent a bucket, and a list equal to one of
+        those has the same names, files and lines, so the same stack."""
+        out: list[int] = []
+        buckets: dict[tuple[int, ...], list[tuple[list[Any], int]]] = {}
+        app, one = out.append, self.stack_id
+        for fl in lists:
+            if type(fl) is not list or not fl:
+                app(one(fl))
+                continue
+            key = (len(fl), *map(id, fl[:4]))
+            reps = buckets.get(key)
+            if reps is None:
+                sid = one(fl)
+                if _plain_frames(fl):
+                    buckets[key] = [(fl, sid)]
+            elif reps[0][0] == fl:  # the last list matched in this bucket: the common case
+                sid = reps[0][1]
+            else:
+                j = next((j for j, (rep, _) in enumerate(reps) if rep == fl), -1)
+                if j >= 0:
+                    reps[0], reps[j] = reps[j], reps[0]  # move to front
+                    sid = reps[0][1]
+                else:
+                    sid = one(fl)
+                    if _plain_frames(fl):
+                        reps.insert(0, (fl, sid))
+            app(sid)
+        return out
+
+
+def _plain_frames(frames: list[Any]) -> bool:
+    """Every frame a dict whose name and filename are str, as torch writes them: a list equal
+    to this one then names the same frames (``1 == 1.0`` cannot turn into another name)."""
+    return all(type(f) is dict and type(f.get("name")) is str and type(f.get("filename")) is str for f in frames)
+
 
 def _block_frames(block: dict[str, Any]) -> Any:
     fr = block.get("frames")
@@ -86,6 +128,64 @@ def _block_requested(block: dict[str, Any], size: int) -> int:
     if isinstance(hist, list) and hist and isinstance(hist[0], dict) and "real_size" in hist[0]:
         return _as_int(hist[0].get("real_size"), size)
     return size
+
+
+def block_columns(
+    seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: _Interner
+) -> dict[str, Any]:
+    """The blocks of every segment as columns, plus ``segment_stack_id`` (one per segment).
+
+    Each block's values are read once with the common types tested inline (the helpers run
+    only for an odd value); stacks are interned in bulk, in the order a walk of the file
+    meets them (a segment's frames, then its blocks'), so their ids are numbered as before.
+    """
+    frames: list[Any] = []
+    seg_at: list[int] = []
+    seg_col: list[int] = []
+    dev_col: list[int] = []
+    addr_col: list[int] = []
+    size_col: list[int] = []
+    req_col: list[int] = []
+    state_col: list[str] = []
+    for k, (row, sfr, blocks) in enumerate(zip(seg_rows, seg_frames, seg_blocks, strict=True)):
+        dev, baddr = row[0], row[1]
+        seg_at.append(len(frames))
+        frames.append(sfr)
+        for b in blocks:
+            if type(b) is not dict:
+                continue
+            get = b.get
+            size = get("size", 0)
+            if type(size) is not int:
+                size = _as_int(size)
+            addr = get("address", baddr)
+            req = get("requested_size")
+            state = get("state", "inactive")
+            if type(state) is not str or len(state) > MAX_NAME_CHARS:
+                state = _text(state)
+            seg_col.append(k)
+            dev_col.append(dev)
+            addr_col.append(addr if type(addr) is int else _as_int(addr))
+            size_col.append(size)
+            req_col.append(req if type(req) is int else _block_requested(b, size))
+            # the docstring's spelling of the C++ state
+            state_col.append("active_pending_free" if state == "active_awaiting_free" else state)
+            frames.append(get("frames") or _block_frames(b))
+            baddr += size
+    codes, distinct = _factorize(frames)
+    stack = np.array(interner.stack_ids(distinct), dtype=np.int64)[codes] if frames else np.empty(0, np.int64)
+    is_seg = np.zeros(len(frames), bool)
+    is_seg[seg_at] = True
+    return {
+        "segment_stack_id": stack[is_seg],
+        "segment": seg_col,
+        "device": dev_col,
+        "address": addr_col,
+        "size": size_col,
+        "requested_size": req_col,
+        "state": state_col,
+        "stack_id": stack[~is_seg],
+    }
 
 
 ADDRESS_LIMIT = 1 << 62  # no allocator hands out sizes or addresses at or above 2**62
@@ -191,28 +291,50 @@ def _require_replay_keys(entries: list[dict[str, Any]]) -> None:
                     raise ValueError(f"trace entry {i} ({act!r}) has no {key!r}")
 
 
+def _first_positions(codes: np.ndarray) -> np.ndarray:
+    """Where each code first occurs, for codes numbered in order of first appearance (as
+    ``pd.factorize`` numbers them): the places where the running maximum grows. O(n), no sort."""
+    if not len(codes):
+        return np.empty(0, np.int64)
+    return np.flatnonzero(np.diff(np.maximum.accumulate(codes), prepend=-1) > 0)
+
+
+_STR_OR_NONE = frozenset((str, type(None)))
+
+
+def _factorize(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+    """Codes (first-seen order) and the distinct values of one column of untrusted values.
+
+    Strings (and None) are factorized by value in one C-level dict pass. Anything else is
+    factorized by object identity (pickle memoizes repeated values), so nothing from the file
+    but a string is ever hashed: a deeply nested tuple cannot overflow the C stack.
+    """
+    n = len(values)
+    if set(map(type, values)) <= _STR_OR_NONE:
+        index = dict.fromkeys(values)
+        for i, k in enumerate(index):
+            index[k] = i
+        return np.fromiter(map(index.__getitem__, values), np.int64, n), list(index)
+    codes, _ = pd.factorize(np.fromiter(map(id, values), np.int64, n))
+    return codes, [values[j] for j in _first_positions(codes).tolist()]
+
+
 def _entry_columns(
     entries: list[dict[str, Any]], interner: _Interner, sid: Any, notes: list[str]
 ) -> dict[str, np.ndarray]:
     """Columns of one device's trace entries.
 
     The fast path pulls the keys every modern entry has with one C-level ``itemgetter``
-    pass; optional keys (frames, metadata) are factorized so each distinct value is
-    interned once. Entries missing a key (OOM entries, old torch) take the slow path.
+    pass; the rest (action, frames, metadata) are factorized (:func:`_factorize`) so each
+    distinct value is interpreted once. Entries missing a key (OOM entries, old torch) take
+    the slow path.
     """
     n = len(entries)
+    get = dict.get
     try:
-        # Factorize by identity (pickle memoizes the few action strings): nothing from the
-        # file is hashed, so a deeply nested tuple in this column cannot overflow the C stack.
-        act = list(map(itemgetter("action"), entries))
-        acodes, _ = pd.factorize(np.fromiter(map(id, act), np.int64, n))
-        _, first = np.unique(acodes, return_index=True)
-        action = (
-            np.array([_action_code(act[j]) for j in first.tolist()], dtype=np.int8)[acodes]
-            if n
-            else np.empty(0, np.int8)
-        )
-        del act
+        acodes, acts = _factorize(list(map(get, entries, repeat("action"))))
+        action = np.array([_action_code(a) for a in acts], dtype=np.int8)[acodes] if n else np.empty(0, np.int8)
+        del acodes
         addr_v, size_v = list(map(itemgetter("addr"), entries)), list(map(itemgetter("size"), entries))
         if not set(map(type, addr_v)) | set(map(type, size_v)) <= {int}:
             raise TypeError("a size or address that is not an integer")  # the slow path notes it
@@ -233,24 +355,15 @@ def _entry_columns(
             )
         stream_a = np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n)
         time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
-    get = dict.get
-    # Frames: factorize by object identity, intern each distinct list once. (map over
-    # dict.get with repeated arguments stays in C: no Python frame per entry.)
-    frames_col = list(map(get, entries, repeat("frames")))
-    fcodes, funiq = pd.factorize(np.fromiter(map(id, frames_col), np.int64, n))
-    _, first = np.unique(fcodes, return_index=True)
-    stack_of_code = np.array([interner.stack_id(frames_col[j]) for j in first.tolist()], dtype=np.int32)
-    stack_id = stack_of_code[fcodes] if n else np.empty(0, np.int32)
-    del frames_col
+    # Frames: lists are factorized by identity (map over dict.get with repeated arguments
+    # stays in C), then each distinct list is interned by the interner's bulk path.
+    fcodes, flists = _factorize(list(map(get, entries, repeat("frames"))))
+    stack_id = np.array(interner.stack_ids(flists), dtype=np.int32)[fcodes] if n else np.empty(0, np.int32)
+    del fcodes, flists
 
-    def interned(key: str, default: str) -> np.ndarray:
-        # Factorize by object identity first (pickle memoizes repeated strings, so this is
-        # an int factorize), then intern the few distinct objects by value.
-        values = list(map(get, entries, repeat(key), repeat(default)))
-        codes, _ = pd.factorize(np.fromiter(map(id, values), np.int64, len(values)))
-        _, first = np.unique(codes, return_index=True)
-        ids = np.array([sid(_metadata_str(values[j])) for j in first.tolist()], dtype=np.int32)
-        del values
+    def interned(key: str) -> np.ndarray:
+        codes, distinct = _factorize(list(map(get, entries, repeat(key))))
+        ids = np.array([sid(_metadata_str(v)) for v in distinct], dtype=np.int32)
         return ids[codes] if n else np.empty(0, np.int32)
 
     device_free = (
@@ -265,7 +378,7 @@ def _entry_columns(
         "size": size_a,
         "stream": stream_a,
         "stack_id": stack_id,
-        "metadata_id": interned("user_metadata", ""),
-        "compile_id": interned("compile_context", ""),
+        "metadata_id": interned("user_metadata"),
+        "compile_id": interned("compile_context"),
         "device_free": device_free,
     }

@@ -18,14 +18,13 @@ from snapviz.load.columns import (
     ADDRESS_LIMIT,
     MAX_NAME_CHARS,
     _as_int,
-    _block_frames,
-    _block_requested,
     _entry_columns,
     _Interner,
     _name,
     _pool_str,
     _settings,
     _text,
+    block_columns,
 )
 from snapviz.model import Snapshot
 
@@ -145,15 +144,15 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         notes.append("trace entries carry no time_us (torch < 2.2): the time axis is the event index")
 
     seg_rows: list[tuple[Any, ...]] = []
-    blk_rows: list[tuple[Any, ...]] = []
+    seg_frames: list[Any] = []
+    seg_blocks: list[list[Any]] = []
     for seg in segments_raw:
         if not isinstance(seg, dict):
             continue
-        addr = _as_int(seg.get("address", 0))
         seg_rows.append(
             (
                 _as_int(seg.get("device", 0)),
-                addr,
+                _as_int(seg.get("address", 0)),
                 _as_int(seg.get("total_size", 0)),
                 _as_int(seg.get("allocated_size", 0)),
                 _as_int(seg.get("requested_size", 0)),
@@ -161,29 +160,13 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
                 _text(seg.get("segment_type", "large")),
                 _pool_str(seg.get("segment_pool_id")),
                 bool(seg.get("is_expandable", False)),
-                interner.stack_id(seg.get("frames")),
             )
         )
-        baddr = addr
-        for b in seg.get("blocks") or []:
-            if not isinstance(b, dict):
-                continue
-            size = _as_int(b.get("size", 0))
-            state = _text(b.get("state", "inactive"))
-            if state == "active_awaiting_free":  # the docstring's spelling of the C++ state
-                state = "active_pending_free"
-            blk_rows.append(
-                (
-                    len(seg_rows) - 1,
-                    _as_int(seg.get("device", 0)),
-                    _as_int(b.get("address", baddr)),
-                    size,
-                    _block_requested(b, size),
-                    state,
-                    interner.stack_id(_block_frames(b)),
-                )
-            )
-            baddr += size
+        seg_frames.append(seg.get("frames"))
+        blocks_raw = seg.get("blocks") or []
+        seg_blocks.append(blocks_raw if type(blocks_raw) is list else list(blocks_raw))
+    blk_cols = block_columns(seg_rows, seg_frames, seg_blocks, interner)
+    seg_stack = blk_cols.pop("segment_stack_id")
     segments = pd.DataFrame(
         seg_rows,
         columns=[
@@ -196,12 +179,10 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
             "segment_type",
             "pool_id",
             "is_expandable",
-            "stack_id",
         ],
     )
-    blocks = pd.DataFrame(
-        blk_rows, columns=["segment", "device", "address", "size", "requested_size", "state", "stack_id"]
-    )
+    segments["stack_id"] = seg_stack
+    blocks = pd.DataFrame(blk_cols)
     for df, int_cols in (
         (segments, ("device", "address", "total_size", "allocated_size", "requested_size", "stream", "stack_id")),
         (blocks, ("segment", "device", "address", "size", "requested_size", "stack_id")),
