@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.compiled import njit_cached
 from snapviz.load.limits import LimitExceeded, Limits
 
 FULL_SCAN_BYTES = 1 << 20
@@ -167,18 +168,8 @@ _TOKEN_LENGTH, _IS_SCALAR = _token_tables()
 
 @functools.cache
 def compiled_kernel() -> Callable[..., Any] | None:
-    """The numba-compiled kernel (None without numba). numba is imported here, not at module
-    import: with its first kernel it costs 1.0-1.5 s of CPU, which only big pickles win back."""
-    try:
-        import numba  # noqa: PLC0415 - optional (the `fast` extra) and slow to import
-    except ImportError:
-        return None
-    with warnings.catch_warnings():  # numba's own warnings are no business of the user's
-        warnings.simplefilter("ignore")
-        try:  # compiled once per machine, then loaded from numba's cache
-            return numba.njit(cache=True, nogil=True)(_kernel_py)
-        except RuntimeError:  # no writable cache location: compile in every process
-            return numba.njit(nogil=True)(_kernel_py)
+    """The numba-compiled kernel (None without numba; see :mod:`snapviz.compiled`)."""
+    return njit_cached(_kernel_py)
 
 
 def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
