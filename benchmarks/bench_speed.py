@@ -75,7 +75,10 @@ print(json.dumps({"import_s": t1 - t0, "unpickle_s": t2 - t1}))
 TRACE_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
+from snapviz.load import trace_decode
 from snapviz.load.chrome_trace import load_chrome_trace
+if sys.argv[2:] == ["dicts"]:  # the reference: every batch as dicts, as without msgspec
+    trace_decode._DECODER = None
 t1 = time.perf_counter()
 tr = load_chrome_trace(sys.argv[1])
 t2 = time.perf_counter()
@@ -258,6 +261,8 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
     py = sys.executable
     res = [("load_chrome_trace, plain", _best([py, "-c", TRACE_CHILD, str(plain)], env, args.repeat)),
            ("load_chrome_trace, gzip", _best([py, "-c", TRACE_CHILD, str(gz)], env, args.repeat)),
+           ("load_chrome_trace, plain, dicts (no msgspec)", _best([py, "-c", TRACE_CHILD, str(plain), "dicts"], env,
+                                                                  args.repeat)),
            ("floor: gzip -d > /dev/null", _best(["sh", "-c", f"gzip -dc '{gz}' > /dev/null"], env, args.repeat)),
            ("floor: cat > /dev/null", _best(["sh", "-c", f"cat '{plain}' > /dev/null"], env, args.repeat))]
     try:
@@ -270,11 +275,11 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
         res.append(("floor: read + orjson/json.loads in memory", _best([py, "-c", JSON_FLOOR_CHILD, str(plain)], env, 1)))
     print(f"\n### Chrome trace: {fmt_bytes(size)} JSON ({reps} repetitions of {len(sources)} trace(s)), "
           f"gzip {fmt_bytes(gz.stat().st_size)}\n")
-    print("| process | wall | MB/s (raw JSON) | CPU | peak RSS | in process |")
+    print("| process | wall | CPU | MB/s of CPU (raw JSON) | peak RSS | in process |")
     print("|---|---:|---:|---:|---:|---|")
     for name, r in res:
         inner = r["stdout"].strip().splitlines()[-1] if r["stdout"].strip() else ""
-        print(f"| {name} | {r['wall_s']:.2f} s | {size / 1e6 / r['wall_s']:.0f} | {r['cpu_s']:.2f} s | "
+        print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {size / 1e6 / r['cpu_s']:,.0f} | "
               f"{fmt_bytes(r['rss'])} | {inner} |")
     for p in (plain, gz):
         if not args.keep:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.compiled import njit_cached
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
 MIN_BLOCK = 512
@@ -71,18 +72,8 @@ def block_loop(inp: LoopInput) -> LoopResult:
 
 @functools.cache
 def compiled_kernel() -> Callable[..., Any] | None:
-    """The numba-compiled kernel (None without numba). numba is imported here, not at module
-    import: it takes about a second, which only long histories win back."""
-    try:
-        import numba  # noqa: PLC0415 - optional (the `fast` extra) and slow to import
-    except ImportError:
-        return None
-    with warnings.catch_warnings():  # numba's own warnings are no business of the user's
-        warnings.simplefilter("ignore")
-        try:  # compiled once per machine, then loaded from numba's cache
-            return numba.njit(cache=True, nogil=True)(_kernel_py)
-        except RuntimeError:  # no writable cache location: compile in every process
-            return numba.njit(nogil=True)(_kernel_py)
+    """The numba-compiled kernel (None without numba; see :mod:`snapviz.compiled`)."""
+    return njit_cached(_kernel_py)
 
 
 def block_loop_reference(inp: LoopInput) -> LoopResult:

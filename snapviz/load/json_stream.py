@@ -93,7 +93,7 @@ class _JsonGuard:
                 self.pending_escape = True
         started_in_string = self.in_string
         # Brackets outside strings: keep quotes and brackets, drop what is between quote pairs.
-        kept = np.frombuffer(chunk.translate(None, _NOT_STRUCTURE).translate(_STEP), np.int8)
+        kept = np.frombuffer(chunk.translate(_STEP, _NOT_STRUCTURE), np.int8)
         is_quote = kept == 34
         if len(chunk) <= self.limits.string_length:
             # Only a string that spans reads can be over the limit: its ends are the first and
@@ -102,10 +102,13 @@ class _JsonGuard:
         else:
             a = np.frombuffer(chunk, np.uint8)
             self._strings(np.flatnonzero(a == 34), len(a))
-        outside = (np.cumsum(is_quote) + started_in_string) % 2 == 0
-        step = kept[outside & ~is_quote]  # +1 / -1 per bracket outside strings
+        # A bracket is outside strings when the quotes before it (and the open string the
+        # chunk started in) are even: the parity of a uint8 running count (wrapping keeps it).
+        is_bracket = (np.cumsum(is_quote, dtype=np.uint8) & 1) == int(started_in_string)
+        is_bracket &= ~is_quote
+        step = kept[is_bracket]  # +1 / -1 per bracket outside strings
         # Values: containers plus commas (commas inside strings count too: an over-estimate).
-        self.values += int(np.count_nonzero(step == 1)) + chunk.count(b",")
+        self.values += int(np.count_nonzero(step == 1)) + int(np.count_nonzero(np.frombuffer(chunk, np.uint8) == 44))
         if len(step):
             depth = self.depth + np.cumsum(step, dtype=np.int64)
             top = int(depth.max())
@@ -123,15 +126,14 @@ class _JsonGuard:
                 if k < len(closes):
                     self.watch_end = self.offset + _bracket_offset(chunk, started_in_string, int(closes[k]))
                 self.top_closed += len(closes)
-                # The last item end of a top-level array (a container closing at depth 3 -> 2):
-                # its index among the kept quotes and brackets is its index among the
-                # structure bytes of the chunk.
+                # The last item end of a top-level array (a container closing at depth 3 -> 2).
                 ends = np.flatnonzero((step == -1) & (depth == 2))
                 if len(ends):
-                    j = int(np.flatnonzero(outside & ~is_quote)[ends[-1]])
-                    self.last_item_end = self.offset + int(
-                        np.flatnonzero(_IS_STRUCTURE[np.frombuffer(chunk, np.uint8)])[j]
-                    )
+                    # Counted from the end of the read: brackets after it, then quotes and
+                    # brackets after it, then its byte offset.
+                    kept_after = len(kept) - 1 - _nth_hit_from_end(is_bracket, len(step) - 1 - int(ends[-1]))
+                    at = _nth_hit_from_end(np.frombuffer(chunk, np.uint8), kept_after, _IS_STRUCTURE)
+                    self.last_item_end = self.offset + at
             self.depth = int(depth[-1])
         if self.values > self.limits.objects:
             raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
@@ -181,6 +183,20 @@ class _JsonGuard:
             self.in_string = False
         if longest > self.limits.string_length:
             raise LimitExceeded(self.path, "string_length", longest, self.limits.string_length, " bytes")
+
+
+def _nth_hit_from_end(a: np.ndarray, n: int, table: np.ndarray | None = None) -> int:
+    """Index of the ``n``-th hit of ``a`` counted from its end (0: the last), a hit being a
+    True of ``a`` or of ``table[a]``. It looks at a window at the end, widened until it
+    holds enough hits, so the usual case (an item ending near the end of a read) costs a
+    few hundred elements, not a pass over the whole read."""
+    width = 512
+    while True:
+        lo = max(0, len(a) - width)
+        hits = np.flatnonzero(a[lo:] if table is None else table[a[lo:]])
+        if len(hits) > n or lo == 0:
+            return lo + int(hits[len(hits) - 1 - n])
+        width *= 8
 
 
 def _bracket_offset(chunk: bytes, started_in_string: bool, k: int) -> int:
@@ -304,13 +320,13 @@ def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
     return top
 
 
-def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
-    """The items of the top-level array the reader's guard watches (``traceEvents``), one
-    list per read. The guard has bounded each read (depth, string length, values) and says
-    where its last item ends, so the complete items of a read are one JSON array for a C
-    parser: no Python work per byte or per JSON token, and memory of one read plus one
-    unfinished item. The rest of the document is still read through the guard (the tail
-    window)."""
+def array_item_docs(reader: TapReader, path: str) -> Iterator[tuple[bytes, int]]:
+    """The items of the top-level array the reader's guard watches (``traceEvents``), as one
+    JSON array text per read, with how many items at its start are not events (0 or 1). The
+    guard has bounded each read (depth, string length, values) and says where its last item
+    ends, so the complete items of a read are one JSON array for a C parser: no Python work
+    per byte or per JSON token, and memory of one read plus one unfinished item. The rest of
+    the document is still read through the guard (the tail window)."""
     guard = reader.guard
     carry: list[bytes | memoryview] = []  # unparsed item text from earlier reads
     first = True  # the next text starts right after the array's '['
@@ -332,25 +348,29 @@ def array_item_batches(reader: TapReader, path: str) -> Iterator[list[Any]]:
             carry.append(chunk[lo:])
             continue
         view = memoryview(chunk)
-        # Later texts open with the comma after the previous item: a leading 0 makes them an
-        # array too (dropped below), and a missing or extra comma stays a parse error.
-        doc = b"".join([b"[" if first else b"[0", *carry, view[lo:cut], b"]"])
+        # Later texts open with the comma after the previous item: a leading {} makes them an
+        # array too (skipped by the caller), and a missing or extra comma stays a parse error.
+        doc = b"".join([b"[" if first else b"[{}", *carry, view[lo:cut], b"]"])
         carry = [view[cut:]]
-        batch = _parse_items(doc, path)
-        batch = batch if first else batch[1:]
+        yield doc, 0 if first else 1
         first = False
-        if batch:
-            yield batch
     if opened and not done:
         raise InputError(f"{path}: not valid JSON (it ends inside the traceEvents list)")
 
 
-def _parse_items(doc: bytes, path: str) -> list[Any]:
+def parse_items(doc: bytes, path: str) -> list[Any]:
+    """A JSON array text (one of :func:`array_item_docs`) parsed with orjson, else the stdlib."""
     try:
-        items = _fast_loads(doc)
-    except ValueError:  # orjson refuses integers beyond 64 bits, which the stdlib reads
-        try:
-            items = json.loads(doc)
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
-            raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
+        items = load_value(doc)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
+        raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
     return items if isinstance(items, list) else []
+
+
+def load_value(text: bytes) -> Any:
+    """orjson's parse, or the stdlib's where orjson refuses (integers beyond 64 bits in some
+    versions, which the stdlib reads)."""
+    try:
+        return _fast_loads(text)
+    except ValueError:
+        return json.loads(text)

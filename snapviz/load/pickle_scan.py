@@ -10,20 +10,27 @@ tracks its nesting depth and its tree size (memo references counted in full), an
 refuses what a memory snapshot never contains (sets, dict keys that are not scalars,
 containers modified after they were referenced, out-of-order memo indices) before the
 real unpickler sees the first byte. Linear time, constant work per opcode; it does not
-recurse.
+recurse. Pickles over FULL_SCAN_BYTES first try a much faster grammar check
+(:mod:`snapviz.load.pickle_scan_fast`) and come here only when it cannot decide.
 
 Opcodes and their argument layouts: ``pickletools`` (Lib/pickletools.py), protocol 0-5.
 """
 
 from __future__ import annotations
 
-import re
 from operator import itemgetter
 from struct import Struct
 from struct import error as struct_error
 
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
+from snapviz.load.pickle_scan_fast import (
+    COMPILED_MIN_BYTES,
+    FULL_SCAN_BYTES,
+    compiled_kernel,
+    fast_scan,
+    fast_scan_compiled,
+)
 
 _U4, _I4, _U8, _U2 = Struct("<I"), Struct("<i"), Struct("<Q"), Struct("<H")
 _DEPTH, _SIZE = itemgetter(0), itemgetter(1)
@@ -61,8 +68,10 @@ def scan_pickle(data: bytes, path: str, limits: Limits, exact: bool = False) -> 
     pickle of plain data within ``limits``; return when the C unpickler may run: the
     exact scan's counts (objects, string_bytes, depth, expansion), None after the fast path."""
     if not exact and len(data) > FULL_SCAN_BYTES:
+        # The grammar check (snapviz.load.pickle_scan_fast), compiled for big pickles when numba is there.
+        fast = fast_scan_compiled if len(data) >= COMPILED_MIN_BYTES and compiled_kernel() is not None else fast_scan
         try:
-            if fast_scan(data, path, limits):
+            if fast(data, path, limits):
                 return None
         except (IndexError, ValueError):
             pass  # a malformed tail: the exact scan says what is wrong
@@ -303,97 +312,3 @@ def _container(items: list[list], kind: int, path: str, max_depth: int, max_size
     if size > max_size:
         raise LimitExceeded(path, "expansion", size, max_size)
     return [depth, size, True, kind]
-
-
-# --------------------------------------------------------------------------- fast path
-#
-# The exact scan above costs about 1 µs per opcode in Python, ten times the unpickler. Big
-# pickles (over FULL_SCAN_BYTES) first try a grammar check at regex (C) speed instead: the
-# opcodes ``pickle.dump`` writes for plain data with protocol 4/5 (memo by MEMOIZE only,
-# strings under 256 bytes inline). On that grammar the unpickler cannot be hurt: no sets,
-# no memo indices to inflate, and every tuple is checked (below) to hold only fresh
-# scalars, so no hash ever recurses. Anything outside the grammar falls back to the exact
-# scan. Depth and reference expansion are not counted on this path: they cannot harm the
-# unpickler, and the snapshot reader never walks the structure beyond its schema.
-
-FULL_SCAN_BYTES = 1 << 20
-_A = rb"[\s\S]"
-
-
-def _counted(op: bytes) -> bytes:
-    return op + b"(?:" + b"|".join(re.escape(bytes([k])) + (_A + b"{%d}" % k if k else b"") for k in range(256)) + b")"
-
-
-_HOT = (
-    rb"(?:h"
-    + _A
-    + rb"|j"
-    + _A
-    + rb"{4}|\x94|[(ue}\]saN\x88\x89]|K"
-    + _A
-    + rb"|M"
-    + _A
-    + rb"{2}|J"
-    + _A
-    + rb"{4}|G"
-    + _A
-    + rb"{8}|\x95"
-    + _A
-    + rb"{8}|"
-    + _counted(rb"\x8c")
-    + b"|"
-    + _counted(rb"\x8a")
-    + b")"
-)
-_RUN = re.compile(_HOT + rb"{0,256}")
-_SCALAR_OPS = frozenset(b"KMJGN\x88\x89\x8c\x8a")
-_TOKEN_LEN = {ord("h"): 2, ord("j"): 5, 0x94: 1, ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x95: 9}
-
-
-def _tokens(data: bytes, start: int, end: int) -> list[int]:
-    """Opcodes of the hot-grammar tokens in ``data[start:end]`` (already matched by _RUN)."""
-    ops = []
-    i = start
-    while i < end:
-        op = data[i]
-        ops.append(op)
-        i += data[i + 1] + 2 if op in (0x8C, 0x8A) else _TOKEN_LEN.get(op, 1)
-    return ops
-
-
-def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
-    """True when ``data`` is in the fast-path grammar (safe to unpickle); False when the
-    exact scan must decide. Raises for a string over the length limit."""
-    if len(data) > limits.objects or len(data) > limits.string_bytes:
-        return False  # the counts could exceed their limits: only the exact scan knows
-    n = len(data)
-    i = 2 if data[:1] == b"\x80" else 0
-    starts = [i, i]  # the last two run starts: known token boundaries
-    while i < n:
-        m = _RUN.match(data, i)
-        assert m is not None  # {0,256}: it matches the empty string at worst
-        j = m.end()
-        if j > i:
-            starts = [starts[1], i]
-            i = j
-            continue
-        op = data[i]
-        if op == 0x2E:  # STOP
-            return True
-        if op in (0x85, 0x86, 0x87):  # TUPLE1-3: items must be fresh scalars
-            items = [t for t in _tokens(data, starts[0], i) if t != 0x94][-(op - 0x84) :]
-            if len(items) != op - 0x84 or not all(t in _SCALAR_OPS for t in items):
-                return False
-            i += 1
-        elif op == 0x29:  # EMPTY_TUPLE
-            i += 1
-        elif op in (0x58, 0x42, 0x8D, 0x8E):  # BINUNICODE, BINBYTES (+8-byte forms)
-            w = 4 if op in (0x58, 0x42) else 8
-            k = int.from_bytes(data[i + 1 : i + 1 + w], "little")
-            if k > limits.string_length:
-                raise LimitExceeded(path, "string_length", k, limits.string_length, " bytes")
-            i += 1 + w + k
-        else:
-            return False
-        starts = [i, i]  # tokens before a handled opcode are not hot-grammar tokens: never re-read them
-    return False  # no STOP: the exact scan says where it ends

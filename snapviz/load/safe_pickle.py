@@ -176,10 +176,17 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
     try:
         with f:
             data = read_all(f)
-        if not data:
-            raise InputError(f"{p}: empty file")
-        # Every structural limit is checked on the opcodes before one object is built.
-        scan_pickle(data, p, limits)
+            if not data:
+                raise InputError(f"{p}: empty file")
+            # Every structural limit is checked on the opcodes before one object is built.
+            scan_pickle(data, p, limits)
+            if type(getattr(f, "raw", None)) is io.FileIO:
+                # An uncompressed file is unpickled from the file, read again (from the page
+                # cache), so the checked bytes are not held beside the objects they become:
+                # the load's peak is the objects', as for any reader of the file.
+                del data
+                f.seek(0)
+                return _RefuseGlobals(f).load()
         return _RefuseGlobals(io.BytesIO(data)).load()
     except InputError as exc:
         msg = str(exc)

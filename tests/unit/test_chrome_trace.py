@@ -496,3 +496,20 @@ def test_truncated_gzip_still_sniffs_as_trace(real_traces: dict[str, Path], tmp_
     assert looks_like_chrome_trace(cut)  # so the CLI reports "truncated gzip", not "not a pickle"
     with pytest.raises(InputError, match="truncated gzip"):
         load_chrome_trace(cut)
+
+
+def test_args_that_are_not_objects_read_as_no_args(tmp_path: Path) -> None:
+    """Other writers put lists or numbers in ``args``: the events still load (no crash, no
+    exit 2 for a readable trace), with their arguments unknown."""
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2, "args": [1]},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 4, "dur": 1, "args": 7},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3, "args": [1, 2]},
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5,
+         "args": {"Bytes": 512, "Addr": 16, "Total Allocated": 512, "Device Type": 0}},
+    ]
+    path = tmp_path / "odd_args.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    tr = load_chrome_trace(path)
+    assert sorted(tr.ops["name"].astype(str)) == ["aten::add", "aten::mm"]
+    assert tr.memory["bytes"].tolist() == [0, 512]

@@ -1,0 +1,293 @@
+"""The columns a Chrome trace load fills: the kept fields of each event kind as arrays of C
+scalars and interned string codes, never one Python object per event.
+
+Two ways in, with the same results: :meth:`Columns.add` takes parsed event dicts one by one
+(the reference, used with orjson or the stdlib's ``json``), and the ``extend_*`` methods take
+one batch's fields as lists (the typed decode in :mod:`snapviz.load.trace_decode`), converting
+each column in a few C calls. Both go through the same interners, so a trace whose batches
+take different ways still gets one set of codes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+MEMORY_EVENT_NAME = "[memory]"  # torch.autograd.profiler_util.MEMORY_EVENT_NAME
+_INT64_MAX = (1 << 63) - 1
+_INT64_MIN = -(1 << 63)
+
+
+def _args(ev: dict[str, Any]) -> dict[str, Any]:
+    """An event's ``args``; anything but an object (a list, a number: other writers' files)
+    reads as no arguments rather than failing the whole trace."""
+    args = ev.get("args")
+    return args if type(args) is dict else {}
+
+
+class Interner:
+    """String -> dense int code; the strings become a categorical's categories."""
+
+    __slots__ = ("codes", "raw")
+
+    def __init__(self) -> None:
+        self.codes: dict[str, int] = {}
+        self.raw: dict[bytes, int] = {}  # JSON text -> code, for values interned by their parse
+
+    def __call__(self, s: str) -> int:
+        code = self.codes.get(s)
+        if code is None:
+            code = self.codes[s] = len(self.codes)
+        return code
+
+    def many(self, values: Sequence[str]) -> np.ndarray:
+        """Codes of a batch (int32): new strings get codes in order of first appearance, as
+        one :meth:`__call__` per value would give them, with a Python step per distinct value only."""
+        codes = self.codes
+        for s in dict.fromkeys(values):
+            if s not in codes:
+                codes[s] = len(codes)
+        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
+
+    def categorical(self, codes: array, to_text: Callable[[str], str] | None = None) -> pd.Categorical:
+        cats = [to_text(c) for c in self.codes] if to_text else list(self.codes)
+        return pd.Categorical.from_codes(
+            np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, np.int32),
+            categories=pd.Index(cats, dtype=object),
+        )
+
+
+def to_int(v: Any, default: int = -1) -> int:
+    """Event ids (pid/tid/args) as int64; kineto sometimes writes strings."""
+    if type(v) is not int:
+        try:
+            v = int(v)
+        except (TypeError, ValueError, OverflowError):
+            return default
+    if -_INT64_MAX <= v <= _INT64_MAX:
+        return v
+    # Addresses above 2**63 keep their bit pattern (as a C uint64 -> int64 cast would).
+    return v - (1 << 64) if _INT64_MAX < v < (1 << 64) else default
+
+
+def ints(values: list[Any], default: int = -1) -> np.ndarray:
+    """:func:`to_int` of each value as int64: one C call when all are ints in range (the
+    usual case; ``fromlist`` leaves the array unchanged when any is not)."""
+    if not values:
+        return np.zeros(0, np.int64)
+    out = array("q")
+    try:
+        out.fromlist(values)
+    except (TypeError, OverflowError):
+        return np.array([to_int(v, default) for v in values], np.int64)
+    col = np.frombuffer(out, np.int64)
+    if col.min() == _INT64_MIN:  # to_int refuses -2**63
+        return np.array([to_int(v, default) for v in values], np.int64)
+    return col
+
+
+def _extend(column: array, values: np.ndarray) -> None:
+    column.frombytes(np.ascontiguousarray(values, dtype=column.typecode).tobytes())
+
+
+class Columns:
+    """Append-only columns for the event kinds we keep (arrays of C scalars, no objects)."""
+
+    def __init__(self) -> None:
+        # memory
+        self.m_ts, self.m_dtype, self.m_did = array("d"), array("b"), array("h")
+        self.m_bytes, self.m_addr, self.m_alloc, self.m_res, self.m_tid = (array("q") for _ in range(5))
+        self.m_has_totals = array("b")
+        # annotations
+        self.a_name, self.a_ts, self.a_dur, self.a_tid, self.a_pid = (
+            array("i"),
+            array("d"),
+            array("d"),
+            array("q"),
+            array("q"),
+        )
+        self.a_names = Interner()
+        # ops
+        self.o_name, self.o_ts, self.o_dur, self.o_tid = array("i"), array("d"), array("d"), array("q")
+        self.o_dims, self.o_types = array("i"), array("i")
+        self.o_names, self.o_dims_s, self.o_types_s = Interner(), Interner(), Interner()
+        self.o_dims_s("")
+        self.o_types_s("")
+        # python functions
+        self.p_name, self.p_ts, self.p_dur, self.p_tid = array("i"), array("d"), array("d"), array("q")
+        self.p_names = Interner()
+        self.count = 0
+
+    # ----------------------------------------------------------------- reference: one dict at a time
+
+    def add(self, events: Iterable[Any]) -> None:
+        """Keep the fields we need from parsed event dicts, dropping each dict at once."""
+        # Bound methods as locals: this loop runs once per event (millions of times).
+        o_name, o_ts, o_dur, o_tid, o_dims, o_types = (
+            self.o_name.append,
+            self.o_ts.append,
+            self.o_dur.append,
+            self.o_tid.append,
+            self.o_dims.append,
+            self.o_types.append,
+        )
+        o_names, o_dims_s, o_types_s = self.o_names, self.o_dims_s, self.o_types_s
+        p_name, p_ts, p_dur, p_tid, p_names = (
+            self.p_name.append,
+            self.p_ts.append,
+            self.p_dur.append,
+            self.p_tid.append,
+            self.p_names,
+        )
+        n = 0
+        for ev in events:
+            n += 1
+            if type(ev) is not dict:
+                continue
+            cat = ev.get("cat")
+            if cat == "cpu_op":
+                args = _args(ev)
+                dims = args.get("Input Dims")
+                types = args.get("Input type")
+                o_name(o_names(str(ev.get("name", ""))))
+                o_ts(ev.get("ts", 0.0))
+                o_dur(ev.get("dur", 0.0))
+                o_tid(to_int(ev.get("tid")))
+                # repr() is ~5x cheaper than json.dumps; the few distinct values become
+                # JSON text once, when the categorical is built.
+                o_dims(0 if dims is None else o_dims_s(repr(dims)))
+                o_types(0 if types is None else o_types_s(repr(types)))
+            elif cat == "python_function":
+                p_name(p_names(str(ev.get("name", ""))))
+                p_ts(ev.get("ts", 0.0))
+                p_dur(ev.get("dur", 0.0))
+                p_tid(to_int(ev.get("tid")))
+            elif ev.get("name") == MEMORY_EVENT_NAME:  # by name: its cat is cpu_instant_event
+                self._add_memory(ev)
+            elif cat == "user_annotation" and ev.get("ph") == "X":
+                # gpu_user_annotation copies (pid 0, tid = stream) are skipped on purpose.
+                self.a_name.append(self.a_names(str(ev.get("name", ""))))
+                self.a_ts.append(ev.get("ts", 0.0))
+                self.a_dur.append(ev.get("dur", 0.0))
+                self.a_tid.append(to_int(ev.get("tid")))
+                self.a_pid.append(to_int(ev.get("pid")))
+        self.count += n
+
+    def _add_memory(self, ev: dict[str, Any]) -> None:
+        args = _args(ev)
+        self.m_ts.append(ev.get("ts", 0.0))
+        self.m_dtype.append(max(-128, min(127, to_int(args.get("Device Type"), 0))))
+        self.m_did.append(max(-32768, min(32767, to_int(args.get("Device Id"), -1))))
+        self.m_bytes.append(to_int(args.get("Bytes"), 0))
+        self.m_addr.append(to_int(args.get("Addr"), 0))
+        total = args.get("Total Allocated")
+        self.m_has_totals.append(total is not None)
+        self.m_alloc.append(to_int(total, 0))
+        self.m_res.append(to_int(args.get("Total Reserved"), 0))
+        self.m_tid.append(to_int(ev.get("tid")))
+
+    # ----------------------------------------------------------------- one batch's fields as lists
+
+    def extend_ops(
+        self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], dims: np.ndarray, types: np.ndarray
+    ) -> None:
+        """``dims``/``types``: codes of ``o_dims_s``/``o_types_s`` (0: not recorded)."""
+        _extend(self.o_name, self.o_names.many(names))
+        self.o_ts.fromlist(ts)
+        self.o_dur.fromlist(dur)
+        _extend(self.o_tid, ints(tids))
+        _extend(self.o_dims, dims)
+        _extend(self.o_types, types)
+
+    def extend_python(self, names: list[str], ts: list[float], dur: list[float], tids: list[Any]) -> None:
+        _extend(self.p_name, self.p_names.many(names))
+        self.p_ts.fromlist(ts)
+        self.p_dur.fromlist(dur)
+        _extend(self.p_tid, ints(tids))
+
+    def extend_annotations(
+        self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], pids: list[Any]
+    ) -> None:
+        _extend(self.a_name, self.a_names.many(names))
+        self.a_ts.fromlist(ts)
+        self.a_dur.fromlist(dur)
+        _extend(self.a_tid, ints(tids))
+        _extend(self.a_pid, ints(pids))
+
+    def extend_memory(self, ts: list[float], tids: list[Any], args: dict[str, list[Any]]) -> None:
+        """``args``: the memory fields by their trace name, one list each."""
+        self.m_ts.fromlist(ts)
+        _extend(self.m_dtype, np.clip(ints(args["Device Type"], 0), -128, 127))
+        _extend(self.m_did, np.clip(ints(args["Device Id"], -1), -32768, 32767))
+        _extend(self.m_bytes, ints(args["Bytes"], 0))
+        _extend(self.m_addr, ints(args["Addr"], 0))
+        total = args["Total Allocated"]
+        self.m_has_totals.fromlist([t is not None for t in total])
+        _extend(self.m_alloc, ints(total, 0))
+        _extend(self.m_res, ints(args["Total Reserved"], 0))
+        _extend(self.m_tid, ints(tids))
+
+    # ----------------------------------------------------------------- tables
+
+    def frames(self, base_us: float) -> dict[str, pd.DataFrame]:
+        """The four tables, with ``ts`` turned into absolute µs."""
+
+        def f64(a: array) -> np.ndarray:
+            return np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0, np.float64)
+
+        def i64(a: array) -> np.ndarray:
+            return np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+
+        m_time = f64(self.m_ts) + base_us
+        order = np.argsort(m_time, kind="stable")
+        memory = pd.DataFrame(
+            {
+                "time_us": m_time[order],
+                "device_type": (
+                    np.frombuffer(self.m_dtype, dtype=np.int8) if len(self.m_dtype) else np.zeros(0, np.int8)
+                )[order],
+                "device_id": (np.frombuffer(self.m_did, dtype=np.int16) if len(self.m_did) else np.zeros(0, np.int16))[
+                    order
+                ],
+                "bytes": i64(self.m_bytes)[order],
+                "addr": i64(self.m_addr)[order],
+                "total_allocated": i64(self.m_alloc)[order],
+                "total_reserved": i64(self.m_res)[order],
+                "has_totals": (
+                    np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8)
+                )[order].astype(bool),
+                "tid": i64(self.m_tid)[order],
+            }
+        )
+
+        def ranges(names: Interner, codes: array, ts: array, dur: array) -> dict[str, Any]:
+            # ts + dur on the relative axis first: one rounding at ~2e15 µs (0.25 µs ulp), not two.
+            rel = f64(ts)
+            return {"name": names.categorical(codes), "start_us": rel + base_us, "end_us": (rel + f64(dur)) + base_us}
+
+        annotations = pd.DataFrame(
+            {**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur), "tid": i64(self.a_tid), "pid": i64(self.a_pid)}
+        )
+        ops = pd.DataFrame(
+            {
+                **ranges(self.o_names, self.o_name, self.o_ts, self.o_dur),
+                "tid": i64(self.o_tid),
+                "input_dims": self.o_dims_s.categorical(self.o_dims, _repr_to_json),
+                "input_types": self.o_types_s.categorical(self.o_types, _repr_to_json),
+            }
+        )
+        python_functions = pd.DataFrame(
+            {**ranges(self.p_names, self.p_name, self.p_ts, self.p_dur), "tid": i64(self.p_tid)}
+        )
+        return {"memory": memory, "annotations": annotations, "ops": ops, "python_functions": python_functions}
+
+
+def _repr_to_json(text: str) -> str:
+    """JSON text for the ``repr`` of a parsed JSON value (run once per distinct value)."""
+    return json.dumps(ast.literal_eval(text)) if text else ""
