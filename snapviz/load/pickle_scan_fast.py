@@ -13,7 +13,10 @@ Two implementations of one contract: :func:`fast_scan`, a regex (C) over runs of
 tokens and the reference, and :func:`fast_scan_compiled`, a numba kernel (the ``fast``
 extra) that walks the same tokens over the bytes one by one, about twenty times faster.
 Their verdicts and messages are equal on every bundled and external pickle, every hostile
-input and randomized damage of a real one (tests/unit/test_pickle_scan_compiled.py).
+input and randomized damage of a real one (tests/unit/test_pickle_scan_compiled.py). One
+difference by design: the reference leaves a pickle longer than the object limit (in bytes)
+to the exact scan, since it cannot count; the kernel counts its tokens, a bound on the objects
+made, so a 10M-event snapshot (1.4 GB) stays on the fast path.
 """
 
 from __future__ import annotations
@@ -177,21 +180,23 @@ def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
     kernel = compiled_kernel()
     if kernel is None:
         raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
-    if _may_count_over(data, limits):
+    if len(data) > limits.string_bytes:  # strings are inline: a smaller pickle cannot hold more
         return False
     max_str = min(limits.string_length, np.iinfo(np.int64).max)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        verdict, at = kernel(np.frombuffer(data, np.uint8), _start(data), max_str, _TOKEN_LENGTH, _IS_SCALAR)
+        verdict, at, tokens = kernel(np.frombuffer(data, np.uint8), _start(data), max_str, _TOKEN_LENGTH, _IS_SCALAR)
     if verdict == _TOO_LONG:
         raise _too_long(path, _string_length(data, at), limits)
-    return bool(verdict == _SAFE)
+    # Each token makes at most one object, so the kernel's token count bounds the objects: a
+    # pickle bigger than the object limit (10M events: 1.4 GB) need not take the exact scan.
+    return bool(verdict == _SAFE and tokens <= limits.objects)
 
 
 def _kernel_py(
     buf: np.ndarray, start: int, max_str: int, token_length: np.ndarray, is_scalar: np.ndarray
-) -> tuple[int, int]:  # pragma: no cover - compiled
-    """(verdict, offset of the over-long string) for the opcodes in ``buf`` from ``start``.
+) -> tuple[int, int, int]:  # pragma: no cover - compiled
+    """(verdict, offset of the over-long string, tokens walked) for the opcodes in ``buf`` from ``start``.
 
     Token by token what :func:`fast_scan`'s regex matches run by run; a tuple looks for its
     items where the reference does: among the tokens of the last two 256-token runs since
@@ -199,6 +204,7 @@ def _kernel_py(
     n = len(buf)
     i = start
     tok = 0
+    walked = 0  # every token and handled opcode: at least the objects the unpickler makes
     # opcode and token index of the last three tokens other than MEMOIZE (index -1: none)
     op1 = op2 = op3 = 0
     t1 = t2 = t3 = -1
@@ -209,23 +215,25 @@ def _kernel_py(
             if k < 0:  # counted: a length byte, then that many bytes
                 k = 2 + buf[i + 1] if i + 1 < n else n
             if k > n - i:
-                return _OUTSIDE, 0  # an incomplete token: the run ends before it, where no handler applies
+                return _OUTSIDE, 0, walked  # an incomplete token: the run ends before it, where no handler applies
             if op != 0x94:
                 op3, t3, op2, t2, op1, t1 = op2, t2, op1, t1, op, tok
             tok += 1
+            walked += 1
             i += k
             continue
+        walked += 1
         if op == 0x2E:  # STOP
-            return _SAFE, 0
+            return _SAFE, 0, walked
         if op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1-3: items must be fresh scalars
             last_run = (tok - 1) // _RUN_TOKENS
             window = _RUN_TOKENS * (last_run - 1) if last_run > 1 else 0
             arity = op - 0x84
             first = t1 if arity == 1 else (t2 if arity == 2 else t3)  # token index of the first item (-1: none)
             if first < window or is_scalar[op1] == 0:
-                return _OUTSIDE, 0
+                return _OUTSIDE, 0, walked
             if (arity >= 2 and is_scalar[op2] == 0) or (arity == 3 and is_scalar[op3] == 0):
-                return _OUTSIDE, 0
+                return _OUTSIDE, 0, walked
             i += 1
         elif op == 0x29:  # EMPTY_TUPLE
             i += 1
@@ -235,12 +243,12 @@ def _kernel_py(
             for b in range(min(w, n - i - 1) - 1, -1, -1):  # little-endian, short when truncated
                 length = (length << np.uint64(8)) | np.uint64(buf[i + 1 + b])
             if length > np.uint64(max_str):
-                return _TOO_LONG, i
+                return _TOO_LONG, i, walked
             if np.int64(length) >= n - i - 1 - w:
-                return _OUTSIDE, 0  # it ends at or past the end: no STOP
+                return _OUTSIDE, 0, walked  # it ends at or past the end: no STOP
             i += 1 + w + np.int64(length)
         else:
-            return _OUTSIDE, 0
+            return _OUTSIDE, 0, walked
         tok = 0  # tokens before a handled opcode are never items of a later tuple
         t1 = t2 = t3 = -1
-    return _OUTSIDE, 0
+    return _OUTSIDE, 0, walked

@@ -173,3 +173,24 @@ def test_scan_pickle_takes_the_compiled_check_for_big_pickles(monkeypatch: pytes
     for size in (FULL_SCAN_BYTES + 1, 2 * FULL_SCAN_BYTES):
         assert pickle_scan.scan_pickle(b"\x80\x04" + b"N" * size + b".", "p", Limits()) is None
     assert calls == ["python", "compiled"]
+
+
+@pytest.mark.skipif(not SAMPLES, reason="no bundled samples")
+def test_compiled_check_bounds_objects_for_pickles_over_the_object_limit() -> None:
+    """A pickle longer (in bytes) than the object limit: the reference hands it to the exact
+    scan; the kernel decides by its token count, which bounds the objects. Whenever it says
+    safe, the exact scan under the same limit passes too; under a limit below the objects it
+    never says safe."""
+    data = read(SAMPLES[0])
+    counts = pickle_scan.scan_pickle(data, "f.pickle", Limits(), exact=True)
+    assert counts is not None
+    objects = counts["objects"]
+    for limit in (objects // 2, objects - 1, objects, objects * 2, len(data) - 1):
+        lim = Limits(objects=limit)
+        assert len(data) > limit or limit == objects * 2  # the reference cannot decide these
+        compiled = fast_scan_compiled(data, "f.pickle", lim)
+        if compiled:
+            pickle_scan.scan_pickle(data, "f.pickle", lim, exact=True)  # must not raise
+        if limit < objects:
+            assert not compiled
+    assert fast_scan_compiled(data, "f.pickle", Limits(objects=len(data) - 1))  # tokens < bytes
