@@ -15,8 +15,8 @@ extra) that walks the same tokens over the bytes one by one, about twenty times 
 Their verdicts and messages are equal on every bundled and external pickle, every hostile
 input and randomized damage of a real one (tests/unit/test_pickle_scan_compiled.py). One
 difference by design: the reference leaves a pickle longer than the object limit (in bytes)
-to the exact scan, since it cannot count; the kernel counts its tokens, a bound on the objects
-made, so a 10M-event snapshot (1.4 GB) stays on the fast path.
+to the exact scan, since it cannot count; the kernel counts the objects made as the exact scan
+does, so a 10M-event snapshot (1.4 GB) stays on the fast path.
 """
 
 from __future__ import annotations
@@ -167,6 +167,14 @@ def _token_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 _TOKEN_LENGTH, _IS_SCALAR = _token_tables()
+# Opcodes that make an object, as the exact scan counts them (pickle_scan._scan): memo
+# puts and gets, marks, frames, fills and the singletons make none.
+_MAKES_OBJECT = np.zeros(256, np.int64)
+_MAKES_OBJECT[
+    list(
+        b"\x8c\x8a\x43\x55\x4b\x4a\x4d\x7d\x5d\x47\x58\x42\x8b\x54\x8d\x8e\x96\x85\x86\x87\x29\x74\x64\x6c\x49\x4c\x46\x53\x56"
+    )
+] = 1
 
 
 @functools.cache
@@ -185,18 +193,20 @@ def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
     max_str = min(limits.string_length, np.iinfo(np.int64).max)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        verdict, at, tokens = kernel(np.frombuffer(data, np.uint8), _start(data), max_str, _TOKEN_LENGTH, _IS_SCALAR)
+        verdict, at, made = kernel(
+            np.frombuffer(data, np.uint8), _start(data), max_str, _TOKEN_LENGTH, _IS_SCALAR, _MAKES_OBJECT
+        )
     if verdict == _TOO_LONG:
         raise _too_long(path, _string_length(data, at), limits)
-    # Each token makes at most one object, so the kernel's token count bounds the objects: a
-    # pickle bigger than the object limit (10M events: 1.4 GB) need not take the exact scan.
-    return bool(verdict == _SAFE and tokens <= limits.objects)
+    # The kernel counts the objects as the exact scan does, so a pickle longer in bytes than
+    # the object limit (10M events: 1.4 GB) need not take the exact scan to know.
+    return bool(verdict == _SAFE and made <= limits.objects)
 
 
 def _kernel_py(
-    buf: np.ndarray, start: int, max_str: int, token_length: np.ndarray, is_scalar: np.ndarray
+    buf: np.ndarray, start: int, max_str: int, token_length: np.ndarray, is_scalar: np.ndarray, makes: np.ndarray
 ) -> tuple[int, int, int]:  # pragma: no cover - compiled
-    """(verdict, offset of the over-long string, tokens walked) for the opcodes in ``buf`` from ``start``.
+    """(verdict, offset of the over-long string, objects made) for the opcodes in ``buf`` from ``start``.
 
     Token by token what :func:`fast_scan`'s regex matches run by run; a tuple looks for its
     items where the reference does: among the tokens of the last two 256-token runs since
@@ -204,7 +214,7 @@ def _kernel_py(
     n = len(buf)
     i = start
     tok = 0
-    walked = 0  # every token and handled opcode: at least the objects the unpickler makes
+    made = 0  # objects the unpickler would make, counted as the exact scan counts them
     # opcode and token index of the last three tokens other than MEMOIZE (index -1: none)
     op1 = op2 = op3 = 0
     t1 = t2 = t3 = -1
@@ -215,25 +225,25 @@ def _kernel_py(
             if k < 0:  # counted: a length byte, then that many bytes
                 k = 2 + buf[i + 1] if i + 1 < n else n
             if k > n - i:
-                return _OUTSIDE, 0, walked  # an incomplete token: the run ends before it, where no handler applies
+                return _OUTSIDE, 0, made  # an incomplete token: the run ends before it, where no handler applies
             if op != 0x94:
                 op3, t3, op2, t2, op1, t1 = op2, t2, op1, t1, op, tok
             tok += 1
-            walked += 1
+            made += makes[op]
             i += k
             continue
-        walked += 1
+        made += makes[op]
         if op == 0x2E:  # STOP
-            return _SAFE, 0, walked
+            return _SAFE, 0, made
         if op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1-3: items must be fresh scalars
             last_run = (tok - 1) // _RUN_TOKENS
             window = _RUN_TOKENS * (last_run - 1) if last_run > 1 else 0
             arity = op - 0x84
             first = t1 if arity == 1 else (t2 if arity == 2 else t3)  # token index of the first item (-1: none)
             if first < window or is_scalar[op1] == 0:
-                return _OUTSIDE, 0, walked
+                return _OUTSIDE, 0, made
             if (arity >= 2 and is_scalar[op2] == 0) or (arity == 3 and is_scalar[op3] == 0):
-                return _OUTSIDE, 0, walked
+                return _OUTSIDE, 0, made
             i += 1
         elif op == 0x29:  # EMPTY_TUPLE
             i += 1
@@ -243,12 +253,12 @@ def _kernel_py(
             for b in range(min(w, n - i - 1) - 1, -1, -1):  # little-endian, short when truncated
                 length = (length << np.uint64(8)) | np.uint64(buf[i + 1 + b])
             if length > np.uint64(max_str):
-                return _TOO_LONG, i, walked
+                return _TOO_LONG, i, made
             if np.int64(length) >= n - i - 1 - w:
-                return _OUTSIDE, 0, walked  # it ends at or past the end: no STOP
+                return _OUTSIDE, 0, made  # it ends at or past the end: no STOP
             i += 1 + w + np.int64(length)
         else:
-            return _OUTSIDE, 0, walked
+            return _OUTSIDE, 0, made
         tok = 0  # tokens before a handled opcode are never items of a later tuple
         t1 = t2 = t3 = -1
-    return _OUTSIDE, 0, walked
+    return _OUTSIDE, 0, made

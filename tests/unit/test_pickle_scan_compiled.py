@@ -178,9 +178,8 @@ def test_scan_pickle_takes_the_compiled_check_for_big_pickles(monkeypatch: pytes
 @pytest.mark.skipif(not SAMPLES, reason="no bundled samples")
 def test_compiled_check_bounds_objects_for_pickles_over_the_object_limit() -> None:
     """A pickle longer (in bytes) than the object limit: the reference hands it to the exact
-    scan; the kernel decides by its token count, which bounds the objects. Whenever it says
-    safe, the exact scan under the same limit passes too; under a limit below the objects it
-    never says safe."""
+    scan; the kernel counts the objects as the exact scan does. Whenever it says safe, the
+    exact scan under the same limit passes too; it says safe exactly down to the count."""
     data = read(SAMPLES[0])
     counts = pickle_scan.scan_pickle(data, "f.pickle", Limits(), exact=True)
     assert counts is not None
@@ -193,4 +192,5 @@ def test_compiled_check_bounds_objects_for_pickles_over_the_object_limit() -> No
             pickle_scan.scan_pickle(data, "f.pickle", lim, exact=True)  # must not raise
         if limit < objects:
             assert not compiled
-    assert fast_scan_compiled(data, "f.pickle", Limits(objects=len(data) - 1))  # tokens < bytes
+    assert fast_scan_compiled(data, "f.pickle", Limits(objects=objects))
+    assert not fast_scan_compiled(data, "f.pickle", Limits(objects=objects - 1))
