@@ -62,29 +62,56 @@ def stage_live_sets(
     frees = ev["free_row"].to_numpy()[alloc_rows]
     sizes = ev["block_size"].to_numpy()[alloc_rows]
     stacks = ev["stack_id"].to_numpy()[alloc_rows]
-    # Categories factorized once, sorted (the order a groupby gives); each stage is then a
-    # mask and two bincounts (sums stay exact in float64: a device's bytes are far below 2**53).
+    # Categories factorized once, sorted (the order a groupby gives); unknown ones last.
     ccodes, cnames = pd.factorize(cats, sort=True)
-    known = ccodes >= 0
+    ccodes = np.where(ccodes >= 0, ccodes, len(cnames))
+    valid = [
+        (k, name, prow, srow)
+        for k, (name, prow, srow) in enumerate(
+            zip(stages["name"].tolist(), stages["peak_row"].tolist(), stages["start_row"].tolist(), strict=True)
+        )
+        if prow >= 0
+    ]
+    peaks = np.array([v[2] for v in valid], dtype=np.int64)
+    count, total = _live_by_category(alloc_rows, frees, sizes, ccodes, len(cnames) + 1, peaks)
     live_rows, top_rows = [], []
-    for k, (name, prow, srow) in enumerate(
-        zip(stages["name"].tolist(), stages["peak_row"].tolist(), stages["start_row"].tolist(), strict=True)
-    ):
-        if prow < 0:
+    for q, (k, name, prow, srow) in enumerate(valid):
+        if not count[q].any():
             continue
-        m = (alloc_rows <= prow) & (frees > prow)
-        if not m.any():
-            continue
-        mk = m & known
-        count = np.bincount(ccodes[mk], minlength=len(cnames))
-        total = np.bincount(ccodes[mk], weights=sizes[mk], minlength=len(cnames))
-        for c in np.flatnonzero(count).tolist():
-            live_rows.append((k, name, cnames[c], int(total[c]), int(count[c])))
-        # The stage's own allocations: what it added on top of what it inherited.
-        idx = np.flatnonzero(m & (alloc_rows >= srow))
+        for c in np.flatnonzero(count[q, :-1]).tolist():
+            live_rows.append((k, name, cnames[c], int(total[q, c]), int(count[q, c])))
+        # The stage's own allocations, alive at its peak: what it added on top of what it
+        # inherited. Allocation rows are sorted, so they are one slice.
+        lo, hi = int(np.searchsorted(alloc_rows, srow, "left")), int(np.searchsorted(alloc_rows, prow, "right"))
+        idx = lo + np.flatnonzero(frees[lo:hi] > prow)
         for j in idx[np.argsort(-sizes[idx], kind="stable")[:top_n]]:
             top_rows.append((k, name, int(sizes[j]), sites.site(int(stacks[j])), int(alloc_rows[j]), int(stacks[j])))
     return (
         pd.DataFrame(live_rows, columns=empty[0].columns) if live_rows else empty[0],
         pd.DataFrame(top_rows, columns=empty[1].columns) if top_rows else empty[1],
     )
+
+
+def _live_by_category(
+    alloc_rows: np.ndarray, frees: np.ndarray, sizes: np.ndarray, codes: np.ndarray, k: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks and bytes alive at each of ``rows``, by category code (``k`` codes): an
+    allocation is alive at row r when it was made at or before r and freed after it.
+
+    Prefix sums per category, read with ``searchsorted``: O(n log n) for any number of
+    rows, where one mask per row was O(rows x n) (1,750 stages over 3.3M allocations at 10M
+    events). Made by r, minus made and freed by r (a free at or before its allocation row,
+    as a sentinel could be, counts at the allocation row): exact integer sums.
+    """
+    count = np.zeros((len(rows), k), np.int64)
+    total = np.zeros((len(rows), k), np.int64)
+    gone = np.maximum(alloc_rows, frees)
+    for c in np.unique(codes).tolist():
+        mc = codes == c
+        made, size = alloc_rows[mc], sizes[mc].astype(np.int64)
+        order = np.argsort(gone[mc], kind="stable")
+        freed, fsize = gone[mc][order], size[order]
+        ia, ifr = np.searchsorted(made, rows, side="right"), np.searchsorted(freed, rows, side="right")
+        count[:, c] = ia - ifr
+        total[:, c] = np.concatenate(([0], np.cumsum(size)))[ia] - np.concatenate(([0], np.cumsum(fsize)))[ifr]
+    return count, total
