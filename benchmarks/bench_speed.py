@@ -103,6 +103,19 @@ print(json.dumps({"read_s": t1 - t0, "parse_s": t2 - t1, "parser": name, "events
 """
 
 
+def _timed(fn: Any, spent: list[float]) -> Any:
+    """``fn``, adding the CPU seconds of every call to ``spent[0]`` (a phase inside another)."""
+
+    def timed(*a: Any, **k: Any) -> Any:
+        t_ = time.process_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            spent[0] += time.process_time() - t_
+
+    return timed
+
+
 def _child_phases(path: str, html: bool) -> None:
     """One process, the CLI's steps in order, each timed in CPU seconds (the replay timed inside analyze_run)."""
     t0 = time.process_time()
@@ -113,16 +126,8 @@ def _child_phases(path: str, html: bool) -> None:
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
 
     ph: dict[str, float] = {"import": time.process_time() - t0}
-    scan, scan_spent = safe_pickle.scan_pickle, [0.0]
-
-    def timed_scan(*a: Any, **k: Any) -> Any:
-        t_ = time.process_time()
-        try:
-            return scan(*a, **k)
-        finally:
-            scan_spent[0] += time.process_time() - t_
-
-    safe_pickle.scan_pickle = timed_scan  # type: ignore[assignment]
+    scan_spent: list[float] = [0.0]
+    safe_pickle.scan_pickle = _timed(safe_pickle.scan_pickle, scan_spent)  # type: ignore[assignment]
     t = time.process_time()
     with paused_gc():
         data = safe_load_pickle(path)
@@ -132,16 +137,8 @@ def _child_phases(path: str, html: bool) -> None:
         snap = snapshot_from_dict(data, source=path)
         del data
     ph["model"] = time.process_time() - t
-    replay, spent = summary.replay_allocator, [0.0]
-
-    def timed_replay(*a: Any, **k: Any) -> Any:
-        t_ = time.process_time()
-        try:
-            return replay(*a, **k)
-        finally:
-            spent[0] += time.process_time() - t_
-
-    summary.replay_allocator = timed_replay  # type: ignore[assignment]
+    spent: list[float] = [0.0]
+    summary.replay_allocator = _timed(summary.replay_allocator, spent)  # type: ignore[assignment]
     t = time.process_time()
     an = summary.analyze_run(Run(source=path, label=os.path.basename(path), snapshot=snap, trace=None, run_json=None))
     ph["replay"] = spent[0]
