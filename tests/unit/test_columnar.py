@@ -11,14 +11,14 @@ import random
 from pathlib import Path
 from typing import Any
 
+import hostile
 import pandas as pd
 import pytest
+import synth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from paths import EXTERNAL, SAMPLES
 
-import hostile
-import synth
 from snapviz.errors import InputError
 from snapviz.load.columnar import columnar_snapshot
 from snapviz.load.pickle_vm import available, run_tape
@@ -221,6 +221,14 @@ def test_arrays_too_short_for_the_first_guess_are_sized_exactly() -> None:
     assert Objects(tape).value(tape.root_kind, tape.root, 0) == obj
 
 
+def _outcome(path: Path, build: Any) -> Any:
+    try:
+        out = safe_load_pickle(path, build=build)
+        return out if isinstance(out, Snapshot) else snapshot_from_dict(out, str(path))
+    except InputError as exc:
+        return str(exc)
+
+
 def test_hostile_pickles_end_as_they_do_without_the_tape(tmp_path: Path) -> None:
     """The loader's hostile pickles (deep nesting, shared-reference bombs, huge strings,
     out-of-range sizes) through the tape path: the same error line or the same snapshot."""
@@ -228,15 +236,8 @@ def test_hostile_pickles_end_as_they_do_without_the_tape(tmp_path: Path) -> None
         if path.stat().st_size > 64 << 20 or name.startswith("gzip_"):
             continue  # decompression bombs stop before any bytes reach a reader
 
-        def outcome(build: Any) -> Any:
-            try:
-                out = safe_load_pickle(path, build=build)
-                return out if isinstance(out, Snapshot) else snapshot_from_dict(out, str(path))
-            except InputError as exc:
-                return str(exc)
-
-        ref = outcome(None)
-        got = outcome(lambda data, p=path: columnar_snapshot(data, str(p)))
+        ref = _outcome(path, None)
+        got = _outcome(path, lambda data, p=path: columnar_snapshot(data, str(p)))
         if isinstance(ref, str) or isinstance(got, str):
             assert got == ref, name
         else:
