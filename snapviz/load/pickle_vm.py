@@ -213,9 +213,28 @@ def _vm_py(
     root_p = 0
     while i < n:
         op = buf[i]
+        if (op == 0x6A or op == 0x68) and not dry and i + 4 < n:
+            # LONG_BINGET / BINGET, most of the opcodes of a snapshot (frame and key references):
+            # the common case first, without the general path's branches; anything else below
+            if op == 0x6A:
+                idx = np.int64(buf[i + 1]) | (np.int64(buf[i + 2]) << 8) | (np.int64(buf[i + 3]) << 16)
+                idx |= np.int64(buf[i + 4]) << 24
+                nxt = i + 5
+            else:
+                idx = np.int64(buf[i + 1])
+                nxt = i + 2
+            if idx < nmemo and sp < len(st_k) and memo_k[idx] != K_EMPTY:
+                st_k[sp] = memo_k[idx]
+                st_p[sp] = memo_p[idx]
+                sp += 1
+                if sp > max_sp:
+                    max_sp = sp
+                i = nxt
+                continue
         vk = -1  # the kind of the value this opcode pushes (-1: none)
         vp = 0
         iv = np.int64(0)  # an INT's value or a FLOAT's bits, kept in the int table
+        fresh = False
         if op == 0x94:  # MEMOIZE
             if sp == 0:
                 break
@@ -289,12 +308,14 @@ def _vm_py(
         elif op == 0x4B:  # BININT1
             if i + 1 >= n:
                 break
+            fresh = True
             vk = K_INT
             iv = np.int64(buf[i + 1])
             i += 2
         elif op == 0x4D:  # BININT2
             if i + 2 >= n:
                 break
+            fresh = True
             vk = K_INT
             iv = np.int64(buf[i + 1]) | (np.int64(buf[i + 2]) << 8)
             i += 3
@@ -306,6 +327,7 @@ def _vm_py(
                 v = (v << 8) | np.int64(buf[i + 1 + b])
             if v >= 1 << 31:
                 v -= 1 << 32
+            fresh = True
             vk = K_INT
             iv = v
             i += 5
@@ -336,12 +358,14 @@ def _vm_py(
                 v = np.int64(u)
                 if 0 < k < 8 and buf[i + 1 + k] >= 0x80:
                     v -= np.int64(1) << (8 * k)
+                fresh = True
                 vk = K_INT
                 iv = v
             i += 2 + k
         elif op == 0x47:  # BINFLOAT
             if i + 8 >= n:
                 break
+            fresh = True
             vk = K_FLOAT
             v = np.int64(0)
             for b in range(8):  # big-endian: the float's bits, as an int64
@@ -457,7 +481,7 @@ def _vm_py(
         else:
             break
         if vk >= 0:
-            if vk == K_INT or vk == K_FLOAT:
+            if fresh:  # a value just read, not a memo's: its payload is its place in the int table
                 if not dry:
                     if ni == len(ints):
                         status = FULL

@@ -157,7 +157,10 @@ def open_decompressed(
 
 
 def read_all(f: IO[bytes]) -> bytes:
-    """The whole (already bounded) stream as one bytes object, read in 1 MiB steps."""
+    """The whole (already bounded) stream as one bytes object, read in 1 MiB steps; a plain
+    file in one read into a buffer of its size (no second copy to join the pieces)."""
+    if type(getattr(f, "raw", None)) is io.FileIO:
+        return f.read()
     parts: list[bytes] = []
     while True:
         chunk = f.read(1 << 20)

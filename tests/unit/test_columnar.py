@@ -186,6 +186,14 @@ def test_shared_and_self_holding_containers_stay_shared() -> None:
     assert got[0] is got[1] is got[2]["k"] and got[3] is got
 
 
+def test_memoized_numbers_keep_their_values() -> None:
+    # pickle.dumps never memoizes an int or a float, but a pickle may: [5, 5, 1.5, 1.5]
+    data = b"\x80\x04]\x94(K\x05\x94h\x01G?\xf8\x00\x00\x00\x00\x00\x00\x94h\x02e."
+    tape = run_tape(data, 0)
+    assert tape is not None
+    assert Objects(tape).value(tape.root_kind, tape.root, 0) == pickle.loads(data) == [5, 5, 1.5, 1.5]
+
+
 def test_a_key_set_twice_keeps_its_last_value() -> None:
     # {"a": 1, "a": 2} as SETITEMS writes it: pickle.loads keeps the last
     data = b"\x80\x04}(\x8c\x01aK\x01\x8c\x01aK\x02u."
