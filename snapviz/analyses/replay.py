@@ -116,12 +116,11 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     b_addr = addrs[blk]
     touched, first = np.unique(b_addr, return_index=True)
     first_is_free = actions[blk][first] != A_ALLOC
-    nonfree_set = set(touched[first_is_free].tolist())  # live (or pending) when the window began
-    touched_set = set(touched.tolist())
+    nonfree_a = touched[first_is_free]  # live (or pending) when the window began
     if len(dev_blocks):
-        busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].tolist()
-        nonfree_set.update(a for a in busy_end if a not in touched_set)
-    nonfree = sorted(nonfree_set)
+        busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].to_numpy(np.int64)
+        nonfree_a = np.union1d(nonfree_a, busy_end[~np.isin(busy_end, touched)])  # sorted arrays: no set of millions
+    nonfree = nonfree_a.tolist()
     sg = (actions == A_SEG_ALLOC) | (actions == A_SEG_FREE)
     s_addr = addrs[sg]
     s_touched, s_first = np.unique(s_addr, return_index=True)
