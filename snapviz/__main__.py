@@ -1,3 +1,3 @@
-from snapviz.cli import main
+from snapviz.cli import run
 
-main()
+run()

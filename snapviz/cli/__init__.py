@@ -9,6 +9,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
+from typing import NoReturn
+
 import click
 
 from snapviz import __version__
@@ -58,3 +63,24 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point (``snapviz``, ``python -m snapviz``): exits with the verb's code,
     errors mapped by :mod:`snapviz.cli.errors` (one line on stderr, control characters escaped)."""
     cli.main(args=argv, prog_name="snapviz")
+
+
+def run() -> NoReturn:
+    """The process entry point (the ``snapviz`` script, ``python -m snapviz``): :func:`main`,
+    then the exit handlers, then an immediate exit. By then every output is written (each
+    atomically) and closed; what the interpreter would still do is tear down numba's, pandas'
+    and Bokeh's objects one by one: about 0.9 s of CPU after a 1M-event analysis (5.9 s)."""
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # sys.exit("text"): shown, exit 1, as the interpreter would
+            print(exc.code, file=sys.stderr)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (snapviz ... | head): nothing left to say
+            pass
+    os._exit(code)
