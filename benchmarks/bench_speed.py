@@ -53,7 +53,7 @@ print(json.dumps({"rc": p.returncode, "wall_s": wall, "rss": ru.ru_maxrss * 1024
                   "stdout": p.stdout[-20000:], "stderr": p.stderr[-3000:]}))
 """
 FLOOR_CHILD = r"""
-import gc, json, pickle, sys, time
+import gc, json, os, pickle, sys, time
 t0 = time.process_time()
 mode = sys.argv[2]
 if mode == "safe":  # snapviz's own load: the opcode safety scan, then the same restricted unpickle
@@ -71,7 +71,10 @@ else:
     with open(sys.argv[1], "rb") as f:
         data = Restricted(f).load()
 t2 = time.process_time()
-print(json.dumps({"import_s": t1 - t0, "unpickle_s": t2 - t1}))
+print(json.dumps({"import_s": t1 - t0, "unpickle_s": t2 - t1}), flush=True)
+# No teardown (freeing every object one by one), as `snapviz` itself ends (snapviz.cli.run):
+# the floor is the unpickle, not the interpreter's exit.
+os._exit(0)
 """
 TRACE_CHILD = r"""
 import json, sys, time

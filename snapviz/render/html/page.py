@@ -21,6 +21,7 @@ from bokeh.embed.util import standalone_docs_json_and_render_items
 from bokeh.model import Model
 from bokeh.models import PreText, UIElement
 from bokeh.resources import INLINE
+from bokeh.settings import settings
 
 from snapviz import __version__
 from snapviz.render.html.view_models import SingleRunReport
@@ -112,7 +113,14 @@ def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int =
                 doc.add_root(root)
         if any(r.name not in later for r in group):
             first_models.update(*(refs[pos[id(r)]] for r in group))
-    docs_json, render_items = standalone_docs_json_and_render_items(roots)
+    # Bokeh's document validation walks every model again only to log what it finds: a
+    # quarter of the page's build time (1M-event report: 3.1 -> 2.3 s), same page.
+    # tests/unit/test_html_report.py runs the same check on every report and fails on an error.
+    settings.perform_document_validation.set_value(False)
+    try:
+        docs_json, render_items = standalone_docs_json_and_render_items(roots)
+    finally:
+        settings.perform_document_validation.unset_value()
     bundle = bundle_for_objs_and_resources([cast(Any, _Models(first_models))], INLINE)
     every = bundle_for_objs_and_resources([cast(Any, _Models(set().union(*refs)))], INLINE)
     deferred = [js for js in every.js_raw if js not in bundle.js_raw]
