@@ -12,9 +12,12 @@ Then, each in a fresh process (wall time and peak RSS of that process alone, rea
 launcher from ``RUSAGE_CHILDREN``, so the large parent never inflates a child's figure):
 
 * floors: the restricted unpickle (a ``pickle.Unpickler`` refusing every global: what any tool
-  that reads the pickle without running its code pays) with the GC on and with it paused, and
+  that reads the pickle without running its code pays; the process ends without the
+  interpreter's teardown, as ``snapviz`` does) with the GC on and with it paused, and
   snapviz's own ``safe_load_pickle`` (its opcode safety scan, then the same unpickle) beside them;
-* phases in one process: import, unpickle, model build, replay, stages (the rest of
+* phases in one process, as ``load_snapshot`` runs them: import, the safety scan, the pickle
+  machine's tape (big files), the rest of the load (reading the file and the model from the
+  tape, or unpickling where the tape does not apply), replay, stages (the rest of
   ``analyze_run``), JSON document, HTML render;
 * the CLI: ``analyze FILE --json``, ``analyze FILE -o report.html --json`` and ``--help``.
 
