@@ -34,11 +34,13 @@ from snapviz.load.json_stream import (
 )
 from snapviz.load.limits import Limits
 from snapviz.load.trace_columns import Columns
-from snapviz.load.trace_decode import add_batch
+from snapviz.load.trace_decode import add_batch, kernel_batches
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 TAIL_WINDOW_BYTES = 4 << 20  # keys after the events array must fit in this window
+# From this much raw JSON on, batches go to the compiled decode (numba, the ``fast`` extra).
+COMPILED_MIN_BYTES = 0
 
 
 @dataclass
@@ -133,8 +135,11 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         # The cyclic GC paused (see paused_gc): each batch is thousands of fresh objects,
         # which would trigger collections over everything parsed so far; events hold no cycles.
         with reader.stream, paused_gc():
+            kernel = None
             for doc, skip in array_item_docs(reader, p):
-                add_batch(cols, doc, skip, p)
+                if kernel is None and reader.guard.offset >= COMPILED_MIN_BYTES:
+                    kernel = kernel_batches()
+                add_batch(cols, doc, skip, p, kernel)
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
         raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 

@@ -96,6 +96,13 @@ def _extend(column: array, values: np.ndarray) -> None:
     column.frombytes(np.ascontiguousarray(values, dtype=column.typecode).tobytes())
 
 
+def _floats(values: list[float]) -> np.ndarray:
+    """A list of event times as float64, as ``array('d').fromlist`` converts them."""
+    out = array("d")
+    out.fromlist(values)
+    return np.frombuffer(out, np.float64) if len(out) else np.zeros(0, np.float64)
+
+
 class Columns:
     """Append-only columns for the event kinds we keep (arrays of C scalars, no objects)."""
 
@@ -198,40 +205,81 @@ class Columns:
         self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], dims: np.ndarray, types: np.ndarray
     ) -> None:
         """``dims``/``types``: codes of ``o_dims_s``/``o_types_s`` (0: not recorded)."""
-        _extend(self.o_name, self.o_names.many(names))
-        self.o_ts.fromlist(ts)
-        self.o_dur.fromlist(dur)
-        _extend(self.o_tid, ints(tids))
-        _extend(self.o_dims, dims)
-        _extend(self.o_types, types)
+        self.put_ops(self.o_names.many(names), _floats(ts), _floats(dur), ints(tids), dims, types)
 
     def extend_python(self, names: list[str], ts: list[float], dur: list[float], tids: list[Any]) -> None:
-        _extend(self.p_name, self.p_names.many(names))
-        self.p_ts.fromlist(ts)
-        self.p_dur.fromlist(dur)
-        _extend(self.p_tid, ints(tids))
+        self.put_python(self.p_names.many(names), _floats(ts), _floats(dur), ints(tids))
 
     def extend_annotations(
         self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], pids: list[Any]
     ) -> None:
-        _extend(self.a_name, self.a_names.many(names))
-        self.a_ts.fromlist(ts)
-        self.a_dur.fromlist(dur)
-        _extend(self.a_tid, ints(tids))
-        _extend(self.a_pid, ints(pids))
+        self.put_annotations(self.a_names.many(names), _floats(ts), _floats(dur), ints(tids), ints(pids))
 
     def extend_memory(self, ts: list[float], tids: list[Any], args: dict[str, list[Any]]) -> None:
         """``args``: the memory fields by their trace name, one list each."""
-        self.m_ts.fromlist(ts)
-        _extend(self.m_dtype, np.clip(ints(args["Device Type"], 0), -128, 127))
-        _extend(self.m_did, np.clip(ints(args["Device Id"], -1), -32768, 32767))
-        _extend(self.m_bytes, ints(args["Bytes"], 0))
-        _extend(self.m_addr, ints(args["Addr"], 0))
         total = args["Total Allocated"]
-        self.m_has_totals.fromlist([t is not None for t in total])
-        _extend(self.m_alloc, ints(total, 0))
-        _extend(self.m_res, ints(args["Total Reserved"], 0))
-        _extend(self.m_tid, ints(tids))
+        self.put_memory(
+            _floats(ts),
+            ints(tids),
+            ints(args["Device Type"], 0),
+            ints(args["Device Id"], -1),
+            ints(args["Bytes"], 0),
+            ints(args["Addr"], 0),
+            ints(total, 0),
+            ints(args["Total Reserved"], 0),
+            np.array([t is not None for t in total], bool),
+        )
+
+    # ----------------------------------------------------------------- one batch's fields as arrays
+
+    def put_ops(
+        self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray, dims: np.ndarray, types: np.ndarray
+    ) -> None:
+        """``names``: codes of ``o_names``; ids already converted as :func:`to_int` does."""
+        _extend(self.o_name, names)
+        _extend(self.o_ts, ts)
+        _extend(self.o_dur, dur)
+        _extend(self.o_tid, tids)
+        _extend(self.o_dims, dims)
+        _extend(self.o_types, types)
+
+    def put_python(self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray) -> None:
+        _extend(self.p_name, names)
+        _extend(self.p_ts, ts)
+        _extend(self.p_dur, dur)
+        _extend(self.p_tid, tids)
+
+    def put_annotations(
+        self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray, pids: np.ndarray
+    ) -> None:
+        _extend(self.a_name, names)
+        _extend(self.a_ts, ts)
+        _extend(self.a_dur, dur)
+        _extend(self.a_tid, tids)
+        _extend(self.a_pid, pids)
+
+    def put_memory(
+        self,
+        ts: np.ndarray,
+        tids: np.ndarray,
+        device_type: np.ndarray,
+        device_id: np.ndarray,
+        nbytes: np.ndarray,
+        addr: np.ndarray,
+        total_allocated: np.ndarray,
+        total_reserved: np.ndarray,
+        has_totals: np.ndarray,
+    ) -> None:
+        """Device type and id are clamped to their int8/int16 columns here, as :meth:`_add_memory` does."""
+        _extend(self.m_ts, ts)
+        _extend(self.m_dtype, np.clip(device_type, -128, 127))
+        _extend(self.m_did, np.clip(device_id, -32768, 32767))
+        _extend(self.m_bytes, nbytes)
+        _extend(self.m_addr, addr)
+        _extend(self.m_has_totals, has_totals)
+        _extend(self.m_alloc, total_allocated)
+        _extend(self.m_res, total_reserved)
+        _extend(self.m_tid, tids)
 
     # ----------------------------------------------------------------- tables
 
