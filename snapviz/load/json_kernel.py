@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 from numba.extending import register_jitable
 
 from snapviz.compiled import njit_cached

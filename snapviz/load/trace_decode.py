@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal
@@ -203,9 +204,18 @@ class KernelBatches:
         the kernel gives the batch back."""
         k = self.kernel
         self._room(len(doc))
-        status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
-            np.frombuffer(doc, np.uint8), self.ints, self.floats, self.hard, self.text, self.reps, self.table, self.stack
-        )
+        with warnings.catch_warnings():  # numba's own (at its first compile) are no business of the user's
+            warnings.simplefilter("ignore")
+            status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
+                np.frombuffer(doc, np.uint8),
+                self.ints,
+                self.floats,
+                self.hard,
+                self.text,
+                self.reps,
+                self.table,
+                self.stack,
+            )
         if status != k.OK:
             self.table.fill(0)
             return False
