@@ -183,42 +183,42 @@ class KernelBatches:
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self.cap = -1
         self.stack = np.zeros(512, np.uint8)
+        self._size(1 << 12)
 
-    def _room(self, n: int) -> None:
-        k = self.kernel
-        cap = n // k.MIN_KEPT_EVENT_BYTES + 2
-        if cap <= self.cap:
-            return
+    def _size(self, cap: int) -> None:
+        """Outputs for ``cap`` kept events (a 1 MiB read holds about 2,000-4,000 of them)."""
         self.cap = cap
-        self.ints = np.zeros((k.N_INT_FIELDS, cap), np.int64)
+        self.ints = np.zeros((self.kernel.N_INT_FIELDS, cap), np.int64)
         self.floats = np.zeros((2, cap), np.float64)
-        self.hard = np.zeros((2, 2 * cap + 2), np.int64)
-        self.text = np.zeros(cap * k.MIN_KEPT_EVENT_BYTES, np.uint8)  # hard numbers texts: shorter than the batch
-        self.reps = np.zeros((4, 3 * cap), np.int64)  # at most three distinct spans per row
-        self.table = np.zeros(1 << (6 * cap).bit_length(), np.int32)  # load factor under 1/2
+        self.hard = np.zeros((2, cap), np.int64)
+        self.text = np.zeros(cap * 24, np.uint8)  # hard numbers' texts, comma-separated
+        self.reps = np.zeros((4, cap), np.int64)  # distinct spans: start, end, escaped, hash slot
+        self.table = np.zeros(1 << (2 * cap).bit_length(), np.int32)  # load factor under 1/2
 
     def add(self, cols: Columns, doc: bytes, skip: int) -> bool:
         """Add the batch's events as :meth:`Columns.add` would; False (nothing added) where
         the kernel gives the batch back."""
         k = self.kernel
-        self._room(len(doc))
-        with warnings.catch_warnings():  # numba's own (at its first compile) are no business of the user's
-            warnings.simplefilter("ignore")
-            status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
-                np.frombuffer(doc, np.uint8),
-                self.ints,
-                self.floats,
-                self.hard,
-                self.text,
-                self.reps,
-                self.table,
-                self.stack,
-            )
-        if status != k.OK:
-            self.table.fill(0)
-            return False
+        while True:
+            with warnings.catch_warnings():  # numba's own (at its first compile) are no business of the user's
+                warnings.simplefilter("ignore")
+                status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
+                    np.frombuffer(doc, np.uint8),
+                    self.ints,
+                    self.floats,
+                    self.hard,
+                    self.text,
+                    self.reps,
+                    self.table,
+                    self.stack,
+                )
+            if status == k.OK:
+                break
+            if status == k.DEFER:
+                self.table.fill(0)
+                return False
+            self._size(2 * self.cap)  # FULL: decode it again with room to spare
         ints, floats = self.ints[:, :rows], self.floats[:, :rows]
         if n_hard:  # parsed by numpy as Python's float() parses (correctly rounded), in one call
             values = np.fromstring(self.text[: n_text - 1].tobytes(), np.float64, sep=",")

@@ -25,14 +25,13 @@ import numpy as np
 
 from snapviz.load.json_kernel import eq, inline, jit, number, scalar_end, string_end, unescaped_eq, value_end, ws
 
-OK, DEFER = 0, 1
+OK, DEFER, FULL = 0, 1, 2  # FULL: an output array is too small; grow it and decode the batch again
 # Row layout of the integer output (``ints[field, row]``) and the float output.
 KIND, NAME, TID, PID, DIMS, TYPES, DTYPE, DID, BYTES, ADDR, ALLOC, RES, HAS_TOTALS = range(13)
 N_INT_FIELDS = 13
 TS, DUR = 0, 1
 # Event kinds, in the reference's order of tests.
 OP, PYTHON, ANNOTATION, MEMORY = 1, 2, 3, 4
-MIN_KEPT_EVENT_BYTES = 17  # '{"cat":"cpu_op"},' : no kept event is shorter
 
 
 _POW10 = np.array([10.0**k for k in range(23)])  # exact doubles
@@ -76,7 +75,7 @@ def _time(
     b: np.ndarray, i: int, n: int, hard: np.ndarray, text: np.ndarray, nh: int, nt: int, row: int, field: int
 ) -> tuple[int, float, int, int]:
     """(end, value, hard numbers, their text's length) of a ``ts``/``dur`` number (end -1:
-    not one the kernel reads). A value the fast path cannot give exactly (Clinger's: a
+    not one the kernel reads, -3: ``hard`` or ``text`` is full). A value the fast path cannot give exactly (Clinger's: a
     mantissa up to 2**53 times an exact power of ten) is left to Python: its row and
     field go to ``hard`` and its text, comma-separated, to ``text``."""
     if b[i] != 45 and not (48 <= b[i] <= 57):
@@ -87,6 +86,8 @@ def _time(
     if 0 <= m <= 9007199254740992 and -22 <= exp <= 22:  # exact operands: one correctly rounded operation
         v = float(m) * _POW10[exp] if exp >= 0 else float(m) / _POW10[-exp]
         return end, -v if neg else v, nh, nt
+    if nh >= hard.shape[1] or nt + end - i >= len(text):
+        return -3, 0.0, nh, nt
     hard[0, nh] = row
     hard[1, nh] = field
     for k in range(i, end):
@@ -99,7 +100,7 @@ def _time(
 @inline
 def _intern(b: np.ndarray, s: int, e: int, esc: int, reps: np.ndarray, nr: int, table: np.ndarray) -> tuple[int, int]:
     """(id, distinct spans so far) of the byte span ``b[s:e]`` among this batch's distinct
-    spans: open addressing on an FNV-1a hash, equality by the bytes (no collision can merge two)."""
+    spans (id -1: ``reps`` is full): open addressing on an FNV-1a hash, equality by the bytes (no collision can merge two)."""
     h = np.uint64(14695981039346656037)
     for k in range(s, e):
         h = (h ^ np.uint64(b[k])) * np.uint64(1099511628211)
@@ -108,6 +109,8 @@ def _intern(b: np.ndarray, s: int, e: int, esc: int, reps: np.ndarray, nr: int, 
     while True:
         r = table[slot] - 1
         if r < 0:
+            if nr == reps.shape[1]:
+                return -1, nr  # full
             reps[0, nr] = s
             reps[1, nr] = e
             reps[2, nr] = esc
@@ -320,6 +323,8 @@ def decode_batch(
                         i = value_end(b, i, n, stack)
                 elif key <= 5:
                     i, v, nh, nt = _time(b, i, n, hard, text, nh, nt, rows, key - 4)
+                    if i == -3:
+                        return FULL, 0, 0, 0, 0, 0
                     if i < 0:
                         odd = 1
                         i = value_end(b, s, n, stack)
@@ -365,6 +370,8 @@ def decode_batch(
                 nh, nt = nh0, nt0  # its hard numbers are not needed
             elif odd:  # a kept event with a value the reference converts its own way
                 return DEFER, 0, 0, 0, 0, 0
+            elif rows == ints.shape[1]:
+                return FULL, 0, 0, 0, 0, 0
             else:
                 ints[KIND, rows] = kind
                 ints[TID, rows] = tid
@@ -384,15 +391,15 @@ def decode_batch(
                     ints[NAME, rows] = r
                     floats[DUR, rows] = dur
                     ints[PID, rows] = pid
-                    if kind == OP:
-                        r = -1
-                        if dims_s >= 0:
-                            r, nr = _intern(b, dims_s, dims_e, 0, reps, nr, table)
-                        ints[DIMS, rows] = r
-                        r = -1
-                        if types_s >= 0:
-                            r, nr = _intern(b, types_s, types_e, 0, reps, nr, table)
-                        ints[TYPES, rows] = r
+                    r_dims = r_types = -1
+                    if kind == OP and dims_s >= 0:
+                        r_dims, nr = _intern(b, dims_s, dims_e, 0, reps, nr, table)
+                    if kind == OP and types_s >= 0:
+                        r_types, nr = _intern(b, types_s, types_e, 0, reps, nr, table)
+                    if r < 0 or (kind == OP and ((dims_s >= 0 and r_dims < 0) or (types_s >= 0 and r_types < 0))):
+                        return FULL, 0, 0, 0, 0, 0
+                    ints[DIMS, rows] = r_dims
+                    ints[TYPES, rows] = r_types
                 rows += 1
         i = ws(b, i, n)
         if i < n and b[i] == 44:

@@ -21,7 +21,7 @@ from snapviz.load import json_stream, trace_decode
 from snapviz.load.json_stream import TapReader, array_item_docs, open_json, parse_items, scan_top_level
 from snapviz.load.limits import Limits
 from snapviz.load.trace_columns import Columns
-from paths import SAMPLES, TEST_DATA
+from paths import SAMPLES
 
 KERNEL = trace_decode.kernel_batches()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="numba absent")
@@ -217,3 +217,19 @@ def test_generated_numbers_and_ids(monkeypatch: pytest.MonkeyPatch) -> None:
     # Reused buffers: a second, smaller batch after a larger one, then the large one again.
     assert _check(json.dumps(events[:5]).encode())
     assert _check(doc)
+
+
+def test_outputs_grow_when_a_batch_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Room for one kept event: every output array fills (rows, distinct spans, hard numbers
+    # and their text), the kernel says so, and the batch is decoded again with room to spare.
+    kernel = trace_decode.kernel_batches()
+    assert kernel is not None
+    doc = b'[{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 10302116038536.879, "dur": 1, "args": {"Input Dims": [[1]]}},' \
+          b' {"ph": "X", "cat": "python_function", "name": "b", "ts": 10302116038537.879, "dur": 1732989012345678.123}]'
+    for text, skip in [(doc, 0), *_docs(TRACE, 1 << 20, monkeypatch)[:3]]:
+        kernel._size(1)
+        cols = Columns()
+        assert kernel.add(cols, text, skip) and kernel.cap > 1
+        want = _reference(text, skip)
+        assert want is not None
+        _same(cols, want)
