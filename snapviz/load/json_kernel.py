@@ -101,6 +101,9 @@ def string_end(b: np.ndarray, i: int, n: int) -> tuple[int, int]:
     esc = 0
     while i < n:
         c = b[i]
+        if c >= 35 and c != 92 and c < 128:  # most bytes: printable ASCII text, one test
+            i += 1
+            continue
         if c == 34:
             return i + 1, esc
         if c == 92:
@@ -202,14 +205,38 @@ def number(b: np.ndarray, i: int, n: int) -> tuple[int, int, int, int, int]:
 
 
 @inline
+def number_end(b: np.ndarray, i: int, n: int) -> int:
+    """End of the number at ``i`` (-1: none the kernel reads), as :func:`number` says, without
+    computing its value: integers and decimals are checked digit by digit, and only a
+    number with an exponent goes through :func:`number` (for its magnitude)."""
+    j = i + 1 if b[i] == 45 else i
+    if j >= n or b[j] < 48 or b[j] > 57:
+        return -1
+    if b[j] == 48:
+        j += 1
+    else:
+        while j < n and 48 <= b[j] <= 57:
+            j += 1
+    if j < n and b[j] == 46:
+        j += 1
+        if j >= n or b[j] < 48 or b[j] > 57:
+            return -1
+        while j < n and 48 <= b[j] <= 57:
+            j += 1
+    if j < n and (b[j] == 101 or b[j] == 69):
+        end = number(b, i, n)[0]
+        return end if end >= 0 else -1
+    return j
+
+
+@inline
 def scalar_end(b: np.ndarray, i: int, n: int) -> int:
     """End of the string, number or literal at ``i`` (-1: none the kernel reads)."""
     c = b[i]
     if c == 34:
         return string_end(b, i, n)[0]
     if c == 45 or 48 <= c <= 57:
-        end = number(b, i, n)[0]
-        return end if end >= 0 else -1
+        return number_end(b, i, n)
     if c == 116 and i + 4 <= n and b[i + 1] == 114 and b[i + 2] == 117 and b[i + 3] == 101:
         return i + 4
     if c == 102 and i + 5 <= n and b[i + 1] == 97 and b[i + 2] == 108 and b[i + 3] == 115 and b[i + 4] == 101:

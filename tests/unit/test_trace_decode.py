@@ -52,6 +52,7 @@ def _reference(path: Path, monkeypatch: pytest.MonkeyPatch) -> ChromeTrace | str
     with monkeypatch.context() as m:
         m.setattr(trace_decode, "_DECODER", None)
         m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 1 << 62)
+        m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 1 << 62)
         return _load(path)
 
 
@@ -70,6 +71,7 @@ def _typed(path: Path, monkeypatch: pytest.MonkeyPatch, way: str = "typed") -> t
 
             m.setattr(trace_decode.KernelBatches, "add", counted_kernel)
             m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 0)
+            m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 0)
         else:
             add_events = trace_decode.add_events
 
@@ -79,6 +81,7 @@ def _typed(path: Path, monkeypatch: pytest.MonkeyPatch, way: str = "typed") -> t
 
             m.setattr(trace_decode, "add_events", counted)
             m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 1 << 62)
+            m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 1 << 62)
         return _load(path), taken[0]
 
 
