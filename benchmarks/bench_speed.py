@@ -122,26 +122,25 @@ def _timed(fn: Any, spent: list[float]) -> Any:
 
 
 def _child_phases(path: str, html: bool) -> None:
-    """One process, the CLI's steps in order, each timed in CPU seconds (the replay timed inside analyze_run)."""
+    """One process, the CLI's steps in order, each timed in CPU seconds (the scan and the tape
+    timed inside the load, the replay inside analyze_run). ``read+model``: the rest of the load
+    (reading the file, the model from the tape, or unpickling where the tape does not apply)."""
     t0 = time.process_time()
     from snapviz.analyses import summary  # noqa: PLC0415 - importing is what is measured
-    from snapviz.load import Run, paused_gc, safe_load_pickle, safe_pickle  # noqa: PLC0415
-    from snapviz.load.snapshot import snapshot_from_dict  # noqa: PLC0415
+    from snapviz.load import Run, columnar, load_snapshot, safe_pickle  # noqa: PLC0415
     from snapviz.render.json_summary import render_json  # noqa: PLC0415
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
 
     ph: dict[str, float] = {"import": time.process_time() - t0}
     scan_spent: list[float] = [0.0]
+    tape_spent: list[float] = [0.0]
     safe_pickle.scan_pickle = _timed(safe_pickle.scan_pickle, scan_spent)  # type: ignore[assignment]
+    columnar.run_tape = _timed(columnar.run_tape, tape_spent)  # type: ignore[assignment]
     t = time.process_time()
-    with paused_gc():
-        data = safe_load_pickle(path)
-        ph["scan"] = scan_spent[0]
-        ph["unpickle"] = time.process_time() - t - scan_spent[0]
-        t = time.process_time()
-        snap = snapshot_from_dict(data, source=path)
-        del data
-    ph["model"] = time.process_time() - t
+    snap = load_snapshot(path)
+    ph["scan"] = scan_spent[0]
+    ph["tape"] = tape_spent[0]
+    ph["read+model"] = time.process_time() - t - scan_spent[0] - tape_spent[0]
     spent: list[float] = [0.0]
     summary.replay_allocator = _timed(summary.replay_allocator, spent)  # type: ignore[assignment]
     t = time.process_time()

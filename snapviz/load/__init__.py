@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,10 +116,16 @@ def paused_gc() -> Iterator[None]:
 
 def load_snapshot(path: str) -> Snapshot:
     """A snapshot pickle (any compression) as the columnar model."""
-    from snapviz.load.snapshot import snapshot_from_dict  # pandas: see the imports above
+    from snapviz.load.columnar import COLUMNAR_MIN_BYTES, columnar_snapshot  # pandas: see the imports above
+    from snapviz.load.snapshot import snapshot_from_dict
+    from snapviz.model import Snapshot
+
+    def columnar(data: bytes) -> Callable[[], Snapshot | None] | None:
+        return columnar_snapshot(data, path) if len(data) >= COLUMNAR_MIN_BYTES else None
 
     with paused_gc():
-        return snapshot_from_dict(safe_load_pickle(path), source=path)
+        raw = safe_load_pickle(path, build=columnar)
+        return raw if isinstance(raw, Snapshot) else snapshot_from_dict(raw, source=path)
 
 
 def load(path: str | os.PathLike[str], label: str | None = None) -> Run:

@@ -30,7 +30,7 @@ class _Interner:
         self.frame_by_value: dict[tuple[str, str, int], int] = {}
         self.frame_rows: list[tuple[str, str, int]] = []
 
-    def _frame_id(self, fr: Any) -> int:
+    def frame_id(self, fr: Any) -> int:
         """The frame's id by value (-1: not a frame dict, skipped), remembered by identity."""
         fid = -1
         if isinstance(fr, dict):
@@ -53,17 +53,21 @@ class _Interner:
         known = list(map(self.frame_by_identity.get, map(id, frames)))
         # frame objects not seen before are interned by value, in order (ids stay first-seen)
         if None in known:
-            ids = [self._frame_id(fr) if i is None else i for fr, i in zip(frames, known, strict=True)]
+            ids = [self.frame_id(fr) if i is None else i for fr, i in zip(frames, known, strict=True)]
         else:
             ids = cast(list[int], known)
-        tup = tuple(i for i in ids if i >= 0) if -1 in ids else tuple(ids)
-        sid = self.stack_by_value.get(tup)
-        if sid is None:
-            sid = len(self.stacks)
-            self.stack_by_value[tup] = sid
-            self.stacks.append(tup)
+        sid = self.stack_of(tuple(i for i in ids if i >= 0) if -1 in ids else tuple(ids))
         self.by_identity[key] = sid
         self.keep_alive.append(frames)  # ids stay unique only while the object lives
+        return sid
+
+    def stack_of(self, frame_ids: tuple[int, ...]) -> int:
+        """The id of the stack of these frames, a new one where no stack had them yet."""
+        sid = self.stack_by_value.get(frame_ids)
+        if sid is None:
+            sid = len(self.stacks)
+            self.stack_by_value[frame_ids] = sid
+            self.stacks.append(frame_ids)
         return sid
 
     def stack_ids(self, lists: list[Any]) -> list[int]:

@@ -15,6 +15,7 @@ import lzma
 import os
 import pickle
 import zlib
+from collections.abc import Callable
 from typing import IO, Any
 
 from snapviz.errors import InputError
@@ -156,7 +157,10 @@ def open_decompressed(
 
 
 def read_all(f: IO[bytes]) -> bytes:
-    """The whole (already bounded) stream as one bytes object, read in 1 MiB steps."""
+    """The whole (already bounded) stream as one bytes object, read in 1 MiB steps; a plain
+    file in one read into a buffer of its size (no second copy to join the pieces)."""
+    if type(getattr(f, "raw", None)) is io.FileIO:
+        return f.read()
     parts: list[bytes] = []
     while True:
         chunk = f.read(1 << 20)
@@ -165,9 +169,14 @@ def read_all(f: IO[bytes]) -> bytes:
         parts.append(chunk)
 
 
-def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
+def safe_load_pickle(
+    path: str | os.PathLike[str], build: Callable[[bytes], Callable[[], Any] | None] | None = None
+) -> Any:
     """Unpickle ``path`` (protocols 0-5, optionally compressed) with globals refused.
 
+    ``build``, when given, is offered the bytes once they passed the safety scan. It may
+    return a function that finishes the job without them (the bytes are let go before it
+    runs); what that returns, unless None, is returned instead of unpickling the file.
     Every failure becomes an :class:`InputError` carrying one readable line.
     """
     p = os.fspath(path)
@@ -180,11 +189,20 @@ def safe_load_pickle(path: str | os.PathLike[str]) -> Any:
                 raise InputError(f"{p}: empty file")
             # Every structural limit is checked on the opcodes before one object is built.
             scan_pickle(data, p, limits)
+            finish = build(data) if build is not None else None
+            if finish is not None:
+                del data
+                built = finish()
+                if built is not None:
+                    return built
+                if type(getattr(f, "raw", None)) is not io.FileIO:  # the bytes are gone: decompress again
+                    with open_decompressed(p, limits=limits) as again:
+                        return _RefuseGlobals(again).load()
             if type(getattr(f, "raw", None)) is io.FileIO:
                 # An uncompressed file is unpickled from the file, read again (from the page
                 # cache), so the checked bytes are not held beside the objects they become:
                 # the load's peak is the objects', as for any reader of the file.
-                del data
+                data = b""
                 f.seek(0)
                 return _RefuseGlobals(f).load()
         return _RefuseGlobals(io.BytesIO(data)).load()

@@ -8,6 +8,8 @@ that keep their stack under ``history``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,13 +43,43 @@ def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) ->
             )
 
 
-def snapshot_from_dict(data: Any, source: str) -> Snapshot:
-    """Build the model from an unpickled object. Raises InputError if it is not a snapshot."""
+# Per-device event columns given the interner, the string interning function and the notes:
+# the unpickled entries' by default, or read from the pickle's tape (snapviz.load.columnar).
+DeviceColumns = Callable[[_Interner, Callable[[Any], int], list[str]], Iterable[tuple[int, dict[str, np.ndarray]]]]
+
+
+def _dict_device_columns(
+    traces_raw: list[Any], source: str, interner: _Interner, sid: Callable[[Any], int], notes: list[str]
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """The columns of each device's unpickled trace entries (devices with none skipped)."""
+    for dev, entries in enumerate(traces_raw):
+        if not entries:
+            continue
+        if not isinstance(entries, list):
+            raise InputError(f"{source}: malformed snapshot (device_traces[{dev}] is not a list)")
+        if set(map(type, entries)) != {dict}:  # one C-level pass; a copy only when needed
+            entries = [e for e in entries if isinstance(e, dict)]
+        if entries:
+            yield dev, _entry_columns(entries, interner, sid, notes)
+
+
+# The blocks' columns given the segment rows, frames and block lists and the interner:
+# block_columns by default, or read from the pickle's tape (snapviz.load.columnar).
+BlockColumns = Callable[[list[tuple[Any, ...]], list[Any], list[list[Any]], _Interner], dict[str, Any]]
+
+
+def snapshot_from_dict(
+    data: Any, source: str, device_columns: DeviceColumns | None = None, blocks: BlockColumns | None = None
+) -> Snapshot:
+    """Build the model from an unpickled object. Raises InputError if it is not a snapshot.
+    ``device_columns``, ``blocks``: the trace entries' and the blocks' columns where they
+    were read already (the ``device_traces`` and the segments' blocks in ``data`` are then
+    not read)."""
     # FIX (tests/unit/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
     # a frame name nested 100k deep, a list where a string belongs) crashed with
     # OverflowError / RecursionError / TypeError; they are input errors (exit 2).
     try:
-        return _snapshot_from_dict(data, source)
+        return _snapshot_from_dict(data, source, device_columns, blocks)
     except InputError:
         raise
     except (OverflowError, RecursionError, MemoryError, TypeError, ValueError, RuntimeError) as exc:
@@ -55,7 +87,9 @@ def snapshot_from_dict(data: Any, source: str) -> Snapshot:
         raise InputError(f"{source}: malformed snapshot ({type(exc).__name__}: {detail})") from None
 
 
-def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
+def _snapshot_from_dict(
+    data: Any, source: str, device_columns: DeviceColumns | None, blocks_fn: BlockColumns | None
+) -> Snapshot:
     notes: list[str] = []
     if isinstance(data, list):
         if data and not all(isinstance(s, dict) and "blocks" in s for s in data[:50]):
@@ -110,17 +144,9 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
             "device_free",
         )
     }
-    for dev, entries in enumerate(traces_raw):
-        if not entries:
-            continue
-        if not isinstance(entries, list):
-            raise InputError(f"{source}: malformed snapshot (device_traces[{dev}] is not a list)")
-        if set(map(type, entries)) != {dict}:  # one C-level pass; a copy only when needed
-            entries = [e for e in entries if isinstance(e, dict)]
-        n = len(entries)
-        if n == 0:
-            continue
-        cols = _entry_columns(entries, interner, sid, notes)
+    columns = device_columns or functools.partial(_dict_device_columns, traces_raw, source)
+    for dev, cols in columns(interner, sid, notes):
+        n = len(cols["addr"])
         _check_range(source, f"device_traces[{dev}]", cols["addr"], cols["size"])
         ev_cols["device"].append(np.full(n, dev, dtype=np.int16))
         ev_cols["idx"].append(np.arange(n, dtype=np.int64))
@@ -168,7 +194,7 @@ def _snapshot_from_dict(data: Any, source: str) -> Snapshot:
         seg_frames.append(seg.get("frames"))
         blocks_raw = seg.get("blocks") or []
         seg_blocks.append(blocks_raw if type(blocks_raw) is list else list(blocks_raw))
-    blk_cols = block_columns(seg_rows, seg_frames, seg_blocks, interner)
+    blk_cols = (blocks_fn or block_columns)(seg_rows, seg_frames, seg_blocks, interner)
     seg_stack = blk_cols.pop("segment_stack_id")
     segments = pd.DataFrame(
         seg_rows,
