@@ -3,7 +3,8 @@
 The parser streams: the ``traceEvents`` array is read 1 MiB at a time through the bounding
 guard (:mod:`snapviz.load.json_stream`), each read's complete events decoded in one C call
 (typed structs with ``msgspec``, else dicts from ``orjson`` or the stdlib's ``json``; see
-:mod:`snapviz.load.trace_decode`), and the few fields we need are copied into ``array.array``
+:mod:`snapviz.load.trace_decode`; on very large traces a numba kernel that goes straight to
+columns, :mod:`snapviz.load.trace_kernel`), and the few fields we need are copied into ``array.array``
 columns and interned string codes (:mod:`snapviz.load.trace_columns`). A 500 MB trace
 therefore never exists as a list of Python objects (``json.load`` would need several times
 its size in RSS); see ``benchmarks/bench_speed.py`` for the measured speed and peak RSS.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +36,19 @@ from snapviz.load.json_stream import (
 )
 from snapviz.load.limits import Limits
 from snapviz.load.trace_columns import Columns
-from snapviz.load.trace_decode import add_batch
+from snapviz.load.trace_decode import add_batch, kernel_batches
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 TAIL_WINDOW_BYTES = 4 << 20  # keys after the events array must fit in this window
+# From this much raw JSON on, batches go to the compiled decode (trace_decode.KernelBatches,
+# numba: the ``fast`` extra). Measured on the 2-core dev box (docs/benchmarks.md, issue 14):
+# the kernel streams ~25% faster than msgspec's typed decode, but a process that has not
+# loaded numba yet pays ~2 s of CPU and ~120 MiB for it (numba's import pulls in scipy's
+# BLAS check), so a 500 MB trace alone only breaks even. Where numba is already loaded (a
+# large snapshot in the same run), loading the cached kernel costs ~0.5 s.
+COMPILED_MIN_BYTES = 256 << 20  # numba already imported
+COMPILED_COLD_MIN_BYTES = 1 << 30  # numba not imported yet
 
 
 @dataclass
@@ -133,8 +143,13 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         # The cyclic GC paused (see paused_gc): each batch is thousands of fresh objects,
         # which would trigger collections over everything parsed so far; events hold no cycles.
         with reader.stream, paused_gc():
+            # The file's size is a lower bound of the JSON's (a compressed one says so on the way).
+            start = COMPILED_MIN_BYTES if "numba" in sys.modules else COMPILED_COLD_MIN_BYTES
+            kernel = kernel_batches() if os.path.getsize(p) >= start else None
             for doc, skip in array_item_docs(reader, p):
-                add_batch(cols, doc, skip, p)
+                if kernel is None and reader.guard.offset >= start:
+                    kernel = kernel_batches()
+                add_batch(cols, doc, skip, p, kernel)
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
         raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 

@@ -55,12 +55,9 @@ class Interner:
                 codes[s] = len(codes)
         return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
 
-    def categorical(self, codes: array, to_text: Callable[[str], str] | None = None) -> pd.Categorical:
+    def categorical(self, codes: np.ndarray, to_text: Callable[[str], str] | None = None) -> pd.Categorical:
         cats = [to_text(c) for c in self.codes] if to_text else list(self.codes)
-        return pd.Categorical.from_codes(
-            np.frombuffer(codes, dtype=np.int32) if len(codes) else np.zeros(0, np.int32),
-            categories=pd.Index(cats, dtype=object),
-        )
+        return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
 def to_int(v: Any, default: int = -1) -> int:
@@ -94,6 +91,13 @@ def ints(values: list[Any], default: int = -1) -> np.ndarray:
 
 def _extend(column: array, values: np.ndarray) -> None:
     column.frombytes(np.ascontiguousarray(values, dtype=column.typecode).tobytes())
+
+
+def _floats(values: list[float]) -> np.ndarray:
+    """A list of event times as float64, as ``array('d').fromlist`` converts them."""
+    out = array("d")
+    out.fromlist(values)
+    return np.frombuffer(out, np.float64) if len(out) else np.zeros(0, np.float64)
 
 
 class Columns:
@@ -198,93 +202,130 @@ class Columns:
         self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], dims: np.ndarray, types: np.ndarray
     ) -> None:
         """``dims``/``types``: codes of ``o_dims_s``/``o_types_s`` (0: not recorded)."""
-        _extend(self.o_name, self.o_names.many(names))
-        self.o_ts.fromlist(ts)
-        self.o_dur.fromlist(dur)
-        _extend(self.o_tid, ints(tids))
-        _extend(self.o_dims, dims)
-        _extend(self.o_types, types)
+        self.put_ops(self.o_names.many(names), _floats(ts), _floats(dur), ints(tids), dims, types)
 
     def extend_python(self, names: list[str], ts: list[float], dur: list[float], tids: list[Any]) -> None:
-        _extend(self.p_name, self.p_names.many(names))
-        self.p_ts.fromlist(ts)
-        self.p_dur.fromlist(dur)
-        _extend(self.p_tid, ints(tids))
+        self.put_python(self.p_names.many(names), _floats(ts), _floats(dur), ints(tids))
 
     def extend_annotations(
         self, names: list[str], ts: list[float], dur: list[float], tids: list[Any], pids: list[Any]
     ) -> None:
-        _extend(self.a_name, self.a_names.many(names))
-        self.a_ts.fromlist(ts)
-        self.a_dur.fromlist(dur)
-        _extend(self.a_tid, ints(tids))
-        _extend(self.a_pid, ints(pids))
+        self.put_annotations(self.a_names.many(names), _floats(ts), _floats(dur), ints(tids), ints(pids))
 
     def extend_memory(self, ts: list[float], tids: list[Any], args: dict[str, list[Any]]) -> None:
         """``args``: the memory fields by their trace name, one list each."""
-        self.m_ts.fromlist(ts)
-        _extend(self.m_dtype, np.clip(ints(args["Device Type"], 0), -128, 127))
-        _extend(self.m_did, np.clip(ints(args["Device Id"], -1), -32768, 32767))
-        _extend(self.m_bytes, ints(args["Bytes"], 0))
-        _extend(self.m_addr, ints(args["Addr"], 0))
         total = args["Total Allocated"]
-        self.m_has_totals.fromlist([t is not None for t in total])
-        _extend(self.m_alloc, ints(total, 0))
-        _extend(self.m_res, ints(args["Total Reserved"], 0))
-        _extend(self.m_tid, ints(tids))
+        self.put_memory(
+            _floats(ts),
+            ints(tids),
+            ints(args["Device Type"], 0),
+            ints(args["Device Id"], -1),
+            ints(args["Bytes"], 0),
+            ints(args["Addr"], 0),
+            ints(total, 0),
+            ints(args["Total Reserved"], 0),
+            np.array([t is not None for t in total], bool),
+        )
+
+    # ----------------------------------------------------------------- one batch's fields as arrays
+
+    def put_ops(
+        self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray, dims: np.ndarray, types: np.ndarray
+    ) -> None:
+        """``names``: codes of ``o_names``; ids already converted as :func:`to_int` does."""
+        _extend(self.o_name, names)
+        _extend(self.o_ts, ts)
+        _extend(self.o_dur, dur)
+        _extend(self.o_tid, tids)
+        _extend(self.o_dims, dims)
+        _extend(self.o_types, types)
+
+    def put_python(self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray) -> None:
+        _extend(self.p_name, names)
+        _extend(self.p_ts, ts)
+        _extend(self.p_dur, dur)
+        _extend(self.p_tid, tids)
+
+    def put_annotations(
+        self, names: np.ndarray, ts: np.ndarray, dur: np.ndarray, tids: np.ndarray, pids: np.ndarray
+    ) -> None:
+        _extend(self.a_name, names)
+        _extend(self.a_ts, ts)
+        _extend(self.a_dur, dur)
+        _extend(self.a_tid, tids)
+        _extend(self.a_pid, pids)
+
+    def put_memory(
+        self,
+        ts: np.ndarray,
+        tids: np.ndarray,
+        device_type: np.ndarray,
+        device_id: np.ndarray,
+        nbytes: np.ndarray,
+        addr: np.ndarray,
+        total_allocated: np.ndarray,
+        total_reserved: np.ndarray,
+        has_totals: np.ndarray,
+    ) -> None:
+        """Device type and id are clamped to their int8/int16 columns here, as :meth:`_add_memory` does."""
+        _extend(self.m_ts, ts)
+        _extend(self.m_dtype, np.clip(device_type, -128, 127))
+        _extend(self.m_did, np.clip(device_id, -32768, 32767))
+        _extend(self.m_bytes, nbytes)
+        _extend(self.m_addr, addr)
+        _extend(self.m_has_totals, has_totals)
+        _extend(self.m_alloc, total_allocated)
+        _extend(self.m_res, total_reserved)
+        _extend(self.m_tid, tids)
 
     # ----------------------------------------------------------------- tables
 
     def frames(self, base_us: float) -> dict[str, pd.DataFrame]:
-        """The four tables, with ``ts`` turned into absolute µs."""
+        """The four tables, with ``ts`` turned into absolute µs. This is the columns' last
+        use: each table's sources are let go as it is built, so the next one is built in
+        their room (the peak of a large load is here)."""
 
-        def f64(a: array) -> np.ndarray:
-            return np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0, np.float64)
+        def take(name: str) -> np.ndarray:
+            a = getattr(self, name)
+            setattr(self, name, array(a.typecode))
+            return np.frombuffer(a, dtype=a.typecode) if len(a) else np.zeros(0, a.typecode)
 
-        def i64(a: array) -> np.ndarray:
-            return np.frombuffer(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-
-        m_time = f64(self.m_ts) + base_us
+        m_time = take("m_ts") + base_us
         order = np.argsort(m_time, kind="stable")
         memory = pd.DataFrame(
             {
                 "time_us": m_time[order],
-                "device_type": (
-                    np.frombuffer(self.m_dtype, dtype=np.int8) if len(self.m_dtype) else np.zeros(0, np.int8)
-                )[order],
-                "device_id": (np.frombuffer(self.m_did, dtype=np.int16) if len(self.m_did) else np.zeros(0, np.int16))[
-                    order
-                ],
-                "bytes": i64(self.m_bytes)[order],
-                "addr": i64(self.m_addr)[order],
-                "total_allocated": i64(self.m_alloc)[order],
-                "total_reserved": i64(self.m_res)[order],
-                "has_totals": (
-                    np.frombuffer(self.m_has_totals, dtype=np.int8) if len(self.m_has_totals) else np.zeros(0, np.int8)
-                )[order].astype(bool),
-                "tid": i64(self.m_tid)[order],
+                "device_type": take("m_dtype")[order],
+                "device_id": take("m_did")[order],
+                "bytes": take("m_bytes")[order],
+                "addr": take("m_addr")[order],
+                "total_allocated": take("m_alloc")[order],
+                "total_reserved": take("m_res")[order],
+                "has_totals": take("m_has_totals")[order].astype(bool),
+                "tid": take("m_tid")[order],
             }
         )
+        del m_time, order
 
-        def ranges(names: Interner, codes: array, ts: array, dur: array) -> dict[str, Any]:
+        def ranges(names: Interner, kind: str) -> dict[str, Any]:
             # ts + dur on the relative axis first: one rounding at ~2e15 µs (0.25 µs ulp), not two.
-            rel = f64(ts)
-            return {"name": names.categorical(codes), "start_us": rel + base_us, "end_us": (rel + f64(dur)) + base_us}
+            rel = take(f"{kind}_ts")
+            return {
+                "name": names.categorical(take(f"{kind}_name")),
+                "start_us": rel + base_us,
+                "end_us": (rel + take(f"{kind}_dur")) + base_us,
+            }
 
-        annotations = pd.DataFrame(
-            {**ranges(self.a_names, self.a_name, self.a_ts, self.a_dur), "tid": i64(self.a_tid), "pid": i64(self.a_pid)}
-        )
+        annotations = pd.DataFrame({**ranges(self.a_names, "a"), "tid": take("a_tid"), "pid": take("a_pid")})
         ops = pd.DataFrame(
             {
-                **ranges(self.o_names, self.o_name, self.o_ts, self.o_dur),
-                "tid": i64(self.o_tid),
-                "input_dims": self.o_dims_s.categorical(self.o_dims, _repr_to_json),
-                "input_types": self.o_types_s.categorical(self.o_types, _repr_to_json),
+                **ranges(self.o_names, "o"),
+                "tid": take("o_tid"),
+                "input_dims": self.o_dims_s.categorical(take("o_dims"), _repr_to_json),
+                "input_types": self.o_types_s.categorical(take("o_types"), _repr_to_json),
             }
         )
-        python_functions = pd.DataFrame(
-            {**ranges(self.p_names, self.p_name, self.p_ts, self.p_dur), "tid": i64(self.p_tid)}
-        )
+        python_functions = pd.DataFrame({**ranges(self.p_names, "p"), "tid": take("p_tid")})
         return {"memory": memory, "annotations": annotations, "ops": ops, "python_functions": python_functions}
 
 

@@ -16,6 +16,9 @@ reference does; ``tests/unit/test_trace_decode.py`` compares the two on every tr
 
 from __future__ import annotations
 
+import functools
+import json
+import warnings
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal
@@ -83,8 +86,11 @@ _MEMORY_ARGS = {
 }
 
 
-def add_batch(cols: Columns, doc: bytes, skip: int, path: str) -> None:
-    """Add the events of ``doc`` (one JSON array; its first ``skip`` items are not events)."""
+def add_batch(cols: Columns, doc: bytes, skip: int, path: str, kernel: KernelBatches | None = None) -> None:
+    """Add the events of ``doc`` (one JSON array; its first ``skip`` items are not events),
+    by the compiled kernel when given one and it takes the batch, else typed, else as dicts."""
+    if kernel is not None and kernel.add(cols, doc, skip):
+        return
     if _DECODER is not None:
         try:
             events = _DECODER.decode(doc)
@@ -152,3 +158,147 @@ def _json_codes(interner: Interner, raws: list[Any]) -> np.ndarray:
         if text not in codes:
             codes[text] = 0 if text in (b"", b"null") else interner(repr(load_value(text)))
     return np.fromiter(map(codes.__getitem__, texts), np.int32, len(texts))
+
+
+@functools.cache
+def compiled_kernel() -> Any:
+    """The kernel module (:mod:`snapviz.load.trace_kernel`), or None without numba."""
+    try:  # imported here: numba costs about 0.3 s and 100 MiB, paid only by long traces
+        from snapviz.load import trace_kernel  # noqa: PLC0415
+    except ImportError:
+        return None
+    return trace_kernel
+
+
+def kernel_batches() -> KernelBatches | None:
+    """A compiled decoder for one load, or None without numba."""
+    kernel = compiled_kernel()
+    return None if kernel is None else KernelBatches(kernel)
+
+
+class KernelBatches:
+    """The compiled decode of a load's batches (:mod:`snapviz.load.trace_kernel`): its
+    output buffers, grown to the largest batch and reused, and the conversion of its rows
+    into :class:`Columns` (per distinct string and per kind, never per event)."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.stack = np.zeros(512, np.uint8)
+        self._size(1 << 12)
+
+    def _size(self, cap: int) -> None:
+        """Outputs for ``cap`` kept events (a 1 MiB read holds about 2,000-4,000 of them)."""
+        self.cap = cap
+        self.ints = np.zeros((self.kernel.N_INT_FIELDS, cap), np.int64)
+        self.floats = np.zeros((2, cap), np.float64)
+        self.hard = np.zeros((2, cap), np.int64)
+        self.text = np.zeros(cap * 24, np.uint8)  # hard numbers' texts, comma-separated
+        self.reps = np.zeros((4, cap), np.int64)  # distinct spans: start, end, escaped, hash slot
+        self.table = np.zeros(1 << (2 * cap).bit_length(), np.int32)  # load factor under 1/2
+
+    def add(self, cols: Columns, doc: bytes, skip: int) -> bool:
+        """Add the batch's events as :meth:`Columns.add` would; False (nothing added) where
+        the kernel gives the batch back."""
+        k = self.kernel
+        while True:
+            with warnings.catch_warnings():  # numba's own (at its first compile) are no business of the user's
+                warnings.simplefilter("ignore")
+                status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
+                    np.frombuffer(doc, np.uint8),
+                    self.ints,
+                    self.floats,
+                    self.hard,
+                    self.text,
+                    self.reps,
+                    self.table,
+                    self.stack,
+                )
+            if status == k.OK:
+                break
+            if status == k.DEFER:
+                self.table.fill(0)
+                return False
+            self._size(2 * self.cap)  # FULL: decode it again with room to spare
+        ints, floats = self.ints[:, :rows], self.floats[:, :rows]
+        if n_hard:  # parsed by numpy as Python's float() parses (correctly rounded), in one call
+            values = np.fromstring(self.text[: n_text - 1].tobytes(), np.float64, sep=",")
+            floats[self.hard[1, :n_hard], self.hard[0, :n_hard]] = values
+        texts = [doc[s:e] for s, e in self.reps[:2, :n_reps].T.tolist()]
+        escaped = self.reps[2, :n_reps]
+        cols.count += items - skip
+        kind = ints[k.KIND]
+        for which, fill in (
+            (k.OP, self._ops),
+            (k.PYTHON, self._python),
+            (k.MEMORY, self._memory),
+            (k.ANNOTATION, self._annotations),
+        ):
+            sel = np.flatnonzero(kind == which)
+            if len(sel):
+                fill(cols, ints[:, sel], floats[:, sel], texts, escaped)
+        return True
+
+    def _ops(self, cols: Columns, ints: np.ndarray, floats: np.ndarray, texts: list[bytes], esc: np.ndarray) -> None:
+        k = self.kernel
+        cols.put_ops(
+            _string_codes(cols.o_names, ints[k.NAME], texts, esc),
+            floats[k.TS],
+            floats[k.DUR],
+            ints[k.TID],
+            _raw_codes(cols.o_dims_s, ints[k.DIMS], texts),
+            _raw_codes(cols.o_types_s, ints[k.TYPES], texts),
+        )
+
+    def _python(self, cols: Columns, ints: np.ndarray, floats: np.ndarray, texts: list[bytes], esc: np.ndarray) -> None:
+        k = self.kernel
+        cols.put_python(_string_codes(cols.p_names, ints[k.NAME], texts, esc), floats[k.TS], floats[k.DUR], ints[k.TID])
+
+    def _annotations(
+        self, cols: Columns, ints: np.ndarray, floats: np.ndarray, texts: list[bytes], esc: np.ndarray
+    ) -> None:
+        k = self.kernel
+        codes = _string_codes(cols.a_names, ints[k.NAME], texts, esc)
+        cols.put_annotations(codes, floats[k.TS], floats[k.DUR], ints[k.TID], ints[k.PID])
+
+    def _memory(self, cols: Columns, ints: np.ndarray, floats: np.ndarray, texts: list[bytes], esc: np.ndarray) -> None:
+        k = self.kernel
+        cols.put_memory(
+            floats[k.TS],
+            ints[k.TID],
+            ints[k.DTYPE],
+            ints[k.DID],
+            ints[k.BYTES],
+            ints[k.ADDR],
+            ints[k.ALLOC],
+            ints[k.RES],
+            ints[k.HAS_TOTALS].astype(bool),
+        )
+
+
+def _first_seen(ids: np.ndarray) -> list[int]:
+    """The distinct ids in order of first appearance (the order codes are given in)."""
+    uniq, first = np.unique(ids, return_index=True)
+    return uniq[np.argsort(first, kind="stable")].tolist()
+
+
+def _string_codes(interner: Interner, ids: np.ndarray, texts: list[bytes], esc: np.ndarray) -> np.ndarray:
+    """Interner codes of the kernel's string ids (raw spans: decoded once per distinct one)."""
+    lut = np.zeros(len(texts), np.int32)
+    for r in _first_seen(ids):
+        raw = texts[r]
+        lut[r] = interner(json.loads(b'"' + raw + b'"') if esc[r] else raw.decode())
+    return lut[ids]
+
+
+def _raw_codes(interner: Interner, ids: np.ndarray, texts: list[bytes]) -> np.ndarray:
+    """Codes of raw JSON values (id -1: absent or null, code 0) as :func:`_json_codes` gives them."""
+    lut = np.zeros(len(texts) + 1, np.int32)  # lut[-1]: code 0
+    codes = interner.raw
+    for r in _first_seen(ids):
+        if r < 0:
+            continue
+        text = texts[r]
+        if text not in codes:
+            codes[text] = interner(repr(load_value(text)))
+        lut[r] = codes[text]
+    return lut[ids]
