@@ -32,10 +32,9 @@ from snapviz.load.pickle_vm import (
     K_LIST,
     K_NONE,
     K_STR,
-    Tape,
-    run_tape,
 )
 from snapviz.load.snapshot import BlockColumns, snapshot_from_dict
+from snapviz.load.tape import Tape, run_tape
 from snapviz.load.tape_read import Fallback, Objects, compiled, field_index, stack_ids
 from snapviz.model import ACTION_CODE, Snapshot
 

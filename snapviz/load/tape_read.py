@@ -27,8 +27,8 @@ from snapviz.load.pickle_vm import (
     K_TRUE,
     K_TUPLE,
     OK,
-    Tape,
 )
+from snapviz.load.tape import Tape
 
 MAX_KEY_STRINGS = 100_000  # more distinct key strings than this: keys are not memoized, not torch's layout
 MAX_DEPTH = 64  # values nested deeper than this (outside the entries) go the unpickler's way

@@ -22,9 +22,9 @@ from paths import EXTERNAL, SAMPLES
 
 from snapviz.errors import InputError
 from snapviz.load.columnar import columnar_snapshot
-from snapviz.load.pickle_vm import available, run_tape
 from snapviz.load.safe_pickle import safe_load_pickle
 from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.tape import available, run_tape
 from snapviz.load.tape_read import Objects
 from snapviz.model import Snapshot
 
