@@ -35,7 +35,7 @@ from snapviz.load.pickle_vm import (
 )
 from snapviz.load.snapshot import BlockColumns, snapshot_from_dict
 from snapviz.load.tape import Tape, run_tape
-from snapviz.load.tape_read import Fallback, Objects, compiled, field_index, stack_ids
+from snapviz.load.tape_read import Fallback, Objects, compiled, field_index, group_spans, stack_ids
 from snapviz.model import ACTION_CODE, Snapshot
 
 FIELDS = ("action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context", "device_free")
@@ -132,7 +132,7 @@ def _device_columns(
         "addr": fp[F_ADDR],
         "size": fp[F_SIZE],
         "stream": fp[F_STREAM],
-        "stack_id": stack_ids(m, fk[F_FRAMES], fp[F_FRAMES], interner, ks[1]),
+        "stack_id": stack_ids(m, fk[F_FRAMES], fp[F_FRAMES], interner),
         "metadata_id": _interned(m, fk[F_META], fp[F_META], sid),
         "compile_id": _interned(m, fk[F_COMPILE], fp[F_COMPILE], sid),
         "device_free": _device_free(action, fk[F_DEVICE_FREE], fp[F_DEVICE_FREE]),
@@ -158,15 +158,18 @@ def _interned(m: Objects, kinds: np.ndarray, pays: np.ndarray, sid: Callable[[An
     if not (is_str | (kinds == K_NONE) | (kinds < 0)).all():
         raise Fallback
     t = m.tape
-    ks = compiled()
-    assert ks is not None
     codes, objs = pd.factorize(np.where(is_str, pays, -1))  # string objects, first-seen order
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        texts, distinct = pd.factorize(ks[2](objs, t.s_off, t.s_len, t.sbuf))  # by content
-    codes = texts[codes]
-    ids = np.array([sid(_metadata_str(None if s < 0 else m.text(s))) for s in distinct.tolist()], np.int32)
-    return ids[codes]
+    real = objs >= 0
+    off = np.full(len(objs), -1, np.int64)
+    off[real] = t.s_off[objs[real]]
+    length = np.zeros(len(objs), np.int64)
+    length[real] = t.s_len[objs[real]]
+    got = group_spans(off, length, t.sbuf)  # by content
+    assert got is not None
+    texts, first = got
+    values = [m.text(s) for s in objs[first].tolist()] + [None]  # a None object: group -1, the last
+    ids = np.array([sid(_metadata_str(v)) for v in values], np.int32)
+    return ids[texts[codes]]
 
 
 def _device_free(action: np.ndarray, kinds: np.ndarray, pays: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import pandas as pd
 from snapviz.load.columns import MAX_NAME_CHARS, _Interner
 from snapviz.load.pickle_vm import K_DICT, K_INT, K_LIST, K_NONE, K_STR
 from snapviz.load.snapshot import BlockColumns
-from snapviz.load.tape_read import Objects, compiled, key_values, stack_ids
+from snapviz.load.tape_read import Objects, key_values, stack_ids
 
 # The keys the snapshot reader looks up in segments and blocks (snapviz.load.snapshot,
 # snapviz.load.columns.block_columns): it reads nothing else from them.
@@ -113,9 +113,7 @@ def _block_columns(
         run = np.cumsum(size) - size
         default_addr = base[seg_col] + run - run[first[seg_col]]
         addr = np.where(bk[f["address"]] == K_INT, bp[f["address"]], default_addr)
-        ks = compiled()
-        assert ks is not None
-        stack = stack_ids(m, np.where(walk >= 0, K_LIST, -1).astype(np.int8), walk, interner, ks[1])
+        stack = stack_ids(m, np.where(walk >= 0, K_LIST, -1).astype(np.int8), walk, interner)
         return {
             "segment_stack_id": stack[is_seg].astype(np.int64),
             "segment": seg_col,

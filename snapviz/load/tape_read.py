@@ -61,22 +61,44 @@ def key_values(m: Objects, ids: np.ndarray, names: tuple[str, ...]) -> tuple[np.
         )
 
 
-def stack_ids(
-    m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: _Interner, group: Callable[..., Any]
-) -> np.ndarray:
+def group_spans(
+    off: np.ndarray, length: np.ndarray, data: np.ndarray, kinds: np.ndarray | None = None, need: int = -1
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Spans ``data[off:off + length]`` grouped by content (compiled hash and compare): the
+    group of each span in the order groups first occur (-1 where ``off`` < 0) and each
+    group's first span. None where ``need`` >= 0 and an item's kind in ``kinds`` is not it."""
+    ks = compiled()
+    assert ks is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status, gcode, first = ks[1](off, length, data, np.empty(0, np.int8) if kinds is None else kinds, need)
+    return None if status != OK else (gcode, first)
+
+
+def stack_ids(m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: _Interner) -> np.ndarray:
     """Stack ids of the entries' frame lists: lists holding the same frame objects are one
-    group (a compiled hash and compare), and each group's first list is interned by value in
-    the order the groups first occur, as the interner would meet them one by one."""
+    group, and each group's first list is interned by value in the order the groups first
+    occur, as the interner would meet them one by one. A frame list over more than one
+    pickle batch, or holding anything but frame dicts, is left to the dict reader."""
     if not (np.isin(kinds, (K_LIST, K_NONE)) | (kinds < 0)).all():
         raise Fallback
     t = m.tape
     lists = np.where(kinds == K_LIST, pays, -1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        status, gcode, reps = group(lists, t.c_first, t.b_next, t.b_start, t.b_len, t.r_kind, t.r_pay)
-    if status != OK:
+    b = np.full(len(lists), -1, np.int64)
+    b[lists >= 0] = t.c_first[lists[lists >= 0]]
+    has = b >= 0  # an empty list has no batch: no stack
+    if (t.b_next[b[has]] >= 0).any():
         raise Fallback
-    sids = np.array([interner.stack_of(m.frame_ids(interner, c)) for c in reps.tolist()] + [-1], np.int32)
+    off = np.full(len(lists), -1, np.int64)
+    off[has] = t.b_start[b[has]]
+    length = np.zeros(len(lists), np.int64)
+    length[has] = t.b_len[b[has]]
+    got = group_spans(off, length, t.r_pay, t.r_kind, K_DICT)
+    if got is None:
+        raise Fallback
+    gcode, first = got
+    reps = lists[first].tolist()
+    sids = np.array([interner.stack_of(m.frame_ids(interner, c)) for c in reps] + [-1], np.int32)
     return sids[gcode]  # gcode -1 (no frames): the appended -1
 
 
@@ -171,11 +193,10 @@ class Objects:
 
 
 @functools.cache
-def compiled() -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]] | None:
+def compiled() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     fields = njit_cached(_fields_py)
-    group = njit_cached(_group_py)
-    same_text = njit_cached(_same_text_py)
-    return None if fields is None or group is None or same_text is None else (fields, group, same_text)
+    group = njit_cached(_group_spans_py)
+    return None if fields is None or group is None else (fields, group)
 
 
 def _fields_py(
@@ -210,104 +231,48 @@ def _fields_py(
     return fk, fp
 
 
-def _group_py(
-    lists: np.ndarray,
-    c_first: np.ndarray,
-    b_next: np.ndarray,
-    b_start: np.ndarray,
-    b_len: np.ndarray,
-    r_kind: np.ndarray,
-    r_pay: np.ndarray,
+def _group_spans_py(
+    off: np.ndarray, length: np.ndarray, data: np.ndarray, kinds: np.ndarray, need: int
 ) -> tuple[int, np.ndarray, np.ndarray]:  # pragma: no cover - compiled
-    """Group the lists (container ids; -1: none) by the exact sequence of their items:
-    (status, group per list, -1 for none or empty; the first list of each group, in order).
-    Every item must be a dict and every list one batch, else status is UNSUPPORTED."""
-    n = len(lists)
+    """See :func:`group_spans`: (status, group per span, first span of each group)."""
+    n = len(off)
     gcode = np.full(n, -1, np.int64)
     cap = 1024
     while cap < 4 * n:
         cap *= 2
-    table = np.full(cap, -1, np.int64)  # group ids, open addressing on the sequence hash
+    table = np.full(cap, -1, np.int64)  # group ids, open addressing on the content's hash
     g_hash = np.empty(n, np.uint64)
-    g_rep = np.empty(n, np.int64)
+    g_first = np.empty(n, np.int64)
     ng = 0
     for e in range(n):
-        c = lists[e]
-        if c < 0:
+        lo = off[e]
+        if lo < 0:
             continue
-        b = c_first[c]
-        if b < 0:
-            continue  # an empty list: no stack
-        if b_next[b] >= 0:
-            return 1, gcode, g_rep[:0]
-        lo = b_start[b]
-        k = b_len[b]
+        k = length[e]
         h = np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)
         for j in range(lo, lo + k):
-            if r_kind[j] != K_DICT:
-                return 1, gcode, g_rep[:0]
-            h = (h ^ np.uint64(r_pay[j])) * np.uint64(0x100000001B3)
+            if need >= 0 and kinds[j] != need:
+                return 1, gcode, g_first[:0]
+            h = (h ^ np.uint64(data[j])) * np.uint64(0x100000001B3)
         slot = np.int64(h & np.uint64(cap - 1))
         while True:
             g = table[slot]
             if g < 0:
                 table[slot] = ng
                 g_hash[ng] = h
-                g_rep[ng] = c
+                g_first[ng] = e
                 gcode[e] = ng
                 ng += 1
                 break
-            if g_hash[g] == h:
-                rb = c_first[g_rep[g]]
-                rlo = b_start[rb]
-                if b_len[rb] == k:
-                    same = True
-                    for j in range(k):
-                        if r_pay[rlo + j] != r_pay[lo + j]:
-                            same = False
-                            break
-                    if same:
-                        gcode[e] = g
-                        break
-            slot = (slot + 1) & (cap - 1)
-    return 0, gcode, g_rep[:ng]
-
-
-def _same_text_py(
-    strs: np.ndarray, s_off: np.ndarray, s_len: np.ndarray, sbuf: np.ndarray
-) -> np.ndarray:  # pragma: no cover - compiled
-    """Each string index (-1: none) replaced by the first one with the same bytes."""
-    n = len(strs)
-    out = np.full(n, -1, np.int64)
-    cap = 1024
-    while cap < 4 * n:
-        cap *= 2
-    table = np.full(cap, -1, np.int64)  # a string index per slot, open addressing on the bytes' hash
-    for e in range(n):
-        s = strs[e]
-        if s < 0:
-            continue
-        o = s_off[s]
-        k = s_len[s]
-        h = np.uint64(k) * np.uint64(0x9E3779B97F4A7C15)
-        for j in range(o, o + k):
-            h = (h ^ np.uint64(sbuf[j])) * np.uint64(0x100000001B3)
-        slot = np.int64(h & np.uint64(cap - 1))
-        while True:
-            r = table[slot]
-            if r < 0:
-                table[slot] = s
-                out[e] = s
-                break
-            if s_len[r] == k:
-                ro = s_off[r]
+            if g_hash[g] == h and length[g_first[g]] == k:
+                rlo = off[g_first[g]]
                 same = True
                 for j in range(k):
-                    if sbuf[ro + j] != sbuf[o + j]:
+                    if data[rlo + j] != data[lo + j]:
                         same = False
                         break
                 if same:
-                    out[e] = r
+                    gcode[e] = g
                     break
             slot = (slot + 1) & (cap - 1)
-    return out
+    return 0, gcode, g_first[:ng]
