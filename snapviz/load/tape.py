@@ -106,7 +106,13 @@ def run_tape(data: bytes, start: int) -> Tape | None:
     kernel = _kernel()
     if kernel is None:
         return None
-    buf = np.frombuffer(data, np.uint8)
+    try:
+        return _run(kernel, np.frombuffer(data, np.uint8), start)
+    except MemoryError:  # arrays the machine cannot get: the unpickler's way, which says so if it fails too
+        return None
+
+
+def _run(kernel: Callable[..., Any], buf: np.ndarray, start: int) -> Tape | None:
     n = len(buf)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import hostile
+import numpy as np
 import pandas as pd
 import pytest
 import synth
@@ -273,3 +274,15 @@ def test_a_declined_file_is_unpickled_after_its_bytes_were_let_go(tmp_path: Path
     got = safe_load_pickle(path, build=build)
     assert calls and not isinstance(got, Snapshot)
     assert got == pickle.loads(raw)
+
+
+def test_arrays_it_cannot_get_send_the_file_to_the_unpickler(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = np.empty
+
+    def scarce(shape: Any, *a: Any, **k: Any) -> Any:
+        if isinstance(shape, int) and shape > 10_000:
+            raise MemoryError
+        return real(shape, *a, **k)
+
+    monkeypatch.setattr(np, "empty", scarce)
+    assert run_tape(pickle.dumps(list(range(50_000)), protocol=4), 0) is None
