@@ -97,6 +97,8 @@ def vm_py(
         vp = 0
         iv = np.int64(0)  # an INT's value or a FLOAT's bits, kept in the int table
         fresh = False
+        span = -1  # where the bytes of a string (or a big int) this opcode reads start (-1: none)
+        span_len = 0
         if op == 0x94:  # MEMOIZE
             if sp == 0:
                 break
@@ -148,24 +150,9 @@ def vm_py(
             if length < 0 or length > n - i - 1 - w:
                 break
             o = i + 1 + w
-            if not dry:
-                if ns == len(s_off) or nsb + length > len(sbuf):
-                    status = FULL
-                    break
-                s_off[ns] = nsb
-                s_len[ns] = length
-                s_key[ns] = 0
-                asc = 1
-                for b in range(length):
-                    c = buf[o + b]
-                    sbuf[nsb + b] = c
-                    if c >= 0x80:
-                        asc = 0
-                s_ascii[ns] = asc
             vk = K_STR
-            vp = ns
-            ns += 1
-            nsb += length
+            span = o
+            span_len = length
             i = o + length
         elif op == 0x4B:  # BININT1
             if i + 1 >= n:
@@ -201,18 +188,8 @@ def vm_py(
                 break
             if k > 8:  # its bytes are kept like a string's; Python makes the int when it is read
                 vk = K_BIG
-                if not dry:
-                    if ns == len(s_off) or nsb + k > len(sbuf):
-                        status = FULL
-                        break
-                    s_off[ns] = nsb
-                    s_len[ns] = k
-                    s_key[ns] = 0
-                    s_ascii[ns] = 0
-                    sbuf[nsb : nsb + k] = buf[i + 2 : i + 2 + k]
-                vp = ns
-                ns += 1
-                nsb += k
+                span = i + 2
+                span_len = k
             else:
                 u = np.uint64(0)
                 for b in range(k - 1, -1, -1):
@@ -342,6 +319,24 @@ def vm_py(
             break
         else:
             break
+        if span >= 0:  # a string's (or a big int's) bytes, copied into the tape: payload, its string index
+            if not dry:
+                if ns == len(s_off) or nsb + span_len > len(sbuf):
+                    status = FULL
+                    break
+                s_off[ns] = nsb
+                s_len[ns] = span_len
+                s_key[ns] = 0
+                asc = 1 if vk == K_STR else 0
+                for b in range(span_len):
+                    c = buf[span + b]
+                    sbuf[nsb + b] = c
+                    if c >= 0x80:
+                        asc = 0
+                s_ascii[ns] = asc
+            vp = ns
+            ns += 1
+            nsb += span_len
         if vk >= 0:
             if fresh:  # a value just read, not a memo's: its payload is its place in the int table
                 if not dry:
