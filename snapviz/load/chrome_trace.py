@@ -26,14 +26,8 @@ import pandas as pd
 
 from snapviz.errors import InputError
 from snapviz.load import paused_gc
-from snapviz.load.json_stream import (
-    TapReader,
-    TopLevel,
-    array_item_docs,
-    one_line,
-    open_json,
-    scan_top_level,
-)
+from snapviz.load.json_items import ItemDecoder, array_item_docs
+from snapviz.load.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.load.limits import Limits
 from snapviz.load.trace_columns import Columns
 from snapviz.load.trace_decode import add_batch, kernel_batches
@@ -139,17 +133,23 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         raise InputError(f"{p}: not a Chrome trace (traceEvents is not a list)")
     reader = TapReader(p, open_json(p, limits), limits, watch=top.events_index, keep_tail=TAIL_WINDOW_BYTES)
     cols = Columns()
+    # The file's size is a lower bound of the JSON's (a compressed one says so on the way).
+    start = COMPILED_MIN_BYTES if "numba" in sys.modules else COMPILED_COLD_MIN_BYTES
+    size = os.path.getsize(p)
+    compiled: list[ItemDecoder | None] = []  # the compiled decoder, once wanted (None: no numba)
+
+    def decoder(offset: int) -> ItemDecoder | None:
+        if not compiled and max(offset, size) >= start:
+            kernel = kernel_batches(limits.depth)
+            compiled.append(None if kernel is None else kernel.items(cols))
+        return compiled[0] if compiled else None
+
     try:
         # The cyclic GC paused (see paused_gc): each batch is thousands of fresh objects,
         # which would trigger collections over everything parsed so far; events hold no cycles.
         with reader.stream, paused_gc():
-            # The file's size is a lower bound of the JSON's (a compressed one says so on the way).
-            start = COMPILED_MIN_BYTES if "numba" in sys.modules else COMPILED_COLD_MIN_BYTES
-            kernel = kernel_batches() if os.path.getsize(p) >= start else None
-            for doc, skip in array_item_docs(reader, p):
-                if kernel is None and reader.guard.offset >= start:
-                    kernel = kernel_batches()
-                add_batch(cols, doc, skip, p, kernel)
+            for doc, skip in array_item_docs(reader, p, decoder):
+                add_batch(cols, doc, skip, p)
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
         raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
 

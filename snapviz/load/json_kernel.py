@@ -247,12 +247,15 @@ def scalar_end(b: np.ndarray, i: int, n: int) -> int:
 
 
 @inline
-def value_end(b: np.ndarray, i: int, n: int, stack: np.ndarray) -> int:
+def value_end(b: np.ndarray, i: int, n: int, stack: np.ndarray, opens: np.ndarray, base: int) -> int:
     """End of the JSON value at ``i`` (no leading whitespace), validated; -1 where the
-    kernel gives up (invalid, or nested deeper than ``stack``)."""
+    kernel gives up (invalid, or nested deeper than ``stack``). Each container opening at
+    or after ``base`` adds one to ``opens[0]`` (the values the stream guard counts)."""
     c = b[i]
     if c != 91 and c != 123:
         return scalar_end(b, i, n)
+    if i >= base:
+        opens[0] += 1
     stack[0] = c
     depth = 1
     i += 1
@@ -298,6 +301,8 @@ def value_end(b: np.ndarray, i: int, n: int, stack: np.ndarray) -> int:
         if c == 91 or c == 123:
             if depth == len(stack):
                 return -1
+            if i >= base:
+                opens[0] += 1
             stack[depth] = c
             depth += 1
             i += 1

@@ -8,11 +8,9 @@ string lengths and value counts are handled in one place (limits: :mod:`snapviz.
 from __future__ import annotations
 
 import gzip
-import json
 import lzma
 import re
 import zlib
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -23,15 +21,7 @@ from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.safe_pickle import open_decompressed
 
-try:  # a C parser faster than the stdlib's on event arrays; optional
-    import orjson
-
-    _fast_loads: Callable[[bytes], Any] = orjson.loads
-except ImportError:  # pragma: no cover - exercised where orjson is absent
-    _fast_loads = json.loads
-
 CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
-BATCH_READ_BYTES = 1 << 20  # reads of the batched array parse: one C parse call per read
 
 
 def one_line(exc: BaseException) -> str:
@@ -139,6 +129,18 @@ class _JsonGuard:
             raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
         self.offset += len(chunk)
 
+    def skip(self, n: int, values: int, last_item_end: int) -> None:
+        """Take the next ``n`` bytes as read without scanning them: a validating decoder read
+        them as whole items of the watched array (every string shorter than the limit, every
+        item nested within it, ``values`` counted as :meth:`feed` counts), ending between two
+        items. The state is the one :meth:`feed` would leave; the caller checks the value limit."""
+        self.offset += n
+        self.values += values
+        self.depth = 2
+        self.in_string = self.pending_escape = False
+        if last_item_end >= 0:
+            self.last_item_end = last_item_end
+
     def _string_ends(self, chunk: bytes, n_quotes: int) -> None:
         """Open-string state and the length of strings that cross this chunk's edges."""
         longest = 0
@@ -223,7 +225,9 @@ class TapReader:
         self.tail: list[bytes] = []  # the last chunks, >= keep_tail bytes of them
         self.tail_bytes = 0
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1, guarded: bool = True) -> bytes:
+        """The next bytes, fed to the guard unless ``guarded`` is False (then the caller
+        feeds them, or has a validating decoder vouch for them: :meth:`_JsonGuard.skip`)."""
         try:
             chunk = self.stream.read1(size) if hasattr(self.stream, "read1") else self.stream.read(size)
         except EOFError:  # gzip stream cut short
@@ -248,7 +252,8 @@ class TapReader:
                 raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
             if first != b"{":
                 raise InputError(f"{self.path}: not JSON (does not start with '{{')")
-        self.guard.feed(chunk)
+        if guarded:
+            self.guard.feed(chunk)
         if self.keep_tail:
             self.tail.append(chunk)
             self.tail_bytes += len(chunk)
@@ -318,59 +323,3 @@ def scan_top_level(path: str, limits: Limits | None = None) -> TopLevel:
     if not reader.started:
         raise InputError(f"{path}: empty file")
     return top
-
-
-def array_item_docs(reader: TapReader, path: str) -> Iterator[tuple[bytes, int]]:
-    """The items of the top-level array the reader's guard watches (``traceEvents``), as one
-    JSON array text per read, with how many items at its start are not events (0 or 1). The
-    guard has bounded each read (depth, string length, values) and says where its last item
-    ends, so the complete items of a read are one JSON array for a C parser: no Python work
-    per byte or per JSON token, and memory of one read plus one unfinished item. The rest of
-    the document is still read through the guard (the tail window)."""
-    guard = reader.guard
-    carry: list[bytes | memoryview] = []  # unparsed item text from earlier reads
-    first = True  # the next text starts right after the array's '['
-    opened = done = False
-    while chunk := reader.read(BATCH_READ_BYTES):
-        if done:
-            continue
-        start = guard.offset - len(chunk)
-        lo = 0
-        if not opened:
-            if guard.watch_start < start:  # not open yet (or whitespace before the document)
-                continue
-            opened, lo = True, guard.watch_start + 1 - start
-        if guard.watch_end >= start:
-            cut, done = guard.watch_end - start, True
-        elif guard.last_item_end >= start + lo:
-            cut = guard.last_item_end + 1 - start
-        else:
-            carry.append(chunk[lo:])
-            continue
-        view = memoryview(chunk)
-        # Later texts open with the comma after the previous item: a leading {} makes them an
-        # array too (skipped by the caller), and a missing or extra comma stays a parse error.
-        doc = b"".join([b"[" if first else b"[{}", *carry, view[lo:cut], b"]"])
-        carry = [view[cut:]]
-        yield doc, 0 if first else 1
-        first = False
-    if opened and not done:
-        raise InputError(f"{path}: not valid JSON (it ends inside the traceEvents list)")
-
-
-def parse_items(doc: bytes, path: str) -> list[Any]:
-    """A JSON array text (one of :func:`array_item_docs`) parsed with orjson, else the stdlib."""
-    try:
-        items = load_value(doc)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError included
-        raise InputError(f"{path}: not valid JSON ({one_line(exc)})") from None
-    return items if isinstance(items, list) else []
-
-
-def load_value(text: bytes) -> Any:
-    """orjson's parse, or the stdlib's where orjson refuses (integers beyond 64 bits in some
-    versions, which the stdlib reads)."""
-    try:
-        return _fast_loads(text)
-    except ValueError:
-        return json.loads(text)

@@ -21,11 +21,11 @@ import json
 import warnings
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from snapviz.load.json_stream import load_value, parse_items
+from snapviz.load.json_items import ItemDecoder, ItemsRead, load_value, parse_items
 from snapviz.load.trace_columns import MEMORY_EVENT_NAME, Columns, Interner
 
 try:
@@ -86,11 +86,9 @@ _MEMORY_ARGS = {
 }
 
 
-def add_batch(cols: Columns, doc: bytes, skip: int, path: str, kernel: KernelBatches | None = None) -> None:
+def add_batch(cols: Columns, doc: bytes, skip: int, path: str) -> None:
     """Add the events of ``doc`` (one JSON array; its first ``skip`` items are not events),
-    by the compiled kernel when given one and it takes the batch, else typed, else as dicts."""
-    if kernel is not None and kernel.add(cols, doc, skip):
-        return
+    typed where the typed decode takes the batch, else as dicts."""
     if _DECODER is not None:
         try:
             events = _DECODER.decode(doc)
@@ -170,10 +168,27 @@ def compiled_kernel() -> Any:
     return trace_kernel
 
 
-def kernel_batches() -> KernelBatches | None:
-    """A compiled decoder for one load, or None without numba."""
+def kernel_batches(depth: int = 514) -> KernelBatches | None:
+    """A compiled decoder for one load, or None without numba. ``depth``: the nesting the
+    stream guard allows (the events array sits at depth 2); it must leave an event room
+    for ``args`` and one container in it."""
     kernel = compiled_kernel()
-    return None if kernel is None else KernelBatches(kernel)
+    return None if kernel is None or depth < 5 else KernelBatches(kernel, depth)
+
+
+class Decoded(NamedTuple):
+    """What :meth:`KernelBatches.decode` read of a text (see ``trace_kernel.decode_items``)."""
+
+    text: bytes
+    items: int
+    rows: int
+    n_hard: int
+    n_text: int
+    n_reps: int
+    cut: int  # the text before it was read: whole items, up to the end of a container item or the ']'
+    done: bool  # the array's ']' is at ``cut``
+    opens: int  # containers opened at or after ``base`` before ``cut``
+    last: int  # the end of the last container item read (0: none)
 
 
 class KernelBatches:
@@ -181,9 +196,11 @@ class KernelBatches:
     output buffers, grown to the largest batch and reused, and the conversion of its rows
     into :class:`Columns` (per distinct string and per kind, never per event)."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Any, depth: int = 514) -> None:
         self.kernel = kernel
-        self.stack = np.zeros(512, np.uint8)
+        # Nesting room of an item (the array is at depth 2), a value in an event, one in its args.
+        room = min(depth, 514) - 2
+        self.stacks = (np.zeros(room, np.uint8), np.zeros(room - 1, np.uint8), np.zeros(room - 2, np.uint8))
         self._size(1 << 12)
 
     def _size(self, cap: int) -> None:
@@ -197,35 +214,58 @@ class KernelBatches:
         self.table = np.zeros(1 << (2 * cap).bit_length(), np.int32)  # load factor under 1/2
 
     def add(self, cols: Columns, doc: bytes, skip: int) -> bool:
-        """Add the batch's events as :meth:`Columns.add` would; False (nothing added) where
-        the kernel gives the batch back."""
+        """Add the events of ``doc``, one JSON array text, as :meth:`Columns.add` would; False
+        (nothing added) where the kernel gives the batch back."""
+        at = len(doc) - len(doc.lstrip(b" \t\n\r"))
+        if doc[at : at + 1] != b"[":
+            return False
+        got = self.decode(doc[at + 1 :], True, 0)
+        if got is None or not got.done or got.text[got.cut + 1 :].strip(b" \t\n\r"):
+            return False
+        self.commit(cols, got, skip)
+        return True
+
+    def items(self, cols: Columns) -> ItemDecoder:
+        """The decoder :func:`~snapviz.load.json_items.array_item_docs` takes, into ``cols``."""
+
+        def read(text: bytes, first: bool, base: int) -> ItemsRead | None:
+            got = self.decode(text, first, base)
+            if got is None:
+                return None
+            return ItemsRead(got.cut, got.done, got.opens, got.last, functools.partial(self.commit, cols, got))
+
+        return read
+
+    def decode(self, text: bytes, first: bool, base: int) -> Decoded | None:
+        """Read the whole items at the start of ``text``, a piece of the events array (just
+        after its ``[`` when ``first``, else from a comma); None where the kernel gives it
+        back. Its rows stay in the output buffers until :meth:`commit` (or the next decode)."""
         k = self.kernel
+        b = np.frombuffer(text, np.uint8)
         while True:
             with warnings.catch_warnings():  # numba's own (at its first compile) are no business of the user's
                 warnings.simplefilter("ignore")
-                status, items, rows, n_hard, n_text, n_reps = k.decode_batch(
-                    np.frombuffer(doc, np.uint8),
-                    self.ints,
-                    self.floats,
-                    self.hard,
-                    self.text,
-                    self.reps,
-                    self.table,
-                    self.stack,
+                status, items, rows, n_hard, n_text, n_reps, cut, done, opens, last = k.decode_items(
+                    b, first, base, self.ints, self.floats, self.hard, self.text, self.reps, self.table, *self.stacks
                 )
             if status == k.OK:
-                break
+                return Decoded(text, items, rows, n_hard, n_text, n_reps, cut, bool(done), opens, last)
             if status == k.DEFER:
                 self.table.fill(0)
-                return False
+                return None
             self._size(2 * self.cap)  # FULL: decode it again with room to spare
-        ints, floats = self.ints[:, :rows], self.floats[:, :rows]
-        if n_hard:  # parsed by numpy as Python's float() parses (correctly rounded), in one call
-            values = np.fromstring(self.text[: n_text - 1].tobytes(), np.float64, sep=",")
-            floats[self.hard[1, :n_hard], self.hard[0, :n_hard]] = values
-        texts = [doc[s:e] for s, e in self.reps[:2, :n_reps].T.tolist()]
-        escaped = self.reps[2, :n_reps]
-        cols.count += items - skip
+
+    def commit(self, cols: Columns, got: Decoded, skip: int = 0) -> None:
+        """Add the rows of ``got`` (the last decode) to ``cols``; its first ``skip`` items are not events."""
+        k = self.kernel
+        ints, floats = self.ints[:, : got.rows], self.floats[:, : got.rows]
+        if got.n_hard:  # parsed by numpy as Python's float() parses (correctly rounded), in one call
+            values = np.fromstring(self.text[: got.n_text - 1].tobytes(), np.float64, sep=",")
+            floats[self.hard[1, : got.n_hard], self.hard[0, : got.n_hard]] = values
+        doc = got.text
+        texts = [doc[s:e] for s, e in self.reps[:2, : got.n_reps].T.tolist()]
+        escaped = self.reps[2, : got.n_reps]
+        cols.count += got.items - skip
         kind = ints[k.KIND]
         for which, fill in (
             (k.OP, self._ops),
@@ -236,7 +276,6 @@ class KernelBatches:
             sel = np.flatnonzero(kind == which)
             if len(sel):
                 fill(cols, ints[:, sel], floats[:, sel], texts, escaped)
-        return True
 
     def _ops(self, cols: Columns, ints: np.ndarray, floats: np.ndarray, texts: list[bytes], esc: np.ndarray) -> None:
         k = self.kernel

@@ -20,7 +20,7 @@ import pytest
 
 from snapviz.analyses import trace_ops
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace, json_stream
+from snapviz.load import chrome_trace, json_items
 from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, looks_like_chrome_trace
 from paths import ROOT, TEST_DATA
 
@@ -396,7 +396,7 @@ def test_time_helpers(edge: ChromeTrace, real_traces: dict[str, Path]) -> None:
 def test_tiny_read_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch, edge: ChromeTrace, chunk: int) -> None:
     # Key, ':' and '[' split across reads, events across batches: the head/tail and batch
     # bookkeeping must not care.
-    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", chunk)
+    monkeypatch.setattr(json_items, "BATCH_READ_BYTES", chunk)
     small = load_chrome_trace(EDGE)
     assert small.meta == edge.meta and small.event_count == edge.event_count
     for name in ("memory", "annotations", "ops", "python_functions"):
@@ -405,8 +405,8 @@ def test_tiny_read_chunks_give_the_same_trace(monkeypatch: pytest.MonkeyPatch, e
 
 def test_stdlib_parser_gives_the_same_trace(monkeypatch: pytest.MonkeyPatch, edge: ChromeTrace) -> None:
     # orjson is optional (the `fast` extra): without it the stdlib parses the same batches.
-    monkeypatch.setattr(json_stream, "_fast_loads", json.loads)
-    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", 100)
+    monkeypatch.setattr(json_items, "_fast_loads", json.loads)
+    monkeypatch.setattr(json_items, "BATCH_READ_BYTES", 100)
     plain = load_chrome_trace(EDGE)
     assert plain.meta == edge.meta and plain.event_count == edge.event_count
     for name in ("memory", "annotations", "ops", "python_functions"):

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace, json_stream, trace_decode
+from snapviz.load import chrome_trace, json_items, trace_decode
 from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace
 from paths import EXTERNAL, SAMPLES, TEST_DATA
 
@@ -41,7 +41,7 @@ def way(request: pytest.FixtureRequest) -> str:
 def plain_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both runs of a comparison with orjson (when installed), then both with the stdlib."""
     if request.param == "json":
-        monkeypatch.setattr(json_stream, "_fast_loads", json.loads)
+        monkeypatch.setattr(json_items, "_fast_loads", json.loads)
     else:
         pytest.importorskip("orjson")
     return str(request.param)
@@ -62,14 +62,13 @@ def _typed(path: Path, monkeypatch: pytest.MonkeyPatch, way: str = "typed") -> t
     taken = [0]
     with monkeypatch.context() as m:
         if way == "compiled":
-            add = trace_decode.KernelBatches.add
+            commit = trace_decode.KernelBatches.commit
 
-            def counted_kernel(self: Any, cols: Any, doc: bytes, skip: int) -> bool:
-                took = add(self, cols, doc, skip)
-                taken[0] += took
-                return took
+            def counted_kernel(self: Any, cols: Any, got: Any, skip: int = 0) -> None:
+                commit(self, cols, got, skip)
+                taken[0] += 1
 
-            m.setattr(trace_decode.KernelBatches, "add", counted_kernel)
+            m.setattr(trace_decode.KernelBatches, "commit", counted_kernel)
             m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 0)
             m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 0)
         else:
@@ -108,7 +107,7 @@ def test_bundled_traces_equal_the_reference(path: Path, plain_parser: str, way: 
     _assert_same(got, _reference(path, monkeypatch))
     # Small reads: batches with and without the edge trace's null items, so one trace
     # mixes typed and reference batches through the same interners.
-    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", 700)
+    monkeypatch.setattr(json_items, "BATCH_READ_BYTES", 700)
     mixed, typed_batches = _typed(path, monkeypatch, way)
     assert typed_batches > 0
     _assert_same(mixed, got)
@@ -158,9 +157,9 @@ def test_generated_events_equal_the_reference(tmp_path_factory: pytest.TempPathF
     path = tmp_path_factory.mktemp("gen") / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": 1_700_000_000_000_000_123, "traceEvents": events}))
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(json_stream, "BATCH_READ_BYTES", read)
+        m.setattr(json_items, "BATCH_READ_BYTES", read)
         if stdlib:
-            m.setattr(json_stream, "_fast_loads", json.loads)
+            m.setattr(json_items, "_fast_loads", json.loads)
         got, _ = _typed(path, m, way)
         _assert_same(got, _reference(path, m))
 
@@ -204,7 +203,7 @@ def test_edge_values_equal_the_reference(tmp_path: Path, plain_parser: str, way:
     path = tmp_path / "edges.json"
     path.write_text(json.dumps({"traceEvents": events}))
     if way == "compiled":  # it gives back any batch with an id beyond 18 digits: small reads, some plain
-        monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", 300)
+        monkeypatch.setattr(json_items, "BATCH_READ_BYTES", 300)
     got, typed_batches = _typed(path, monkeypatch, way)
     assert typed_batches > 0 and not isinstance(got, str)
     _assert_same(got, _reference(path, monkeypatch))

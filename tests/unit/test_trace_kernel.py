@@ -17,15 +17,17 @@ import pandas as pd
 import pytest
 
 from snapviz.errors import InputError
-from snapviz.load import json_stream, trace_decode
-from snapviz.load.json_stream import TapReader, array_item_docs, open_json, parse_items, scan_top_level
-from snapviz.load.limits import Limits
+from snapviz.load import json_items, trace_decode
+from snapviz.load.json_items import array_item_docs, parse_items
+from snapviz.load.json_stream import TapReader, open_json, scan_top_level
+from snapviz.load.limits import ENV, Limits
 from snapviz.load.trace_columns import Columns
-from paths import SAMPLES
+from paths import SAMPLES, TEST_DATA
 
 KERNEL = trace_decode.kernel_batches()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="numba absent")
 TRACE = SAMPLES / "sd15-fp16-profile-1step" / "trace.json.gz"
+EDGE = TEST_DATA / "traces" / "edge_cases.json.gz"
 
 
 def _docs(path: Path, read: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[bytes, int]]:
@@ -33,7 +35,7 @@ def _docs(path: Path, read: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
     limits = Limits.from_env()
     top = scan_top_level(str(path), limits)
     reader = TapReader(str(path), open_json(str(path), limits), limits, watch=top.events_index)
-    monkeypatch.setattr(json_stream, "BATCH_READ_BYTES", read)
+    monkeypatch.setattr(json_items, "BATCH_READ_BYTES", read)
     with reader.stream:
         return list(array_item_docs(reader, str(path)))
 
@@ -233,3 +235,79 @@ def test_outputs_grow_when_a_batch_does_not_fit(monkeypatch: pytest.MonkeyPatch)
         want = _reference(text, skip)
         assert want is not None
         _same(cols, want)
+
+
+# --------------------------------------------------------------------------- the stream, guard skipped
+
+_EV = b'{"ph": "X", "cat": "cpu_op", "name": "n%d", "ts": %d.5, "dur": 1, "tid": 2, "args": {"Input Dims": [[1, %d]]}}'
+
+
+def _stream(path: Path, read: int, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict], str | Columns]:
+    """The guard's state before every read and after the last, and the columns (or the error
+    line) of a load of ``path`` with ``read``-byte reads, with or without the compiled decoder."""
+    limits = Limits.from_env()
+    states: list[dict] = []
+    try:
+        top = scan_top_level(str(path), limits)
+    except InputError as exc:
+        return states, str(exc)
+    reader = TapReader(str(path), open_json(str(path), limits), limits, watch=top.events_index)
+    read_ = reader.read
+
+    def read_noting(size: int = -1, guarded: bool = True) -> bytes:
+        states.append({k: v for k, v in vars(reader.guard).items() if k not in ("path", "limits")})
+        return read_(size, guarded)
+
+    monkeypatch.setattr(reader, "read", read_noting)
+    monkeypatch.setattr(json_items, "BATCH_READ_BYTES", read)
+    cols = Columns()
+    decoders = trace_decode.kernel_batches(limits.depth)
+    assert decoders is not None
+    decoder = decoders.items(cols)
+    try:
+        with reader.stream:
+            for doc, skip in array_item_docs(reader, str(path), (lambda _: decoder) if compiled else None):
+                trace_decode.add_batch(cols, doc, skip, str(path))
+    except InputError as exc:
+        return states, str(exc)
+    states.append({k: v for k, v in vars(reader.guard).items() if k not in ("path", "limits")})
+    return states, cols
+
+
+def _same_stream(path: Path, read: int, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """Both ways read alike: the guard's state at every read, and the same columns or error."""
+    plain_states, plain = _stream(path, read, False, monkeypatch)
+    fast_states, fast = _stream(path, read, True, monkeypatch)
+    assert fast_states == plain_states
+    if isinstance(plain, str) or isinstance(fast, str):
+        assert fast == plain
+        return str(plain)
+    _same(fast, plain)
+    return None
+
+
+@pytest.mark.parametrize("path, read", [(TRACE, 1 << 20), (TRACE, 4000), (EDGE, 700), (EDGE, 97), (EDGE, 5)])
+def test_the_guard_skips_what_the_kernel_read(path: Path, read: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guard's state at every read (depth, strings, value count, the item ends, the array's
+    # end) is the one scanning every byte gives, and so are the columns.
+    assert _same_stream(path, read, monkeypatch) is None
+
+
+@pytest.mark.parametrize("env, value", [("depth", "5"), ("depth", "6"), ("string_length", "60"), ("objects", "40"),
+                                        ("objects", "400"), ("depth", "100")])
+@pytest.mark.parametrize("bad", [b"", b'{"a": [[[[[[1]]]]]]}', b'{"name": "' + b"s" * 90 + b'"}', b'{"a": 1,}', b"{]",
+                                 b'{"a": tru}', b'"x" "y"', b"[" * 30 + b"]" * 29, b'{"a": "\\,"}', b"{" * 8])
+@pytest.mark.parametrize("read", [64, 300, 1 << 20])
+def test_stream_errors_are_the_plain_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, value: str,
+                                          bad: bytes, read: int) -> None:
+    # A bad item (or a limit) early, late or nowhere: the same error line at the same read,
+    # whether the compiled decoder read the items before it or not.
+    events = [_EV % (i, i, i) for i in range(40)]
+    for at in (1, 25, 40):
+        body = b", ".join(events[:at] + ([bad] if bad else []) + events[at:])
+        path = tmp_path / f"t{at}.json"
+        path.write_bytes(b'{"schemaVersion": 1, "traceEvents": [' + body + b'], "after": [1, {"k": 2}]}')
+        monkeypatch.setenv(ENV[env], value)
+        _same_stream(path, read, monkeypatch)
+    path.write_bytes(b'{"traceEvents": [' + b", ".join(events)[:-7])  # cut short
+    assert _same_stream(path, read, monkeypatch) is not None  # "ends inside the traceEvents list", or a limit
