@@ -7,6 +7,8 @@ This module imports numba at import time: import it only when a kernel is wanted
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from snapviz.load.json_kernel import eq, inline, number, scalar_end, string_end, value_end, ws
@@ -34,14 +36,82 @@ def small_int(b: np.ndarray, i: int, n: int) -> tuple[int, int, bool]:
     return end, -m if neg else m, True
 
 
+_POW10_INT = np.array([10**k for k in range(20)], np.uint64)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_U0, _U1, _U32, _U64 = np.uint64(0), np.uint64(1), np.uint64(32), np.uint64(64)
+_HIDDEN = np.uint64(1 << 52)  # the lowest 53-bit mantissa (a power of two)
+
+
+@inline
+def _mul128(a: np.uint64, b: np.uint64) -> tuple[np.uint64, np.uint64]:
+    """(high, low) 64-bit words of the 128-bit product ``a * b``."""
+    a0, a1, b0, b1 = a & _LOW32, a >> _U32, b & _LOW32, b >> _U32
+    p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+    mid = (p00 >> _U32) + (p01 & _LOW32) + (p10 & _LOW32)
+    return a1 * b1 + (p01 >> _U32) + (p10 >> _U32) + (mid >> _U32), (p00 & _LOW32) | (mid << _U32)
+
+
+@inline
+def _above(m: np.uint64, s: int, h: np.uint64, p: np.uint64) -> int:
+    """Sign of ``m * 2**s - h * p`` (``0 <= s <= 65``, ``m < 2**63``: both sides fit 128 bits)."""
+    if s >= 64:
+        lhi, llo = m << np.uint64(s - 64), _U0
+    elif s == 0:
+        lhi, llo = _U0, m
+    else:
+        lhi, llo = m >> np.uint64(64 - s), m << np.uint64(s)
+    rhi, rlo = _mul128(h, p)
+    if lhi != rhi:
+        return 1 if lhi > rhi else -1
+    if llo != rlo:
+        return 1 if llo > rlo else -1
+    return 0
+
+
+@inline
+def quotient(m: int, k: int) -> float:
+    """``m / 10**k`` correctly rounded (half to even), as ``float()`` of its text, for
+    ``0 < m < 2**63`` and ``1 <= k <= 19``; -1.0 where the result is too small or too large
+    for the 128-bit test. The quotient of the two doubles is within an ulp or two of it;
+    the true value is then compared with the midpoints to the neighbouring doubles in exact
+    integer arithmetic, and the candidate moved until it lies between them."""
+    mu = np.uint64(m)
+    p = _POW10_INT[k]
+    r = float(m) / _POW10[k]
+    for _ in range(4):
+        frac, ex = math.frexp(r)
+        big_m = np.uint64(frac * 9007199254740992.0)  # r = big_m * 2**e exactly, 2**52 <= big_m < 2**53
+        e = ex - 53
+        s = 1 - e  # m / p vs the midpoint (2 big_m + 1) * 2**(e - 1): m * 2**s vs (2 big_m + 1) * p
+        if s < 0 or s > 64:
+            return -1.0
+        odd = (big_m & _U1) == _U1
+        c = _above(mu, s, big_m + big_m + _U1, p)
+        if c > 0 or (c == 0 and odd):
+            r = math.ldexp(float(big_m + _U1), e)
+            continue
+        if big_m == _HIDDEN:  # the double below has half the spacing
+            c = _above(mu, s + 1, big_m * np.uint64(4) - _U1, p)
+            below = math.ldexp(9007199254740991.0, e - 1)
+        else:
+            c = _above(mu, s, big_m + big_m - _U1, p)
+            below = math.ldexp(float(big_m - _U1), e)
+        if c < 0 or (c == 0 and odd):
+            r = below
+            continue
+        return r
+    return -1.0
+
+
 @inline
 def read_time(
     b: np.ndarray, i: int, n: int, hard: np.ndarray, text: np.ndarray, nh: int, nt: int, row: int, field: int
 ) -> tuple[int, float, int, int]:
     """(end, value, hard numbers, their text's length) of a ``ts``/``dur`` number (end -1:
-    not one the kernel reads, -3: ``hard`` or ``text`` is full). A value the fast path cannot give exactly (Clinger's: a
-    mantissa up to 2**53 times an exact power of ten) is left to Python: its row and
-    field go to ``hard`` and its text, comma-separated, to ``text``."""
+    not one the kernel reads, -3: ``hard`` or ``text`` is full). Values are read exactly
+    (Clinger's fast path, else :func:`quotient`); the rest (over 18 digits, beyond 1e19 or
+    below 1e-19) is left to Python: its row and field go to ``hard`` and its text,
+    comma-separated, to ``text``."""
     if b[i] != 45 and not (48 <= b[i] <= 57):
         return -1, 0.0, nh, nt
     end, is_int, neg, m, exp = number(b, i, n)
@@ -50,6 +120,13 @@ def read_time(
     if 0 <= m <= 9007199254740992 and -22 <= exp <= 22:  # exact operands: one correctly rounded operation
         v = float(m) * _POW10[exp] if exp >= 0 else float(m) / _POW10[-exp]
         return end, -v if neg else v, nh, nt
+    if m > 0 and exp == 0:  # an integer below 2**63: one correctly rounded conversion
+        v = float(m)
+        return end, -v if neg else v, nh, nt
+    if m > 0 and -19 <= exp < 0:  # up to 18 digits with decimals: most profiler times, made exact below
+        v = quotient(m, -exp)
+        if v >= 0:
+            return end, -v if neg else v, nh, nt
     if nh >= hard.shape[1] or nt + end - i >= len(text):
         return -3, 0.0, nh, nt
     hard[0, nh] = row

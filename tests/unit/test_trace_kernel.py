@@ -311,3 +311,27 @@ def test_stream_errors_are_the_plain_ones(tmp_path: Path, monkeypatch: pytest.Mo
         _same_stream(path, read, monkeypatch)
     path.write_bytes(b'{"traceEvents": [' + b", ".join(events)[:-7])  # cut short
     assert _same_stream(path, read, monkeypatch) is not None  # "ends inside the traceEvents list", or a limit
+
+
+def test_long_decimal_times_are_rounded_as_float_does() -> None:
+    # Times of 16-18 digits with decimals (absolute µs: most profiler traces) are read in the
+    # kernel (trace_kernel_fields.quotient), not as text: exact ties between two doubles
+    # (half to even), texts one unit either side of a tie, and near-ties of random doubles.
+    rng = random.Random(3)
+    texts = []
+    for _ in range(1500):
+        x = rng.randrange(1 << 52, 1 << 53)  # spacing 1: x + 0.5 is a tie
+        k = rng.randrange(1, 4)
+        m = (2 * x + 1) * 10**k // 2
+        texts += [f"{mm // 10**k}.{mm % 10**k:0{k}d}" for mm in (m - 1, m, m + 1)]
+        d = rng.uniform(1e3, 1e16)
+        texts.append(repr(d)[:18].rstrip("."))
+        texts.append(f"{rng.randrange(10**17, 10**18)}e-{rng.randrange(1, 20)}")
+    events = [b'{"ph": "X", "cat": "python_function", "name": "f", "ts": %s, "dur": %s}' % (t.encode(), t.encode())
+              for t in texts]
+    doc = b"[" + b", ".join(events) + b"]"
+    assert _check(doc)
+    values = [float(t) for t in texts]
+    cols = _kernel(doc, 0)
+    assert cols is not None
+    assert np.array_equal(cols.frames(0.0)["python_functions"]["start_us"].to_numpy(), np.array(values))
