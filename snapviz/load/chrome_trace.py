@@ -1,11 +1,11 @@
 """torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
 
 The parser streams: the ``traceEvents`` array is read 1 MiB at a time through the bounding
-guard (:mod:`snapviz.load.json_stream`), each read's complete events decoded in one C call
-(typed structs with ``msgspec``, else dicts from ``orjson`` or the stdlib's ``json``; see
-:mod:`snapviz.load.trace_decode`; on very large traces a numba kernel that goes straight to
-columns, :mod:`snapviz.load.trace_kernel`), and the few fields we need are copied into ``array.array``
-columns and interned string codes (:mod:`snapviz.load.trace_columns`). A 500 MB trace
+guard (:mod:`snapviz.load.json_stream`, :mod:`snapviz.load.json_items`), each read's complete
+events decoded in one C call (typed structs with ``msgspec``, else dicts from ``orjson`` or
+the stdlib's ``json``; see :mod:`snapviz.load.trace_decode`; on large traces a numba kernel
+that goes straight to columns and spares the guard's scan, :mod:`snapviz.load.trace_kernel`),
+and the few fields we need are copied into ``array.array`` columns and interned string codes (:mod:`snapviz.load.trace_columns`). A 500 MB trace
 therefore never exists as a list of Python objects (``json.load`` would need several times
 its size in RSS); see ``benchmarks/bench_speed.py`` for the measured speed and peak RSS.
 
@@ -35,14 +35,15 @@ from snapviz.load.trace_decode import add_batch, kernel_batches
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 TAIL_WINDOW_BYTES = 4 << 20  # keys after the events array must fit in this window
-# From this much raw JSON on, batches go to the compiled decode (trace_decode.KernelBatches,
-# numba: the ``fast`` extra). Measured on the 2-core dev box (docs/benchmarks.md, issue 14):
-# the kernel streams ~25% faster than msgspec's typed decode, but a process that has not
-# loaded numba yet pays ~2 s of CPU and ~120 MiB for it (numba's import pulls in scipy's
-# BLAS check), so a 500 MB trace alone only breaks even. Where numba is already loaded (a
-# large snapshot in the same run), loading the cached kernel costs ~0.5 s.
-COMPILED_MIN_BYTES = 256 << 20  # numba already imported
-COMPILED_COLD_MIN_BYTES = 1 << 30  # numba not imported yet
+# From this much raw JSON on, the events go to the compiled decode (trace_decode.KernelBatches,
+# numba: the ``fast`` extra), which also spares the guard's scan of what it reads. Measured
+# on the 2-core dev box (docs/benchmarks.md, issue 14), whole process: it streams ~1.6x as
+# fast as msgspec's typed decode, but a process that has not loaded numba yet pays ~0.8 s of
+# CPU and ~110 MiB for it (numba's import and CPU target), so alone it breaks even at about
+# 110 MB of JSON. Where numba is already loaded (a large snapshot in the same run), loading
+# the cached kernel costs a few hundredths of a second.
+COMPILED_MIN_BYTES = 16 << 20  # numba already imported
+COMPILED_COLD_MIN_BYTES = 128 << 20  # numba not imported yet
 
 
 @dataclass
