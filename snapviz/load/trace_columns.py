@@ -38,7 +38,9 @@ class Interner:
 
     def __init__(self) -> None:
         self.codes: dict[str, int] = {}
-        self.raw: dict[bytes, int] = {}  # JSON text -> code, for values interned by their parse
+        # Source bytes -> code: JSON texts of values interned by their parse (shapes), or the
+        # raw spans of strings (names, in the compiled decode).
+        self.raw: dict[bytes, int] = {}
 
     def __call__(self, s: str) -> int:
         code = self.codes.get(s)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
+from collections.abc import Callable
 from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple
@@ -314,30 +315,39 @@ class KernelBatches:
         )
 
 
-def _first_seen(ids: np.ndarray) -> list[int]:
-    """The distinct ids in order of first appearance (the order codes are given in)."""
-    uniq, first = np.unique(ids, return_index=True)
-    return uniq[np.argsort(first, kind="stable")].tolist()
+def _span_codes(interner: Interner, ids: np.ndarray, texts: list[bytes], new_code: Callable[[int], int]) -> np.ndarray:
+    """Interner codes of the kernel's span ids (-1: absent, code 0), looked up by the span's
+    bytes in ``interner.raw``: a dict lookup per distinct span of the batch, and spans not
+    seen before get ``new_code(id)`` in order of first appearance, as the reference codes them."""
+    lut = np.zeros(len(texts) + 1, np.int32)  # lut[-1]: code 0
+    present = np.zeros(len(texts) + 1, bool)
+    present[ids] = True
+    present[-1] = False
+    known = interner.raw
+    new = []
+    for r in np.flatnonzero(present).tolist():
+        code = known.get(texts[r])
+        if code is None:
+            new.append(r)
+        else:
+            lut[r] = code
+    if new:  # rare after the first batches: order them by first appearance
+        uniq, first = np.unique(ids, return_index=True)
+        at = dict(zip(uniq.tolist(), first.tolist(), strict=True))
+        for r in sorted(new, key=at.__getitem__):
+            text = texts[r]
+            code = known.get(text)  # two spans of one batch may read alike (escapes, spacing)
+            lut[r] = known[text] = new_code(r) if code is None else code
+    return lut[ids]
 
 
 def _string_codes(interner: Interner, ids: np.ndarray, texts: list[bytes], esc: np.ndarray) -> np.ndarray:
     """Interner codes of the kernel's string ids (raw spans: decoded once per distinct one)."""
-    lut = np.zeros(len(texts), np.int32)
-    for r in _first_seen(ids):
-        raw = texts[r]
-        lut[r] = interner(json.loads(b'"' + raw + b'"') if esc[r] else raw.decode())
-    return lut[ids]
+    return _span_codes(
+        interner, ids, texts, lambda r: interner(json.loads(b'"' + texts[r] + b'"') if esc[r] else texts[r].decode())
+    )
 
 
 def _raw_codes(interner: Interner, ids: np.ndarray, texts: list[bytes]) -> np.ndarray:
     """Codes of raw JSON values (id -1: absent or null, code 0) as :func:`_json_codes` gives them."""
-    lut = np.zeros(len(texts) + 1, np.int32)  # lut[-1]: code 0
-    codes = interner.raw
-    for r in _first_seen(ids):
-        if r < 0:
-            continue
-        text = texts[r]
-        if text not in codes:
-            codes[text] = interner(repr(load_value(text)))
-        lut[r] = codes[text]
-    return lut[ids]
+    return _span_codes(interner, ids, texts, lambda r: interner(repr(load_value(texts[r]))))
