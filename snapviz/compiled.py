@@ -82,8 +82,8 @@ def njit_cached(fn: Callable[..., Any]) -> Callable[..., Any] | None:
         except RuntimeError:  # no writable cache location
             _target_ready()
             return numba.njit(nogil=True)(fn)
-    cache = getattr(kernel, "_cache", None)
-    if all(hasattr(cache, a) for a in ("_load_overload", "_guard_against_spurious_io_errors")):
+    cache: Any = getattr(kernel, "_cache", None)
+    if cache is not None and all(hasattr(cache, a) for a in ("_load_overload", "_guard_against_spurious_io_errors")):
         cache.load_overload = functools.partial(_load_cached, cache)
     else:  # a numba whose cache is shaped otherwise loads its own way, placeholder first
         _target_ready()
