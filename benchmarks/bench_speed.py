@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     py = sys.executable
     warm = [py, "-m", "snapviz", "analyze", str(ROOT / "sample_snapshots" / "sd15-fp16-classic")]
-    _launch(warm + ["-o", str(work / "warm.html"), "--json", os.devnull], env)  # bytecode of every module used
+    _launch(warm + ["-o", str(work / "warm.html"), "--json", "-"], env)  # bytecode of every module used
     helps = {name: min((_launch(cmd, env) for _ in range(max(3, args.repeat))), key=lambda r: r["cpu_s"]) for name, cmd in (
         ("python -c pass", [py, "-c", "pass"]), ("snapviz --help", [py, "-m", "snapviz", "--help"]),
         ("import snapviz.analyses.summary", [py, "-c", "import snapviz.analyses.summary"]))}
