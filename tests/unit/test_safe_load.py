@@ -350,5 +350,6 @@ def test_read_all_returns_every_byte_once(tmp_path: Path, compress: Callable[[by
     with open_decompressed(p) as f:
         assert read_all(f) == body
         assert f.read() == b""
-        f.seek(0)  # the loader reads a plain file again from the start
-        assert f.read(10) == body[:10]
+        if compress is None:  # the loader reads a plain file again from the start
+            f.seek(0)
+            assert f.read(10) == body[:10]
