@@ -64,12 +64,17 @@ def _load_cached(cache: Any, sig: Any, target_context: Any) -> Any:
     That refresh (:func:`_target_ready`, 0.35-0.4 s of CPU, ~90 modules) only compiling
     needs: a cached kernel is machine code already, and loading it needs the runtime (NRT,
     for arrays made inside a kernel), which is started here as the refresh would start it.
-    On a miss (no cache, or a stale one) the target is made ready and numba compiles."""
-    from numba.core.runtime import rtsys  # noqa: PLC0415 - numba is optional
+    On a miss (no cache, or a stale one) the target is made ready and numba compiles; where
+    this shortcut fails (a numba whose internals differ), numba's own load runs instead."""
+    try:
+        from numba.core.runtime import rtsys  # noqa: PLC0415 - numba is optional
 
-    rtsys.initialize(target_context)
-    with _blas_placeholder(), cache._guard_against_spurious_io_errors():
-        cres = cache._load_overload(sig, target_context)
+        rtsys.initialize(target_context)
+        with _blas_placeholder(), cache._guard_against_spurious_io_errors():
+            cres = cache._load_overload(sig, target_context)
+    except Exception:  # noqa: BLE001 - a numba whose internals differ: its own way, below
+        _target_ready()
+        return type(cache).load_overload(cache, sig, target_context)
     if cres is None:
         _target_ready()
     return cres

@@ -33,6 +33,15 @@ import numpy as np
 from numba.core import base
 sys.path.insert(0, {where!r})
 from snapviz.compiled import njit_cached
+if {broken!r}:  # the shortcut's first try fails (internals that differ); numba's own load works
+    from numba.core import caching
+    _load, calls = caching.Cache._load_overload, []
+    def broken(self, sig, target_context):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TypeError("changed")
+        return _load(self, sig, target_context)
+    caching.Cache._load_overload = broken
 refreshes = []
 _refresh = base.BaseContext.refresh
 def counted(self):
@@ -48,10 +57,10 @@ print(json.dumps({{"result": list(fn(np.arange(10, dtype=np.int64))),
 """
 
 
-def _run(where: Path, cache: Path) -> dict[str, object]:
+def _run(where: Path, cache: Path, broken: bool = False) -> dict[str, object]:
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_RUN.format(where=str(where)))],
+        [sys.executable, "-c", textwrap.dedent(_RUN.format(where=str(where), broken=broken))],
         env=env,
         capture_output=True,
         text=True,
@@ -75,3 +84,12 @@ def test_miss_compiles_then_hit_loads_without_the_registries(tmp_path: Path) -> 
     assert second["hits"] == 1 and second["misses"] == 0
     assert second["refreshes"] == 0
     assert not second["scipy_linalg"]  # the load imports numpy functions' module, which checks for a BLAS
+
+
+def test_a_numba_whose_cache_internals_differ_loads_its_own_way(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(_MODULE)
+    cache = tmp_path / "cache"
+    assert _run(tmp_path, cache)["misses"] == 1
+    got = _run(tmp_path, cache, broken=True)
+    assert got["result"] == [90, 7]
+    assert got["refreshes"] > 0  # numba's own load, which readies the target first
