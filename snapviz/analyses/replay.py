@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay_loop import MIN_BLOCK, LoopInput, block_loop
+from snapviz.arrays import isin_sorted, unique
 from snapviz.model import (
     A_ALLOC,
     A_FREE,
@@ -119,7 +120,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     nonfree_a = touched[first_is_free]  # live (or pending) when the window began
     if len(dev_blocks):
         busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].to_numpy(np.int64)
-        nonfree_a = np.union1d(nonfree_a, busy_end[~np.isin(busy_end, touched)])  # sorted arrays: no set of millions
+        # sorted arrays, no set of millions
+        nonfree_a = unique(np.concatenate([nonfree_a, busy_end[~isin_sorted(busy_end, touched)]]))
     nonfree = nonfree_a.tolist()
     sg = (actions == A_SEG_ALLOC) | (actions == A_SEG_FREE)
     s_addr = addrs[sg]
