@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.arrays import unique
-from snapviz.compiled import njit_cached
+from snapviz.compiled import njit_cached, readonly
 
 # From this many rows the buckets' extremes are found by a compiled loop when numba is
 # installed (one pass per series, ~10x fewer passes over the rows than the vectorised form):
@@ -42,7 +42,7 @@ def _bucket_argext(
     assert kernel is not None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mins, maxs = kernel(y_lo, y_hi, starts.astype(np.int64, copy=False), n)
+        mins, maxs = kernel(readonly(y_lo), readonly(y_hi), readonly(starts.astype(np.int64, copy=False)), n)
     return mins, maxs
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.arrays import unique
-from snapviz.compiled import njit_cached
+from snapviz.compiled import njit_cached, readonly
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
 MIN_BLOCK = 512
@@ -204,9 +204,9 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = kernel(
-            inp.actions.astype(np.int8, copy=False),  # the model's dtypes already: no copies
-            inp.addrs.astype(np.int64, copy=False),
-            inp.sizes.astype(np.int64, copy=False),
+            readonly(inp.actions.astype(np.int8, copy=False)),  # the model's dtypes already: no copies
+            readonly(inp.addrs.astype(np.int64, copy=False)),
+            readonly(inp.sizes.astype(np.int64, copy=False)),
             codes.astype(np.int64, copy=False),
             uniq,
             np.searchsorted(uniq, nonfree0),
