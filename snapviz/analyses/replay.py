@@ -122,7 +122,6 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].to_numpy(np.int64)
         # sorted arrays, no set of millions
         nonfree_a = unique(np.concatenate([nonfree_a, busy_end[~isin_sorted(busy_end, touched)]]))
-    nonfree = nonfree_a.tolist()
     sg = (actions == A_SEG_ALLOC) | (actions == A_SEG_FREE)
     s_addr = addrs[sg]
     s_touched, s_first = np.unique(s_addr, return_index=True)
@@ -143,7 +142,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             actions=actions,
             addrs=addrs,
             sizes=sizes,
-            nonfree=nonfree,
+            nonfree=nonfree_a.astype(np.int64, copy=False),
             seg_end=seg_end,
             final_live_size=final_live_size,
             expandable=expandable_mode,
