@@ -1,12 +1,15 @@
 """Bokeh's own integrity check on every kind of report: the pages skip Bokeh's document
 validation when they are written (it only logs, and costs a quarter of the build), so the
 check runs here instead and any error it finds (a column of the wrong length, a glyph
-naming a column no source has, a renderer no plot holds) fails the test."""
+naming a column no source has, a renderer no plot holds) fails the test. The documents'
+JSON, which the page writes with its own serializer (render/html/bokeh_json.py), is compared
+with what Bokeh's ``Document.to_json`` writes for the same documents."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ import pytest
 from bokeh.core.validation.check import check_integrity
 from paths import SAMPLES
 
-import snapviz.render.html.page as page
+import snapviz.render.html.bokeh_json as bokeh_json
 from snapviz.cli import main
 
 SDXL = SAMPLES / "sdxl-fp16" / "snapshot.pickle.xz"
@@ -22,15 +25,17 @@ SD15 = SAMPLES / "sd15-fp16-sdpa" / "snapshot.pickle.xz"
 PROFILE = SAMPLES / "sd15-fp16-profile-1step"
 
 
-def _roots_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    seen: list[Any] = []
-    real = page.standalone_docs_json_and_render_items
+def _documents_of(args: list[str], monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, str, str]]:
+    """Each document the page wrote: (document, its JSON as written, Bokeh's own JSON of it)."""
+    seen: list[tuple[Any, str, str]] = []
+    real = bokeh_json.document_json
 
-    def spy(roots: Any, *a: Any, **k: Any) -> Any:
-        seen.extend(roots)
-        return real(roots, *a, **k)
+    def spy(doc: Any) -> Any:
+        ours = real(doc)
+        seen.append((doc, json.dumps(ours), json.dumps(doc.to_json(deferred=False))))
+        return ours
 
-    monkeypatch.setattr(page, "standalone_docs_json_and_render_items", spy)
+    monkeypatch.setattr(bokeh_json, "document_json", spy)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             main(args)
@@ -51,8 +56,11 @@ def test_every_report_passes_bokehs_integrity_check(kind: str, tmp_path: Path, m
         "trace": ["analyze", str(PROFILE / "trace.json.gz"), "-o", out, "-q"],
         "compare": ["compare", str(SD15), str(SDXL), "-o", out, "-q"],
     }[kind]
-    roots = _roots_of(args, monkeypatch)
+    docs = _documents_of(args, monkeypatch)
+    roots = [r for doc, _, _ in docs for r in doc.roots]
     assert roots, "no Bokeh roots reached the page"
     models = set().union(*(r.references() for r in roots))
     issues = check_integrity(models)
     assert not issues.error, [f"{e.code} {e.name}: {e.text}" for e in issues.error]
+    for doc, ours, bokehs in docs:
+        assert ours == bokehs, f"the JSON of the document of {[r.name for r in doc.roots]} differs from Bokeh's"
