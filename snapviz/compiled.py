@@ -1,48 +1,83 @@
 """Kernels compiled with numba, an optional dependency (the ``fast`` extra).
 
-numba is imported only when a kernel is first wanted: with its first kernel it costs about
-1.0-1.5 s of CPU and ~130 MiB, which only long inputs win back, so callers ask for a kernel
+numba is imported only when a kernel is first wanted: with its first kernel loaded from the
+cache it costs about 0.45-0.5 s of CPU and ~100 MiB, which only long inputs win back, so callers ask for a kernel
 only above a size threshold and keep a pure-Python reference that tests compare against.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import sys
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
 @functools.cache
 def _numba() -> Any:
-    """numba, its CPU target made ready once (None without numba).
-
-    Making the target ready imports numba's implementations, and one of them checks that
-    a BLAS exists for ``np.dot`` by importing ``scipy.linalg`` when scipy is installed: about
-    0.3-0.4 s of CPU (scipy's array-API and f2py modules) that no kernel of ours uses. While
-    the target loads, that one module is a placeholder when scipy is installed, which gives
-    the check the answer it would get anyway (scipy present: BLAS available), and it is
-    removed right after, so any later import gets the real module."""
+    """numba, imported (None without numba)."""
     try:
         import numba  # noqa: PLC0415 - optional and slow to import
     except ImportError:
         return None
+    return numba
+
+
+@contextlib.contextmanager
+def _blas_placeholder() -> Iterator[None]:
+    """While numba imports its implementations (to compile, or to load a cached kernel whose
+    globals live in them, e.g. ``numba.np.arraymath``), one of them checks that a BLAS exists
+    for ``np.dot`` by importing ``scipy.linalg`` when scipy is installed: about 0.4-0.6 s of
+    CPU (scipy's array-API and f2py modules) that no kernel of ours uses. Meanwhile that one
+    module is a placeholder when scipy is installed, which gives the check the answer it
+    would get anyway (scipy present: BLAS available); it is removed right after, so any
+    later import gets the real module."""
     blas = "scipy.linalg.cython_blas"
     placeholder = blas not in sys.modules and importlib.util.find_spec("scipy") is not None
     if placeholder:
         sys.modules[blas] = types.ModuleType(blas)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            numba.core.registry.cpu_target.target_context.refresh()
-            numba.core.registry.cpu_target.typing_context.refresh()
+        yield
     finally:
         if placeholder:
             sys.modules.pop(blas, None)
-    return numba
+
+
+@functools.cache
+def _target_ready() -> None:
+    """Make numba's CPU target ready, once, as numba does before it compiles: it imports and
+    registers every typing and lowering implementation numba has."""
+    numba = _numba()
+    with _blas_placeholder(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        numba.core.registry.cpu_target.target_context.refresh()
+        numba.core.registry.cpu_target.typing_context.refresh()
+
+
+def _load_cached(cache: Any, sig: Any, target_context: Any) -> Any:
+    """numba's ``Cache.load_overload`` without its first step, a refresh of the whole target.
+
+    That refresh (:func:`_target_ready`, 0.35-0.4 s of CPU, ~90 modules) only compiling
+    needs: a cached kernel is machine code already, and loading it needs the runtime (NRT,
+    for arrays made inside a kernel), which is started here as the refresh would start it.
+    On a miss (no cache, or a stale one) the target is made ready and numba compiles; where
+    this shortcut fails (a numba whose internals differ), numba's own load runs instead."""
+    try:
+        from numba.core.runtime import rtsys  # noqa: PLC0415 - numba is optional
+
+        rtsys.initialize(target_context)
+        with _blas_placeholder(), cache._guard_against_spurious_io_errors():
+            cres = cache._load_overload(sig, target_context)
+    except Exception:  # noqa: BLE001 - a numba whose internals differ: its own way, below
+        _target_ready()
+        return type(cache).load_overload(cache, sig, target_context)
+    if cres is None:
+        _target_ready()
+    return cres
 
 
 def njit_cached(fn: Callable[..., Any]) -> Callable[..., Any] | None:
@@ -54,6 +89,13 @@ def njit_cached(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     with warnings.catch_warnings():  # numba's own warnings are no business of the user's
         warnings.simplefilter("ignore")
         try:
-            return numba.njit(cache=True, nogil=True)(fn)
+            kernel = numba.njit(cache=True, nogil=True)(fn)
         except RuntimeError:  # no writable cache location
+            _target_ready()
             return numba.njit(nogil=True)(fn)
+    cache: Any = getattr(kernel, "_cache", None)
+    if cache is not None and all(hasattr(cache, a) for a in ("_load_overload", "_guard_against_spurious_io_errors")):
+        cache.load_overload = functools.partial(_load_cached, cache)
+    else:  # a numba whose cache is shaped otherwise loads its own way, placeholder first
+        _target_ready()
+    return kernel

@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from snapviz.arrays import unique
 
 # Trace actions as small ints; the order is part of no file format, only of this model.
 ACTIONS: tuple[str, ...] = (
@@ -81,9 +82,9 @@ class Snapshot:
     @property
     def devices(self) -> list[int]:
         """Devices that have trace entries or segments, ascending."""
-        devs = set(np.unique(self.events["device"]).tolist()) if len(self.events) else set()
+        devs = set(unique(self.events["device"]).tolist()) if len(self.events) else set()
         if len(self.segments):
-            devs |= set(np.unique(self.segments["device"]).tolist())
+            devs |= set(unique(self.segments["device"]).tolist())
         return sorted(int(d) for d in devs)
 
     def device_events(self, device: int) -> pd.DataFrame:

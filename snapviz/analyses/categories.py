@@ -27,6 +27,7 @@ from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.score_evidence import ATTENTION_CATEGORY, score_alloc_mask
 from snapviz.analyses.stack_tables import StackTables
+from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
 from snapviz.vocab import BEFORE_RECORDING, stage_group
 
@@ -188,7 +189,7 @@ def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
     if n <= max(max_points, 2):
         return np.arange(n, dtype=np.int64)
     nb = max(1, max_points // 2)
-    starts = np.unique(np.linspace(0, n, nb + 1).astype(np.int64)[:-1])
+    starts = unique(np.linspace(0, n, nb + 1).astype(np.int64)[:-1])
     counts = np.diff(np.r_[starts, n])
     idx = np.arange(n, dtype=np.int64)
     mx = np.repeat(np.maximum.reduceat(allocated, starts), counts)
@@ -196,7 +197,7 @@ def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
     arg_mx = np.minimum.reduceat(np.where(allocated == mx, idx, n), starts)
     arg_mn = np.minimum.reduceat(np.where(allocated == mn, idx, n), starts)
     keep = np.r_[arg_mx, arg_mn, 0, n - 1, int(np.argmax(allocated))]
-    return np.unique(keep[keep < n])
+    return unique(keep[keep < n])
 
 
 def category_timeline(
@@ -226,7 +227,7 @@ def category_timeline(
     arows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
     codes = _category_codes(snap, rep, labels, arows, rules, tables)
     # a rule's own category (weights: T5, rotary embeddings, a user's) is a column only where it occurs
-    used = set(np.unique(codes).tolist())
+    used = set(unique(codes).tolist())
     cols = [
         "row",
         "time_us",

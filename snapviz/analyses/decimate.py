@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from snapviz.arrays import unique
+
 
 def was_decimated(n: int, max_points: int) -> bool:
     """Whether :func:`decimate_minmax` drops rows from a series of ``n`` rows."""
@@ -68,7 +70,7 @@ def decimate_minmax(x: np.ndarray, *ys: np.ndarray, max_points: int) -> np.ndarr
 def _decimate(xf: np.ndarray, lo: float, hi: float, series: list[np.ndarray], nb: int) -> np.ndarray:
     n = len(xf)
     edges = np.linspace(lo, hi, nb + 1)[:-1]
-    starts = np.unique(np.searchsorted(xf, edges, side="left"))
+    starts = unique(np.searchsorted(xf, edges, side="left"))
     starts = starts[starts < n]
     bucket_of = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
     keep = [np.array([0, n - 1], np.int64)]
@@ -86,4 +88,4 @@ def _decimate(xf: np.ndarray, lo: float, hi: float, series: list[np.ndarray], nb
                 continue
         mins, maxs = _bucket_argext(y, starts, bucket_of, n)
         keep += [mins, maxs]
-    return np.unique(np.concatenate(keep)).astype(np.int64)
+    return unique(np.concatenate(keep)).astype(np.int64)

@@ -11,6 +11,7 @@ from snapviz.analyses.frame_rules import RuleSet
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
+from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
 
 
@@ -106,7 +107,7 @@ def _live_by_category(
     count = np.zeros((len(rows), k), np.int64)
     total = np.zeros((len(rows), k), np.int64)
     gone = np.maximum(alloc_rows, frees)
-    for c in np.unique(codes).tolist():
+    for c in unique(codes).tolist():
         mc = codes == c
         made, size = alloc_rows[mc], sizes[mc].astype(np.int64)
         order = np.argsort(gone[mc], kind="stable")

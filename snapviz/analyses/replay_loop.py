@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.arrays import unique
 from snapviz.compiled import njit_cached
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
@@ -189,7 +190,7 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
         raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
     n = len(inp.actions)
     nonfree0 = np.array(inp.nonfree, dtype=np.int64)
-    uniq = np.unique(np.concatenate([inp.addrs.astype(np.int64), nonfree0]))
+    uniq = unique(np.concatenate([inp.addrs.astype(np.int64), nonfree0]))
     codes = np.searchsorted(uniq, inp.addrs)
     fl_addr = np.fromiter(inp.final_live_size.keys(), np.int64, len(inp.final_live_size))
     fl_size = np.fromiter(inp.final_live_size.values(), np.int64, len(inp.final_live_size))

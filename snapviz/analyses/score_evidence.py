@@ -39,6 +39,7 @@ import pandas as pd
 
 from snapviz.analyses.frame_rules import Rule, RuleSet
 from snapviz.analyses.stack_tables import StackTables
+from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
 
 ATTENTION_CATEGORY = "attention scores"
@@ -193,7 +194,7 @@ def fused_evidence(rules: RuleSet, tables: StackTables, stack_ids: np.ndarray) -
     if not fused or not tables.n_frames:
         return []
     _, fid = tables.innermost(tables.rules_mask(fused))
-    sids = np.unique(stack_ids[(stack_ids >= 0) & (stack_ids < tables.n_stacks)])
+    sids = unique(stack_ids[(stack_ids >= 0) & (stack_ids < tables.n_stacks)])
     hit = fid[sids] if len(sids) else np.empty(0, np.int64)
-    hit = np.unique(hit[hit >= 0])
+    hit = unique(hit[hit >= 0])
     return [f"{tables.names[f]}" for f in hit]

@@ -34,6 +34,7 @@ from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
+from snapviz.arrays import unique
 from snapviz.model import Snapshot
 from snapviz.vocab import CANONICAL_STAGES, UNLABELLED, stage_group
 
@@ -193,7 +194,7 @@ def _from_run_json(run_json: dict[str, Any] | None, ev: pd.DataFrame) -> np.ndar
 
 def _trains(labels: np.ndarray) -> bool:
     """Phase labels that hold a backward or an optimizer step: a training program."""
-    return bool({stage_group(str(x)) for x in np.unique(labels)} & {BACKWARD, OPTIMIZER})
+    return bool({stage_group(str(x)) for x in unique(labels)} & {BACKWARD, OPTIMIZER})
 
 
 SOURCES = ("user_metadata", "annotations", "run.json", "frames", "phases")

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult
+from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
 from snapviz.vocab import stage_group
 
@@ -48,7 +49,7 @@ def _innermost_files(snap: Snapshot, stack_ids: np.ndarray) -> np.ndarray:
     """Filename of the innermost frame of each stack ('' without frames)."""
     files = snap.frames["filename"].to_numpy() if len(snap.frames) else np.empty(0, object)
     out = np.full(len(stack_ids), "", dtype=object)
-    for sid in np.unique(stack_ids):
+    for sid in unique(stack_ids):
         if 0 <= sid < len(snap.stacks) and snap.stacks[sid]:
             out[stack_ids == sid] = files[snap.stacks[sid][0]]
     return out
@@ -73,7 +74,7 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
 
     cat = np.full(len(rows), "other", dtype=object)
     cat[(born_g == "load") & ~same_interval] = "parameters"
-    param_sizes = np.unique(size[cat == "parameters"])
+    param_sizes = unique(size[cat == "parameters"])
     # freed by zero_grad(set_to_none=True), or (kept and zeroed) the size of a parameter; what
     # else backward leaves alive for good is the autograd thread's cuBLAS workspace
     grads = (born_g == "backward") & ~same_interval & ((freed_g == "zero_grad") | np.isin(size, param_sizes))
@@ -93,7 +94,7 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
         # many copies of a size as there are parameters of twice that size
         sizes, counts = np.unique(size[params], return_counts=True)
         per_size = dict(zip(sizes.tolist(), counts.tolist(), strict=True))
-        for iv in np.unique(interval[rows[idx]]):
+        for iv in unique(interval[rows[idx]]):
             pick = idx[interval[rows[idx]] == iv]
             taken: dict[int, int] = {}
             keep = []

@@ -66,8 +66,11 @@ def analyze(
       snapviz analyze runs/sdxl-fp16/ --markdown - > issue.md
       snapviz analyze trace.json.gz --json summary.json
     """
-    from snapviz.analyses.frame_rules import load_rules
-    from snapviz.load import load
+    from snapviz.load import load, paused_gc
+
+    with paused_gc():  # pandas and the analyses: objects that live as long as the process (see paused_gc)
+        from snapviz.analyses.frame_rules import load_rules
+        from snapviz.analyses.summary import analyze_run, summary_dict
 
     rules = load_rules(rules_path)  # resolved (and validated) once, before any work
     with reading(_input_files(input), "snapviz: loading", enabled=not quiet) as bar:
@@ -86,8 +89,6 @@ def analyze(
             html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
         extra = share_outputs(None, doc)
     else:
-        from snapviz.analyses.summary import analyze_run, summary_dict
-
         an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
         doc = summary_dict(an)
         if html_out:

@@ -158,9 +158,15 @@ def open_decompressed(
 
 def read_all(f: IO[bytes]) -> bytes:
     """The whole (already bounded) stream as one bytes object, read in 1 MiB steps; a plain
-    file in one read into a buffer of its size (no second copy to join the pieces)."""
-    if type(getattr(f, "raw", None)) is io.FileIO:
-        return f.read()
+    file in one read into a buffer of its size (no second copy to join the pieces: the
+    buffered reader's read-ahead from the magic-byte check would be joined to the rest,
+    a copy of the whole file)."""
+    raw = getattr(f, "raw", None)
+    if type(raw) is io.FileIO:
+        raw.seek(f.tell())
+        data = raw.readall()
+        f.seek(0, io.SEEK_END)  # the buffered reader drops its read-ahead and agrees with the file
+        return data
     parts: list[bytes] = []
     while True:
         chunk = f.read(1 << 20)

@@ -20,7 +20,7 @@ import pytest
 
 from snapviz.errors import InputError
 from snapviz.load import load, load_snapshot
-from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.safe_pickle import open_decompressed, read_all, safe_load_pickle
 
 LOADERS: dict[str, Callable[[str], Any]] = {
     "safe_load_pickle": safe_load_pickle, "load_snapshot": load_snapshot, "load": load,
@@ -339,3 +339,17 @@ def test_tolerated_odd_entries_load(write_pickle: Callable[..., Path], entry: di
     path = write_pickle({"segments": [], "device_traces": [[entry]]}, name="odd.pickle")
     snap = load_snapshot(str(path))
     assert len(snap.events) == 1
+
+
+@pytest.mark.parametrize("compress", [None, gzip.compress, lzma.compress])
+def test_read_all_returns_every_byte_once(tmp_path: Path, compress: Callable[[bytes], bytes] | None) -> None:
+    """The whole stream, whatever the magic-byte check read ahead, and the reader at its end."""
+    body = bytes(random.Random(5).randrange(256) for _ in range(300_000))
+    p = tmp_path / "f.bin"
+    p.write_bytes(compress(body) if compress else body)
+    with open_decompressed(p) as f:
+        assert read_all(f) == body
+        assert f.read() == b""
+        if compress is None:  # the loader reads a plain file again from the start
+            f.seek(0)
+            assert f.read(10) == body[:10]

@@ -1,0 +1,27 @@
+"""Array helpers the analyses share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def unique(values: Any) -> np.ndarray:
+    """The sorted distinct values of ``values`` (as ``np.unique``).
+
+    For integer columns this sorts and keeps each run's first value: numpy 2.3+ finds the
+    distinct values of a plain ``np.unique`` with a hash table first, which on this tool's
+    columns (addresses, stack and category codes) is 3-45x slower than the sort, e.g. 0.95 s
+    against 0.04 s for 2M addresses with 300k distinct ones. Other dtypes (floats: NaNs
+    collapse into one; objects) go to ``np.unique``."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "iub":
+        return np.unique(a)
+    s = np.sort(a, axis=None)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
