@@ -25,3 +25,13 @@ def unique(values: Any) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def isin_sorted(values: np.ndarray, sorted_unique: np.ndarray) -> np.ndarray:
+    """``np.isin(values, sorted_unique)`` for a test set already sorted and distinct (what
+    :func:`unique` returns), by binary search: ``np.isin`` would find the set's distinct
+    values again with numpy's hash table (1.7 s for 3M addresses)."""
+    if not len(sorted_unique):
+        return np.zeros(np.shape(values), bool)
+    at = np.minimum(np.searchsorted(sorted_unique, values), len(sorted_unique) - 1)
+    return sorted_unique[at] == values

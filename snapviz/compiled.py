@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 
 @functools.cache
 def _numba() -> Any:
@@ -99,3 +101,12 @@ def njit_cached(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     else:  # a numba whose cache is shaped otherwise loads its own way, placeholder first
         _target_ready()
     return kernel
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``. numba types read-only and writable arrays apart, so a kernel
+    given a pandas column (read-only: pandas copies on write) and, another time, a fresh array
+    would be compiled twice; kernels that only read an input take it this way every time."""
+    view = a.view()
+    view.flags.writeable = False
+    return view

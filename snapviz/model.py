@@ -88,8 +88,11 @@ class Snapshot:
         return sorted(int(d) for d in devs)
 
     def device_events(self, device: int) -> pd.DataFrame:
+        """``device``'s events, renumbered from 0. Where every event is on it (one GPU, the usual
+        case) the frame is shared, not copied (pandas copies on write: changes stay local)."""
         ev = self.events
-        return ev[ev["device"] == device].reset_index(drop=True)
+        on = ev["device"].to_numpy() == device
+        return ev.reset_index(drop=True) if on.all() else ev[on].reset_index(drop=True)
 
     def stack(self, stack_id: int) -> list[dict[str, Any]]:
         """Frames of one stack as dicts, innermost first."""

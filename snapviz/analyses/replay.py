@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay_loop import MIN_BLOCK, LoopInput, block_loop
+from snapviz.arrays import isin_sorted, unique
 from snapviz.model import (
     A_ALLOC,
     A_FREE,
@@ -119,8 +120,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     nonfree_a = touched[first_is_free]  # live (or pending) when the window began
     if len(dev_blocks):
         busy_end = dev_blocks.loc[dev_blocks["state"] != "inactive", "address"].to_numpy(np.int64)
-        nonfree_a = np.union1d(nonfree_a, busy_end[~np.isin(busy_end, touched)])  # sorted arrays: no set of millions
-    nonfree = nonfree_a.tolist()
+        # sorted arrays, no set of millions
+        nonfree_a = unique(np.concatenate([nonfree_a, busy_end[~isin_sorted(busy_end, touched)]]))
     sg = (actions == A_SEG_ALLOC) | (actions == A_SEG_FREE)
     s_addr = addrs[sg]
     s_touched, s_first = np.unique(s_addr, return_index=True)
@@ -141,7 +142,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             actions=actions,
             addrs=addrs,
             sizes=sizes,
-            nonfree=nonfree,
+            nonfree=nonfree_a.astype(np.int64, copy=False),
             seg_end=seg_end,
             final_live_size=final_live_size,
             expandable=expandable_mode,

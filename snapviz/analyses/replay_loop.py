@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.arrays import unique
-from snapviz.compiled import njit_cached
+from snapviz.compiled import njit_cached, readonly
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
 MIN_BLOCK = 512
@@ -56,7 +56,7 @@ class LoopInput:
     actions: np.ndarray  # int8 action codes
     addrs: np.ndarray  # int64
     sizes: np.ndarray  # int64
-    nonfree: list[int]  # sorted: blocks live or pending when the window began
+    nonfree: np.ndarray  # int64, sorted and distinct: blocks live or pending when the window began
     seg_end: dict[int, int]  # segment start -> end, for segments existing at the start
     final_live_size: dict[int, int]  # end-state active blocks: addr -> size
     expandable: bool
@@ -81,7 +81,7 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
     """The reference: plain Python over lists, dicts and bisect."""
     actions = inp.actions
     n = len(actions)
-    nonfree = list(inp.nonfree)
+    nonfree = inp.nonfree.tolist()
     seg_end = dict(inp.seg_end)
     seg_starts = sorted(seg_end)
     final_live_size, expandable_mode, max_split = inp.final_live_size, inp.expandable, inp.max_split
@@ -189,8 +189,8 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
     if kernel is None:
         raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
     n = len(inp.actions)
-    nonfree0 = np.array(inp.nonfree, dtype=np.int64)
-    uniq = unique(np.concatenate([inp.addrs.astype(np.int64), nonfree0]))
+    nonfree0 = inp.nonfree
+    uniq = unique(np.concatenate([inp.addrs.astype(np.int64, copy=False), nonfree0]))
     codes = np.searchsorted(uniq, inp.addrs)
     fl_addr = np.fromiter(inp.final_live_size.keys(), np.int64, len(inp.final_live_size))
     fl_size = np.fromiter(inp.final_live_size.values(), np.int64, len(inp.final_live_size))
@@ -204,10 +204,10 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = kernel(
-            inp.actions.astype(np.int8),
-            inp.addrs.astype(np.int64),
-            inp.sizes.astype(np.int64),
-            codes.astype(np.int64),
+            readonly(inp.actions.astype(np.int8, copy=False)),  # the model's dtypes already: no copies
+            readonly(inp.addrs.astype(np.int64, copy=False)),
+            readonly(inp.sizes.astype(np.int64, copy=False)),
+            codes.astype(np.int64, copy=False),
             uniq,
             np.searchsorted(uniq, nonfree0),
             seg_starts,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from snapviz.arrays import unique
+from snapviz.arrays import isin_sorted, unique
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint64, np.bool_])
@@ -36,3 +36,12 @@ def test_floats_and_objects_are_numpy_s() -> None:
     assert len(unique(f)) == 3
     o = np.array(["b", "a", "b"], dtype=object)
     assert unique(o).tolist() == ["a", "b"]
+
+
+@pytest.mark.parametrize("n_set", [0, 1, 5, 3000])
+def test_isin_sorted_equals_isin(n_set: int) -> None:
+    rng = np.random.default_rng(n_set)
+    s = unique(rng.integers(-50, 10_000, n_set).astype(np.int64))
+    v = rng.integers(-100, 10_100, 5000).astype(np.int64)  # duplicates, values below and above the set
+    np.testing.assert_array_equal(isin_sorted(v, s), np.isin(v, s))
+    assert isin_sorted(np.empty(0, np.int64), s).shape == (0,)
