@@ -104,6 +104,57 @@ def test_clicks_show_stacks(report: Path, tmp_path_factory: pytest.TempPathFacto
     assert "get_attention_scores" in res["after_row"][1]
 
 
+# The timeline's state as BokehJS holds it: the x column each line, marker and band reads,
+# the shared x range, the strip's axis title, and how many rows the lines draw.
+_TIMELINE_STATE = """() => {
+  const find = (name) => Bokeh.documents.map((d) => d.get_model_by_name(name)).find((m) => m != null);
+  const main = find("sv-timeline"), detail = find("sv-timeline-detail");
+  const figs = [...main.children, ...detail.children].filter((c) => c.renderers !== undefined);
+  const fields = new Set();
+  for (const f of figs) for (const r of f.renderers) {
+    if (!r.data_source.get_length()) continue;  // the legend's empty swatches
+    const g = r.glyph;
+    for (const a of ["x", "left"]) if (g[a] != null && typeof g[a] === "object" && "field" in g[a]) fields.add(g[a].field);
+  }
+  const src = figs[0].renderers.find((r) => r.data_source.data.index !== undefined).data_source;
+  const views = Object.values(Bokeh.index);
+  return {fields: [...fields].sort(), start: figs[0].x_range.start, end: figs[0].x_range.end,
+          label: figs[figs.length - 1].below.find((m) => "axis_label" in m).axis_label, rows: src.data.index.length,
+          max_index: Math.max(...src.data.index), max_time: Math.max(...src.data.time_s),
+          finished: views.every((v) => v.has_finished()), figures: figs.length};
+}"""
+
+
+def test_by_event_tab_shows_the_event_axis(report: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One set of figures serves both tabs: "By event" swaps every x column to the event index
+    and re-fits the range; "By time" swaps back."""
+    shots = _shots_dir(tmp_path_factory)
+
+    def interact(page: Any) -> dict[str, Any]:
+        before = page.evaluate(_TIMELINE_STATE)
+        page.get_by_text("By event", exact=True).click()
+        page.wait_for_timeout(600)
+        by_event = page.evaluate(_TIMELINE_STATE)
+        page.locator("#sv-timeline-card").screenshot(path=os.path.join(shots, "by-event.png"))
+        page.get_by_text("By time", exact=True).click()
+        page.wait_for_timeout(600)
+        return {"by_time": before, "by_event": by_event, "back": page.evaluate(_TIMELINE_STATE)}
+
+    res = check_report_in_browser(str(report), shots, interact=interact)
+    assert res["errors"] == [], res["errors"]
+    by_time, by_event, back = res["by_time"], res["by_event"], res["back"]
+    assert by_time["figures"] == 3 and by_time["rows"] > 100
+    assert by_time["max_index"] > 10 * by_time["max_time"], "the two axes must be told apart by their range"
+    assert by_time["fields"] == ["start_s", "time_s"] and by_time["label"].startswith("time")
+    assert by_time["end"] < 2 * by_time["max_time"]
+    # every glyph now reads the event columns, and the range spans the events
+    assert by_event["fields"] == ["index", "start_index"], by_event["fields"]
+    assert by_event["label"] == "event index" and by_event["finished"]
+    assert by_event["start"] <= 0.05 * by_event["max_index"] and by_event["end"] >= by_event["max_index"]
+    assert back["fields"] == by_time["fields"] and back["end"] < 2 * by_time["max_time"]
+    assert _is_png(os.path.join(shots, "by-event.png"))
+
+
 def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
     from snapviz.render.html import render_trace_html
     from sdrun import fake_trace_analysis

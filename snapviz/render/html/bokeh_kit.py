@@ -44,6 +44,7 @@ from bokeh.plotting import figure
 from snapviz.render.html.page import BYTES_JS, load_asset
 from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.html.view_models import Peak
+from snapviz.render.html.x_switch import XAxis, XSwitch
 
 TABLE_WIDTH = 1320  # px: a card's inner width at the page's max width
 
@@ -136,6 +137,11 @@ def bytes_axis(fig: Any, ticks: int = 6) -> None:
     fig.yaxis.ticker = bytes_ticker(ticks)
 
 
+def x_tick_formatter(x: str) -> Any:
+    """Tick labels for an x column: event rows as integers, anything else as seconds."""
+    return NumeralTickFormatter(format="0,0") if x == "index" else seconds_tick_formatter()
+
+
 def timeline_figure(
     source: ColumnDataSource,
     x: str,
@@ -150,24 +156,34 @@ def timeline_figure(
     height: int = 380,
     x_range: Any = None,
     title: str | None = None,
+    switch: XSwitch | None = None,
 ) -> Any:
     """A memory-over-time figure: step lines of ``source`` columns over ``x``, stage
     bands (``bands`` columns ``band_x[0]``/``band_x[1]``, ``name``, ``group``, ``color``,
-    ``alpha``) under them, and the peak marked with a span and a label."""
+    ``alpha``) under them, and the peak marked with a span and a label.
+
+    With ``switch``, the figure is drawn on its first axis (``x``, ``x_label``, ``band_x`` and
+    ``peak_x`` are taken from it) and records what another axis changes."""
+    axes = switch.axes if switch is not None else [XAxis(x, x_label, band_x or ("", ""), "", peak_x)]
+    x, x_label, band_x, peak_x = axes[0].field, axes[0].label, axes[0].band, axes[0].peak_x
     top = float(y_top) if y_top else 1.0
     fig = base_figure(height, x_range=x_range, title=title, y_range=Range1d(0, top * 1.12, bounds=(0, None)))
     fig.xaxis.axis_label = x_label
-    fig.xaxis.formatter = NumeralTickFormatter(format="0,0") if x == "index" else seconds_tick_formatter()
+    tick_formatters = [x_tick_formatter(a.field) for a in axes]
+    fig.xaxis.formatter = tick_formatters[0]
+    if switch is not None:
+        switch.set(fig.xaxis[0], "axis_label", [a.label for a in axes])
+        switch.set(fig.xaxis[0], "formatter", tick_formatters)
     bytes_axis(fig)
     legend_items: list[LegendItem] = []
-    if bands is not None and band_x is not None and len(bands["name"]):
+    if bands is not None and all(axes[0].band) and len(bands["name"]):
+        edges = list(dict.fromkeys(c for a in axes for c in a.band))
         groups = list(dict.fromkeys(bands["group"]))
         for g in groups:
             ix = [i for i, gg in enumerate(bands["group"]) if gg == g]
-            src = make_source(
+            cols: dict[str, Any] = {c: np.asarray(bands[c])[ix] for c in edges}
+            cols.update(
                 {
-                    "left": np.asarray(bands[band_x[0]])[ix],
-                    "right": np.asarray(bands[band_x[1]])[ix],
                     "name": [bands["name"][i] for i in ix],
                     "alpha": [bands["alpha"][i] for i in ix],
                     "top": np.full(len(ix), top * 1.12),
@@ -175,14 +191,14 @@ def timeline_figure(
             )
             color = bands["color"][ix[0]]
             r = fig.quad(
-                left="left",
-                right="right",
+                left=band_x[0],
+                right=band_x[1],
                 bottom=0,
                 top="top",
                 fill_color=color,
                 fill_alpha="alpha",
                 line_color=None,
-                source=src,
+                source=make_source(cols),
                 level="underlay",
             )
             # The bands' own alpha is too faint for a legend swatch: add an empty, stronger one.
@@ -201,48 +217,8 @@ def timeline_figure(
             line_alpha=spec.alpha,
         )
         line_items.append(LegendItem(label=value(spec.label), renderers=[r]))
-    if peak is not None and peak_x is not None and np.isfinite(peak_x):
-        fig.add_layout(
-            Span(
-                location=float(peak_x),
-                dimension="height",
-                line_color=SERIES_COLORS["peak"],
-                line_dash="dashed",
-                line_width=1.5,
-            )
-        )
-        pr = fig.scatter(
-            x=[float(peak_x)],
-            y=[float(peak.allocated)],
-            size=11,
-            marker="circle",
-            fill_color=SERIES_COLORS["peak"],
-            line_color="white",
-            line_width=2,
-        )
-        line_items.append(LegendItem(label=value("peak"), renderers=[pr]))
-        # Keep the label inside the plot: put it left of the peak when the peak is near the right end.
-        xs = np.asarray(source.data.get(x, []), dtype=np.float64)
-        right_side = (
-            bool(len(xs))
-            and np.isfinite(xs).any()
-            and (float(peak_x) - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12)
-        )
-        fig.add_layout(
-            Label(
-                x=float(peak_x),
-                y=float(peak.allocated),
-                text=plain_text(peak.label),
-                x_offset=-8 if right_side else 8,
-                y_offset=6,
-                text_align="right" if right_side else "left",
-                text_font_size="12px",
-                text_color=SERIES_COLORS["peak"],
-                text_font_style="bold",
-                background_fill_color="white",
-                background_fill_alpha=0.85,
-            )
-        )
+    if peak is not None:
+        line_items += mark_peak(fig, source, peak, axes, switch)
     items = line_items + legend_items
     legend = Legend(
         items=items,
@@ -261,6 +237,79 @@ def timeline_figure(
         legend.ncols = 12
     fig.add_layout(legend, "above")
     return fig
+
+
+def mark_peak(
+    fig: Any,
+    source: ColumnDataSource,
+    peak: Peak,
+    axes: Sequence[XAxis],
+    switch: XSwitch | None,
+    *,
+    size: int = 11,
+    with_label: bool = True,
+) -> list[LegendItem]:
+    """The peak as a dashed span, a dot and (``with_label``) a label, on each axis where it has
+    a place; the legend item for the dot (none when no axis places it)."""
+    where = [a.peak_x if a.peak_x is not None and np.isfinite(a.peak_x) else None for a in axes]
+    if all(px is None for px in where):
+        return []
+    span = Span(
+        location=where[0],
+        dimension="height",
+        line_color=SERIES_COLORS["peak"],
+        line_dash="dashed",
+        line_width=1.5,
+    )
+    fig.add_layout(span)
+    # The dot's x is a column per axis (NaN where the peak has no place: not drawn), so the
+    # switch swaps its field like every line's.
+    dot = {a.field: [float("nan") if px is None else float(px)] for a, px in zip(axes, where, strict=True)}
+    pr = fig.scatter(
+        x=axes[0].field,
+        y="y",
+        source=ColumnDataSource({**dot, "y": [float(peak.allocated)]}),
+        size=size,
+        marker="circle",
+        fill_color=SERIES_COLORS["peak"],
+        line_color="white",
+        line_width=2,
+    )
+    if switch is not None:
+        switch.set(span, "location", where)
+    if not with_label:
+        return [LegendItem(label=value("peak"), renderers=[pr])]
+    # Keep the label inside the plot: put it left of the peak when the peak is near the right end.
+    right_side = []
+    for a, px in zip(axes, where, strict=True):
+        xs = np.asarray(source.data.get(a.field, []), dtype=np.float64)
+        right_side.append(
+            px is not None
+            and bool(len(xs))
+            and bool(np.isfinite(xs).any())
+            and bool((px - np.nanmin(xs)) > 0.7 * max(np.nanmax(xs) - np.nanmin(xs), 1e-12))
+        )
+    label = Label(
+        x=where[0] if where[0] is not None else 0.0,
+        y=float(peak.allocated),
+        text=plain_text(peak.label),
+        x_offset=-8 if right_side[0] else 8,
+        y_offset=6,
+        text_align="right" if right_side[0] else "left",
+        text_font_size="12px",
+        text_color=SERIES_COLORS["peak"],
+        text_font_style="bold",
+        background_fill_color="white",
+        background_fill_alpha=0.85,
+        visible=where[0] is not None,
+    )
+    fig.add_layout(label)
+    if switch is not None:
+        switch.set(label, "x", [0.0 if px is None else px for px in where])
+        switch.set(label, "visible", [px is not None for px in where])
+        switch.set(label, "x_offset", [-8 if r else 8 for r in right_side])
+        switch.set(label, "text_align", ["right" if r else "left" for r in right_side])
+    return [LegendItem(label=value("peak"), renderers=[pr])]
 
 
 def small_title(fig: Any) -> None:

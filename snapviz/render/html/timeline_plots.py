@@ -1,5 +1,5 @@
-"""The memory timeline of the single-run reports: allocated/reserved/requested over time (one
-tab per x axis), the category area and the cached-but-unallocated strip under it, and the
+"""The memory timeline of the single-run reports: allocated/reserved/requested over time (tabs
+switch the x axis), the category area and the cached-but-unallocated strip under it, and the
 stack pane a click fills. Draws a view-model; computes nothing.
 
 The stacks a click can show are handed to the page once, as one JSON string on the timeline's
@@ -25,13 +25,8 @@ from bokeh.models import (
     CustomJSHover,
     HoverTool,
     LegendItem,
-    NumeralTickFormatter,
     Range1d,
     Scatter,
-    Spacer,
-    Span,
-    TabPanel,
-    Tabs,
     UIElement,
 )
 from bokeh.transform import stack
@@ -44,14 +39,16 @@ from snapviz.render.html.bokeh_kit import (
     compact_legend,
     lookup_formatter,
     make_source,
-    seconds_tick_formatter,
+    mark_peak,
     small_title,
     stack_pane,
     timeline_figure,
+    x_tick_formatter,
 )
 from snapviz.render.html.page import BYTES_JS
 from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.html.view_models import SingleRunReport, SnapshotReport
+from snapviz.render.html.x_switch import XAxis, XSwitch
 
 PANE_NAME = "sv-timeline-pane"
 # The stacks, parsed once per page (the source's tags[0] is their JSON).
@@ -59,9 +56,9 @@ _STACKS_JS = "const st = src.sv_stacks || (src.sv_stacks = JSON.parse(src.tags[0
 
 
 def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[UIElement]:
-    """The timeline as Bokeh roots: the memory lines (one tab per x axis), then the category
-    area and the fragmentation strip under them, then the stack pane (where points are
-    clickable). The later ones are roots of their own so the page can draw them after the first
+    """The timeline as Bokeh roots: the memory lines (under tabs that switch every plot's x axis
+    between time and event index, :mod:`.x_switch`), then the category area and the
+    fragmentation strip under them, then the stack pane (where points are clickable). The later ones are roots of their own so the page can draw them after the first
     (they sit below the first screen): the lines are what the reader sees first. The plots share
     one document, so they still pan and zoom together."""
     tl = data.timeline
@@ -83,49 +80,43 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
     cat_src = (
         _category_source(snap) if snap is not None and ct is not None and ct.categories and len(ct.index) else None
     )
-    views = []
-    details = []
-    axes = [("time_s", "time since the first event (s)", ("start_s", "end_s"), "By time")] if data.has_time else []
-    axes.append(("index", "event index", ("start_index", "end_index"), "By event"))
-    for x, x_label, band_x, tab in axes:
-        peak_x = peak.time_s if x == "time_s" else (peak.index if peak.index >= 0 else None)
-        fig = timeline_figure(
-            src,
-            x,
-            lines,
-            x_label=x_label,
-            bands=vars(data.bands),
-            band_x=band_x,
-            peak=peak,
-            peak_x=peak_x,
-            y_top=y_top,
-            height=400,
+    axes = [XAxis("time_s", "time since the first event (s)", ("start_s", "end_s"), "By time", peak.time_s)]
+    axes = axes if data.has_time else []
+    axes.append(
+        XAxis("index", "event index", ("start_index", "end_index"), "By event", peak.index if peak.index >= 0 else None)
+    )
+    switch = XSwitch(axes)
+    x = axes[0].field
+    fig = timeline_figure(
+        src, x, lines, x_label="", bands=vars(data.bands), peak=peak, y_top=y_top, height=400, switch=switch
+    )
+    fig.xaxis.visible = False
+    fig.min_border_bottom = 4
+    if snap is not None and len(snap.oom.index):
+        oom = {"time_s": snap.oom.time_s, "index": snap.oom.index, "allocated": snap.oom.allocated}
+        r = fig.scatter(
+            x=x,
+            y="allocated",
+            source=ColumnDataSource({k: np.asarray(v, np.float64) for k, v in oom.items()}),
+            marker="x",
+            size=14,
+            line_width=3,
+            line_color=SERIES_COLORS["peak"],
         )
-        fig.xaxis.visible = False
-        fig.min_border_bottom = 4
-        if snap is not None and len(snap.oom.index):
-            ox = snap.oom.time_s if x == "time_s" else snap.oom.index
-            r = fig.scatter(
-                x=np.asarray(ox, np.float64),
-                y=np.asarray(snap.oom.allocated, np.float64),
-                marker="x",
-                size=14,
-                line_width=3,
-                line_color=SERIES_COLORS["peak"],
-            )
-            fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
-        if with_points and snap is not None:
-            _add_point_hover(fig, src, x, snap)
-        area = _category_area(snap, cat_src, x, fig.x_range, peak_x) if snap is not None and cat_src else None
-        parts = [area, _fragmentation(src, x, x_label, fig.x_range, tl.fragmentation)]
-        views.append(TabPanel(title=tab, child=fig))
-        details.append(Column(*[p for p in parts if p is not None], sizing_mode="stretch_width", spacing=0))
-    below = Column(details[0], sizing_mode="stretch_width", spacing=0, name="sv-timeline-detail")
-    if len(views) == 1:
-        main = views[0].child
-        main.name = "sv-timeline"
+        fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
+    if with_points and snap is not None:
+        _add_point_hover(fig, src, x, snap)
+    area = _category_area(snap, cat_src, fig.x_range, switch) if snap is not None and cat_src else None
+    strip = _fragmentation(src, fig.x_range, tl.fragmentation, switch)
+    switch.fields([p for p in (fig, area, strip) if p is not None])
+    below = Column(
+        *[p for p in (area, strip) if p is not None], sizing_mode="stretch_width", spacing=0, name="sv-timeline-detail"
+    )
+    if len(axes) == 1:
+        main = fig
     else:
-        main = _lazy_tabs(views, below, details)
+        main = Column(switch.tabs(fig.x_range), fig, sizing_mode="stretch_width", spacing=0)
+    main.name = "sv-timeline"
     if not (with_points and snap is not None):
         return [main, below]
     pane = stack_pane("Click a point on the timeline to see the allocation's stack here.")
@@ -133,33 +124,7 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
     return [main, below, pane]
 
 
-def _lazy_tabs(panels: list[TabPanel], below: Column, details: list[Column]) -> Tabs:
-    """Tabs whose hidden panels are built when first shown: until then each holds an empty
-    placeholder, and the real panel (kept in the callback, so it is in the document) replaces
-    it on the first click. BokehJS builds every panel's views up front otherwise. ``below``
-    (in the root under the tabs) shows the active tab's ``details``, swapped the same way."""
-    # Spacer, not Div: a Div would pull BokehJS's widgets bundle into the first document.
-    shown = [panels[0], *(TabPanel(title=p.title, child=Spacer()) for p in panels[1:])]
-    tabs = Tabs(tabs=shown, sizing_mode="stretch_width", name="sv-timeline")
-    tabs.js_on_change(
-        "active",
-        CustomJS(
-            args={"tabs": tabs, "real": panels, "below": below, "details": details},
-            code="""
-const i = tabs.active;
-if (i >= 0 && i < real.length && tabs.tabs[i] !== real[i]) {
-  const t = tabs.tabs.slice();
-  t[i] = real[i];
-  tabs.tabs = t;
-}
-if (i >= 0 && i < details.length && below.children[0] !== details[i]) below.children = [details[i]];
-""",
-        ),
-    )
-    return tabs
-
-
-def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, frag: np.ndarray) -> Any:
+def _fragmentation(src: ColumnDataSource, x_range: Any, frag: np.ndarray, switch: XSwitch) -> Any:
     top = max(float(np.nanmax(frag)) if len(frag) else 1.0, 1.0)
     fig = base_figure(
         150,
@@ -167,6 +132,7 @@ def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, fr
         title="cached but not allocated (reserved − allocated)",
         y_range=Range1d(0, top * 1.1, bounds=(0, None)),
     )
+    x = switch.axes[0].field
     fig.varea_step(
         x=x,
         y1=0,
@@ -179,8 +145,11 @@ def _fragmentation(src: ColumnDataSource, x: str, x_label: str, x_range: Any, fr
     fig.step(
         x=x, y="fragmentation", source=src, mode="after", line_color=SERIES_COLORS["fragmentation"], line_width=1.2
     )
-    fig.xaxis.axis_label = x_label
-    fig.xaxis.formatter = NumeralTickFormatter(format="0,0") if x == "index" else seconds_tick_formatter()
+    tick_formatters = [x_tick_formatter(a.field) for a in switch.axes]
+    fig.xaxis.axis_label = switch.axes[0].label
+    fig.xaxis.formatter = tick_formatters[0]
+    switch.set(fig.xaxis[0], "axis_label", [a.label for a in switch.axes])
+    switch.set(fig.xaxis[0], "formatter", tick_formatters)
     bytes_axis(fig, ticks=3)
     small_title(fig)
     fig.toolbar_location = None
@@ -253,9 +222,9 @@ def _add_point_hover(fig: Any, src: ColumnDataSource, x: str, data: SnapshotRepo
     fig.js_on_event(
         Tap,
         CustomJS(
-            args={"src": src, "field": x},
+            args={"src": src, "marker": r.glyph},
             code="""
-const xs = src.data[field];
+const xs = src.data[marker.x.field];  // the x axis shown now (the tabs switch it)
 let lo = 0, hi = xs.length - 1;
 if (hi < 0 || cb_obj.x < xs[0]) return;
 while (lo < hi) { const mid = (lo + hi + 1) >> 1; if (xs[mid] <= cb_obj.x) lo = mid; else hi = mid - 1; }
@@ -303,8 +272,9 @@ def _category_source(data: SnapshotReport) -> ColumnDataSource:
     return make_source(cols)
 
 
-def _category_area(data: SnapshotReport, src: ColumnDataSource, x: str, x_range: Any, peak_x: float | None) -> Any:
+def _category_area(data: SnapshotReport, src: ColumnDataSource, x_range: Any, switch: XSwitch) -> Any:
     """Live bytes stacked by category, under the timeline and panned/zoomed with it."""
+    x = switch.axes[0].field
     ct = data.category_timeline
     cats = ct.categories
     colors = [data.category_colors[c] for c in cats]
@@ -333,25 +303,7 @@ def _category_area(data: SnapshotReport, src: ColumnDataSource, x: str, x_range:
         )
         items.append(LegendItem(label=value(cat), renderers=[r]))
     bytes_axis(fig, ticks=4)
-    if peak_x is not None and np.isfinite(peak_x):
-        fig.add_layout(
-            Span(
-                location=float(peak_x),
-                dimension="height",
-                line_color=SERIES_COLORS["peak"],
-                line_dash="dashed",
-                line_width=1.5,
-            )
-        )
-        fig.scatter(
-            x=[float(peak_x)],
-            y=[float(data.peak.allocated)],
-            size=9,
-            marker="circle",
-            fill_color=SERIES_COLORS["peak"],
-            line_color="white",
-            line_width=2,
-        )
+    mark_peak(fig, src, data.peak, switch.axes, switch, size=9, with_label=False)
     # A thin line on the total: short spikes (a score matrix, the peak itself) stay visible at
     # any zoom. Step glyphs are not hit-tested, so invisible markers carry the hover.
     fig.step(
