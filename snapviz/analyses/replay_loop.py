@@ -189,8 +189,7 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
     if kernel is None:
         raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
     n = len(inp.actions)
-    nonfree0 = inp.nonfree
-    uniq = unique(np.concatenate([inp.addrs.astype(np.int64, copy=False), nonfree0]))
+    uniq = unique(np.concatenate([inp.addrs.astype(np.int64, copy=False), inp.nonfree]))
     codes = np.searchsorted(uniq, inp.addrs)
     fl_addr = np.fromiter(inp.final_live_size.keys(), np.int64, len(inp.final_live_size))
     fl_size = np.fromiter(inp.final_live_size.values(), np.int64, len(inp.final_live_size))
@@ -209,7 +208,7 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
             readonly(inp.sizes.astype(np.int64, copy=False)),
             codes.astype(np.int64, copy=False),
             uniq,
-            np.searchsorted(uniq, nonfree0),
+            np.searchsorted(uniq, inp.nonfree),
             seg_starts,
             seg_ends,
             final_by_code,
