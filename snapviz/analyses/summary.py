@@ -14,7 +14,8 @@ from snapviz.analyses.categories import categorize_live
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
-from snapviz.analyses.replay import ReplayResult, replay_allocator
+from snapviz.analyses.oom import oom_devices, oom_lines, oom_report, oom_rows, pick_advice, run_json_oom
+from snapviz.analyses.replay import ReplayResult, allocator_options, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
@@ -22,7 +23,7 @@ from snapviz.analyses.training_advice import advise_training
 from snapviz.analyses.training_view import TrainingView, training_dict, training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_OOM, Snapshot
+from snapviz.model import Snapshot
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
@@ -52,6 +53,7 @@ class Analysis:
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
+    oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
 
     @property
     def snapshot(self) -> Snapshot:
@@ -90,7 +92,7 @@ class Analysis:
         return summary_dict(self)
 
 
-def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult]]:
+def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
     snap = run.snapshot
     assert snap is not None
     devs = snap.devices or [0]
@@ -100,9 +102,13 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
             raise InputError(
                 f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})"
             )
-        return device, results
+        return device, results, ""
+    # OOM first: the device that failed is the one to explain.
+    failed = [d for d in oom_devices(snap, run.run_json) if d in results]
+    if failed:
+        return failed[0], results, "the device that ran out of memory"
     best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
-    return best, results
+    return best, results, "highest peak"
 
 
 def analyze_run(
@@ -118,7 +124,7 @@ def analyze_run(
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
     rules = rules if rules is not None else load_rules()
     tables = StackTables(snap)
-    dev, results = _pick_device(run, device)
+    dev, results, why_dev = _pick_device(run, device)
     rep = results[dev]
     ev = rep.events
     labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables, run_json=run.run_json)
@@ -153,9 +159,14 @@ def analyze_run(
             "stages are generic PyTorch phases (forward / backward / optimizer / zero_grad / load) "
             "recognised in the frames: the built-in pipeline rules do not know this program (--rules adds its own)"
         )
-    if len(ev) and (ev["action"] == A_OOM).any():
-        n = int((ev["action"] == A_OOM).sum())
-        warnings.append(f"the run hit CUDA out-of-memory {n} time(s) (see the OOM markers)")
+    oom_cats = None
+    if len(rows := oom_rows(rep)):
+        oom_cats = categorize_live(snap, rep, labels.labels, int(rows[0]), rules, tables)
+        if len(rows) > 1:
+            warnings.append(f"the run hit CUDA out-of-memory {len(rows)} times; the report explains the first")
+    elif len(ev) and run_json_oom(run.run_json, dev) is not None:
+        oom_cats = categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables)
+    oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, allocator_options(snap, dev)[0])
     dp = pd.DataFrame(
         [
             {
@@ -169,7 +180,7 @@ def analyze_run(
     )
     if len(results) > 1:
         warnings.append(
-            f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another"
+            f"{len(results)} devices in this snapshot; showing device {dev} ({why_dev}); use --device to pick another"
         )
     return Analysis(
         run=run,
@@ -189,6 +200,7 @@ def analyze_run(
         rules=rules,
         tables=tables,
         training=training_view(snap, rep, labels.labels, stages),
+        oom=oom,
     )
 
 
@@ -344,10 +356,17 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "allocator_settings": an.snapshot.allocator_settings,
         "advice": advise_doc,
         "warnings": an.warnings,
+        "oom": None,
     }
     advise_doc.extend(advise(doc, an.categories))
     if an.training is not None:
         doc["training"] = training_dict(an.training)
         advise_doc.extend(advise_training(an.training.phases, run or None))
         advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
+    if an.oom is not None:
+        oom = dict(an.oom)
+        oom["advice"] = pick_advice(oom, advise_doc)
+        oom["headline"], oom["state"], oom["verdict_text"], *fix = oom_lines(oom)
+        oom["fix"] = fix[0] if fix else None
+        doc["oom"] = oom
     return doc

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.vocab import BEFORE_RECORDING
@@ -142,6 +143,23 @@ def _training_table(doc: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _oom_section(oom: dict[str, Any] | None) -> list[str]:
+    """The failed request first (the same sentences as every sink: analyses.oom.oom_lines)."""
+    if not oom:
+        return []
+    head, *rest = oom_lines(oom)
+    out = [f"**{md_text(head)}**", ""] + [f"- {md_text(x)}" for x in rest]
+    cats = oom.get("live_categories") or []
+    if cats:
+        out.append("- live then: " + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:5]))
+    sites = oom.get("live_sites") or []
+    if sites:
+        out.append(
+            "- largest live sites: " + ", ".join(f"{md_code(c['site'])} {fmt_bytes(c['bytes'])}" for c in sites[:3])
+        )
+    return out + [""]
+
+
 def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | None = None) -> str:
     """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
     :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping"). ``picture``: the path of
@@ -163,9 +181,11 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     )
     is_trace = doc.get("kind") == "trace"
     kind = (doc.get("device_kind") or "memory") + " (profiler trace)" if is_trace else "GPU memory"
-    out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}", ""]
+    oom_tag = " — CUDA out of memory" if doc.get("oom") else ""
+    out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}{oom_tag}", ""]
     if picture:
         out += [f"![memory timeline]({quote(picture)})", ""]
+    out += _oom_section(doc.get("oom"))
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
     exact = p.get("exact", True)
     where = md_text(fmt_peak_where(p).strip())

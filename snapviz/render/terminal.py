@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where
 from snapviz.safe_text import bounded_doc, printable
 
@@ -14,7 +15,20 @@ def render_terminal(doc: dict[str, Any]) -> str:
     a line."""
     doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
-    lines = [f"snapviz: {doc['source']} ({fmt_device(doc)}, {h['events']:,} events, stages from {doc['stage_source']})"]
+    oom = doc.get("oom")
+    # OOM first: the failed request is the headline, the peak before it comes after.
+    lines = [*oom_lines(oom)[:1]] if oom else []
+    lines.append(
+        f"snapviz: {doc['source']} ({fmt_device(doc)}, {h['events']:,} events, stages from {doc['stage_source']})"
+    )
+    if oom:
+        lines += [f"  {x}" for x in oom_lines(oom)[1:]]
+        if oom.get("live_sites"):
+            lines.append(
+                "  live then: "
+                + ", ".join(f"{fmt_bytes(c['bytes'])} {c['category']}" for c in oom.get("live_categories", [])[:4])
+                + f"; largest site {oom['live_sites'][0]['site']} ({fmt_bytes(oom['live_sites'][0]['bytes'])})"
+            )
     window = " within the recorded window" if p.get("within_recorded_window") else ""
     lines.append(
         f"  peak allocated {fmt_peak_allocated(p, h['events'])}{window}" + (fmt_peak_where(p) if h["events"] else "")
