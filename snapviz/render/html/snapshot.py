@@ -61,6 +61,19 @@ def _advice_html(data: SnapshotReport) -> str:
     )
 
 
+def _oom_html(data: SnapshotReport) -> str:
+    """The OOM card at the top: the failed request, the state, the verdict, the fix, what was live."""
+    oom = data.oom
+    if not oom.lines:
+        return ""
+    head, *rest = oom.lines
+    items = "".join(f"<li>{esc(x)}</li>" for x in [*rest, *oom.live])
+    return (
+        f'<section class="sv-card sv-oom" id="sv-oom"><h2>Why it ran out of memory</h2>'
+        f'<p class="sv-oom-head"><strong>{esc(head)}</strong></p><ul>{items}</ul></section>'
+    )
+
+
 def render_report_data(data: SnapshotReport) -> str:
     """The page for a :func:`~snapviz.render.html.snapshot_data.report_data` view-model."""
     data = bounded(data)
@@ -109,7 +122,12 @@ def render_report_data(data: SnapshotReport) -> str:
         "to zoom (the plots move together), click a point for its stack; click legend entries to hide lines."
     )
     return single_run_page(
-        data, "snapviz · GPU memory report", hint, with_points=True, before_timeline=[_advice_html(data)], cards=cards
+        data,
+        "snapviz · GPU memory report",
+        hint,
+        with_points=True,
+        before_timeline=[_oom_html(data), _advice_html(data)],
+        cards=cards,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
 from snapviz.render.html.palette import category_palette, stage_palette
@@ -154,6 +155,30 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
     )
 
 
+def _oom(
+    an: Any, doc: dict[str, Any], rows: np.ndarray, time_s: np.ndarray, alloc: np.ndarray, labels: np.ndarray
+) -> Oom:
+    """The OOM markers with their own request (a marker's hover names it, not a nearby event)."""
+    ev = an.replay.events
+    oom = doc.get("oom")
+    live: list[str] = []
+    if oom:
+        cats = oom.get("live_categories") or []
+        if cats:
+            live.append("live then: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:5]))
+        live += [f"{fmt_bytes(c['bytes'])} live from {c['site']}" for c in (oom.get("live_sites") or [])[:3]]
+    return Oom(
+        index=rows.astype(np.int64),
+        time_s=time_s[rows],
+        allocated=alloc[rows].astype(np.float64),
+        requested=ev["size"].to_numpy(np.float64)[rows],
+        site=[an.sites.site(int(s)) for s in ev["stack_id"].to_numpy()[rows]],
+        stage=[str(x) for x in labels[rows]],
+        lines=oom_lines(oom) if oom else [],
+        live=live,
+    )
+
+
 def _events(n: int) -> str:
     return f"{n:,} event" + ("" if n == 1 else "s")
 
@@ -175,6 +200,9 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
         f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     )
     lines = []
+    if doc.get("oom"):  # OOM first: the failed request is the verdict, the peak a line under it
+        lines.append(verdict)
+        verdict = oom_lines(doc["oom"])[0]
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
     att = doc.get("attention") or {}
@@ -282,7 +310,7 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         decimation=decimation_note(len(keep), n),
         action_names=list(ACTION_NAMES),
         stacks=stacks.stacks,
-        oom=Oom(index=oom_rows.astype(np.int64), time_s=time_s[oom_rows], allocated=alloc[oom_rows].astype(np.float64)),
+        oom=_oom(an, doc, oom_rows, time_s, alloc, labels),
         advice=_advice(doc),
         stage_breakdown=breakdown,
         stage_top=stage_top(an, breakdown.interval, time_s, stacks),
