@@ -313,6 +313,12 @@ def oom_headline(oom: dict[str, Any]) -> str:
     return f"CUDA out of memory: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}"
 
 
+def oom_short(oom: dict[str, Any]) -> str:
+    """The headline in a few words, for a picture's title and marker label."""
+    stage = f" in {oom['stage']}" if oom.get("stage") else ""
+    return f"CUDA OOM: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
+
+
 def oom_state(oom: dict[str, Any]) -> str:
     """The allocator's state at that moment, with the cap and the free memory."""
     state = f"at that moment {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
