@@ -11,6 +11,14 @@ import pandas as pd
 from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import categorize_live
+from snapviz.analyses.end_state import (
+    EndState,
+    end_state,
+    end_state_categories,
+    end_state_doc,
+    end_state_top,
+    split_before_recording,
+)
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
@@ -24,7 +32,7 @@ from snapviz.analyses.training_view import TrainingView, training_dict, training
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import Snapshot
-from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA, run_summary_fields
+from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
 
@@ -54,6 +62,12 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
     oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
+    end_state: EndState | None = None  # the live blocks at the end, named by their frames
+
+    @property
+    def end_state_only(self) -> bool:
+        """The file holds no allocation history for this device, only its end state."""
+        return self.end_state is not None and self.end_state.only and bool(len(self.end_state.blocks))
 
     @property
     def snapshot(self) -> Snapshot:
@@ -70,7 +84,9 @@ class Analysis:
     @property
     def peak_stage(self) -> str:
         i = self.replay.peak_index
-        return str(self.labels.labels[i]) if i >= 0 else BEFORE_RECORDING
+        if i >= 0:
+            return str(self.labels.labels[i])
+        return END_STATE if self.end_state_only else BEFORE_RECORDING
 
     def stage_groups(self) -> pd.DataFrame:
         """Stages grouped by name before '/': peak over every interval of the group."""
@@ -145,11 +161,26 @@ def analyze_run(
             times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
             attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
         att_summary["trace_offset_us"] = off
-    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables)
+    es = end_state(snap, rep, sites, rules, tables)
+    only = es.only and bool(len(es.blocks))
+    if only:  # no history: what held memory is the end state's blocks, named by their frames
+        top = end_state_top(es)
+        categories = end_state_categories(es)
+    else:
+        categories = split_before_recording(
+            categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables), es
+        )
 
     stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
-    if labels.source == "none" and len(ev):
+    if only:
+        warnings.insert(0, f"{END_STATE_ONLY} ({len(es.blocks):,} live blocks, named by their own frames)")
+    if private := [p for p in (es.pools.to_dict("records") if len(es.pools) else []) if p["pool"] != "0,0"]:
+        warnings.append(
+            "private memory pools (CUDA graphs or MemPool): "
+            + ", ".join(f"{p['name']} {p['reserved_bytes']:,} B reserved in {p['segments']} segments" for p in private)
+        )
+    if labels.source == "none" and len(ev) and not only:
         warnings.append(
             "no stage labels, and the built-in rules do not recognise this program (no pipeline stage, "
             "no forward/backward/optimizer frames, no profiler ranges): every event is 'unlabelled'"
@@ -161,11 +192,11 @@ def analyze_run(
         )
     oom_cats = None
     if len(rows := oom_rows(rep)):
-        oom_cats = categorize_live(snap, rep, labels.labels, int(rows[0]), rules, tables)
+        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, int(rows[0]), rules, tables), es)
         if len(rows) > 1:
             warnings.append(f"the run hit CUDA out-of-memory {len(rows)} times; the report explains the first")
     elif len(ev) and run_json_oom(run.run_json, dev) is not None:
-        oom_cats = categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables)
+        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables), es)
     oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, allocator_options(snap, dev)[0])
     dp = pd.DataFrame(
         [
@@ -201,6 +232,7 @@ def analyze_run(
         tables=tables,
         training=training_view(snap, rep, labels.labels, stages),
         oom=oom,
+        end_state=es,
     )
 
 
@@ -311,7 +343,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             "stage": str(t.stage),
             "site": t.site,
             "address": int(t.addr),
-            "event_index": int(t.row),
+            "event_index": int(t.row) if int(t.row) >= 0 else None,
             "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
             **({"op": t.op} if getattr(t, "op", "") else {}),
             **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {}),
@@ -357,6 +389,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "advice": advise_doc,
         "warnings": an.warnings,
         "oom": None,
+        "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
     advise_doc.extend(advise(doc, an.categories))
     if an.training is not None:

@@ -22,6 +22,7 @@ from snapviz.render.html.snapshot_data import report_data
 from snapviz.render.html.stage_plots import category_block, stage_breakdown_block
 from snapviz.render.html.view_models import BlockRows, SnapshotReport, bounded
 from snapviz.units import fmt_bytes
+from snapviz.vocab import END_STATE_ONLY
 
 
 def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
@@ -86,9 +87,14 @@ def render_report_data(data: SnapshotReport) -> str:
         if len(top.size)
         else ""
     )
+    if data.end_state_only and len(top.size):
+        hint = (
+            f"The {len(top.size)} largest blocks of the end state ({END_STATE_ONLY}); no event of the file "
+            "allocated them (event -1). Select a row to see where it was allocated."
+        )
     if top.has_ops:
         hint += " The op and its input shapes come from the run's profiler trace."
-    cards.append(card_open("Live at the peak", hint, "sv-top"))
+    cards.append(card_open("Live at the end state" if data.end_state_only else "Live at the peak", hint, "sv-top"))
     if len(top.size):
         spec = [
             ("size", "size", 90),

@@ -42,7 +42,7 @@ from snapviz.render.html.view_models import (
     TopAllocations,
 )
 from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING
+from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
 
 ACTION_NAMES: tuple[str, ...] = ACTIONS
 MAX_ATTENTION_ROWS = 500
@@ -107,7 +107,10 @@ def _top_allocations(an: Any, time_s: np.ndarray, stacks: StackTable) -> TopAllo
         stage=[str(s) for s in (top["stage"] if len(top) else [])],
         site=[str(s) for s in (top["site"] if len(top) else [])],
         event_index=rows,
-        time_s=time_s[rows] if len(rows) else np.empty(0),
+        # end-state blocks (row -1) were allocated by no event of the file: no time
+        time_s=np.where(rows >= 0, time_s[np.clip(rows, 0, None)], np.nan)
+        if len(rows) and len(time_s)
+        else np.full(len(rows), np.nan),
         stack=stacks.add_many(sids),
         stack_text=[an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids],
         has_ops=any(ops),
@@ -192,10 +195,10 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
     if peak.index >= 0:
         when.append(f"event {peak.index:,}")
         where = f"in {p.get('stage')}" + (f", {' · '.join(when)}" if when else "")
-    elif (doc.get("history") or {}).get("events"):
-        where = "before the recorded history began"
+    elif (doc.get("end_state") or {}).get("only") or not (doc.get("history") or {}).get("events"):
+        where, window = f"live when the snapshot was taken ({END_STATE_ONLY})", ""
     else:
-        where = "at the time of the snapshot (no trace history: end state only)"
+        where = "before the recorded history began"
     verdict = (
         f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     )
@@ -320,4 +323,5 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         categories=_categories(doc, colors),
         top_allocations=top,
         attention=attention,
+        end_state_only=bool((doc.get("end_state") or {}).get("only")),
     )

@@ -280,6 +280,7 @@ class SnapshotReport(SingleRunReport):
     categories: Categories
     top_allocations: TopAllocations
     attention: AttentionView
+    end_state_only: bool = False  # the file holds only the blocks live when it was taken
 
 
 @dataclass
