@@ -22,6 +22,7 @@ from snapviz.analyses.end_state import (
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
+from snapviz.analyses.not_recorded import empty_snapshot_note
 from snapviz.analyses.oom import oom_devices, oom_lines, oom_report, oom_rows, pick_advice, run_json_oom
 from snapviz.analyses.replay import ReplayResult, allocator_options, replay_allocator
 from snapviz.analyses.sites import SiteNamer
@@ -173,6 +174,8 @@ def analyze_run(
 
     stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
+    if (nothing := empty_snapshot_note(snap)) is not None:
+        warnings.insert(0, nothing)
     if only:
         warnings.insert(0, f"{END_STATE_ONLY} ({len(es.blocks):,} live blocks, named by their own frames)")
     if private := [p for p in (es.pools.to_dict("records") if len(es.pools) else []) if p["pool"] != "0,0"]:
@@ -389,6 +392,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "advice": advise_doc,
         "warnings": an.warnings,
         "oom": None,
+        "not_recorded": empty_snapshot_note(an.snapshot),
         "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
     advise_doc.extend(advise(doc, an.categories))
@@ -396,6 +400,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         doc["training"] = training_dict(an.training)
         advise_doc.extend(advise_training(an.training.phases, run or None))
         advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
+    if doc["not_recorded"]:  # an empty snapshot has no peak, not one "before recording"
+        doc["peak"]["stage"] = None
     if an.oom is not None:
         oom = dict(an.oom)
         oom["advice"] = pick_advice(oom, advise_doc)

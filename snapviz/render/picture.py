@@ -22,7 +22,7 @@ from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
 from snapviz.units import fmt_bytes
-from snapviz.vocab import stage_group
+from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100  # 900 x 440 px
 PEAK_COLOR = "#d62728"
@@ -77,7 +77,12 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
     oom = doc.get("oom")
     title = (
-        f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
+        f"{_short(an.run.source)}: {str(doc['not_recorded']).split(':', 1)[0]}"
+        if doc.get("not_recorded")
+        else f"{_short(an.run.source)}: {fmt_bytes(peak['allocated_bytes'])} live when the snapshot was taken "
+        f"({END_STATE_ONLY.split(':', 1)[0]}, not a peak)"
+        if peak.get("stage") == END_STATE
+        else f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
         f"{fmt_bytes(peak['reserved_bytes'])} reserved"
     )
     return {

@@ -31,6 +31,11 @@ def render_terminal(doc: dict[str, Any]) -> str:
             )
     window = " within the recorded window" if p.get("within_recorded_window") else ""
     only = bool((doc.get("end_state") or {}).get("only"))
+    if doc.get("not_recorded"):
+        # nothing to report as a result: say what was not recorded, and no peak headline
+        lines.append(f"  {doc['not_recorded']}")
+        lines += [f"  warning: {w}" for w in doc.get("warnings") or [] if w != doc["not_recorded"]]
+        return "\n".join(printable(line, None) for line in lines) + "\n"
     lines.append(
         f"  {'live allocated' if only else 'peak allocated'} {fmt_peak_allocated(p, h['events'])}{window}"
         + (fmt_peak_where(p) if h["events"] else "")

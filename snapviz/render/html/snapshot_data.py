@@ -202,7 +202,11 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
     verdict = (
         f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     )
+    if (doc.get("end_state") or {}).get("only"):  # no peak in such a file: what was live, and when
+        verdict = f"{fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}"
     lines = []
+    if doc.get("not_recorded"):  # nothing to report as a peak
+        verdict = str(doc["not_recorded"])
     if doc.get("oom"):  # OOM first: the failed request is the verdict, the peak a line under it
         lines.append(verdict)
         verdict = oom_lines(doc["oom"])[0]
