@@ -248,7 +248,7 @@ def oom_report(
     elif largest is not None and free_res >= request > largest:
         verdict, short = FRAGMENTED, request - largest
     live = live_categories if live_categories is not None else pd.DataFrame(columns=["category", "bytes"])
-    cats = [
+    cats: list[dict[str, Any]] = [
         {"category": str(c), "bytes": int(b)}
         for c, b in zip(live["category"].tolist(), live["bytes"].tolist(), strict=True)
         if b
