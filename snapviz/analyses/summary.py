@@ -119,7 +119,7 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
             raise InputError(
                 f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})"
             )
-        return device, results, ""
+        return device, results, "asked for with --device"
     # OOM first: the device that failed is the one to explain.
     failed = [d for d in oom_devices(snap, run.run_json) if d in results]
     if failed:
@@ -200,6 +200,11 @@ def analyze_run(
             warnings.append(f"the run hit CUDA out-of-memory {len(rows)} times; the report explains the first")
     elif len(ev) and run_json_oom(run.run_json, dev) is not None:
         oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables), es)
+    elsewhere = [d for d in oom_devices(snap, run.run_json) if d != dev]
+    if elsewhere and not len(rows):
+        warnings.append(
+            f"CUDA out of memory on cuda:{elsewhere[0]}, not on the device shown: --device {elsewhere[0]} explains it"
+        )
     oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, allocator_options(snap, dev)[0])
     dp = pd.DataFrame(
         [

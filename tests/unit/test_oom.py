@@ -95,3 +95,17 @@ def test_the_device_that_failed_is_shown_by_default() -> None:
     an, doc = _analyse(a.snapshot())
     assert an.device == 1 and doc["oom"]["device"] == 1
     assert any("ran out of memory" in w for w in doc["warnings"])
+
+
+def test_another_devices_oom_is_pointed_at() -> None:
+    a = synth.Sim(devices=2, capacity=100 * MiB)
+    a.alloc(20 * MiB, device=0)
+    with pytest.raises(synth.SimOOM):
+        a.alloc(200 * MiB, device=1)
+    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.load import Run
+    from snapviz.load.snapshot import snapshot_from_dict
+
+    sn = snapshot_from_dict(a.snapshot(), "snap")
+    doc = summary_dict(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))
+    assert doc["oom"] is None and any("--device 1 explains it" in w for w in doc["warnings"])
