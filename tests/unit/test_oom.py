@@ -109,3 +109,19 @@ def test_another_devices_oom_is_pointed_at() -> None:
     sn = snapshot_from_dict(a.snapshot(), "snap")
     doc = summary_dict(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))
     assert doc["oom"] is None and any("--device 1 explains it" in w for w in doc["warnings"])
+
+
+def test_a_hostile_site_stays_text_in_every_sink() -> None:
+    from snapviz.render.html import render_html
+
+    evil = "<script>alert(1)</script>\x1b[2J|`**"
+    a = synth.Sim(capacity=100 * MiB)
+    a.alloc(60 * MiB, frames=synth.make_frames("weights"))
+    with pytest.raises(synth.SimOOM):
+        a.alloc(60 * MiB, frames=synth.make_frames(evil, "/work/evil.py", 1))
+    an, doc = _analyse(a.snapshot())
+    assert evil in doc["oom"]["site"]
+    term, md, html = render_terminal(doc), render_markdown(doc), render_html(an, doc)
+    assert "\x1b" not in term and "\x1b" not in md and "\x1b[2J" not in html
+    assert "<script>alert(1)</script>" not in md.replace("\\<", "<").split("CUDA out of memory", 1)[0]
+    assert "<script>alert(1)</script>" not in html

@@ -41,6 +41,7 @@ from snapviz.render.html.view_models import (
     Timeline,
     TopAllocations,
 )
+from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
 
@@ -175,10 +176,11 @@ def _oom(
         time_s=time_s[rows],
         allocated=alloc[rows].astype(np.float64),
         requested=ev["size"].to_numpy(np.float64)[rows],
-        site=[an.sites.site(int(s)) for s in ev["stack_id"].to_numpy()[rows]],
-        stage=[str(x) for x in labels[rows]],
-        lines=oom_lines(oom) if oom else [],
-        live=live,
+        # control characters from the file shown as escapes, as in the terminal
+        site=[printable(an.sites.site(int(s)), None) for s in ev["stack_id"].to_numpy()[rows]],
+        stage=[printable(x, None) for x in labels[rows]],
+        lines=[printable(x, None) for x in oom_lines(oom)] if oom else [],
+        live=[printable(x, None) for x in live],
     )
 
 
@@ -209,7 +211,7 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
         verdict = str(doc["not_recorded"])
     if doc.get("oom"):  # OOM first: the failed request is the verdict, the peak a line under it
         lines.append(verdict)
-        verdict = oom_lines(doc["oom"])[0]
+        verdict = printable(oom_lines(doc["oom"])[0], None)
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
     att = doc.get("attention") or {}
