@@ -23,6 +23,9 @@ CANONICAL_STAGES: tuple[str, ...] = (
 )
 UNLABELLED = "unlabelled"
 BEFORE_RECORDING = "before recording"  # memory allocated before the recorded history starts
+END_STATE = "end state"  # the stage of a file that holds only the blocks live when it was taken
+# The one sentence every sink says about such a file (docs/design.md, "End-state snapshots").
+END_STATE_ONLY = "end state only: blocks live when the snapshot was taken, not a peak"
 
 SUMMARY_SCHEMA = "snapviz.summary/1"
 COMPARE_SCHEMA = "snapviz.compare/1"

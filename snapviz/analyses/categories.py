@@ -145,6 +145,33 @@ def _category_codes(
     return out
 
 
+def categorize_blocks(
+    snap: Snapshot, stack_ids: np.ndarray, stages: np.ndarray, rules: RuleSet, tables: StackTables
+) -> np.ndarray:
+    """Category (str) of blocks live in the end state, from their frames alone (no history:
+    no lifetime, no score-matrix evidence). They outlive everything recorded, so rules and the
+    stage fallback take their *long-lived* choice; steps 2-4 of the module docstring."""
+    names = np.array(category_names(rules), dtype=object)
+    stack = np.asarray(stack_ids, dtype=np.int64)
+    codes, uniq = pd.factorize(pd.Series(np.asarray(stages, dtype=object), dtype=object))
+    fb = np.array(
+        [_CODE[_BY_STAGE.get(stage_group(str(u)), ("unknown", "unknown"))[1]] for u in uniq] + [_CODE["unknown"]],
+        np.int64,
+    )
+    out = fb[codes] if len(stack) else np.empty(0, np.int64)
+    if len(snap.stacks) and len(stack):
+        sc = np.clip(stack, 0, len(snap.stacks) - 1)
+        python = (stack >= 0) & tables.has_python[sc]
+        if training_evidence(rules, tables):
+            out = np.where(~python & (stack >= 0), _CODE["gradients & optimizer"], out)
+        _, c_long, cnames = stack_category_rules(rules, tables, exclude=(ATTENTION_CATEGORY,))
+        if cnames:
+            name_code = np.array([list(names).index(nm) for nm in cnames], np.int64)
+            rule = np.where(python, c_long[sc], -1)
+            out = np.where(rule >= 0, name_code[np.clip(rule, 0, None)], out)
+    return names[out]
+
+
 def categorize_allocs(
     snap: Snapshot,
     rep: ReplayResult,

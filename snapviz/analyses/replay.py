@@ -70,7 +70,8 @@ class ReplayResult:
         return self.events["allocated"].to_numpy()
 
 
-def _allocator_options(snap: Snapshot, device: int) -> tuple[bool, int]:
+def allocator_options(snap: Snapshot, device: int) -> tuple[bool, int]:
+    """(expandable segments, max_split_size) of ``device``, from the settings and its segments."""
     s = snap.allocator_settings or {}
     expandable = bool(s.get("expandable_segments", False))
     segs = snap.segments
@@ -88,7 +89,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     actions = ev["action"].to_numpy()
     addrs = ev["addr"].to_numpy()
     sizes = ev["size"].to_numpy()
-    expandable_mode, max_split = _allocator_options(snap, device)
+    expandable_mode, max_split = allocator_options(snap, device)
     # segment_map/unmap only exist with expandable segments (settings absent before 2.3)
     expandable_mode = expandable_mode or bool(((actions == A_SEG_MAP) | (actions == A_SEG_UNMAP)).any())
 

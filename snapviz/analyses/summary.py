@@ -11,10 +11,20 @@ import pandas as pd
 from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import categorize_live
+from snapviz.analyses.end_state import (
+    EndState,
+    end_state,
+    end_state_categories,
+    end_state_doc,
+    end_state_top,
+    split_before_recording,
+)
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
-from snapviz.analyses.replay import ReplayResult, replay_allocator
+from snapviz.analyses.not_recorded import empty_snapshot_note
+from snapviz.analyses.oom import oom_devices, oom_lines, oom_report, oom_rows, pick_advice, run_json_oom
+from snapviz.analyses.replay import ReplayResult, allocator_options, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
@@ -22,8 +32,8 @@ from snapviz.analyses.training_advice import advise_training
 from snapviz.analyses.training_view import TrainingView, training_dict, training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_OOM, Snapshot
-from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA, run_summary_fields
+from snapviz.model import Snapshot
+from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
 
@@ -52,6 +62,13 @@ class Analysis:
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
+    oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
+    end_state: EndState | None = None  # the live blocks at the end, named by their frames
+
+    @property
+    def end_state_only(self) -> bool:
+        """The file holds no allocation history for this device, only its end state."""
+        return self.end_state is not None and self.end_state.only and bool(len(self.end_state.blocks))
 
     @property
     def snapshot(self) -> Snapshot:
@@ -68,7 +85,9 @@ class Analysis:
     @property
     def peak_stage(self) -> str:
         i = self.replay.peak_index
-        return str(self.labels.labels[i]) if i >= 0 else BEFORE_RECORDING
+        if i >= 0:
+            return str(self.labels.labels[i])
+        return END_STATE if self.end_state_only else BEFORE_RECORDING
 
     def stage_groups(self) -> pd.DataFrame:
         """Stages grouped by name before '/': peak over every interval of the group."""
@@ -90,7 +109,7 @@ class Analysis:
         return summary_dict(self)
 
 
-def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult]]:
+def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
     snap = run.snapshot
     assert snap is not None
     devs = snap.devices or [0]
@@ -100,9 +119,13 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
             raise InputError(
                 f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})"
             )
-        return device, results
+        return device, results, "asked for with --device"
+    # OOM first: the device that failed is the one to explain.
+    failed = [d for d in oom_devices(snap, run.run_json) if d in results]
+    if failed:
+        return failed[0], results, "the device that ran out of memory"
     best = max(devs, key=lambda d: (results[d].peak_allocated, -d))
-    return best, results
+    return best, results, "highest peak"
 
 
 def analyze_run(
@@ -118,7 +141,7 @@ def analyze_run(
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
     rules = rules if rules is not None else load_rules()
     tables = StackTables(snap)
-    dev, results = _pick_device(run, device)
+    dev, results, why_dev = _pick_device(run, device)
     rep = results[dev]
     ev = rep.events
     labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables, run_json=run.run_json)
@@ -139,11 +162,28 @@ def analyze_run(
             times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
             attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
         att_summary["trace_offset_us"] = off
-    categories = categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables)
+    es = end_state(snap, rep, sites, rules, tables)
+    only = es.only and bool(len(es.blocks))
+    if only:  # no history: what held memory is the end state's blocks, named by their frames
+        top = end_state_top(es)
+        categories = end_state_categories(es)
+    else:
+        categories = split_before_recording(
+            categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables), es
+        )
 
     stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
-    if labels.source == "none" and len(ev):
+    if (nothing := empty_snapshot_note(snap)) is not None:
+        warnings.insert(0, nothing)
+    if only:
+        warnings.insert(0, f"{END_STATE_ONLY} ({len(es.blocks):,} live blocks, named by their own frames)")
+    if private := [p for p in (es.pools.to_dict("records") if len(es.pools) else []) if p["pool"] != "0,0"]:
+        warnings.append(
+            "private memory pools (CUDA graphs or MemPool): "
+            + ", ".join(f"{p['name']} {p['reserved_bytes']:,} B reserved in {p['segments']} segments" for p in private)
+        )
+    if labels.source == "none" and len(ev) and not only:
         warnings.append(
             "no stage labels, and the built-in rules do not recognise this program (no pipeline stage, "
             "no forward/backward/optimizer frames, no profiler ranges): every event is 'unlabelled'"
@@ -153,9 +193,19 @@ def analyze_run(
             "stages are generic PyTorch phases (forward / backward / optimizer / zero_grad / load) "
             "recognised in the frames: the built-in pipeline rules do not know this program (--rules adds its own)"
         )
-    if len(ev) and (ev["action"] == A_OOM).any():
-        n = int((ev["action"] == A_OOM).sum())
-        warnings.append(f"the run hit CUDA out-of-memory {n} time(s) (see the OOM markers)")
+    oom_cats = None
+    if len(rows := oom_rows(rep)):
+        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, int(rows[0]), rules, tables), es)
+        if len(rows) > 1:
+            warnings.append(f"the run hit CUDA out-of-memory {len(rows)} times; the report explains the first")
+    elif len(ev) and run_json_oom(run.run_json, dev) is not None:
+        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables), es)
+    elsewhere = [d for d in oom_devices(snap, run.run_json) if d != dev]
+    if elsewhere and not len(rows):
+        warnings.append(
+            f"CUDA out of memory on cuda:{elsewhere[0]}, not on the device shown: --device {elsewhere[0]} explains it"
+        )
+    oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, allocator_options(snap, dev)[0])
     dp = pd.DataFrame(
         [
             {
@@ -169,7 +219,7 @@ def analyze_run(
     )
     if len(results) > 1:
         warnings.append(
-            f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another"
+            f"{len(results)} devices in this snapshot; showing device {dev} ({why_dev}); use --device to pick another"
         )
     return Analysis(
         run=run,
@@ -189,6 +239,8 @@ def analyze_run(
         rules=rules,
         tables=tables,
         training=training_view(snap, rep, labels.labels, stages),
+        oom=oom,
+        end_state=es,
     )
 
 
@@ -299,7 +351,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             "stage": str(t.stage),
             "site": t.site,
             "address": int(t.addr),
-            "event_index": int(t.row),
+            "event_index": int(t.row) if int(t.row) >= 0 else None,
             "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
             **({"op": t.op} if getattr(t, "op", "") else {}),
             **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {}),
@@ -344,10 +396,21 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "allocator_settings": an.snapshot.allocator_settings,
         "advice": advise_doc,
         "warnings": an.warnings,
+        "oom": None,
+        "not_recorded": empty_snapshot_note(an.snapshot),
+        "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
     advise_doc.extend(advise(doc, an.categories))
     if an.training is not None:
         doc["training"] = training_dict(an.training)
         advise_doc.extend(advise_training(an.training.phases, run or None))
         advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
+    if doc["not_recorded"]:  # an empty snapshot has no peak, not one "before recording"
+        doc["peak"]["stage"] = None
+    if an.oom is not None:
+        oom = dict(an.oom)
+        oom["advice"] = pick_advice(oom, advise_doc)
+        oom["headline"], oom["state"], oom["verdict_text"], *fix = oom_lines(oom)
+        oom["fix"] = fix[0] if fix else None
+        doc["oom"] = oom
     return doc

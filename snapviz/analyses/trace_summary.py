@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.not_recorded import GPU_NOT_RECORDED, gpu_not_recorded_note
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
@@ -89,6 +90,9 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
         warnings.append(
             "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)"
         )
+    cpu_only = dev is None or dev[0] == DEVICE_CPU
+    if (note := gpu_not_recorded_note(tr.meta, cpu_only)) is not None:
+        warnings.insert(0, note)
     others = [
         device_label(t, i)
         for t, i in zip(ta.devices["device_type"], ta.devices["device_id"], strict=True)
@@ -270,4 +274,6 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "allocator_truth": alloc_truth,
         "run": run_fields,
         "warnings": an.warnings,
+        # the sentence every sink leads with when the file did not record GPU memory (not_recorded.py)
+        "not_recorded": next((w for w in an.warnings if w.startswith(GPU_NOT_RECORDED)), None),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from snapviz.units import fmt_bytes, fmt_delta
-from snapviz.vocab import BEFORE_RECORDING
+from snapviz.vocab import BEFORE_RECORDING, END_STATE
 
 __all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_allocated"]
 
@@ -27,6 +27,8 @@ def fmt_peak_where(peak: dict[str, Any]) -> str:
     idx = peak.get("event_index")
     if idx is None or idx < 0:
         # The peak is the memory that existed when the recording started.
+        if stage == END_STATE:
+            return " live when the snapshot was taken (end state only, not a peak)"
         return " before the recording began" if stage == BEFORE_RECORDING else (f" in {stage}" if stage else "")
     return (f" in {stage}" if stage else "") + f" at event {idx:,}"
 

@@ -22,7 +22,7 @@ from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
 from snapviz.units import fmt_bytes
-from snapviz.vocab import stage_group
+from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
 
 WIDTH_IN, HEIGHT_IN, DPI = 9.0, 4.4, 100  # 900 x 440 px
 PEAK_COLOR = "#d62728"
@@ -48,6 +48,7 @@ def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[d
 def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Series, stage spans and peak of one analysis, on an x axis in seconds (or event index)."""
     from snapviz.analyses.categories import category_timeline
+    from snapviz.analyses.oom import oom_short
     from snapviz.analyses.report_view import order_categories
     from snapviz.render.html.palette import category_palette, stage_palette
 
@@ -74,10 +75,24 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     pi = rep.peak_index
     peak = doc["peak"]
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
+    oom = doc.get("oom")
+    title = (
+        f"{_short(an.run.source)}: {str(doc['not_recorded']).split(':', 1)[0]}"
+        if doc.get("not_recorded")
+        else f"{_short(an.run.source)}: {fmt_bytes(peak['allocated_bytes'])} live when the snapshot was taken "
+        f"({END_STATE_ONLY.split(':', 1)[0]}, not a peak)"
+        if peak.get("stage") == END_STATE
+        else f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
+        f"{fmt_bytes(peak['reserved_bytes'])} reserved"
+    )
     return {
-        "title": f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
-        f"{fmt_bytes(peak['reserved_bytes'])} reserved" + (f", CUDA OOM ×{len(oom_rows)}" if len(oom_rows) else ""),
-        "ooms": {"x": x_all[oom_rows], "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0)},
+        # OOM first: the failed request leads the title, the marker is labelled with it
+        "title": f"{_short(an.run.source)}: {oom_short(oom)}\n{title.split(': ', 1)[1]}" if oom else title,
+        "ooms": {
+            "x": x_all[oom_rows],
+            "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0),
+            "label": f"{oom_short(oom)}\n{fmt_bytes(oom['allocated_bytes'])} allocated" if oom else "",
+        },
         "x_label": "time since the first recorded event (s)" if has_time else "event index",
         "x": x_all[rows],
         "allocated": ev["allocated"].to_numpy()[rows] if n else np.empty(0),
@@ -196,6 +211,21 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
             linestyle="none",
             label="CUDA OOM",
             zorder=6,
+        )
+        ox, oy = float(d["ooms"]["x"][0]), float(d["ooms"]["bytes"][0]) / GIB
+        lo, hi = ax.get_xlim()
+        right = ox > (lo + hi) / 2
+        ax.annotate(
+            d["ooms"]["label"],
+            (ox, oy),
+            xytext=(-12 if right else 12, 14),
+            textcoords="offset points",
+            fontsize=7.5,
+            color="black",
+            va="bottom",
+            ha="right" if right else "left",
+            bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "black", "lw": 0.6, "alpha": 0.9},
+            zorder=7,
         )
     lo, hi = ax.get_xlim()
     right = p["x"] > (lo + hi) / 2  # keep the label inside the axes

@@ -181,6 +181,65 @@ def test_end_state_only_report_renders(tmp_path_factory: pytest.TempPathFactory)
     assert "No trace history" in res["text"]
 
 
+# Where the first OOM marker is drawn, in page pixels: found by its own column (oom_request).
+_OOM_MARKER = """() => {
+  const all = [];
+  const walk = (v) => { if (!v || all.includes(v)) return; all.push(v); for (const c of (v.child_views || [])) walk(c); };
+  Object.values(Bokeh.index).forEach(walk);
+  for (const v of all) {
+    if (!v.model || v.model.type !== "Figure") continue;
+    for (const r of v.model.renderers) {
+      const d = r.data_source && r.data_source.data;
+      if (d && d.oom_request !== undefined && d.oom_request.length) {
+        const rect = v.canvas_view.el.getBoundingClientRect();
+        return {x: rect.left + v.frame.x_scale.compute(d[r.glyph.x.field][0]),
+                y: rect.top + v.frame.y_scale.compute(d.allocated[0]), request: d.oom_request[0]};
+      }
+    }
+  }
+  return null;
+}"""
+
+
+def test_oom_marker_hover_names_the_failed_request(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """issue 21: hovering the OOM marker showed an unrelated 512 B event; it names the failed
+    1 GiB request of the sample (its size equal to the trace's oom entry) and its site."""
+    from paths import SAMPLES
+    from snapviz.cli import main
+
+    sample = SAMPLES / "sdxl-fp16-oom-10gb"
+    out = tmp_path_factory.mktemp("oom") / "oom.html"
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", str(sample), "-o", str(out), "-q"])
+    assert exc.value.code == 0
+
+    def interact(page: Any) -> dict[str, Any]:
+        page.locator("#sv-timeline-card").scroll_into_view_if_needed()
+        page.wait_for_timeout(300)
+        pos = page.evaluate(_OOM_MARKER)
+        page.mouse.move(pos["x"], pos["y"])
+        page.wait_for_timeout(500)
+        tip = page.get_by_text("request of").all_inner_texts()
+        rows = page.get_by_text(" B", exact=False).all_inner_texts()
+        return {"pos": pos, "tip": tip, "rows": rows, "card": page.locator("#sv-oom").inner_text()}
+
+    res = check_report_in_browser(str(out), _shots_dir(tmp_path_factory), interact=interact)
+    assert res["errors"] == [], res["errors"]
+    import snapviz
+    from snapviz.model import A_OOM
+
+    run = snapviz.load(str(sample))
+    ev = run.snapshot.events
+    request = int(ev.loc[ev["action"] == A_OOM, "size"].iat[0])  # the trace's own oom entry
+    assert res["pos"]["request"] == request
+    assert res["tip"] == ["request of 1 GiB failed"], res["tip"]
+    assert any(f"{request:,} B" in r for r in res["rows"]), res["rows"]
+    assert "CUDA out of memory: a 1.00 GiB request (1,073,741,824 B)" in res["card"]
+    assert "upsampling.py:186" in res["card"] and "verdict: fragmented" in res["card"]
+    # the hero leads with the failure, the peak comes under it
+    assert res["text"].index("CUDA out of memory") < res["text"].index("Peak 9.03 GiB")
+
+
 def test_a_page_that_fetches_is_caught(tmp_path: Path) -> None:
     """The check itself: a page reaching for a CDN or throwing is reported, not passed."""
     from snapviz.render.html import build_page

@@ -437,8 +437,11 @@ def test_warnings_and_oom_markers() -> None:
     an, doc = _analyse(snap, run)
     d = report_data(an, doc, max_points=100)
     assert d.warnings == doc["warnings"] and any("wrapped" in w for w in d.warnings)
-    assert d.headline.verdict.endswith("(within the recorded window only)")
+    # OOM first (issue 21): the failed request is the verdict, the peak the first line under it
+    assert d.headline.verdict == doc["oom"]["headline"] and d.headline.verdict.startswith("CUDA out of memory")
+    assert d.headline.lines[0].endswith("(within the recorded window only)")
     assert len(d.oom.index) == 1
+    assert d.oom.requested[0] == doc["oom"]["requested_bytes"] and d.oom.lines[0] == doc["oom"]["headline"]
     assert d.oom.index[0] in set(d.timeline.index.tolist()), "OOM rows are always kept"
 
 
@@ -448,7 +451,7 @@ def test_end_state_only_snapshot() -> None:
     an, doc = _analyse(sim.snapshot(layout="segments", marker=False))
     d = report_data(an, doc)
     assert d.decimation.total == 0 and len(d.timeline.index) == 0
-    assert "no trace history" in d.headline.verdict
+    assert "end state only" in d.headline.verdict and "Peak" not in d.headline.verdict
     html = render_html(an, doc)
     assert 'id="sv-no-timeline"' in html
 

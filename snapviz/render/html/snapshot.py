@@ -22,6 +22,7 @@ from snapviz.render.html.snapshot_data import report_data
 from snapviz.render.html.stage_plots import category_block, stage_breakdown_block
 from snapviz.render.html.view_models import BlockRows, SnapshotReport, bounded
 from snapviz.units import fmt_bytes
+from snapviz.vocab import END_STATE_ONLY
 
 
 def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
@@ -61,6 +62,19 @@ def _advice_html(data: SnapshotReport) -> str:
     )
 
 
+def _oom_html(data: SnapshotReport) -> str:
+    """The OOM card at the top: the failed request, the state, the verdict, the fix, what was live."""
+    oom = data.oom
+    if not oom.lines:
+        return ""
+    head, *rest = oom.lines
+    items = "".join(f"<li>{esc(x)}</li>" for x in [*rest, *oom.live])
+    return (
+        f'<section class="sv-card sv-oom" id="sv-oom"><h2>Why it ran out of memory</h2>'
+        f'<p class="sv-oom-head"><strong>{esc(head)}</strong></p><ul>{items}</ul></section>'
+    )
+
+
 def render_report_data(data: SnapshotReport) -> str:
     """The page for a :func:`~snapviz.render.html.snapshot_data.report_data` view-model."""
     data = bounded(data)
@@ -73,9 +87,14 @@ def render_report_data(data: SnapshotReport) -> str:
         if len(top.size)
         else ""
     )
+    if data.end_state_only and len(top.size):
+        hint = (
+            f"The {len(top.size)} largest blocks of the end state ({END_STATE_ONLY}); no event of the file "
+            "allocated them (event -1). Select a row to see where it was allocated."
+        )
     if top.has_ops:
         hint += " The op and its input shapes come from the run's profiler trace."
-    cards.append(card_open("Live at the peak", hint, "sv-top"))
+    cards.append(card_open("Live at the end state" if data.end_state_only else "Live at the peak", hint, "sv-top"))
     if len(top.size):
         spec = [
             ("size", "size", 90),
@@ -109,7 +128,12 @@ def render_report_data(data: SnapshotReport) -> str:
         "to zoom (the plots move together), click a point for its stack; click legend entries to hide lines."
     )
     return single_run_page(
-        data, "snapviz · GPU memory report", hint, with_points=True, before_timeline=[_advice_html(data)], cards=cards
+        data,
+        "snapviz · GPU memory report",
+        hint,
+        with_points=True,
+        before_timeline=[_oom_html(data), _advice_html(data)],
+        cards=cards,
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
 from snapviz.render.html.palette import category_palette, stage_palette
@@ -40,8 +41,9 @@ from snapviz.render.html.view_models import (
     Timeline,
     TopAllocations,
 )
+from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING
+from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
 
 ACTION_NAMES: tuple[str, ...] = ACTIONS
 MAX_ATTENTION_ROWS = 500
@@ -106,7 +108,10 @@ def _top_allocations(an: Any, time_s: np.ndarray, stacks: StackTable) -> TopAllo
         stage=[str(s) for s in (top["stage"] if len(top) else [])],
         site=[str(s) for s in (top["site"] if len(top) else [])],
         event_index=rows,
-        time_s=time_s[rows] if len(rows) else np.empty(0),
+        # end-state blocks (row -1) were allocated by no event of the file: no time
+        time_s=np.where(rows >= 0, time_s[np.clip(rows, 0, None)], np.nan)
+        if len(rows) and len(time_s)
+        else np.full(len(rows), np.nan),
         stack=stacks.add_many(sids),
         stack_text=[an.sites.stack_text(int(s), limit=40) if an.sites is not None else "" for s in sids],
         has_ops=any(ops),
@@ -154,6 +159,31 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
     )
 
 
+def _oom(
+    an: Any, doc: dict[str, Any], rows: np.ndarray, time_s: np.ndarray, alloc: np.ndarray, labels: np.ndarray
+) -> Oom:
+    """The OOM markers with their own request (a marker's hover names it, not a nearby event)."""
+    ev = an.replay.events
+    oom = doc.get("oom")
+    live: list[str] = []
+    if oom:
+        cats = oom.get("live_categories") or []
+        if cats:
+            live.append("live then: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:5]))
+        live += [f"{fmt_bytes(c['bytes'])} live from {c['site']}" for c in (oom.get("live_sites") or [])[:3]]
+    return Oom(
+        index=rows.astype(np.int64),
+        time_s=time_s[rows],
+        allocated=alloc[rows].astype(np.float64),
+        requested=ev["size"].to_numpy(np.float64)[rows],
+        # control characters from the file shown as escapes, as in the terminal
+        site=[printable(an.sites.site(int(s)), None) for s in ev["stack_id"].to_numpy()[rows]],
+        stage=[printable(x, None) for x in labels[rows]],
+        lines=[printable(x, None) for x in oom_lines(oom)] if oom else [],
+        live=[printable(x, None) for x in live],
+    )
+
+
 def _events(n: int) -> str:
     return f"{n:,} event" + ("" if n == 1 else "s")
 
@@ -167,14 +197,21 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
     if peak.index >= 0:
         when.append(f"event {peak.index:,}")
         where = f"in {p.get('stage')}" + (f", {' · '.join(when)}" if when else "")
-    elif (doc.get("history") or {}).get("events"):
-        where = "before the recorded history began"
+    elif (doc.get("end_state") or {}).get("only") or not (doc.get("history") or {}).get("events"):
+        where, window = f"live when the snapshot was taken ({END_STATE_ONLY})", ""
     else:
-        where = "at the time of the snapshot (no trace history: end state only)"
+        where = "before the recorded history began"
     verdict = (
         f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     )
+    if (doc.get("end_state") or {}).get("only"):  # no peak in such a file: what was live, and when
+        verdict = f"{fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}"
     lines = []
+    if doc.get("not_recorded"):  # nothing to report as a peak
+        verdict = str(doc["not_recorded"])
+    if doc.get("oom"):  # OOM first: the failed request is the verdict, the peak a line under it
+        lines.append(verdict)
+        verdict = printable(oom_lines(doc["oom"])[0], None)
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
     att = doc.get("attention") or {}
@@ -282,7 +319,7 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         decimation=decimation_note(len(keep), n),
         action_names=list(ACTION_NAMES),
         stacks=stacks.stacks,
-        oom=Oom(index=oom_rows.astype(np.int64), time_s=time_s[oom_rows], allocated=alloc[oom_rows].astype(np.float64)),
+        oom=_oom(an, doc, oom_rows, time_s, alloc, labels),
         advice=_advice(doc),
         stage_breakdown=breakdown,
         stage_top=stage_top(an, breakdown.interval, time_s, stacks),
@@ -292,4 +329,5 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         categories=_categories(doc, colors),
         top_allocations=top,
         attention=attention,
+        end_state_only=bool((doc.get("end_state") or {}).get("only")),
     )

@@ -93,17 +93,7 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
     fig.xaxis.visible = False
     fig.min_border_bottom = 4
     if snap is not None and len(snap.oom.index):
-        oom = {"time_s": snap.oom.time_s, "index": snap.oom.index, "allocated": snap.oom.allocated}
-        r = fig.scatter(
-            x=x,
-            y="allocated",
-            source=ColumnDataSource({k: np.asarray(v, np.float64) for k, v in oom.items()}),
-            marker="x",
-            size=14,
-            line_width=3,
-            line_color=SERIES_COLORS["peak"],
-        )
-        fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
+        _oom_markers(fig, x, snap)
     if with_points and snap is not None:
         _add_point_hover(fig, src, x, snap)
     area = _category_area(snap, cat_src, fig.x_range, switch) if snap is not None and cat_src else None
@@ -122,6 +112,49 @@ def timeline_blocks(data: SingleRunReport, *, with_points: bool = True) -> list[
     pane = stack_pane("Click a point on the timeline to see the allocation's stack here.")
     pane.name = PANE_NAME
     return [main, below, pane]
+
+
+def _oom_markers(fig: Any, x: str, data: SnapshotReport) -> None:
+    """The OOM markers, with a hover of their own that names the failed request: the point hover
+    (vline, first point) would show whichever event shares the marker's x."""
+    oom = data.oom
+    cols: dict[str, Any] = {
+        k: np.asarray(v, np.float64)
+        for k, v in {
+            "time_s": oom.time_s,
+            "index": oom.index,
+            "allocated": oom.allocated,
+            "oom_request": oom.requested,  # a name no other source has (tests find the markers by it)
+        }.items()
+    }
+    cols["site"] = list(oom.site)
+    cols["stage"] = list(oom.stage)
+    r = fig.scatter(
+        x=x,
+        y="allocated",
+        source=ColumnDataSource(cols),
+        marker="x",
+        size=14,
+        line_width=3,
+        line_color=SERIES_COLORS["peak"],
+    )
+    fig.legend[0].items.append(LegendItem(label=value("CUDA OOM"), renderers=[r]))
+    nbytes = bytes_hover_formatter()
+    fig.add_tools(
+        HoverTool(
+            renderers=[r],
+            tooltips=[
+                ("CUDA OOM", "request of @oom_request{custom} failed"),
+                ("requested", "@oom_request{0,0} B"),
+                ("at", "@site"),
+                ("stage", "@stage"),
+                ("allocated then", "@allocated{custom}"),
+                ("event", "@index{0,0}"),
+            ],
+            formatters={"@oom_request": nbytes, "@allocated": nbytes},
+            name="sv-oom-hover",
+        )
+    )
 
 
 def _fragmentation(src: ColumnDataSource, x_range: Any, frag: np.ndarray, switch: XSwitch) -> Any:

@@ -153,6 +153,8 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
         if n
         else "No memory events in this trace: nothing to measure"
     )
+    if doc.get("not_recorded"):  # the CPU allocator's figures are no headline of a GPU run
+        verdict = str(doc["not_recorded"])
     lines = [
         "From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
         "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"

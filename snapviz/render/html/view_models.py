@@ -126,9 +126,16 @@ class Bands:
 
 @dataclass
 class Oom:
+    """The OOM markers (one per ``oom`` trace entry) and the story of the first (analyses/oom.py)."""
+
     index: np.ndarray = field(default_factory=_ints)
     time_s: np.ndarray = field(default_factory=lambda: EMPTY_F)
     allocated: np.ndarray = field(default_factory=lambda: EMPTY_F)
+    requested: np.ndarray = field(default_factory=lambda: EMPTY_F)  # the failed request of each marker
+    site: list[str] = field(default_factory=list)  # its site
+    stage: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # headline, state, verdict, fix (oom_lines)
+    live: list[str] = field(default_factory=list)  # what was live then, by category and by site
 
 
 @dataclass
@@ -273,6 +280,7 @@ class SnapshotReport(SingleRunReport):
     categories: Categories
     top_allocations: TopAllocations
     attention: AttentionView
+    end_state_only: bool = False  # the file holds only the blocks live when it was taken
 
 
 @dataclass

@@ -1,0 +1,368 @@
+"""Why did it OOM: the failed request, the allocator's state at that moment, and the verdict.
+
+A run holds an OOM when its trace has an ``oom`` entry (the allocator gave up: the entry
+carries the requested bytes, the stream, ``device_free`` and the request's frames) or when
+the collectors' ``run.json`` records one (``oom``: device, requested bytes, stage). The
+state at that moment is the replay's: allocated and reserved after the entry before it,
+and the free blocks of the segments mapped then (free neighbours of one segment merge, so a
+free block is a gap between the non-free blocks of a segment). The cap is the run's memory
+limit (``run.json: memory_limit_bytes``), else ``device_free`` plus reserved (what the
+allocator could still have mapped), else not known.
+
+Verdicts (docs/design.md, "Machine-readable summary"):
+
+* ``out of memory``: allocated + request > cap. Nothing could have made it fit but holding
+  less: ``bytes_short`` is what live memory would have to shrink by.
+* ``fragmented``: the request fits under the cap beside what was allocated, but no single
+  free piece was large enough (the largest free cached block, and the cap minus reserved for
+  a new segment, are both smaller): the memory was there, not in one piece.
+* ``not determined``: the cap is not known and the cached free memory does not settle it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from snapviz.analyses.replay import ReplayResult, live_at
+from snapviz.analyses.sites import SiteNamer
+from snapviz.model import (
+    A_ALLOC,
+    A_FREE,
+    A_FREE_DONE,
+    A_FREE_REQ,
+    A_OOM,
+    A_SEG_ALLOC,
+    A_SEG_FREE,
+    A_SEG_MAP,
+    A_SEG_UNMAP,
+    Snapshot,
+)
+from snapviz.units import fmt_bytes
+
+OUT_OF_MEMORY = "out of memory"
+FRAGMENTED = "fragmented"
+NOT_DETERMINED = "not determined"
+SMALL_REQUEST = 1 << 20  # requests up to 1 MiB are served from the small pool
+SMALL_SEGMENT = 2 << 20  # the small pool's segments
+LIVE_ROWS = 5
+
+
+def oom_rows(rep: ReplayResult) -> np.ndarray:
+    """Rows of the device's ``oom`` trace entries."""
+    ev = rep.events
+    return np.flatnonzero(ev["action"].to_numpy() == A_OOM) if len(ev) else np.empty(0, np.int64)
+
+
+def run_json_oom(run_json: dict[str, Any] | None, device: int) -> dict[str, Any] | None:
+    """The collectors' OOM record for ``device`` (None: none, or another device's)."""
+    rec = (run_json or {}).get("oom")
+    if not isinstance(rec, dict) or not isinstance(rec.get("requested_bytes"), int):
+        return None
+    dev = rec.get("device", device)
+    return rec if dev == device or dev is None else None
+
+
+def oom_devices(snap: Snapshot, run_json: dict[str, Any] | None) -> list[int]:
+    """Devices whose trace holds an ``oom`` entry, or the one the collectors' record names."""
+    ev = snap.events
+    devs = sorted({int(d) for d in ev.loc[ev["action"] == A_OOM, "device"].tolist()}) if len(ev) else []
+    rec = (run_json or {}).get("oom")
+    if not devs and isinstance(rec, dict) and isinstance(rec.get("device"), int):
+        devs = [int(rec["device"])]
+    return devs
+
+
+def _segments_at(snap: Snapshot, rep: ReplayResult, row: int, expandable: bool) -> list[tuple[int, int]]:
+    """Segments (``[start, end)``) mapped just after ``row``: the end state's, with the trace's
+    segment events after ``row`` undone (an alloc/map is unmapped, a free/unmap mapped again).
+    Blocks never merge across segments, so plain segments stay apart; the pages of an
+    expandable segment are one address range, so adjacent mapped ranges join."""
+    segs = snap.segments
+    dev = segs[segs["device"] == rep.device] if len(segs) else segs
+    ranges: dict[int, int] = (
+        dict(zip(dev["address"].tolist(), (dev["address"] + dev["total_size"]).tolist(), strict=True))
+        if len(dev)
+        else {}
+    )
+    ev = rep.events
+    act = ev["action"].to_numpy()[row + 1 :]
+    sel = np.flatnonzero(np.isin(act, (A_SEG_ALLOC, A_SEG_MAP, A_SEG_FREE, A_SEG_UNMAP)))
+    addrs = ev["addr"].to_numpy()[row + 1 :][sel].tolist()
+    sizes = ev["size"].to_numpy()[row + 1 :][sel].tolist()
+    for a, addr, size in zip(act[sel].tolist()[::-1], addrs[::-1], sizes[::-1], strict=True):
+        if a in (A_SEG_ALLOC, A_SEG_MAP):
+            _cut(ranges, addr, addr + size)
+        else:
+            ranges[addr] = addr + size
+    out = sorted(ranges.items())
+    if expandable and out:
+        merged = [list(out[0])]
+        for s, e in out[1:]:
+            if s <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], e)
+            else:
+                merged.append([s, e])
+        out = [(s, e) for s, e in merged]
+    return out
+
+
+def _cut(ranges: dict[int, int], lo: int, hi: int) -> None:
+    """Remove ``[lo, hi)`` from the disjoint ranges (start -> end)."""
+    for s, e in list(ranges.items()):
+        if e <= lo or s >= hi:
+            continue
+        del ranges[s]
+        if s < lo:
+            ranges[s] = lo
+        if e > hi:
+            ranges[hi] = e
+
+
+def _nonfree_at(snap: Snapshot, rep: ReplayResult, row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(address, size) of the blocks not free just after ``row``: recorded allocations alive
+    then, blocks from before the recording freed later, and end-state blocks the trace never
+    touched."""
+    ev = rep.events
+    live = live_at(rep, row)
+    addr = [live["addr"].to_numpy(np.int64)]
+    size = [live["block_size"].to_numpy(np.int64)]
+    act = ev["action"].to_numpy()
+    rows = np.arange(len(ev))
+    orphan = np.isin(act, (A_FREE_REQ, A_FREE, A_FREE_DONE)) & (ev["alloc_row"].to_numpy() < 0) & (rows > row)
+    if orphan.any():
+        a = ev["addr"].to_numpy(np.int64)[orphan]
+        first = np.unique(a, return_index=True)[1]
+        addr.append(a[first])
+        size.append(ev["block_size"].to_numpy(np.int64)[orphan][first])
+    blocks = snap.blocks
+    if len(blocks):
+        b = blocks[(blocks["device"] == rep.device) & (blocks["state"] != "inactive")]
+        touched = ev["addr"].to_numpy(np.int64)[np.isin(act, (A_ALLOC, A_FREE_REQ, A_FREE, A_FREE_DONE))]
+        keep = ~np.isin(b["address"].to_numpy(np.int64), touched)
+        addr.append(b["address"].to_numpy(np.int64)[keep])
+        size.append(b["size"].to_numpy(np.int64)[keep])
+    return np.concatenate(addr), np.concatenate(size)
+
+
+def largest_free_block(
+    snap: Snapshot, rep: ReplayResult, row: int, expandable: bool, request: int
+) -> tuple[int, int] | None:
+    """(largest free block, free bytes) in the segments of the request's pool just after ``row``.
+
+    None when the file does not show the segments (no end-state segments).
+    """
+    if not len(snap.segments):
+        return None
+    segs = _segments_at(snap, rep, row, expandable)
+    if not expandable:  # a request > 1 MiB is served from the large pool, not the 2 MiB small segments
+        small = request <= SMALL_REQUEST
+        segs = [(s, e) for s, e in segs if (e - s == SMALL_SEGMENT) == small]
+    if not segs:
+        return 0, 0
+    s0 = np.array([s for s, _ in segs], np.int64)
+    e0 = np.array([e for _, e in segs], np.int64)
+    ba, bs = _nonfree_at(snap, rep, row)
+    seg_of = np.searchsorted(s0, ba, side="right") - 1
+    inside = (seg_of >= 0) & (ba < e0[np.maximum(seg_of, 0)])
+    ba, bs, seg_of = ba[inside], bs[inside], seg_of[inside]
+    k = len(s0)
+    # Occupied ranges per segment, with empty sentinels at each segment's start and end.
+    seg = np.concatenate([seg_of, np.arange(k), np.arange(k)])
+    start = np.concatenate([ba, s0, e0])
+    end = np.concatenate([ba + bs, s0, e0])
+    order = np.lexsort((start, seg))
+    seg, start, end = seg[order], start[order], end[order]
+    reach = np.maximum.accumulate(end)  # overlapping blocks (an inconsistent file) leave no gap
+    same = seg[1:] == seg[:-1]
+    # Segments are disjoint and sorted, so the running end never carries into the next one.
+    gaps = np.maximum(np.where(same, start[1:] - reach[:-1], 0), 0)
+    return (int(gaps.max()) if len(gaps) else 0), int(gaps.sum())
+
+
+def _cap(run_json: dict[str, Any] | None, reserved: int, device_free: int | None) -> tuple[int | None, str | None]:
+    limit = (run_json or {}).get("memory_limit_bytes")
+    if isinstance(limit, int) and limit > 0:
+        return limit, "the run's memory limit"
+    if device_free is not None and device_free >= 0:
+        return reserved + device_free, "reserved + free on the device"
+    return None, None
+
+
+def oom_report(
+    snap: Snapshot,
+    rep: ReplayResult,
+    labels: np.ndarray,
+    sites: SiteNamer,
+    live_categories: pd.DataFrame | None,
+    run_json: dict[str, Any] | None,
+    expandable: bool,
+) -> dict[str, Any] | None:
+    """The summary's ``oom`` object for the first OOM of ``rep``'s device (None: no OOM).
+
+    ``live_categories`` is the bytes by category live at the OOM (categorize_live at its row).
+    """
+    rows = oom_rows(rep)
+    rec = run_json_oom(run_json, rep.device)
+    ev = rep.events
+    if not len(rows) and rec is None:
+        return None
+    n = len(ev)
+    if len(rows):
+        row = int(rows[0])
+        request = int(ev["size"].iat[row])
+        stream: int | None = int(ev["stream"].iat[row])
+        df = int(ev["device_free"].iat[row])
+        device_free: int | None = df if df >= 0 else None
+        sid = int(ev["stack_id"].iat[row])
+        source = "trace"
+    else:
+        assert rec is not None
+        row = n - 1  # the collectors dump right after the failure: the end state is the moment
+        request = int(rec["requested_bytes"])
+        stream = None
+        device_free = rec.get("device_free") if isinstance(rec.get("device_free"), int) else None
+        sid = -1
+        source = "run.json"
+    if row >= 0:
+        allocated, reserved = int(ev["allocated"].iat[row]), int(ev["reserved"].iat[row])
+        stage = str(labels[row])
+    else:
+        allocated, reserved = rep.final_allocated, rep.final_reserved
+        stage = str((rec or {}).get("stage") or "")
+    if rec is not None and rec.get("stage") and source == "run.json":
+        stage = str(rec["stage"])
+    cap, cap_source = _cap(run_json, reserved, device_free)
+    free_res = max(reserved - allocated, 0)
+    got = largest_free_block(snap, rep, row, expandable, request) if row >= 0 else None
+    largest = got[0] if got is not None else None
+    verdict, short = NOT_DETERMINED, None
+    if cap is not None:
+        if allocated + request > cap:
+            verdict, short = OUT_OF_MEMORY, allocated + request - cap
+        elif largest is not None:
+            piece = max(largest, cap - reserved)
+            verdict, short = (FRAGMENTED, request - piece) if piece < request else (NOT_DETERMINED, None)
+    elif largest is not None and free_res >= request > largest:
+        verdict, short = FRAGMENTED, request - largest
+    live = live_categories if live_categories is not None else pd.DataFrame(columns=["category", "bytes"])
+    cats: list[dict[str, Any]] = [
+        {"category": str(c), "bytes": int(b)}
+        for c, b in zip(live["category"].tolist(), live["bytes"].tolist(), strict=True)
+        if b
+    ]
+    top = live_at(rep, row) if row >= 0 else ev.iloc[0:0]
+    by_site: dict[str, int] = {}
+    for s, b in zip(top["stack_id"].tolist(), top["block_size"].tolist(), strict=True):
+        name = sites.site(int(s))
+        by_site[name] = by_site.get(name, 0) + int(b)
+    sites_out = [
+        {"site": k, "bytes": v} for k, v in sorted(by_site.items(), key=lambda kv: (-kv[1], kv[0]))[:LIVE_ROWS]
+    ]
+    shrink = None
+    if verdict == OUT_OF_MEMORY and cats:
+        biggest = max(cats, key=lambda c: c["bytes"])
+        shrink = {"category": biggest["category"], "bytes": biggest["bytes"], "stage": stage}
+    return {
+        "source": source,
+        "count": int(len(rows)) or 1,
+        "device": rep.device,
+        "event_index": row if source == "trace" else None,
+        "time_us": int(ev["time_us"].iat[row]) if source == "trace" and int(ev["time_us"].iat[row]) >= 0 else None,
+        "requested_bytes": request,
+        "stream": stream,
+        "site": sites.site(sid) if sid >= 0 else None,
+        "stack": sites.stack_text(sid).splitlines() if sid >= 0 else [],
+        "stage": stage,
+        "allocated_bytes": allocated,
+        "reserved_bytes": reserved,
+        "cap_bytes": cap,
+        "cap_source": cap_source,
+        "device_free_bytes": device_free,
+        "free_reserved_bytes": free_res,
+        "largest_free_block_bytes": largest,
+        "verdict": verdict,
+        "bytes_short": short,
+        "live_categories": cats,
+        "live_sites": sites_out,
+        "shrink": shrink,
+        "advice": None,  # the first advice entry that would free bytes_short (filled by the summary)
+    }
+
+
+def pick_advice(oom: dict[str, Any], advice: list[dict[str, Any]]) -> str | None:
+    """For an ``out of memory`` verdict, the technique of the first advice entry that saves at
+    least ``bytes_short`` (None: none does); expandable segments for a fragmented one."""
+    if oom["verdict"] == FRAGMENTED:
+        return "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    if oom["verdict"] != OUT_OF_MEMORY:
+        return None
+    short = oom["bytes_short"] or 0
+    fits = [a for a in advice if (a.get("saves_up_to_bytes") or 0) >= short]
+    return str(fits[0]["technique"]) if fits else None
+
+
+def oom_headline(oom: dict[str, Any]) -> str:
+    """The sentence every sink leads with when a run hit an OOM: the failed request."""
+    where = f" at {oom['site']}" if oom.get("site") else ""
+    stage = f" in {oom['stage']}" if oom.get("stage") else ""
+    req = oom["requested_bytes"]
+    stream = f" on stream {oom['stream']}" if oom.get("stream") else ""
+    return f"CUDA out of memory: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}"
+
+
+def oom_short(oom: dict[str, Any]) -> str:
+    """The headline in a few words, for a picture's title and marker label."""
+    stage = f" in {oom['stage']}" if oom.get("stage") else ""
+    return f"CUDA OOM: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
+
+
+def oom_state(oom: dict[str, Any]) -> str:
+    """The allocator's state at that moment, with the cap and the free memory."""
+    state = f"at that moment {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
+    cap = oom.get("cap_bytes")
+    state += f" under a {fmt_bytes(cap)} cap ({oom['cap_source']})" if cap is not None else " (the cap is not known)"
+    largest = oom.get("largest_free_block_bytes")
+    return (
+        state
+        + f"; {fmt_bytes(oom['free_reserved_bytes'])} free in reserved segments"
+        + (f", largest free block {fmt_bytes(largest)}" if largest is not None else "")
+    )
+
+
+def oom_verdict(oom: dict[str, Any]) -> str:
+    """Fragmented or really out of memory, with the numbers that decide it."""
+    v = oom["verdict"]
+    short = oom.get("bytes_short")
+    req = fmt_bytes(oom["requested_bytes"])
+    if v == OUT_OF_MEMORY and short is not None:
+        return f"verdict: really out of memory: allocated + request exceed the cap by {fmt_bytes(short)} ({short:,} B)"
+    if v == FRAGMENTED and short is not None:
+        cap = oom.get("cap_bytes")
+        free = cap - oom["allocated_bytes"] if cap is not None else oom["free_reserved_bytes"]
+        return (
+            f"verdict: fragmented: {fmt_bytes(free)} was free, enough for the {req} request, but no free piece "
+            f"was large enough (the largest was {fmt_bytes(oom['requested_bytes'] - short)})"
+        )
+    return "verdict: not determined (fragmented or out of memory: the file does not show the cap)"
+
+
+def oom_fix(oom: dict[str, Any]) -> str | None:
+    """What would have made it fit, in words (None: not known)."""
+    short = oom.get("bytes_short")
+    if short is None:
+        return None
+    advice = f"; try: {oom['advice']}" if oom.get("advice") else ""
+    if oom["verdict"] == FRAGMENTED:
+        return f"to fit, the largest free piece had to be {fmt_bytes(short)} ({short:,} B) larger{advice}"
+    shrink = oom.get("shrink")
+    what = f" (the largest part then: {shrink['category']}, {fmt_bytes(shrink['bytes'])})" if shrink else ""
+    return f"to fit, live memory in {oom['stage']} had to be {fmt_bytes(short)} ({short:,} B) smaller{what}{advice}"
+
+
+def oom_lines(oom: dict[str, Any]) -> list[str]:
+    """The OOM story in the words every sink uses: headline, state, verdict, fix."""
+    fix = oom_fix(oom)
+    return [oom_headline(oom), oom_state(oom), oom_verdict(oom), *([fix] if fix else [])]

@@ -1,0 +1,127 @@
+"""Why did it OOM (issue 21 item 2): the failed request, the state then, and the verdict.
+
+Built with the oracle allocator (tests/support/synth.py), an independent model of the
+caching allocator that records an ``oom`` entry when it gives up: the expected numbers are
+its own (allocated, reserved, device free), never snapviz's.
+"""
+from __future__ import annotations
+
+import pytest
+
+import synth
+from sdrun import _analyse
+from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, oom_lines
+from snapviz.render.markdown import render_markdown
+from snapviz.render.terminal import render_terminal
+
+MiB = 1 << 20
+
+
+def _fragmented() -> tuple[synth.Sim, int]:
+    """Three 20 MiB segments, each with an 8 MiB hole in front of a live 8 MiB block, under a
+    64 MiB cap: 24 MiB allocated, 36 MiB free in pieces of at most 8 MiB; 14 MiB fails."""
+    a = synth.Sim(capacity=64 * MiB)
+    pairs = [
+        (a.alloc(8 * MiB, frames=synth.make_frames(f"front{i}")), a.alloc(8 * MiB, frames=synth.make_frames(f"back{i}")))
+        for i in range(3)
+    ]
+    assert a.reserved() == 60 * MiB
+    for front, _ in pairs:
+        a.free(front)
+    with pytest.raises(synth.SimOOM):
+        a.alloc(14 * MiB, frames=synth.make_frames("big_request", "/work/model.py", 77))
+    return a, 14 * MiB
+
+
+def test_fragmented_request_is_explained_with_the_oracles_numbers() -> None:
+    a, req = _fragmented()
+    an, doc = _analyse(a.snapshot())
+    oom = doc["oom"]
+    assert oom["requested_bytes"] == req
+    assert oom["allocated_bytes"] == a.allocated() == 24 * MiB
+    assert oom["reserved_bytes"] == a.reserved() == 60 * MiB
+    assert oom["cap_bytes"] == 64 * MiB  # reserved + the oom entry's device_free
+    assert oom["free_reserved_bytes"] == 36 * MiB
+    assert oom["largest_free_block_bytes"] == 8 * MiB
+    assert oom["verdict"] == FRAGMENTED
+    assert oom["bytes_short"] == req - 8 * MiB
+    assert oom["site"] == "/work/model.py:77 big_request"
+    assert "expandable_segments" in oom["advice"]
+    assert oom["headline"] == oom_lines(oom)[0]
+    # every text sink leads with the same sentence
+    assert render_terminal(doc).splitlines()[0] == oom["headline"]
+    assert oom["headline"] in render_markdown(doc).split("\n\n")[1]
+
+
+def test_really_out_of_memory_says_how_much_is_missing() -> None:
+    a = synth.Sim(capacity=100 * MiB)
+    a.alloc(40 * MiB, frames=synth.make_frames("weights"))
+    a.alloc(30 * MiB, frames=synth.make_frames("activations"))
+    with pytest.raises(synth.SimOOM):
+        a.alloc(50 * MiB, frames=synth.make_frames("too_big"))
+    _, doc = _analyse(a.snapshot())
+    oom = doc["oom"]
+    assert oom["verdict"] == OUT_OF_MEMORY
+    assert oom["allocated_bytes"] == 70 * MiB and oom["cap_bytes"] == 100 * MiB
+    assert oom["bytes_short"] == 70 * MiB + 50 * MiB - 100 * MiB
+    assert sum(s["bytes"] for s in oom["live_sites"]) == 70 * MiB
+    assert {c["category"] for c in oom["live_categories"]} and oom["shrink"]["bytes"] <= 70 * MiB
+    assert "really out of memory" in oom["verdict_text"] and "20.00 MiB" in oom["verdict_text"]
+
+
+def test_no_oom_is_null_and_no_cap_is_not_determined() -> None:
+    a = synth.Sim(capacity=100 * MiB)
+    a.alloc(10 * MiB)
+    _, doc = _analyse(a.snapshot())
+    assert doc["oom"] is None
+    # the collectors' record without a cap (no memory limit, no device_free): not determined
+    _, doc = _analyse(a.snapshot(), run={"oom": {"device": 0, "requested_bytes": 200 * MiB, "stage": "denoise"}})
+    oom = doc["oom"]
+    assert oom["source"] == "run.json" and oom["stage"] == "denoise" and oom["requested_bytes"] == 200 * MiB
+    assert oom["verdict"] == NOT_DETERMINED and oom["bytes_short"] is None
+    # with the run's memory limit it is decided
+    _, doc = _analyse(
+        a.snapshot(), run={"memory_limit_bytes": 150 * MiB, "oom": {"device": 0, "requested_bytes": 200 * MiB}}
+    )
+    assert doc["oom"]["verdict"] == OUT_OF_MEMORY and doc["oom"]["bytes_short"] == 10 * MiB + 200 * MiB - 150 * MiB
+
+
+def test_the_device_that_failed_is_shown_by_default() -> None:
+    a = synth.Sim(devices=2, capacity=100 * MiB)
+    a.alloc(90 * MiB, device=0)  # the higher peak
+    a.alloc(20 * MiB, device=1)
+    with pytest.raises(synth.SimOOM):
+        a.alloc(90 * MiB, device=1)
+    an, doc = _analyse(a.snapshot())
+    assert an.device == 1 and doc["oom"]["device"] == 1
+    assert any("ran out of memory" in w for w in doc["warnings"])
+
+
+def test_another_devices_oom_is_pointed_at() -> None:
+    a = synth.Sim(devices=2, capacity=100 * MiB)
+    a.alloc(20 * MiB, device=0)
+    with pytest.raises(synth.SimOOM):
+        a.alloc(200 * MiB, device=1)
+    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.load import Run
+    from snapviz.load.snapshot import snapshot_from_dict
+
+    sn = snapshot_from_dict(a.snapshot(), "snap")
+    doc = summary_dict(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))
+    assert doc["oom"] is None and any("--device 1 explains it" in w for w in doc["warnings"])
+
+
+def test_a_hostile_site_stays_text_in_every_sink() -> None:
+    from snapviz.render.html import render_html
+
+    evil = "<script>alert(1)</script>\x1b[2J|`**"
+    a = synth.Sim(capacity=100 * MiB)
+    a.alloc(60 * MiB, frames=synth.make_frames("weights"))
+    with pytest.raises(synth.SimOOM):
+        a.alloc(60 * MiB, frames=synth.make_frames(evil, "/work/evil.py", 1))
+    an, doc = _analyse(a.snapshot())
+    assert evil in doc["oom"]["site"]
+    term, md, html = render_terminal(doc), render_markdown(doc), render_html(an, doc)
+    assert "\x1b" not in term and "\x1b" not in md and "\x1b[2J" not in html
+    assert "<script>alert(1)</script>" not in md.replace("\\<", "<").split("CUDA out of memory", 1)[0]
+    assert "<script>alert(1)</script>" not in html
