@@ -169,7 +169,8 @@ def analyze_run(
     )
     if len(results) > 1:
         warnings.append(
-            f"{len(results)} devices in this snapshot; showing device {dev} (highest peak); use --device to pick another"
+            f"{len(results)} devices in this snapshot; showing device {dev} "
+            + ("(chosen with --device)" if device is not None else "(highest peak); use --device to pick another")
         )
     return Analysis(
         run=run,
@@ -308,7 +309,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     ]
     att = an.attention_summary
     advise_doc: list[dict[str, Any]] = []
-    alloc_truth, run_fields = run_summary_fields(run)
+    alloc_truth, run_fields = run_summary_fields(run, an.device)
     doc = {
         "schema": SCHEMA,
         "source": an.run.source,
