@@ -32,9 +32,11 @@ _PLUMBING = re.compile(
 def plumbing_frames(files: np.ndarray) -> np.ndarray:
     """Bool per frame (of ``files``, the frames' file names): torch's own plumbing (Module
     calls, ``nn.functional``, autograd, hooks), which never says why memory was allocated."""
-    uniq, inv = np.unique(np.asarray(files, dtype=str), return_inverse=True) if len(files) else ([], [])
+    if not len(files):
+        return np.zeros(0, bool)
+    uniq, inv = np.unique(np.asarray(files, dtype=str), return_inverse=True)
     hit = np.fromiter((_PLUMBING.search(str(u)) is not None for u in uniq), bool, len(uniq))
-    return hit[inv] if len(files) else np.zeros(0, bool)
+    return np.asarray(hit[np.asarray(inv).reshape(-1)], bool)
 
 
 # Python frames of Tensor.backward / torch.autograd.backward: their caller runs the backward.

@@ -3,7 +3,8 @@
 A score matrix is a ``bmm``/``baddbmm`` output that a ``softmax`` consumes next on the same
 thread (its shape is exact: the trace records input shapes); SDPA's math backend builds one
 inside. Fused attention is an SDPA op that did not run the math backend, or a fused kernel
-of ATen, vLLM, flash-attn or xFormers. Neither: "not determined".
+of ATen, vLLM, flash-attn, xFormers or ROCm aiter/CK, each named for what it is
+(:func:`snapviz.analyses.attention.fused_label`). Neither: "not determined".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.attention import FUSED, NOT_DETERMINED
+from snapviz.analyses.attention import NOT_DETERMINED, fused_label
 from snapviz.load.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
@@ -46,7 +47,7 @@ _SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # also ..._math_for_mps
 # Fused attention kernels outside SDPA's dispatcher op: ATen's own, vLLM's, flash-attn, xFormers.
 _FUSED_KERNELS = re.compile(
     r"(^aten::_(flash|efficient)_attention_forward$|^vllm::\w*attention|flash_attn|"
-    r"paged_attention|^xformers|fmha)"
+    r"paged_attention|^xformers|fmha|^aiter::\w*(mha|attn|attention))"
 )
 
 
@@ -242,7 +243,7 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     att["implementation"] = (
         "materialized (baddbmm/bmm + softmax)"
         if len(mat)
-        else f"{FUSED}: {len(fused)} call(s) of {', '.join(names)}"
+        else f"{fused_label(names)}: {len(fused)} call(s) of {', '.join(names)}"
         if len(fused)
         else NOT_DETERMINED
     )

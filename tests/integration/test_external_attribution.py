@@ -138,8 +138,8 @@ def test_mosaic_synthetic_attention_not_determined() -> None:
 
 
 @pytest.mark.parametrize("name, verdict", [
-    ("tracelens_h100_qwen05b.json.gz", "fused"),                 # aten::scaled_dot_product_attention -> flash
-    ("tracelens_mi300_vllm_decode.pt.trace.json.gz", "fused"),   # vllm::unified_attention_with_output
+    ("tracelens_h100_qwen05b.json.gz", "fused (SDPA/flash)"),    # aten::scaled_dot_product_attention -> flash
+    ("tracelens_mi300_vllm_decode.pt.trace.json.gz", "fused (vLLM paged attention)"),   # vllm::unified_attention_with_output
     ("hta_df_index_resolver_rank1.json.gz", "not determined"),   # bmm/baddbmm, no shapes, no softmax, no SDPA
     ("kineto_resnet50_v100_2021.pt.trace.json.gz", "not determined"),  # a CNN
 ])

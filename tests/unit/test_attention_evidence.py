@@ -57,7 +57,7 @@ def test_hand_written_qk_softmax_is_found(softmax: str) -> None:
     sim = Sim()
     weights = sim.alloc(256 * MiB, frames=_stack(["empty"], _at(10, "__init__")))
     scores_live_at_peak = 0
-    for layer in range(2):
+    for _layer in range(2):
         q = sim.alloc(B * H * L * D * 2, frames=_stack(["linear", "matmul", "mm"], _at(40)))
         k = sim.alloc(B * H * L * D * 2, frames=_stack(["linear", "matmul", "mm"], _at(41)))
         s = sim.alloc(score, frames=_stack(["matmul", "bmm"], _at(43)))           # q @ k.transpose(-2, -1)
@@ -107,3 +107,44 @@ def test_gnn_node_scores_and_logits_are_not_attention() -> None:
     assert "attention scores" not in {c["category"] for c in doc["categories"]}
     assert not any("attention" in a["technique"] or "scaled_dot_product" in a["how"] for a in doc["advice"])
     assert not feats.freed
+
+
+@pytest.mark.parametrize("ops, verdict", [
+    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention"], "fused (SDPA/flash): 1 call(s)"),
+    (["vllm::unified_attention_with_output"], "fused (vLLM paged attention): 1 call(s)"),
+    (["flash_attn::_flash_attn_forward"], "fused (flash-attn): 1 call(s)"),
+    (["xformers::efficient_attention_forward_cutlass"], "fused (xFormers): 1 call(s)"),
+    (["aiter::mha_fwd"], "fused (ROCm aiter/CK): 1 call(s)"),
+    (["aten::relu"], "not determined"),
+])
+def test_fused_kernels_are_named_for_what_they_are(ops: list[str], verdict: str, tmp_path: Any) -> None:
+    """A trace's fused attention op: SDPA's are "SDPA/flash"; vLLM's paged attention,
+    flash-attn, xFormers and ROCm aiter/CK kernels are not called SDPA."""
+    import json
+
+    from snapviz.analyses import trace_ops
+    from snapviz.analyses.trace_attention import attention_verdict
+    from snapviz.load.chrome_trace import load_chrome_trace
+
+    t0 = 1_700_000_000_000_000
+    events = [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": t0 + i, "dur": 100 - 2 * i,
+               "args": {"Input Dims": [[1, 8, 128, 64], [1, 8, 128, 64], [1, 8, 128, 64]]}} for i, n in enumerate(ops)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    att = attention_verdict(trace_ops.attention_ops(load_chrome_trace(str(p))))
+    assert att["implementation"].startswith(verdict), att
+
+
+@pytest.mark.parametrize("frame, verdict", [
+    ({"name": "_scaled_dot_product_flash_attention", "filename": "", "line": 0}, "fused (SDPA/flash)"),
+    ({"name": "paged_attention_forward", "filename": SP + "transformers/integrations/flash_paged.py", "line": 30},
+     "fused (paged attention)"),
+    ({"name": "flash_attn_func", "filename": SP + "flash_attn/flash_attn_interface.py", "line": 800}, "fused (flash-attn)"),
+])
+def test_fused_frames_are_named_for_what_they_are(frame: dict[str, Any], verdict: str) -> None:
+    sim = Sim()
+    h = sim.alloc(8 * MiB, frames=[frame, *_at(50)])
+    sim.free(h, frames=_at(51))
+    _, doc = _analyse(sim)
+    assert doc["attention"]["implementation"].startswith(verdict + ":"), doc["attention"]
+    assert doc["attention"]["fused"] and doc["attention"]["count"] == 0

@@ -77,6 +77,7 @@ def _fsdp_snapshot() -> tuple[dict[str, Any], int]:
                 sim.free(h, frames=frames)
                 sim.annotate(name, "END")
         sim.annotate(f"ProfilerStep#{step}", "END")
+    assert not keep[0].freed
     snap = sim.snapshot()
     return snap, sim.peak_allocated(0)
 
