@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.attention import NOT_DETERMINED, fused_label
+from snapviz.analyses.attention import FUSED, NOT_DETERMINED, fused_label
 from snapviz.load.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
@@ -218,7 +218,8 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
         "peak_live_bytes": 0,
         "largest": {"bytes": 0, "shape": None},
         "source": "trace ops",
-        "sdpa_calls": 0,
+        "sdpa_calls": 0,  # calls of PyTorch's SDPA ops that ran fused
+        "fused_calls": 0,  # every fused attention call: SDPA, vLLM, flash-attn, xFormers, aiter/CK
     }
     if not len(ops):
         att["implementation"] = NOT_DETERMINED
@@ -227,7 +228,8 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     mat = ops[ops["materializes_scores"].to_numpy(bool)]
     fused = top[[_is_sdpa(str(n)) for n in top["name"]] & ~top["materializes_scores"].to_numpy(bool)]
     att["count"] = int(len(mat))
-    att["sdpa_calls"] = int(len(fused))
+    att["fused_calls"] = int(len(fused))
+    att["sdpa_calls"] = int(sum(fused_label([str(n)]) == FUSED for n in fused["name"]))
     if len(mat):
         i = int(np.argmax(mat["score_bytes"].to_numpy()))
         row = mat.iloc[i]
