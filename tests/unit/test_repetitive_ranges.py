@@ -121,3 +121,23 @@ def test_profiler_step_in_any_category(cat: str, tmp_path: Path, capsys: pytest.
     assert doc["peak"]["allocated_bytes"] == 5 * MiB
     assert doc["peak"]["stage"] == "step/5", doc["peak"]
     assert [s["name"] for s in doc["stages"]] == ["step"]
+
+
+def test_trace_per_layer_ranges_are_one_phase(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace with a range per layer (``layers.0`` … ``layers.29``): one phase ``layers``,
+    each layer one level down; the peak's layer is the one that allocated the most."""
+    events: list[dict[str, Any]] = []
+    sizes: list[int] = []
+    for i in range(30):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"layers.{i}", "pid": 1, "tid": 1,
+                       "ts": T0 + 100 * i, "dur": 50})
+        n = (1 + (i * 7) % 30) * MiB          # layer 17 allocates the most (30 MiB)
+        sizes += [n, -n]
+    mem = _exact_events(1, 0, sizes)
+    for k, e in enumerate(mem):                # two events inside each layer's range
+        e["ts"] = T0 + 100 * (k // 2) + 10 + 10 * (k % 2)
+    p = tmp_path / "layers.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events + mem}))
+    doc, md, term = _analyze(p, capsys)
+    assert [s["name"] for s in doc["stages"]] == ["layers"]
+    assert doc["peak"]["allocated_bytes"] == 30 * MiB and doc["peak"]["stage"] == "layers/17"
