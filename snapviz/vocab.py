@@ -52,12 +52,34 @@ RUN_SUMMARY_KEYS = (
 ALLOCATOR_TRUTH_KEYS = ("max_memory_allocated", "max_memory_reserved")
 
 
-def run_summary_fields(run_json: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """(allocator_truth, run) of a summary document from run.json; (None, None) without one."""
+def allocator_figures(run_json: dict[str, Any] | None, device: int | None) -> dict[str, Any]:
+    """The allocator's own figures in run.json for ``device`` (every key None where unknown).
+
+    run.json's ``allocator`` holds the figures of the device it names (``device``) and, on
+    a multi-GPU run, one entry per device under ``devices``. The figures of one device are
+    never compared with another device's replay: a device run.json has no entry for gets
+    None (not checked), not the figures of device 0.
+    """
+    truth = (run_json or {}).get("allocator") or {}
+    if not isinstance(truth, dict):
+        return dict.fromkeys(ALLOCATOR_TRUTH_KEYS)
+    per = [d for d in truth.get("devices") or [] if isinstance(d, dict)]
+    if device is not None:
+        hit = next((d for d in per if d.get("device") == device), None)
+        if hit is None and truth.get("device", 0 if not per else None) == device:
+            hit = truth
+        truth = hit or {}
+    return {k: truth.get(k) for k in ALLOCATOR_TRUTH_KEYS}
+
+
+def run_summary_fields(
+    run_json: dict[str, Any] | None, device: int | None = None
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(allocator_truth, run) of a summary document from run.json; (None, None) without one.
+    ``device``: the CUDA device shown (see :func:`allocator_figures`)."""
     if not run_json:
         return None, None
-    truth = run_json.get("allocator") or {}
-    return {k: truth.get(k) for k in ALLOCATOR_TRUTH_KEYS}, {k: run_json.get(k) for k in RUN_SUMMARY_KEYS}
+    return allocator_figures(run_json, device), {k: run_json.get(k) for k in RUN_SUMMARY_KEYS}
 
 
 def stage_group(label: object) -> str:

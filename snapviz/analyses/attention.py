@@ -4,12 +4,15 @@ Which allocations are scores, and what proves attention ran fused, comes from
 :mod:`snapviz.analyses.score_evidence`. Here: their shapes (from the run's geometry when
 a snapshot gives only sizes), how many bytes of them were live when, and the verdict:
 ``materialized`` with the functions that did it, ``fused (SDPA/flash)`` only with a
-fused kernel or its code path in the frames (or the run's own record), and ``not
-determined`` otherwise: no frames of attention at all says nothing either way.
+fused kernel or its code path in the frames (or the run's own record; vLLM's paged
+attention, flash-attn, xFormers and ROCm aiter/CK kernels are named as such, see
+:func:`fused_label`), and ``not determined`` otherwise: no frames of attention at all
+says nothing either way.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,27 @@ IMPLEMENTATIONS = {
 DIFFUSION_STAGES = ("text_encode", "denoise", "vae_decode")
 FUSED = "fused (SDPA/flash)"
 NOT_DETERMINED = "not determined"
+# Fused attention that is not PyTorch's SDPA, named for what it is (op, kernel or frame names).
+FUSED_FAMILIES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^vllm::|(^|/)vllm/"), "vLLM paged attention"),
+    (re.compile(r"paged_attention"), "paged attention"),
+    (re.compile(r"flash_attn"), "flash-attn"),
+    (re.compile(r"xformers"), "xFormers"),
+    (re.compile(r"aiter|ck_tile|composable_kernel|(^|\W)ck::"), "ROCm aiter/CK"),
+    (re.compile(r"fmha"), "fused MHA kernel"),
+)
+
+
+def fused_label(names: list[str]) -> str:
+    """``fused (…)`` naming the kinds of fused attention in ``names``: SDPA's kernels and
+    code paths that call them are ``fused (SDPA/flash)``; vLLM's paged attention,
+    flash-attn, xFormers, ROCm aiter/CK kernels are named as such."""
+    kinds: list[str] = []
+    for n in names:
+        kind = next((label for rx, label in FUSED_FAMILIES if rx.search(n)), "SDPA/flash")
+        if kind not in kinds:
+            kinds.append(kind)
+    return f"fused ({'; '.join(kinds)})" if kinds else FUSED
 
 
 # --- shapes -------------------------------------------------------------------------------------
@@ -181,7 +205,7 @@ def _implementation(run: dict[str, Any], count: int, functions: dict[str, int], 
             parts.append("softmax over a matmul in " + ", ".join(other))
         return "materialized: " + ", ".join(parts), "inferred"
     if fused:
-        return f"{FUSED}: " + ", ".join(sorted(fused)[:3]), "inferred"
+        return f"{fused_label(sorted(fused))}: " + ", ".join(sorted(fused)[:3]), "inferred"
     return NOT_DETERMINED, "inferred"
 
 

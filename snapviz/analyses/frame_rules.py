@@ -15,7 +15,9 @@ matches any of its frames; ties go to the rule listed first. Kinds:
 * ``attention``: evidence of how attention ran: ``fused`` (an SDPA / flash /
   memory-efficient / cuDNN kernel, or a code path that only calls one) and ``softmax``
   (a softmax function: what it consumes may be a score matrix; see
-  :mod:`snapviz.analyses.score_evidence`).
+  :mod:`snapviz.analyses.score_evidence`), and what makes such a softmax attention:
+  ``qk`` (a matrix product, Q·Kᵀ), ``not-qk`` (a linear layer or matrix-vector product,
+  which is not) and ``module`` (attention code: a function or file named for it).
 
 A :class:`RuleSet` is resolved once per analysis (:func:`load_rules`) and passed to every
 analysis that needs it; nothing here is cached between calls.
@@ -36,7 +38,7 @@ from snapviz.vocab import RULES_SCHEMA
 KINDS = ("stage", "category", "phase", "attention")
 ATTACH = ("self", "previous", "next")
 LIFETIMES = ("any", "short", "long")
-EVIDENCE = ("fused", "softmax")  # names of kind "attention" rules
+EVIDENCE = ("fused", "softmax", "qk", "not-qk", "module")  # names of kind "attention" rules
 RULE_KEYS = frozenset({"id", "name", "function", "file", "priority", "kind", "attach", "lifetime", "note"})
 
 

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.frame_rules import Rule, RuleSet
+from snapviz.analyses.sites import plumbing_frames
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
@@ -101,44 +102,56 @@ def _softmax_families(snap: Snapshot, rules: RuleSet, tables: StackTables, sizes
     soft_stacks = np.flatnonzero(tables.stacks_matching(soft_rules))
     if not len(soft_stacks):
         return pd.DataFrame(columns=COLUMNS)
+    # Evidence that a softmax is attention's (see the module docstring): per stack.
+    module_rules, qk_rules, not_qk_rules = (rules.of_kind("attention", k) for k in ("module", "qk", "not-qk"))
+    module_st = tables.stacks_matching(module_rules) if module_rules else np.zeros(tables.n_stacks, bool)
+    qk_st = tables.stacks_matching(qk_rules) if qk_rules else np.zeros(tables.n_stacks, bool)
+    if not_qk_rules:
+        qk_st &= ~tables.stacks_matching(not_qk_rules)
+    plumbing = plumbing_frames(tables.files)
     py = [tuple(f for f in st if tables.is_python[f]) for st in snap.stacks]  # innermost first
-    # family (caller function, file, Python frames above it) -> [softmax line, softmax output bytes]
+    # family (caller function, file, Python frames above it) -> [softmax line, output bytes, module frames]
     families: dict[tuple[str, str, tuple[int, ...]], list[int]] = {}
     for sid in soft_stacks.tolist():
         st = snap.stacks[sid]
         outer = max(i for i, f in enumerate(st) if smask[f])
-        caller = next((f for f in st[outer + 1 :] if tables.is_python[f] and not smask[f]), None)
+        # The caller: the first Python frame outside the softmax and outside torch's own
+        # plumbing (nn.Softmax's forward, Module.__call__), i.e. the code that built its input.
+        caller = next((f for f in st[outer + 1 :] if tables.is_python[f] and not smask[f] and not plumbing[f]), None)
         if caller is None:
             continue
         k = py[sid].index(caller)
         key = (str(tables.names[caller]), str(tables.files[caller]), py[sid][k + 1 :])
-        cur = families.setdefault(key, [0, 0])
+        cur = families.setdefault(key, [0, 0, 0])
         cur[0] = max(cur[0], int(tables.lines[caller]))
         cur[1] = max(cur[1], int(sizes.get(sid, 0)))
+        cur[2] |= int(module_st[sid])
     rows = []
-    for (name, file, chain), (soft_line, soft_bytes) in families.items():
+    for (name, file, chain), (soft_line, soft_bytes, module) in families.items():
         if soft_bytes <= 0:
             continue
         n = len(chain)
+        members = []
         for sid, pf in enumerate(py):
             if len(pf) <= n or pf[len(pf) - n :] != chain:
                 continue
             f = pf[len(pf) - n - 1]  # the family's own frame, just inside the chain
             if tables.names[f] != name or tables.files[f] != file or int(tables.lines[f]) > soft_line:
                 continue
-            rows.append(
-                (
-                    sid,
-                    name,
-                    f"{name}@{file}",
-                    int(tables.lines[f]),
-                    int(sizes.get(sid, 0)),
-                    True,
-                    0,
-                    soft_bytes,
-                    "softmax",
-                )
-            )
+            members.append((sid, int(tables.lines[f])))
+        # Attention evidence: attention code around the softmax, or a matrix product (Q·K^T)
+        # of the softmax's size among what the caller built before it. Neither: a softmax of
+        # something else (a GNN's node scores, a classifier's logits), not scores.
+        size_of = [int(sizes.get(sid, 0)) for sid, _ in members]
+        qk = any(
+            qk_st[sid] and b in (soft_bytes, 2 * soft_bytes, soft_bytes // 2)
+            for (sid, _), b in zip(members, size_of, strict=True)
+        )
+        if not (module or qk):
+            continue
+        why = "softmax+qk" if qk else "softmax+module"
+        for (sid, line), b in zip(members, size_of, strict=True):
+            rows.append((sid, name, f"{name}@{file}", line, b, True, 0, soft_bytes, why))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

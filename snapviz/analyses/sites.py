@@ -27,6 +27,18 @@ _PLUMBING = re.compile(
     r"/torch/_compile\.py$|/torch/_dynamo/|/torch/utils/hooks\.py$|/accelerate/hooks\.py$|"
     r"^<frozen|/threading\.py$|/contextlib\.py$)"
 )
+
+
+def plumbing_frames(files: np.ndarray) -> np.ndarray:
+    """Bool per frame (of ``files``, the frames' file names): torch's own plumbing (Module
+    calls, ``nn.functional``, autograd, hooks), which never says why memory was allocated."""
+    if not len(files):
+        return np.zeros(0, bool)
+    uniq, inv = np.unique(np.asarray(files, dtype=str), return_inverse=True)
+    hit = np.fromiter((_PLUMBING.search(str(u)) is not None for u in uniq), bool, len(uniq))
+    return np.asarray(hit[np.asarray(inv).reshape(-1)], bool)
+
+
 # Python frames of Tensor.backward / torch.autograd.backward: their caller runs the backward.
 _BACKWARD_API = re.compile(r"/torch/(_tensor\.py|autograd/__init__\.py)$")
 _AUTOGRAD_THREAD = re.compile(r"^torch::autograd::(Engine::|python::PythonEngine::)")

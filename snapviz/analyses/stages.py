@@ -36,7 +36,7 @@ from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
 from snapviz.model import Snapshot
-from snapviz.vocab import CANONICAL_STAGES, UNLABELLED, stage_group
+from snapviz.vocab import CANONICAL_STAGES, STAGE_SEP, UNLABELLED, stage_group
 
 CANONICAL = CANONICAL_STAGES  # re-exported for the trace analyses
 
@@ -125,6 +125,67 @@ def range_stage(name: str) -> str:
     return f"compiled graph/{m.group(1)[:8]}" if m else inner
 
 
+# Repetitive ranges (torchtitan's ``FSDP::all_gather (layers.3)``, per-layer ``layers.0``,
+# ``layers.1`` …) become one phase each, with the detail one level down (``phase/detail``).
+MAX_PHASES = 20
+_NUMBER = re.compile(r"\d+")
+_QUALIFIED = re.compile(r"^(?P<head>.*?\S)\s*\((?P<detail>[^()]*)\)$")
+_TRAILING_INDEX = re.compile(r"^(?P<head>.*?[^\d._:#\-\s])[._:#\-\s]*(?P<index>\d+)$")
+_PREFIX = re.compile(r"^(?P<head>[^:.\s]+?)(::|\.|\s)(?P<rest>.+)$")
+
+
+def _repeated_key(name: str) -> tuple[str, str]:
+    """(phase, detail) if ``name`` has siblings that differ from it only by a qualifier in
+    parentheses or by numbers: ``FSDP::pre_forward (layers.0)`` -> (``FSDP::pre_forward``,
+    ``layers.0``); ``layers.12`` -> (``layers``, ``12``); ``block3_conv`` -> (``block#_conv``,
+    ``block3_conv``)."""
+    m = _QUALIFIED.match(name)
+    if m:
+        return _NUMBER.sub("#", m["head"]), m["detail"]
+    m = _TRAILING_INDEX.match(name)
+    if m and not _NUMBER.search(m["head"]):
+        return m["head"], m["index"]
+    return _NUMBER.sub("#", name), name
+
+
+def range_labels(names: list[str]) -> dict[str, str]:
+    """The stage label of each ``record_function`` range name (:func:`range_stage`), with
+    repetitive names grouped so a report has a handful of phases, not one per range:
+
+    1. names that differ only by numbers or by a qualifier in parentheses, when at least
+       two share the rest, become that phase, the difference one level down
+       (``layers.0``, ``layers.1`` -> ``layers/0``, ``layers/1``; ``FSDP::all_gather
+       (layers.3)`` -> ``FSDP::all_gather/layers.3``);
+    2. if more than :data:`MAX_PHASES` phases remain, phases sharing a leading name
+       (before ``::``, ``.`` or a space) become that name, the full name one level down
+       (``FSDP::all_gather/…``, ``FSDP::reduce_scatter/…`` -> ``FSDP/…``).
+
+    Names the profiler gives a meaning (optimizer, ProfilerStep, compiled graphs) and
+    names already holding ``/`` keep their :func:`range_stage` label.
+    """
+    labels = {n: range_stage(n) for n in dict.fromkeys(names)}
+    free = [n for n, lab in labels.items() if lab == (_HASHES.sub("", n) or n) and STAGE_SEP not in lab]
+    keys = {n: _repeated_key(labels[n]) for n in free}
+    count: dict[str, int] = {}
+    for phase, _ in keys.values():
+        count[phase] = count.get(phase, 0) + 1
+    for n, (phase, detail) in keys.items():
+        if count[phase] > 1:
+            labels[n] = f"{phase}{STAGE_SEP}{detail}"
+    groups = {stage_group(lab) for lab in labels.values()}
+    if len(groups) > MAX_PHASES:
+        heads: dict[str, set[str]] = {}
+        for n in free:
+            m = _PREFIX.match(stage_group(labels[n]))
+            if m:
+                heads.setdefault(m["head"], set()).add(stage_group(labels[n]))
+        for n in free:
+            m = _PREFIX.match(stage_group(labels[n]))
+            if m and len(heads[m["head"]]) > 1:
+                labels[n] = f"{m['head']}{STAGE_SEP}{_HASHES.sub('', n) or n}"
+    return labels
+
+
 COMPILE = "compile"
 _NO_CONTEXT = ("", "N/A")
 
@@ -167,15 +228,19 @@ def _with_annotations(
     labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
     base_step = np.array([str(x).split("/", 1)[1] if "/" in str(x) else "" for x in labels], dtype=object)
     in_phase = _paint(labels, times, iv[phase.notna()].assign(name=phase[phase.notna()]))
-    in_user = _paint(labels, times, iv[user].assign(name=[range_stage(n) for n in names[user]]))
+    grouped = range_labels(names[user].tolist())
+    in_user = _paint(labels, times, iv[user].assign(name=[grouped[n] for n in names[user]]))
     numbered = in_phase & ~in_user & (base_step != "")
     labels[numbered] = labels[numbered] + "/" + base_step[numbered]
-    # ProfilerStep#N numbers the steps; with them, no other numbering is kept.
+    # ProfilerStep#N numbers the steps; with them, no other numbering is kept, but a grouped
+    # range keeps its detail beside the step: ``FSDP::pre_forward/1 (layers.15)``.
     steps = label_by_intervals(times, iv[step.notna()].assign(name=step[step.notna()]), default="")
     in_step = (steps != "") & (labels != UNLABELLED)
     if in_step.any():
+        detail = np.array([str(a).partition(STAGE_SEP)[2] for a in labels], dtype=object)
+        detail = np.where(in_user & (detail != ""), " (" + detail + ")", "")
         labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
-        labels[in_step] = labels[in_step] + "/" + steps[in_step]
+        labels[in_step] = labels[in_step] + STAGE_SEP + steps[in_step] + detail[in_step]
     if not (in_phase | in_user | in_step).any():
         return None
     return labels, bool(in_user.any())

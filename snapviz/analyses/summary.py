@@ -119,7 +119,7 @@ def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayRes
             raise InputError(
                 f"{snap.source}: no device {device} in this snapshot (devices: {', '.join(map(str, devs))})"
             )
-        return device, results, "asked for with --device"
+        return device, results, "chosen with --device"
     # OOM first: the device that failed is the one to explain.
     failed = [d for d in oom_devices(snap, run.run_json) if d in results]
     if failed:
@@ -219,7 +219,8 @@ def analyze_run(
     )
     if len(results) > 1:
         warnings.append(
-            f"{len(results)} devices in this snapshot; showing device {dev} ({why_dev}); use --device to pick another"
+            f"{len(results)} devices in this snapshot; showing device {dev} ({why_dev})"
+            + ("" if device is not None else "; use --device to pick another")
         )
     return Analysis(
         run=run,
@@ -360,7 +361,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     ]
     att = an.attention_summary
     advise_doc: list[dict[str, Any]] = []
-    alloc_truth, run_fields = run_summary_fields(run)
+    alloc_truth, run_fields = run_summary_fields(run, an.device)
     doc = {
         "schema": SCHEMA,
         "source": an.run.source,

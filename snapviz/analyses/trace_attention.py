@@ -3,7 +3,8 @@
 A score matrix is a ``bmm``/``baddbmm`` output that a ``softmax`` consumes next on the same
 thread (its shape is exact: the trace records input shapes); SDPA's math backend builds one
 inside. Fused attention is an SDPA op that did not run the math backend, or a fused kernel
-of ATen, vLLM, flash-attn or xFormers. Neither: "not determined".
+of ATen, vLLM, flash-attn, xFormers or ROCm aiter/CK, each named for what it is
+(:func:`snapviz.analyses.attention.fused_label`). Neither: "not determined".
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.attention import FUSED, NOT_DETERMINED
+from snapviz.analyses.attention import FUSED, NOT_DETERMINED, fused_label
 from snapviz.load.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
@@ -46,7 +47,7 @@ _SDPA_MATH = "aten::_scaled_dot_product_attention_math"  # also ..._math_for_mps
 # Fused attention kernels outside SDPA's dispatcher op: ATen's own, vLLM's, flash-attn, xFormers.
 _FUSED_KERNELS = re.compile(
     r"(^aten::_(flash|efficient)_attention_forward$|^vllm::\w*attention|flash_attn|"
-    r"paged_attention|^xformers|fmha)"
+    r"paged_attention|^xformers|fmha|^aiter::\w*(mha|attn|attention))"
 )
 
 
@@ -217,7 +218,8 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
         "peak_live_bytes": 0,
         "largest": {"bytes": 0, "shape": None},
         "source": "trace ops",
-        "sdpa_calls": 0,
+        "sdpa_calls": 0,  # calls of PyTorch's SDPA ops that ran fused
+        "fused_calls": 0,  # every fused attention call: SDPA, vLLM, flash-attn, xFormers, aiter/CK
     }
     if not len(ops):
         att["implementation"] = NOT_DETERMINED
@@ -226,7 +228,8 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     mat = ops[ops["materializes_scores"].to_numpy(bool)]
     fused = top[[_is_sdpa(str(n)) for n in top["name"]] & ~top["materializes_scores"].to_numpy(bool)]
     att["count"] = int(len(mat))
-    att["sdpa_calls"] = int(len(fused))
+    att["fused_calls"] = int(len(fused))
+    att["sdpa_calls"] = int(sum(fused_label([str(n)]) == FUSED for n in fused["name"]))
     if len(mat):
         i = int(np.argmax(mat["score_bytes"].to_numpy()))
         row = mat.iloc[i]
@@ -242,7 +245,7 @@ def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
     att["implementation"] = (
         "materialized (baddbmm/bmm + softmax)"
         if len(mat)
-        else f"{FUSED}: {len(fused)} call(s) of {', '.join(names)}"
+        else f"{fused_label(names)}: {len(fused)} call(s) of {', '.join(names)}"
         if len(fused)
         else NOT_DETERMINED
     )

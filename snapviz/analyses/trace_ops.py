@@ -15,7 +15,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, range_stage, stage_group
+from snapviz.analyses.stages import CANONICAL, range_labels, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
@@ -179,6 +179,30 @@ def _containment_depth(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return depth
 
 
+_PROFILER_STEP_NAME = r"^ProfilerStep#\d+$"
+
+
+def _ranges(trace: ChromeTrace) -> pd.DataFrame:
+    """``record_function`` ranges: the ``user_annotation`` events, and ``ProfilerStep#N``
+    in whatever category its profiler put it (2021 traces: ``Operator``, read as ``cpu_op``;
+    some releases: ``cpu_op``), once each."""
+    ann = trace.annotations
+    ops = trace.ops
+    if not len(ops):
+        return ann
+    cats = pd.Index(ops["name"].cat.categories).astype(str)
+    is_step = np.asarray(cats.str.match(_PROFILER_STEP_NAME), bool)
+    steps = ops[is_step[ops["name"].cat.codes.to_numpy()]] if is_step.any() else ops.iloc[:0]
+    if not len(steps):
+        return ann
+    cols = ["name", "start_us", "end_us", "tid"]
+    both = pd.concat(
+        [ann[cols].astype({"name": str}), steps[cols].astype({"name": str})], ignore_index=True
+    ).drop_duplicates(["name", "start_us", "end_us"])
+    both["name"] = both["name"].astype("category")
+    return both.reset_index(drop=True)
+
+
 def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     """``record_function`` ranges that look like pipeline stages, outermost first.
 
@@ -193,7 +217,7 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     (the part before ``/``), ``depth`` (number of enclosing stages), ``tid``.
     Rows are ordered by start, then longer (outer) first.
     """
-    ann = trace.annotations
+    ann = _ranges(trace)
     cols = ["name", "start_us", "end_us", "group", "depth", "tid"]
     if not len(ann):
         return pd.DataFrame(
@@ -214,7 +238,8 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
         keep_name, names = canonical, cats.to_numpy().astype(object)
     else:
         keep_name = np.ones(len(cats), bool)
-        names = np.array([range_stage(c) for c in cats], dtype=object)
+        grouped = range_labels(cats.tolist())
+        names = np.array([grouped[c] for c in cats], dtype=object)
     groups = np.array([stage_group(n) for n in names], dtype=object)
     rows = ann[keep_name[codes]]
     out = pd.DataFrame(

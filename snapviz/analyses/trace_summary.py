@@ -98,10 +98,10 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
         for t, i in zip(ta.devices["device_type"], ta.devices["device_id"], strict=True)
         if dev is not None and (int(t), int(i)) != dev and int(t) != DEVICE_CPU
     ]
-    if others and device is None:
+    if others:
         warnings.append(
             f"this trace also holds {', '.join(others)}; showing {device_label(*dev)} "  # type: ignore[misc]
-            "(highest peak); use --device to pick another"
+            + ("(chosen with --device)" if device is not None else "(highest peak); use --device to pick another")
         )
     top = live_at_trace_peak(tr, ta.device)
     if len(ta.timeline) and not tr.memory["addr"].to_numpy().any():
@@ -222,7 +222,8 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         )
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
-    alloc_truth, run_fields = run_summary_fields(rj)
+    # The allocator's figures are a CUDA device's: a CPU device is compared with none of them.
+    alloc_truth, run_fields = run_summary_fields(rj, (-1 if dev[0] == DEVICE_CPU else int(dev[1])) if dev else None)
     return {
         "schema": SCHEMA,
         "source": an.run.source,

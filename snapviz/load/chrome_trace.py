@@ -61,7 +61,7 @@ class ChromeTrace:
       allocating thread).
     * ``annotations``: ``record_function`` ranges (``cat == "user_annotation"``):
       ``name`` (categorical), ``start_us``, ``end_us``, ``tid``, ``pid``.
-    * ``ops``: ``cat == "cpu_op"``: ``name``, ``start_us``, ``end_us``, ``tid``,
+    * ``ops``: ``cat == "cpu_op"`` (``"Operator"`` in 2021 traces): ``name``, ``start_us``, ``end_us``, ``tid``,
       ``input_dims`` and ``input_types`` (categoricals of the JSON text of
       ``Input Dims`` / ``Input type``, ``""`` when shapes were not recorded).
     * ``python_functions``: ``cat == "python_function"``: ``name``, ``start_us``,

@@ -157,7 +157,7 @@ class Columns:
             if type(ev) is not dict:
                 continue
             cat = ev.get("cat")
-            if cat == "cpu_op":
+            if cat == "cpu_op" or cat == "Operator":  # "Operator": the 2021 profilers' name for cpu_op
                 args = _args(ev)
                 dims = args.get("Input Dims")
                 types = args.get("Input type")

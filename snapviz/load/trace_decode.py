@@ -74,7 +74,7 @@ else:  # pragma: no cover
     _DECODER = None
     _REFUSED = ()
 
-_KIND = {"cpu_op": 1, "python_function": 2, "user_annotation": 3}
+_KIND = {"cpu_op": 1, "Operator": 1, "python_function": 2, "user_annotation": 3}  # Operator: cpu_op of 2021
 _CAT, _NAME, _TS, _DUR, _TID, _PID, _ARGS = map(attrgetter, ("cat", "name", "ts", "dur", "tid", "pid", "args"))
 _DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_type")
 _MEMORY_ARGS = {

@@ -51,6 +51,7 @@ _K_TID = np.frombuffer(b"tid", np.uint8)
 _K_PID = np.frombuffer(b"pid", np.uint8)
 _K_ARGS = np.frombuffer(b"args", np.uint8)
 _V_CPU_OP = np.frombuffer(b"cpu_op", np.uint8)
+_V_OPERATOR = np.frombuffer(b"Operator", np.uint8)  # the 2021 profilers' name for cpu_op
 _V_PYTHON = np.frombuffer(b"python_function", np.uint8)
 _V_ANNOTATION = np.frombuffer(b"user_annotation", np.uint8)
 _V_MEMORY = np.frombuffer(b"[memory]", np.uint8)
@@ -205,7 +206,7 @@ def decode_items(
             if not bad:
                 # ---- the kind, tested in the reference's order
                 kind = 0
-                if cat_s >= 0 and eq(b, cat_s, cat_e, _V_CPU_OP):
+                if cat_s >= 0 and (eq(b, cat_s, cat_e, _V_CPU_OP) or eq(b, cat_s, cat_e, _V_OPERATOR)):
                     kind = OP
                 elif cat_s >= 0 and eq(b, cat_s, cat_e, _V_PYTHON):
                     kind = PYTHON

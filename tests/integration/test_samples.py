@@ -100,3 +100,48 @@ def test_no_placeholders_in_reports(sample: tuple) -> None:
         for text in (render_terminal(doc), render_markdown(doc)):
             assert not placeholder_lines(text), (path.name, placeholder_lines(text)[:3])
         assert not placeholder_strings(doc), (path.name, placeholder_strings(doc)[:5])
+
+
+def test_allocator_truth_is_the_shown_devices(sample: tuple) -> None:
+    """Each device's replay is compared with that device's own max_memory_allocated/reserved
+    (run.json's per-device figures), never with another device's."""
+    from snapviz.render.html.view_common import allocator_truth
+    from snapviz.render.markdown import render_markdown
+    from snapviz.render.terminal import render_terminal
+
+    path, rj, docs = sample
+    for device, doc in docs:
+        truth = _device_truth(rj, device)
+        assert doc["allocator_truth"] == {
+            "max_memory_allocated": truth["max_memory_allocated"],
+            "max_memory_reserved": truth["max_memory_reserved"],
+        }, (path.name, device)
+        term = render_terminal(doc)
+        assert "(exact match)" in term and "replay differs" not in term, (path.name, device)
+        assert f"| {truth['max_memory_allocated']:,} |" in render_markdown(doc)
+        badge = allocator_truth(doc)
+        assert badge is not None and badge.status == "match", (path.name, device, badge)
+        if len(docs) > 1:   # the device was chosen: the warning says so, not "highest peak"
+            chosen = [w for w in doc["warnings"] if "devices in this snapshot" in w]
+            assert chosen == [f"{len(docs)} devices in this snapshot; showing device {device} (chosen with --device)"]
+
+
+def test_device_flag_on_the_balanced_sample() -> None:
+    """``analyze sdxl-fp16-balanced --device 1``: device 1's own maximum (in run.json) equals
+    the replay; before, device 0's figures were used (-8,984,042,496 B, "-84.24% off")."""
+    import subprocess
+    import sys
+
+    path = ROOT / "sample_snapshots" / "sdxl-fp16-balanced"
+    rj = json.loads((path / "run.json").read_text())
+    dev1 = next(d for d in rj["allocator"]["devices"] if d["device"] == 1)
+    out = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(path), "--device", "1", "--json", "-", "-q"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=True,
+    )
+    doc = json.loads(out.stdout)
+    assert doc["device"] == 1
+    assert doc["peak"]["allocated_bytes"] == dev1["max_memory_allocated"] == doc["allocator_truth"]["max_memory_allocated"]
+    assert doc["peak"]["reserved_bytes"] == dev1["max_memory_reserved"] == doc["allocator_truth"]["max_memory_reserved"]
+    assert "showing device 1 (chosen with --device)" in " ".join(doc["warnings"])
+    assert "highest peak" not in " ".join(doc["warnings"])

@@ -40,7 +40,7 @@ def f(name: str, path: str, line: int) -> dict[str, Any]:
 
 
 def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate: bool = False,
-                 torch_optimizer: bool = True) -> tuple[dict[str, Any], np.ndarray, list[int]]:
+                 torch_optimizer: bool = True, att_fn: str = "forward") -> tuple[dict[str, Any], np.ndarray, list[int]]:
     """(snapshot dict, the phase label of every trace entry, the score matrix sizes allocated).
 
     ``cpp``: stacks="all" (unwinder and allocator frames first, the autograd thread's C++
@@ -61,7 +61,7 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
     main = [f("train", USER + "train.py", 20), f("<module>", USER + "train.py", 50)]
     call = [f("_call_impl", "torch/nn/modules/module.py", 1750), f("_wrapped_call_impl", "torch/nn/modules/module.py", 1739)]
     fwd = [f("forward", USER + "model.py", 80), *call, *main]
-    att = [f("forward", USER + "model.py", 60), *call, f("forward", USER + "model.py", 78), *call, *fwd]
+    att = [f(att_fn, USER + "model.py", 60), *call, f("forward", USER + "model.py", 78), *call, *fwd]
     soft = f("softmax", USER + "model.py", 12)
     opt = ([f("step", USER + "optim.py", 40), f("wrapper", "torch/optim/optimizer.py", 493)] if torch_optimizer
            else [f("step", USER + "optim.py", 40)]) + [f("train", USER + "train.py", 26), main[1]]
@@ -85,15 +85,15 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
         x = sim.alloc(B * L * 512 * 2, frames=S(*fwd))
         acts = []
         for layer in range(2):
-            q = sim.alloc(B * H * L * D * 2, frames=S(f("forward", USER + "model.py", 55), *att[1:]))
+            q = sim.alloc(B * H * L * D * 2, frames=S(f(att_fn, USER + "model.py", 55), *att[1:]))
             if sdpa:
                 o = sim.alloc(B * H * L * D * 2, frames=S(*att, op="at::_ops::_scaled_dot_product_flash_attention::call(...)"))
             else:
-                s_ = sim.alloc(score, frames=S(f("forward", USER + "model.py", 61), *att[1:], op="at::_ops::bmm::call(...)"))
-                p = sim.alloc(score, frames=S(soft, f("forward", USER + "model.py", 62), *att[1:], op="at::_ops::div_Tensor::call(...)"))
-                sim.free(s_, frames=S(f("forward", USER + "model.py", 62), *att[1:]))
+                s_ = sim.alloc(score, frames=S(f(att_fn, USER + "model.py", 61), *att[1:], op="at::_ops::bmm::call(...)"))
+                p = sim.alloc(score, frames=S(soft, f(att_fn, USER + "model.py", 62), *att[1:], op="at::_ops::div_Tensor::call(...)"))
+                sim.free(s_, frames=S(f(att_fn, USER + "model.py", 62), *att[1:]))
                 scores += [score, score]
-                o = sim.alloc(B * H * L * D * 2, frames=S(f("forward", USER + "model.py", 63), *att[1:], op="at::_ops::bmm::call(...)"))
+                o = sim.alloc(B * H * L * D * 2, frames=S(f(att_fn, USER + "model.py", 63), *att[1:], op="at::_ops::bmm::call(...)"))
                 acts.append(p)   # kept for backward
             sim.free(q, frames=S(*att))
             acts.append(o)
@@ -205,15 +205,27 @@ def test_sites_skip_cpp_frames_to_the_python_line() -> None:
 
 # --- attention ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cpp", [False, True], ids=["python", "cpp"])
-def test_hand_written_attention_is_materialized(cpp: bool) -> None:
-    d, _, scores = training_run(cpp=cpp)
+@pytest.mark.parametrize("cpp, att_fn", [(True, "forward"), (False, "attention")],
+                         ids=["cpp-qk-producer", "python-attention-function"])
+def test_hand_written_attention_is_materialized(cpp: bool, att_fn: str) -> None:
+    """The evidence that the softmax is attention's: the bmm (Q·K^T) that built its input
+    (C++ frames), or a function named for attention (Python frames only)."""
+    d, _, scores = training_run(cpp=cpp, att_fn=att_fn)
     an = analyse(d)
     s = an.attention_summary
     assert s["materialized"] and s["count"] == len(scores)
     assert sorted(an.attention["requested_bytes"].tolist()) == sorted(scores)
-    assert "softmax over a matmul in forward" in s["implementation"]
+    assert f"softmax over a matmul in {att_fn}" in s["implementation"]
     assert s["largest"]["shape"] is None   # no geometry to factor the size: not guessed
+
+
+def test_softmax_without_attention_evidence_is_not_scores() -> None:
+    """Python frames only, a softmax in a plain ``forward``: nothing says its input is Q·K^T
+    (no product op is visible, no attention name), so nothing is called scores."""
+    d, _, scores = training_run(cpp=False)
+    s = analyse(d).attention_summary
+    assert scores and s["count"] == 0 and not s["materialized"]
+    assert s["implementation"] == "not determined"
 
 
 def test_sdpa_frames_say_fused() -> None:
