@@ -21,6 +21,18 @@ from snapviz.errors import CheckFailed, InputError, error_line
 from snapviz.safe_text import printable
 
 
+def _own_lines(text: str) -> list[str]:
+    """Text snapviz or click wrote (help, usage), its lines kept: each line shown as
+    :func:`printable` shows one (control characters escaped), without a length cut."""
+    return [printable(line, None) for line in text.expandtabs(4).splitlines()]
+
+
+def usage_error_line(exc: click.ClickException) -> str:
+    """A click error as one ``snapviz: error:`` line: the lines click breaks a message into
+    (``Choose from:`` and a tab-indented line per choice) joined by spaces."""
+    return error_line(" ".join(part.strip() for part in exc.format_message().splitlines() if part.strip()))
+
+
 def _exit(code: int, *lines: str) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
@@ -42,11 +54,16 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         raise
     except click.exceptions.Abort:
         _exit(130, "snapviz: aborted")
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # ``snapviz`` (or a group) with nothing to do: click's help text, as click shows it.
+        _exit(2, *_own_lines(exc.format_message()))
     except click.ClickException as exc:
-        hint = ""
+        code = 2 if exc.exit_code not in (0, 1) else exc.exit_code
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
-            hint = f" (see '{exc.ctx.command_path} --help')"
-        _exit(2 if exc.exit_code not in (0, 1) else exc.exit_code, error_line(exc.format_message()) + hint)
+            # As click does: the usage and where help is, then the one error line.
+            usage = _own_lines(exc.ctx.get_usage())
+            _exit(code, *usage, f"Try '{exc.ctx.command_path} --help' for help.", "", usage_error_line(exc))
+        _exit(code, usage_error_line(exc))
     except InputError as exc:
         _exit(2, error_line(str(exc)))
     except CheckFailed as exc:
