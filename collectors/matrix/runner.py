@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -94,6 +95,7 @@ def _env(opts: MatrixOptions, gpu: str | None) -> dict[str, str]:
 
 
 _ERROR_PREFIX = "snapviz: error: "
+_HELP_HINT = re.compile(r" \(see '[^']*--help'\)$")
 
 
 def _last_error_line(log: Path) -> str | None:
@@ -102,9 +104,9 @@ def _last_error_line(log: Path) -> str | None:
     except OSError:
         return None
     for ln in reversed(lines):
-        # the collector's one error line (snapviz.cli.errors)
+        # the collector's one error line (snapviz.cli.errors), without the pointer to its --help
         if ln.startswith(_ERROR_PREFIX):
-            return ln[len(_ERROR_PREFIX):]
+            return _HELP_HINT.sub("", ln[len(_ERROR_PREFIX):])
     for ln in reversed(lines):
         if not ln.startswith(("denoise", "[transformers]", "There are modules")):
             return ln[:300]

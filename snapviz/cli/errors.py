@@ -60,9 +60,12 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
     except click.ClickException as exc:
         code = 2 if exc.exit_code not in (0, 1) else exc.exit_code
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
-            # As click does: the usage and where help is, then the one error line.
-            usage = _own_lines(exc.ctx.get_usage())
-            _exit(code, *usage, f"Try '{exc.ctx.command_path} --help' for help.", "", usage_error_line(exc))
+            if type(exc).__module__.startswith("click."):
+                # The option parser's own error, as click shows it: the usage, where help is, the error.
+                usage = _own_lines(exc.ctx.get_usage())
+                _exit(code, *usage, f"Try '{exc.ctx.command_path} --help' for help.", "", usage_error_line(exc))
+            # A verb's own refusal of an option (collectors' OptionError): one line and the pointer.
+            _exit(code, f"{usage_error_line(exc)} (see '{exc.ctx.command_path} --help')")
         _exit(code, usage_error_line(exc))
     except InputError as exc:
         _exit(2, error_line(str(exc)))
