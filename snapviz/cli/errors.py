@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import click
 
 from snapviz.errors import CheckFailed, InputError, error_line
+from snapviz.render.output import tolerant_stdio
 from snapviz.safe_text import printable
 
 
@@ -105,6 +106,7 @@ def _run_main(
     """click's ``main`` in non-standalone mode, its errors and return value mapped here."""
     if not standalone_mode:
         return base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    tolerant_stdio()  # a report to an ASCII or latin-1 stdout is written, not refused
     with exit_codes(getattr(command, "unexpected_is_input_error", True)):
         rv = base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
     sys.exit(rv if isinstance(rv, int) and rv else 0)
