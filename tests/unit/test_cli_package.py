@@ -124,3 +124,24 @@ def test_every_verb_refuses_the_same_output_paths(tmp_path: Path) -> None:
         assert "is an input of this command (or the same file); writing it would destroy the input" in res.stderr, args
     res = CliRunner().invoke(cli, ["analyze", str(src), "--json", "-", "--markdown", "-"])
     assert res.exit_code == 2 and "only one output can go to stdout" in res.stderr
+
+
+@pytest.mark.parametrize("verb", [["analyze", "in.pickle"], ["compare", "a.pickle", "b.pickle"],
+                                  ["matrix", "--pipeline", "sd15", "--device", "cpu"]])
+def test_an_unknown_output_extension_is_refused_before_any_work(tmp_path: Path, verb: list[str]) -> None:
+    """Issue 21: ``-o x.pdf`` wrote HTML into x.pdf. Refused (one line, the known extensions named)
+    before the input is even opened: the input files here do not exist."""
+    out = tmp_path / "x.pdf"
+    res = CliRunner().invoke(cli, [*verb, "-o", str(out)], prog_name="snapviz")
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert f"-o {out}: " in res.stderr and ".html" in res.stderr
+    if verb[0] != "matrix":
+        assert res.stderr.rstrip().endswith("the extension picks it: .html, .md, .markdown, .json, .png, .svg")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_html_names_and_names_without_extension_stay_html() -> None:
+    for name in ("r.html", "r.HTM", "report"):
+        kw: dict[str, str | None] = {"html_out": name, "md_out": None, "json_out": None}
+        route_by_extension(kw, {"png_out": None, "svg_out": None})
+        assert kw["html_out"] == name
