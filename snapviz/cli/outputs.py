@@ -45,9 +45,7 @@ def _extension(path: str) -> str:
 def require_html_name(flag: str, path: str | None) -> None:
     """Refuse (exit 2, before any work) an HTML-only output whose name says another format."""
     if path and _extension(path) not in _HTML_EXTENSIONS:
-        raise InputError(
-            f"{flag} {path}: writes an HTML report; name it .html (other formats have their own options)"
-        )
+        raise InputError(f"{flag} {path}: writes an HTML report; name it .html (other formats have their own options)")
 
 
 def route_by_extension(kw: dict[str, Any], extra: dict[str, Any]) -> None:
