@@ -59,6 +59,14 @@ def printable(text: Any, limit: int | None = MAX_TEXT) -> str:
     return _CONTROL.sub(_visible, clip(text, limit))
 
 
+def short_repr(kind: str, name: Any, *facts: str) -> str:
+    """A loaded object's ``repr``: ``<Kind 'name': fact, fact>``, one line of a few hundred
+    characters however big the object (``print(run)`` in a REPL must not dump its tables);
+    the file-derived name clipped and escaped."""
+    body = ", ".join(f for f in facts if f)
+    return f"<{kind} {printable(name, 120)!r}{': ' + body if body else ''}>"
+
+
 def md_text(text: Any, limit: int = MAX_TEXT) -> str:
     """Inline Markdown text (also a table cell) that renders as exactly these characters:
     no HTML, links, images, emphasis or table breaks; control characters shown as escapes."""

@@ -19,6 +19,7 @@ import pandas as pd
 from snapviz.analyses.compare_sites import changed_sites, compare_sites
 from snapviz.analyses.compare_verdict import change_ratio, verdict_line
 from snapviz.analyses.digest import RunDigest
+from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
 
@@ -46,6 +47,18 @@ class Comparison:
     @property
     def labels(self) -> list[str]:
         return [d.label for d in self.digests]
+
+    def __repr__(self) -> str:
+        shown = self.digests[:6]
+        peaks = "; ".join(f"{printable(d.label, 60)} {fmt_bytes(d.peak_allocated)}" for d in shown)
+        more = f" and {len(self.digests) - len(shown)} more" if len(self.digests) > len(shown) else ""
+        return short_repr(
+            "Comparison",
+            self.labels[0] if self.labels else "",
+            f"base and {len(self.digests) - 1} other run(s)",
+            f"peaks {peaks}{more}",
+            "summary() for the full document",
+        )
 
     def summary(self, fail_over: float | None = None) -> dict[str, Any]:
         """The ``snapviz.compare/1`` document (see :func:`compare_dict`)."""

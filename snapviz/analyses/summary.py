@@ -23,6 +23,8 @@ from snapviz.analyses.training_view import TrainingView, training_dict, training
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_OOM, Snapshot
+from snapviz.safe_text import printable, short_repr
+from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
@@ -52,6 +54,20 @@ class Analysis:
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
+
+    def __repr__(self) -> str:
+        rp = self.replay
+        return short_repr(
+            "Analysis",
+            self.run.label,
+            f"cuda:{self.device}",
+            f"{len(rp.events):,} events",
+            f"peak allocated {fmt_bytes(rp.peak_allocated)} ({rp.peak_allocated:,} B) in {printable(self.peak_stage, 60)}",
+            f"peak reserved {fmt_bytes(rp.peak_reserved)}",
+            f"{len(self.stages):,} stage intervals",
+            f"{len(self.warnings)} warning(s)",
+            "summary() for the full document",
+        )
 
     @property
     def snapshot(self) -> Snapshot:

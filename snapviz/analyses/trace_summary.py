@@ -18,6 +18,8 @@ from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label
 from snapviz.analyses.trace_live import live_at_trace_peak
 from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
 from snapviz.load import Run
+from snapviz.safe_text import short_repr
+from snapviz.units import fmt_bytes
 from snapviz.vocab import SUMMARY_SCHEMA, run_summary_fields, stage_group
 
 SCHEMA = SUMMARY_SCHEMA
@@ -34,6 +36,21 @@ class TraceRunAnalysis:
     trace: TraceAnalysis
     warnings: list[str] = field(default_factory=list)
     top_allocations: pd.DataFrame = field(default_factory=pd.DataFrame)  # live at the peak (trace_live)
+
+    def __repr__(self) -> str:
+        tl = self.timeline
+        peak = int(tl["allocated"].max()) if len(tl) and "allocated" in tl else None
+        dev = self.trace.device
+        return short_repr(
+            "TraceRunAnalysis",
+            self.run.label,
+            device_label(*dev) if dev is not None else "no device memory events",
+            f"{len(tl):,} memory events",
+            f"peak allocated {fmt_bytes(peak)} ({peak:,} B)" if peak is not None else "",
+            f"{len(self.stages):,} stages",
+            f"{len(self.warnings)} warning(s)",
+            "summary() for the full document",
+        )
 
     @property
     def timeline(self) -> pd.DataFrame:
