@@ -57,15 +57,23 @@ def route_by_extension(kw: dict[str, Any], extra: dict[str, Any]) -> None:
     ext = _extension(out)
     key = _BY_EXTENSION.get(ext)
     if key is None:
-        if ext not in _HTML_EXTENSIONS:
-            known = ", ".join([".html", *(e for e, k in _BY_EXTENSION.items() if k in kw or k in extra)])
-            raise InputError(f"-o {out}: unknown output format '{ext}'; the extension picks it: {known}")
-        return
+        return  # HTML, or a format there is none of: refuse_unknown_format, after the path checks
     target = extra if key in extra else kw
     if target.get(key):
         raise InputError(f"-o {out} and {FLAGS[key]} {target[key]} both ask for the {ext[1:]} output; give one")
     target[key] = out
     kw["html_out"] = None
+
+
+def refuse_unknown_format(kw: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Refuse ``-o`` naming a format snapviz does not write (``-o x.pdf``): exit 2, one line naming
+    the extensions there are, before any work (after :func:`check`, so that ``-o INPUT`` is
+    refused for what it would destroy)."""
+    out = kw.get("html_out")
+    ext = _extension(out) if out else ""
+    if ext not in _HTML_EXTENSIONS:
+        known = ", ".join([".html", *(e for e, k in _BY_EXTENSION.items() if k in kw or k in extra)])
+        raise InputError(f"-o {out}: unknown output format '{ext}'; the extension picks it: {known}")
 
 
 def check(outputs: dict[str, str | None], inputs: Sequence[str | None]) -> None:

@@ -63,6 +63,7 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
             },
             [kw.get("input"), opts["merge_into"]],
         )
+        outputs.refuse_unknown_format(kw, opts)
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts
@@ -97,6 +98,7 @@ def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
         opts = {k: kw.pop(k) for k in ("png_out", "svg_out")}
         outputs.route_by_extension(kw, opts)
         outputs.check({**{k: kw.get(k) for k in _OWN_OUTPUTS}, **opts}, list(kw.get("inputs") or ()))
+        outputs.refuse_unknown_format(kw, opts)
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts

@@ -141,7 +141,12 @@ def test_an_unknown_output_extension_is_refused_before_any_work(tmp_path: Path, 
 
 
 def test_html_names_and_names_without_extension_stay_html() -> None:
+    from snapviz.cli.outputs import refuse_unknown_format
+
     for name in ("r.html", "r.HTM", "report"):
         kw: dict[str, str | None] = {"html_out": name, "md_out": None, "json_out": None}
         route_by_extension(kw, {"png_out": None, "svg_out": None})
+        refuse_unknown_format(kw, {"png_out": None, "svg_out": None})
         assert kw["html_out"] == name
+    with pytest.raises(InputError, match=r"-o r.pdf: unknown output format '.pdf'; the extension picks it: .html, .md"):
+        refuse_unknown_format({"html_out": "r.pdf", "md_out": None}, {})
