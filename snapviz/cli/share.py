@@ -48,10 +48,12 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
-        opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "png_out", "svg_out")}
+        opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "merge_anyway", "png_out", "svg_out")}
         outputs.route_by_extension(kw, opts)
         if opts["merge_into"] and not opts["perfetto_out"]:
             raise InputError("--merge-into needs --perfetto FILE (the merged trace is written there, never in place)")
+        if opts["merge_anyway"] and not opts["merge_into"]:
+            raise InputError("--merge-anyway goes with --merge-into TRACE")
         if opts["merge_into"] and not os.path.isfile(opts["merge_into"]):
             raise InputError(f"--merge-into {opts['merge_into']}: no such file")
         outputs.check(
@@ -83,7 +85,13 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Path(dir_okay=False),
                 metavar="TRACE",
                 help="With --perfetto: add the memory tracks to this torch.profiler trace (same clock); "
-                "the result goes to the --perfetto file, the trace itself is not modified.",
+                "the result goes to the --perfetto file, the trace itself is not modified. A trace "
+                "recorded more than a day away from the snapshot is refused (not the same run).",
+            ),
+            click.Option(
+                ["--merge-anyway", "merge_anyway"],
+                is_flag=True,
+                help="With --merge-into: merge even a trace recorded more than a day away from the snapshot.",
             ),
             *_picture_opts(),
         ],
@@ -147,7 +155,17 @@ def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
     if opts.get("perfetto_out"):
         from snapviz.render.perfetto import render_perfetto
 
-        out.append((opts["perfetto_out"], render_perfetto(an, opts["perfetto_out"], merge_into=opts.get("merge_into"))))
+        out.append(
+            (
+                opts["perfetto_out"],
+                render_perfetto(
+                    an,
+                    opts["perfetto_out"],
+                    merge_into=opts.get("merge_into"),
+                    merge_anyway=bool(opts.get("merge_anyway")),
+                ),
+            )
+        )
     if opts.get("png_out") or opts.get("svg_out"):
         from snapviz.render.picture import render_timeline_picture
 
