@@ -104,7 +104,9 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
         )
     if dev is not None and dev[0] == DEVICE_CPU:
         warnings.append(
-            "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)"
+            "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved), "
+            "counted from when the profiler started: memory allocated before it (the weights, when loaded "
+            "before profiling) is not in them"
         )
     others = [
         device_label(t, i)
@@ -153,6 +155,10 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     st = an.stages
     rj = an.run.run_json or {}
     exact = _exact(an.trace)
+    # The CPU profiler counts only what is allocated while it runs (what existed before is unknown),
+    # and a CPU allocator reserves nothing of its own.
+    cpu = an.trace.device is not None and an.trace.device[0] == DEVICE_CPU
+    has_reserved = exact and not cpu
     if len(tl):
         a = tl["allocated"].to_numpy()
         pi = int(np.argmax(a))
@@ -161,7 +167,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
         peak = {
             "allocated_bytes": int(a[pi]),
-            "reserved_bytes": int(tl["reserved"].max()) if exact else None,
+            "reserved_bytes": int(tl["reserved"].max()) if has_reserved else None,
             "requested_bytes": None,
             "event_index": pi,
             "time_us": int(t_peak),
@@ -191,7 +197,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         item = {
             "name": name,
             "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
-            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if exact else None,
+            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if has_reserved else None,
             "start_us": int(r.start_us),
             "end_us": int(r.end_us),
         }
@@ -210,7 +216,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             stages_out.append(g)
         # None (JSON null) where the trace has no figure: no memory events, or no Total Reserved.
         g["peak_allocated_bytes"] = _max_known(g["peak_allocated_bytes"], item["peak_allocated_bytes"])
-        g["peak_reserved_bytes"] = _max_known(g["peak_reserved_bytes"], item["peak_reserved_bytes"] if exact else None)
+        g["peak_reserved_bytes"] = _max_known(g["peak_reserved_bytes"], item["peak_reserved_bytes"] if has_reserved else None)
         g["end_us"] = max(g["end_us"], int(r.end_us))
         g["intervals"].append(item)
         if "/" in name:
@@ -226,7 +232,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             {
                 "name": "unlabelled",
                 "peak_allocated_bytes": int(a[out].max()),
-                "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if exact else None,
+                "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if has_reserved else None,
                 "start_us": int(t[out].min()),
                 "end_us": int(t[out].max()),
                 "steps": [],
@@ -235,6 +241,12 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         )
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
+    before = (
+        "memory allocated before profiling began (the weights, when loaded before it) is not known: the CPU "
+        "profiler counts only allocations made while it runs"
+        if cpu
+        else f"{'' if exact else 'at least '}{baseline:,} bytes were already allocated at its first event"
+    )
     alloc_truth, run_fields = run_summary_fields(rj)
     return {
         "schema": SCHEMA,
@@ -260,8 +272,8 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "history": {
             "events": int(len(tl)),
             "truncated": False,
-            "baseline_allocated_bytes": baseline,
-            "baseline_exact": exact,
+            "baseline_allocated_bytes": None if cpu else baseline,
+            "baseline_exact": exact and not cpu,
         },
         "stages": stages_out,
         "attention": att,
@@ -280,9 +292,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         ],
         "top_allocations_note": (
             "allocations made before the trace began (e.g. weights loaded before profiling) are "
-            f"not itemized: {'' if exact else 'at least '}{baseline:,} bytes were already allocated "
-            "at its first event; "
-            "Python lines are the first line of each function (profiler stacks)"
+            f"not itemized: {before}; Python lines are the first line of each function (profiler stacks)"
         ),
         "allocator_truth": alloc_truth,
         "run": run_fields,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where
+from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import bounded_doc, printable
 
 
@@ -15,6 +15,8 @@ def render_terminal(doc: dict[str, Any]) -> str:
     doc = bounded_doc(doc)
     p, h = doc["peak"], doc["history"]
     lines = [f"snapviz: {doc['source']} ({fmt_device(doc)}, {h['events']:,} events, stages from {doc['stage_source']})"]
+    if fmt_report_kind(doc) == CPU_REHEARSAL:
+        lines.append(f"  {CPU_REHEARSAL}")
     window = " within the recorded window" if p.get("within_recorded_window") else ""
     lines.append(
         f"  peak allocated {fmt_peak_allocated(p, h['events'])}{window}" + (fmt_peak_where(p) if h["events"] else "")
