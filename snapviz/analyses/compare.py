@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.compare_sites import changed_sites, compare_sites
-from snapviz.analyses.compare_verdict import change_ratio, verdict_line
-from snapviz.analyses.digest import RunDigest
+from snapviz.analyses.compare_verdict import change_ratio, not_comparable_line, verdict_line
+from snapviz.analyses.digest import RunDigest, comparable
 from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
@@ -238,7 +238,23 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         else pd.DataFrame(columns=["run", "label", "x", "allocated", "reserved", "name"])
     )
 
-    verdict = [verdict_line(base, d, stages, i) for i, d in enumerate(digests) if i > 0]
+    # A run that measures another kind of memory (a CPU-only trace against a CUDA snapshot) is shown
+    # beside the base, but no change is computed against it: no percentage, no "lowers by".
+    apart = [i for i, d in enumerate(digests) if not comparable(base, d)]
+    if apart:
+        for df, cols in (
+            (runs, ["delta_ratio", "reserved_delta_ratio"]),
+            (stages, ["delta_ratio"]),
+            (steps, ["delta_ratio"]),
+            (categories, ["delta_ratio"]),
+        ):
+            df[cols] = df[cols].astype(object)
+            df.loc[df["run"].isin(apart), cols] = None
+    verdict = [
+        verdict_line(base, d, stages, i) if i not in apart else not_comparable_line(base, d)
+        for i, d in enumerate(digests)
+        if i > 0
+    ]
     return Comparison(
         runs=runs,
         stages=stages,
@@ -347,6 +363,7 @@ def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int
                 "events": int(r.events),
                 "truncated": bool(r.truncated),
                 "stage_source": r.stage_source,
+                "memory_kind": d.memory_kind,
                 "verdict": cmp.verdict[i - 1] if i > 0 else None,
                 "warnings": d.warnings,
             }

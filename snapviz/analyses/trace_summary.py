@@ -216,7 +216,9 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             stages_out.append(g)
         # None (JSON null) where the trace has no figure: no memory events, or no Total Reserved.
         g["peak_allocated_bytes"] = _max_known(g["peak_allocated_bytes"], item["peak_allocated_bytes"])
-        g["peak_reserved_bytes"] = _max_known(g["peak_reserved_bytes"], item["peak_reserved_bytes"] if has_reserved else None)
+        g["peak_reserved_bytes"] = _max_known(
+            g["peak_reserved_bytes"], item["peak_reserved_bytes"] if has_reserved else None
+        )
         g["end_us"] = max(g["end_us"], int(r.end_us))
         g["intervals"].append(item)
         if "/" in name:

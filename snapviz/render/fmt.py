@@ -12,6 +12,14 @@ __all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_a
 CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
 
 
+def fmt_compare_kind(doc: dict[str, Any]) -> str:
+    """What a comparison compares: ``GPU memory``, or every kind its runs measured when they differ."""
+    kinds = list(dict.fromkeys(str(r.get("memory_kind") or "CUDA GPU memory") for r in doc.get("runs") or []))
+    if all("GPU memory" in k for k in kinds):
+        return "GPU memory"
+    return "memory of different kinds (" + ", ".join(kinds) + ")"
+
+
 def fmt_report_kind(doc: dict[str, Any]) -> str:
     """What a summary measured, for every sink's title: ``GPU memory`` (a snapshot),
     ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device

@@ -58,3 +58,37 @@ def test_a_cpu_rehearsal_is_titled_for_what_it_measured(tmp_path: Path) -> None:
     assert doc["peak"]["allocated_bytes"] == 4096 + 8192 + 16384
     assert "is not known" in doc["top_allocations_note"]
     assert any("memory allocated before it" in w for w in doc["warnings"])
+
+
+def test_a_gpu_run_and_a_cpu_run_are_shown_but_not_compared(tmp_path: Path) -> None:
+    """Issue 21: a CUDA snapshot compared with a CPU-only run gave "−100.0%" without a word."""
+    from paths import ROOT
+
+    cpu = _cpu_run(tmp_path / "cpu")
+    md, js = tmp_path / "c.md", tmp_path / "c.json"
+    res = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"), str(cpu),
+                                   "--markdown", str(md), "--json", str(js), "-j", "1"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(js.read_text())
+    other = doc["runs"][1]
+    assert [r["memory_kind"] for r in doc["runs"]] == ["CUDA GPU memory", "CPU memory"]
+    assert other["delta_ratio"] is None and "not compared" in other["verdict"] and "CPU memory" in other["verdict"]
+    assert all(s["delta_ratio"][1] is None for s in doc["stages"])
+    text = md.read_text()
+    assert "%" not in text.split("Peak allocated per stage")[0].split("\n", 3)[3]  # the runs table: no percentage
+    assert "-100.0%" not in text and "−100.0%" not in text and "not compared" in text
+    assert text.startswith("### Memory of different kinds (CUDA GPU memory, CPU memory) comparison")
+
+
+def test_two_traces_compare_with_their_timelines(tmp_path: Path) -> None:
+    """Issue 21: comparing two traces drew a PNG without lines and an HTML page without a timeline:
+    a trace's digest had no timeline. Each trace's memory events are now placed in their stages."""
+    import snapviz
+    from snapviz.render.picture import compare_picture_data
+
+    a, b = _cpu_run(tmp_path / "a"), _cpu_run(tmp_path / "b")
+    cmp = snapviz.compare(str(a), str(b))
+    assert set(cmp.timeline["run"]) == {0, 1} and cmp.timeline["x"].notna().all()
+    d = compare_picture_data(cmp, cmp.summary())
+    assert all(len(r["x"]) and r["allocated"].max() == 4096 + 8192 + 16384 for r in d["runs"])
+    assert "different kinds" not in cmp.summary()["runs"][1]["verdict"]
