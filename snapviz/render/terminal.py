@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
-from snapviz.safe_text import bounded_doc, printable
+from snapviz.safe_text import bounded_doc, clip, printable
 
 
 def render_terminal(doc: dict[str, Any]) -> str:
@@ -45,7 +45,7 @@ def render_terminal(doc: dict[str, Any]) -> str:
         parts = sorted(worst["categories_at_peak"].items(), key=lambda kv: -kv[1])
         lines.append(
             f"  training peak in {worst['peak_phase']}: "
-            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b)[:400]
+            + clip(", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b), 400)
         )
     top = doc.get("top_allocations") or []
     if top:
