@@ -276,6 +276,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     def default(given: str | None, name: str) -> str | None:  # --from-dir writes its reports there
         return given or (str(Path(from_dir) / name) if from_dir else None)
 
+    outputs.require_html_name("-o", html_out)
     outputs.check({"html_out": default(html_out, "matrix.html"), "md_out": default(md_out, "matrix.md"),
                    "json_out": default(json_out, "matrix.json")}, inputs)
     if (height and height % 8) or (width and width % 8):

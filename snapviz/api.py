@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from snapviz.analyses.compare import Comparison, compare_runs
-from snapviz.analyses.digest import RunDigest, digest_run, digest_summary
+from snapviz.analyses.digest import RunDigest, digest_run, digest_trace
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.gate import CheckResult, check_summary
 from snapviz.analyses.stages import SOURCES
@@ -171,4 +171,4 @@ def _digest(item: Input, label: str, stages_from: str, max_points: int) -> RunDi
     an = _analysis(item, None, None, stages_from)
     if isinstance(an, Analysis):
         return digest_run(an, label, points_per_label=max_points)
-    return digest_summary(an.summary(), label)
+    return digest_trace(an, label, points_per_label=max_points)

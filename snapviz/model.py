@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from snapviz.arrays import unique
+from snapviz.safe_text import short_repr
 
 # Trace actions as small ints; the order is part of no file format, only of this model.
 ACTIONS: tuple[str, ...] = (
@@ -78,6 +79,18 @@ class Snapshot:
     annotations: pd.DataFrame
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     format_notes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        devices = sorted({int(d) for d in unique(self.events["device"].to_numpy())}) if len(self.events) else []
+        return short_repr(
+            "Snapshot",
+            self.source,
+            f"devices {devices}",
+            f"{len(self.events):,} trace entries",
+            f"{len(self.segments):,} segments",
+            f"{len(self.blocks):,} blocks",
+            f"{len(self.frames):,} frames",
+        )
 
     @property
     def devices(self) -> list[int]:

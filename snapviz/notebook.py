@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import html
 import os
+import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -25,6 +27,7 @@ from snapviz.analyses.trace_summary import TraceRunAnalysis, trace_summary_dict
 from snapviz.api import analyze, compare
 from snapviz.errors import InputError
 from snapviz.render.output import write_atomic
+from snapviz.safe_text import printable, short_repr
 
 # A path (snapshot, trace or run directory), paths to compare, or a result to display.
 Displayable: TypeAlias = (
@@ -42,6 +45,15 @@ class Report:
     page: str  # the self-contained HTML document
     markdown: str
     summary: dict[str, Any]
+
+    def __repr__(self) -> str:
+        return short_repr(
+            "Report",
+            self.title,
+            f"HTML page {len(self.page):,} characters",
+            f"Markdown {len(self.markdown):,} characters",
+            "save(path) writes the page",
+        )
 
     def _repr_html_(self) -> str:
         # srcdoc carries the whole page; quotes and ampersands escaped keep it one attribute.
@@ -88,22 +100,35 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
     )
 
 
-def show(obj: Displayable, max_points: int = 20000) -> Report | None:
-    """Display the interactive report of ``obj`` in the running notebook.
-
-    Outside a notebook (no IPython display), returns the :class:`Report` instead, whose
-    ``save(path)`` writes the page.
-    """
-    rep = report(obj, max_points=max_points)
+def _in_notebook() -> bool:
     try:
         from IPython import get_ipython
-        from IPython.display import display
     except ImportError:
-        return rep
-    if get_ipython() is None:
-        return rep
-    display(rep)
-    return None
+        return False
+    return get_ipython() is not None
+
+
+def show(obj: Displayable, max_points: int = 20000, path: str | os.PathLike[str] | None = None) -> str | None:
+    """Display the interactive report of ``obj`` in the running notebook; returns None.
+
+    Outside a notebook (a script, a plain ``python`` prompt), or when ``path`` is given, the page
+    is written to ``path`` (default: a new ``snapviz-*.html`` in the temp directory), its path
+    printed (stderr) and returned: open it in a browser. :func:`report` gives the
+    :class:`Report` itself.
+    """
+    rep = report(obj, max_points=max_points)
+    if path is None and _in_notebook():
+        from IPython.display import display
+
+        display(rep)
+        return None
+    if path is None:
+        fd, tmp = tempfile.mkstemp(prefix="snapviz-", suffix=".html")
+        os.close(fd)
+        path = tmp
+    written = rep.save(path)
+    print(f"snapviz: report written to {printable(written, None)}", file=sys.stderr)
+    return written
 
 
 def _markdown_of(obj: Displayable) -> str:

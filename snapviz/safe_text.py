@@ -31,21 +31,36 @@ _XML_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]
 
 
 _CUT = re.compile(r"… \([\d,]+ chars\)$")
+_WORD_BACKOFF = 40  # a cut moves back at most this far to end at a space, not mid-word
+_SPACE = re.compile(r"\s")
+
+
+def cut_at(s: str, limit: int) -> int:
+    """Where to cut ``s`` to keep at most ``limit`` characters: at the last space of the final
+    stretch, so prose never ends mid-word; a string without spaces there (a path, a name) is
+    cut at ``limit``."""
+    if len(s) <= limit:
+        return len(s)
+    lo = max(0, limit - _WORD_BACKOFF)
+    spaces = [m.start() for m in _SPACE.finditer(s, lo, limit + 1)]
+    return spaces[-1] if spaces and spaces[-1] > 0 else limit
 
 
 def clip(text: Any, limit: int | None = MAX_TEXT) -> str:
-    """``text`` as a string of at most ``limit`` characters, or the first ``limit`` and a note
-    of the full length (``None``: no limit). Clipping a clipped string changes nothing."""
+    """``text`` as a string of at most ``limit`` characters, or its start (cut between words,
+    :func:`cut_at`) and a note of the full length (``None``: no limit). Clipping a clipped
+    string changes nothing."""
     s = text if isinstance(text, str) else str(text)
     if limit is None or len(s) <= limit:
         return s
-    m = _CUT.search(s, limit)
-    if m is not None and m.start() == limit:
-        return s
-    # A string the loader already cut ends with its original length: state that one.
     tail = _CUT.search(s)
-    full = tail.group(0) if tail is not None and tail.end() == len(s) else f"… ({len(s):,} chars)"
-    return f"{s[:limit]}{full}"
+    noted = tail is not None and tail.end() == len(s)
+    if tail is not None and noted and tail.start() <= limit:
+        return s  # already cut to this limit (or less)
+    # A string the loader already cut ends with its original length: state that one.
+    full = tail.group(0) if tail is not None and noted else f"… ({len(s):,} chars)"
+    body = s[: tail.start()] if tail is not None and noted else s
+    return f"{body[: cut_at(body, limit)].rstrip()}{full}"
 
 
 def _visible(m: re.Match[str]) -> str:
@@ -57,6 +72,14 @@ def printable(text: Any, limit: int | None = MAX_TEXT) -> str:
     """One terminal line: clipped, every control character (ESC, C1, newline, bidi) shown as
     an escape such as ``\\x1b`` instead of acting on the terminal."""
     return _CONTROL.sub(_visible, clip(text, limit))
+
+
+def short_repr(kind: str, name: Any, *facts: str) -> str:
+    """A loaded object's ``repr``: ``<Kind 'name': fact, fact>``, one line of a few hundred
+    characters however big the object (``print(run)`` in a REPL must not dump its tables);
+    the file-derived name clipped and escaped."""
+    body = ", ".join(f for f in facts if f)
+    return f"<{kind} {printable(name, 120)!r}{': ' + body if body else ''}>"
 
 
 def md_text(text: Any, limit: int = MAX_TEXT) -> str:

@@ -109,10 +109,12 @@ def fit(pipeline: str, size: str, cards: tuple[str, ...], variants: tuple[str, .
     import time
 
     from snapviz.errors import InputError
+    from snapviz.cli.outputs import require_html_name
     from snapviz.render.output import check_outputs
     from snapviz.safe_text import printable
 
     try:
+        require_html_name("-o", html_out)
         check_outputs([("-o", html_out), ("--markdown", md_out), ("--json", json_out)])
     except InputError as err:
         raise OptionError(str(err)) from None

@@ -102,8 +102,10 @@ def _md_cell(c: Cell) -> str:
 
 def render_matrix_markdown(doc: dict[str, Any]) -> str:
     """Title, setup, the ranked table, the rule and the notes (no comparison). Names read
-    from run directories (--from-dir) are escaped like every snapviz Markdown."""
-    doc = bounded_doc(doc)
+    from run directories (--from-dir) are escaped like every snapviz Markdown; snapviz's own
+    sentences (the ranking rule, what memory and time mean) are printed whole."""
+    own = {k: doc[k] for k in ("memory_metric_text", "time_text", "ranking_rule")}
+    doc = {**bounded_doc(doc), **own}
     res = f"{md_text(doc.get('width'))}×{md_text(doc.get('height'))}" if doc.get("width") else "default resolution"
     on = md_text(doc.get("device_name") or doc["device"])
     out = [f"## Technique matrix: {md_text(doc['pipeline'])} ({md_text(doc['size'])}, {res}, batch {md_text(doc['batch'])}, "

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from snapviz.safe_text import clip
+
 from .ranking import measure
 from .variants import DEFAULT_BASELINE, MatrixError, Variant, dispatch_order, run_dir_name
 
@@ -109,7 +111,7 @@ def _last_error_line(log: Path) -> str | None:
             return _HELP_HINT.sub("", ln[len(_ERROR_PREFIX):])
     for ln in reversed(lines):
         if not ln.startswith(("denoise", "[transformers]", "There are modules")):
-            return ln[:300]
+            return clip(ln, 300)
     return None
 
 
@@ -135,7 +137,7 @@ def classify(rc: int | None, timed_out: bool, run_dir: Path, log: Path,
     if rc is not None and rc < 0:
         return "failed", f"killed by signal {-rc} (host out of memory?)", info
     if info is not None and info.get("error"):
-        return "failed", str(info["error"]).splitlines()[0][:300], info
+        return "failed", clip(str(info["error"]).splitlines()[0], 300), info
     if rc == 0:
         return "failed", "the collector exited 0 without a complete run.json", info
     return "failed", _last_error_line(log) or f"exit status {rc}", info

@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.compare_sites import changed_sites, compare_sites
-from snapviz.analyses.compare_verdict import change_ratio, verdict_line
-from snapviz.analyses.digest import RunDigest
+from snapviz.analyses.compare_verdict import change_ratio, not_comparable_line, verdict_line
+from snapviz.analyses.digest import RunDigest, comparable
+from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
 
@@ -46,6 +47,18 @@ class Comparison:
     @property
     def labels(self) -> list[str]:
         return [d.label for d in self.digests]
+
+    def __repr__(self) -> str:
+        shown = self.digests[:6]
+        peaks = "; ".join(f"{printable(d.label, 60)} {fmt_bytes(d.peak_allocated)}" for d in shown)
+        more = f" and {len(self.digests) - len(shown)} more" if len(self.digests) > len(shown) else ""
+        return short_repr(
+            "Comparison",
+            self.labels[0] if self.labels else "",
+            f"base and {len(self.digests) - 1} other run(s)",
+            f"peaks {peaks}{more}",
+            "summary() for the full document",
+        )
 
     def summary(self, fail_over: float | None = None) -> dict[str, Any]:
         """The ``snapviz.compare/1`` document (see :func:`compare_dict`)."""
@@ -225,7 +238,23 @@ def compare_runs(digests: Sequence[RunDigest]) -> Comparison:
         else pd.DataFrame(columns=["run", "label", "x", "allocated", "reserved", "name"])
     )
 
-    verdict = [verdict_line(base, d, stages, i) for i, d in enumerate(digests) if i > 0]
+    # A run that measures another kind of memory (a CPU-only trace against a CUDA snapshot) is shown
+    # beside the base, but no change is computed against it: no percentage, no "lowers by".
+    apart = [i for i, d in enumerate(digests) if not comparable(base, d)]
+    if apart:
+        for df, cols in (
+            (runs, ["delta_ratio", "reserved_delta_ratio"]),
+            (stages, ["delta_ratio"]),
+            (steps, ["delta_ratio"]),
+            (categories, ["delta_ratio"]),
+        ):
+            df[cols] = df[cols].astype(object)
+            df.loc[df["run"].isin(apart), cols] = None
+    verdict = [
+        verdict_line(base, d, stages, i) if i not in apart else not_comparable_line(base, d)
+        for i, d in enumerate(digests)
+        if i > 0
+    ]
     return Comparison(
         runs=runs,
         stages=stages,
@@ -334,6 +363,7 @@ def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int
                 "events": int(r.events),
                 "truncated": bool(r.truncated),
                 "stage_source": r.stage_source,
+                "memory_kind": d.memory_kind,
                 "verdict": cmp.verdict[i - 1] if i > 0 else None,
                 "warnings": d.warnings,
             }

@@ -34,6 +34,14 @@ def _signed_pct(r: float) -> str:
     return ("−" if r < 0 else "+") + s
 
 
+def not_comparable_line(base: RunDigest, other: RunDigest) -> str:
+    """The verdict for a run that measures another kind of memory than the base."""
+    return (
+        f"{other.label} measures {other.memory_kind}, the base {base.label} {base.memory_kind}: "
+        "different things, not compared (no change or percentage is reported for it)"
+    )
+
+
 def verdict_line(base: RunDigest, other: RunDigest, stages: pd.DataFrame, run: int) -> str:
     """One line: "OTHER lowers peak allocated by 2.31 GiB (−20.6%), mostly in vae_decode; denoise unchanged (±0.3%)".
 

@@ -4,7 +4,7 @@ worker processes and only these come back."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -12,8 +12,11 @@ import pandas as pd
 
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.summary import Analysis
+from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.model import A_ALLOC
 from snapviz.vocab import BEFORE_RECORDING, stage_group
+
+SNAPSHOT_MEMORY = "CUDA GPU memory"  # a snapshot is the CUDA caching allocator's (ROCm's too, through it)
 
 
 @dataclass
@@ -34,6 +37,17 @@ class RunDigest:
     events: int = 0
     truncated: bool = False
     warnings: list[str] = field(default_factory=list)
+    memory_kind: str = SNAPSHOT_MEMORY  # what was measured: runs of different kinds are not compared
+
+
+def comparable(a: RunDigest, b: RunDigest) -> bool:
+    """True when two runs measure the same kind of memory (any GPU's, or the same other kind):
+    a CUDA snapshot and a CPU-only trace are not two measures of one thing."""
+
+    def family(kind: str) -> str:
+        return "GPU memory" if "GPU memory" in kind else kind
+
+    return family(a.memory_kind) == family(b.memory_kind)
 
 
 def _stage_rows(stages: pd.DataFrame) -> pd.DataFrame:
@@ -226,7 +240,30 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
         events=int((doc.get("history") or {}).get("events", 0)),
         truncated=bool((doc.get("history") or {}).get("truncated", False)),
         warnings=list(doc.get("warnings") or []),
+        memory_kind=(
+            str(doc.get("device_kind") or "no memory events") if doc.get("kind") == "trace" else SNAPSHOT_MEMORY
+        ),
     )
+
+
+def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
+    """A trace-only run's digest: :func:`digest_summary` plus its memory timeline, each memory
+    event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
+    from snapviz.analyses.trace_ops import stage_at
+
+    d = digest_summary(an.summary(), label)
+    tl = an.timeline
+    if not len(tl) or not len(an.stages):
+        return d
+    names = stage_at(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
+    timeline = stage_normalised_timeline(
+        np.asarray(names, dtype=object),
+        tl["allocated"].to_numpy(np.int64),
+        tl["reserved"].to_numpy(np.int64),
+        points_per_label,
+    )
+    # events outside every stage interval have no slot on the comparison's stage-aligned axis
+    return replace(d, timeline=timeline[timeline["name"].isin(set(d.stages["name"]))].reset_index(drop=True))
 
 
 # ---------------------------------------------------------------- digests -> comparison

@@ -17,6 +17,41 @@ from snapviz.analyses.stages import annotation_intervals
 from snapviz.analyses.trace_ops import align_offset_us
 from snapviz.model import Snapshot
 
+# A snapshot and a trace of one run overlap in time, or nearly: recording starts and stops apart
+# by seconds to minutes. Further apart than this, they are not one run (docs/sharing.md).
+MAX_CLOCK_GAP_US = 86_400 * 1_000_000  # one day
+
+
+def trace_time_range_us(trace: object) -> tuple[float, float] | None:
+    """First and last absolute µs of a trace's memory events, annotations and ops (None: none)."""
+    lo, hi = np.inf, -np.inf
+    for table, cols in (
+        ("memory", ("time_us",)),
+        ("annotations", ("start_us", "end_us")),
+        ("ops", ("start_us", "end_us")),
+    ):
+        df = getattr(trace, table, None)
+        if df is None or not len(df):
+            continue
+        for c in cols:
+            v = df[c].to_numpy(dtype=np.float64)
+            v = v[np.isfinite(v)]
+            if v.size:
+                lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
+    return (lo, hi) if lo <= hi else None
+
+
+def clock_gap_us(snapshot_times_us: np.ndarray, trace: object) -> float | None:
+    """µs between the snapshot's recorded time range and the trace's (0 when they overlap);
+    None when either holds no times."""
+    t = np.asarray(snapshot_times_us, dtype=np.float64)
+    t = t[t >= 0]
+    tr = trace_time_range_us(trace)
+    if not t.size or tr is None:
+        return None
+    s0, s1 = float(t.min()), float(t.max())
+    return max(0.0, tr[0] - s1, s0 - tr[1])
+
 
 def snapshot_trace_offset(snap: Snapshot, trace: object) -> float:
     iv = annotation_intervals(snap)

@@ -69,6 +69,13 @@ class ReplayResult:
     def allocated(self) -> np.ndarray:
         return self.events["allocated"].to_numpy()
 
+    def __repr__(self) -> str:
+        return (
+            f"<ReplayResult device {self.device}: {len(self.events):,} events, peak allocated "
+            f"{self.peak_allocated:,} B at event {self.peak_index:,}, peak reserved {self.peak_reserved:,} B"
+            f"{', truncated history' if self.truncated else ''}>"
+        )
+
 
 def allocator_options(snap: Snapshot, device: int) -> tuple[bool, int]:
     """(expandable segments, max_split_size) of ``device``, from the settings and its segments."""

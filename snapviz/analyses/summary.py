@@ -33,6 +33,8 @@ from snapviz.analyses.training_view import TrainingView, training_dict, training
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import Snapshot
+from snapviz.safe_text import printable, short_repr
+from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA, run_summary_fields
 
 SCHEMA = SUMMARY_SCHEMA
@@ -69,6 +71,20 @@ class Analysis:
     def end_state_only(self) -> bool:
         """The file holds no allocation history for this device, only its end state."""
         return self.end_state is not None and self.end_state.only and bool(len(self.end_state.blocks))
+
+    def __repr__(self) -> str:
+        rp = self.replay
+        return short_repr(
+            "Analysis",
+            self.run.label,
+            f"cuda:{self.device}",
+            f"{len(rp.events):,} events",
+            f"peak allocated {fmt_bytes(rp.peak_allocated)} ({rp.peak_allocated:,} B) in {printable(self.peak_stage, 60)}",
+            f"peak reserved {fmt_bytes(rp.peak_reserved)}",
+            f"{len(self.stages):,} stage intervals",
+            f"{len(self.warnings)} warning(s)",
+            "summary() for the full document",
+        )
 
     @property
     def snapshot(self) -> Snapshot:

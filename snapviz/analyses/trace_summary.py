@@ -19,6 +19,8 @@ from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label
 from snapviz.analyses.trace_live import live_at_trace_peak
 from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
 from snapviz.load import Run
+from snapviz.safe_text import short_repr
+from snapviz.units import fmt_bytes
 from snapviz.vocab import SUMMARY_SCHEMA, run_summary_fields, stage_group
 
 SCHEMA = SUMMARY_SCHEMA
@@ -35,6 +37,21 @@ class TraceRunAnalysis:
     trace: TraceAnalysis
     warnings: list[str] = field(default_factory=list)
     top_allocations: pd.DataFrame = field(default_factory=pd.DataFrame)  # live at the peak (trace_live)
+
+    def __repr__(self) -> str:
+        tl = self.timeline
+        peak = int(tl["allocated"].max()) if len(tl) and "allocated" in tl else None
+        dev = self.trace.device
+        return short_repr(
+            "TraceRunAnalysis",
+            self.run.label,
+            device_label(*dev) if dev is not None else "no device memory events",
+            f"{len(tl):,} memory events",
+            f"peak allocated {fmt_bytes(peak)} ({peak:,} B)" if peak is not None else "",
+            f"{len(self.stages):,} stages",
+            f"{len(self.warnings)} warning(s)",
+            "summary() for the full document",
+        )
 
     @property
     def timeline(self) -> pd.DataFrame:
@@ -88,7 +105,9 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
         )
     if dev is not None and dev[0] == DEVICE_CPU:
         warnings.append(
-            "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved)"
+            "CPU trace: allocated bytes are the CPU allocator's (no caching-allocator rounding, no reserved), "
+            "counted from when the profiler started: memory allocated before it (the weights, when loaded "
+            "before profiling) is not in them"
         )
     cpu_only = dev is None or dev[0] == DEVICE_CPU
     if (note := gpu_not_recorded_note(tr.meta, cpu_only)) is not None:
@@ -140,6 +159,10 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     st = an.stages
     rj = an.run.run_json or {}
     exact = _exact(an.trace)
+    # The CPU profiler counts only what is allocated while it runs (what existed before is unknown),
+    # and a CPU allocator reserves nothing of its own.
+    cpu = an.trace.device is not None and an.trace.device[0] == DEVICE_CPU
+    has_reserved = exact and not cpu
     if len(tl):
         a = tl["allocated"].to_numpy()
         pi = int(np.argmax(a))
@@ -148,7 +171,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
         peak = {
             "allocated_bytes": int(a[pi]),
-            "reserved_bytes": int(tl["reserved"].max()) if exact else None,
+            "reserved_bytes": int(tl["reserved"].max()) if has_reserved else None,
             "requested_bytes": None,
             "event_index": pi,
             "time_us": int(t_peak),
@@ -178,7 +201,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         item = {
             "name": name,
             "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
-            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if exact else None,
+            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if has_reserved else None,
             "start_us": int(r.start_us),
             "end_us": int(r.end_us),
         }
@@ -197,7 +220,9 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             stages_out.append(g)
         # None (JSON null) where the trace has no figure: no memory events, or no Total Reserved.
         g["peak_allocated_bytes"] = _max_known(g["peak_allocated_bytes"], item["peak_allocated_bytes"])
-        g["peak_reserved_bytes"] = _max_known(g["peak_reserved_bytes"], item["peak_reserved_bytes"] if exact else None)
+        g["peak_reserved_bytes"] = _max_known(
+            g["peak_reserved_bytes"], item["peak_reserved_bytes"] if has_reserved else None
+        )
         g["end_us"] = max(g["end_us"], int(r.end_us))
         g["intervals"].append(item)
         if "/" in name:
@@ -213,7 +238,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
             {
                 "name": "unlabelled",
                 "peak_allocated_bytes": int(a[out].max()),
-                "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if exact else None,
+                "peak_reserved_bytes": int(tl["reserved"].to_numpy()[out].max()) if has_reserved else None,
                 "start_us": int(t[out].min()),
                 "end_us": int(t[out].max()),
                 "steps": [],
@@ -222,6 +247,12 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         )
     att = attention_verdict(an.attention_ops)
     dev = an.trace.device
+    before = (
+        "memory allocated before profiling began (the weights, when loaded before it) is not known: the CPU "
+        "profiler counts only allocations made while it runs"
+        if cpu
+        else f"{'' if exact else 'at least '}{baseline:,} bytes were already allocated at its first event"
+    )
     # The allocator's figures are a CUDA device's: a CPU device is compared with none of them.
     alloc_truth, run_fields = run_summary_fields(rj, (-1 if dev[0] == DEVICE_CPU else int(dev[1])) if dev else None)
     return {
@@ -248,8 +279,8 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "history": {
             "events": int(len(tl)),
             "truncated": False,
-            "baseline_allocated_bytes": baseline,
-            "baseline_exact": exact,
+            "baseline_allocated_bytes": None if cpu else baseline,
+            "baseline_exact": exact and not cpu,
         },
         "stages": stages_out,
         "attention": att,
@@ -268,9 +299,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         ],
         "top_allocations_note": (
             "allocations made before the trace began (e.g. weights loaded before profiling) are "
-            f"not itemized: {'' if exact else 'at least '}{baseline:,} bytes were already allocated "
-            "at its first event; "
-            "Python lines are the first line of each function (profiler stacks)"
+            f"not itemized: {before}; Python lines are the first line of each function (profiler stacks)"
         ),
         "allocator_truth": alloc_truth,
         "run": run_fields,

@@ -87,7 +87,7 @@ def analyze(
             from snapviz.render.html import render_trace_html
 
             html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
-        extra = share_outputs(None, doc)
+        extra = share_outputs(None, doc, tan)
     else:
         an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
         doc = summary_dict(an)

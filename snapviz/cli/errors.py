@@ -18,7 +18,20 @@ from typing import Any, NoReturn
 import click
 
 from snapviz.errors import CheckFailed, InputError, error_line
+from snapviz.render.output import tolerant_stdio
 from snapviz.safe_text import printable
+
+
+def _own_lines(text: str) -> list[str]:
+    """Text snapviz or click wrote (help, usage), its lines kept: each line shown as
+    :func:`printable` shows one (control characters escaped), without a length cut."""
+    return [printable(line, None) for line in text.expandtabs(4).splitlines()]
+
+
+def usage_error_line(exc: click.ClickException) -> str:
+    """A click error as one ``snapviz: error:`` line: the lines click breaks a message into
+    (``Choose from:`` and a tab-indented line per choice) joined by spaces."""
+    return error_line(" ".join(part.strip() for part in exc.format_message().splitlines() if part.strip()))
 
 
 def _exit(code: int, *lines: str) -> NoReturn:
@@ -42,11 +55,19 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         raise
     except click.exceptions.Abort:
         _exit(130, "snapviz: aborted")
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # ``snapviz`` (or a group) with nothing to do: click's help text, as click shows it.
+        _exit(2, *_own_lines(exc.format_message()))
     except click.ClickException as exc:
-        hint = ""
+        code = 2 if exc.exit_code not in (0, 1) else exc.exit_code
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
-            hint = f" (see '{exc.ctx.command_path} --help')"
-        _exit(2 if exc.exit_code not in (0, 1) else exc.exit_code, error_line(exc.format_message()) + hint)
+            if type(exc).__module__.startswith("click."):
+                # The option parser's own error, as click shows it: the usage, where help is, the error.
+                usage = _own_lines(exc.ctx.get_usage())
+                _exit(code, *usage, f"Try '{exc.ctx.command_path} --help' for help.", "", usage_error_line(exc))
+            # A verb's own refusal of an option (collectors' OptionError): one line and the pointer.
+            _exit(code, f"{usage_error_line(exc)} (see '{exc.ctx.command_path} --help')")
+        _exit(code, usage_error_line(exc))
     except InputError as exc:
         _exit(2, error_line(str(exc)))
     except CheckFailed as exc:
@@ -85,6 +106,7 @@ def _run_main(
     """click's ``main`` in non-standalone mode, its errors and return value mapped here."""
     if not standalone_mode:
         return base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    tolerant_stdio()  # a report to an ASCII or latin-1 stdout is written, not refused
     with exit_codes(getattr(command, "unexpected_is_input_error", True)):
         rv = base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
     sys.exit(rv if isinstance(rv, int) and rv else 0)

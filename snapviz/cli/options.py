@@ -40,7 +40,7 @@ def output_options(report: str, summary: str, schema: str) -> Callable[[F], F]:
             "html_out",
             type=click.Path(dir_okay=False),
             help=f"Write the {report} here; the extension picks the format: .html (interactive, "
-            "self-contained, opens offline), .md, .json, .png, .svg.",
+            "self-contained, opens offline), .md, .json, .png, .svg; any other extension is refused.",
         ),
         click.option(
             "--markdown",

@@ -1,6 +1,7 @@
 """The one output-path rule set of every verb (analyze, compare, check, trim, matrix).
 
-* ``-o FILE`` picks the format by its extension, as profilers do (anything else is HTML);
+* ``-o FILE`` picks the format by its extension, as profilers do (.html/.htm or no extension: HTML);
+  any other extension (``-o x.pdf``) is refused before any work, naming the ones there are;
 * every output path is checked before any work (:func:`snapviz.render.output.check_outputs`:
   ``-`` once at most, never an input or a file of an input run directory, only regular files,
   a writable directory), so a bad path costs no analysis and leaves nothing behind;
@@ -32,8 +33,19 @@ FLAGS = {
     "out": "-o",
 }
 
-# ``-o FILE`` by extension; anything else stays HTML.
+# ``-o FILE`` by extension; .html/.htm (or none) is HTML; any other extension is refused.
 _BY_EXTENSION = {".md": "md_out", ".markdown": "md_out", ".json": "json_out", ".png": "png_out", ".svg": "svg_out"}
+_HTML_EXTENSIONS = ("", ".html", ".htm")
+
+
+def _extension(path: str) -> str:
+    return "" if path == STDOUT else os.path.splitext(path)[1].lower()
+
+
+def require_html_name(flag: str, path: str | None) -> None:
+    """Refuse (exit 2, before any work) an HTML-only output whose name says another format."""
+    if path and _extension(path) not in _HTML_EXTENSIONS:
+        raise InputError(f"{flag} {path}: writes an HTML report; name it .html (other formats have their own options)")
 
 
 def route_by_extension(kw: dict[str, Any], extra: dict[str, Any]) -> None:
@@ -42,15 +54,26 @@ def route_by_extension(kw: dict[str, Any], extra: dict[str, Any]) -> None:
     out = kw.get("html_out")
     if not out:
         return
-    ext = os.path.splitext(out)[1].lower()
+    ext = _extension(out)
     key = _BY_EXTENSION.get(ext)
     if key is None:
-        return
+        return  # HTML, or a format there is none of: refuse_unknown_format, after the path checks
     target = extra if key in extra else kw
     if target.get(key):
         raise InputError(f"-o {out} and {FLAGS[key]} {target[key]} both ask for the {ext[1:]} output; give one")
     target[key] = out
     kw["html_out"] = None
+
+
+def refuse_unknown_format(kw: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Refuse ``-o`` naming a format snapviz does not write (``-o x.pdf``): exit 2, one line naming
+    the extensions there are, before any work (after :func:`check`, so that ``-o INPUT`` is
+    refused for what it would destroy)."""
+    out = kw.get("html_out")
+    ext = _extension(out) if out else ""
+    if ext not in _HTML_EXTENSIONS:
+        known = ", ".join([".html", *(e for e, k in _BY_EXTENSION.items() if k in kw or k in extra)])
+        raise InputError(f"-o {out}: unknown output format '{ext}'; the extension picks it: {known}")
 
 
 def check(outputs: dict[str, str | None], inputs: Sequence[str | None]) -> None:

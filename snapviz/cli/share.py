@@ -48,12 +48,18 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(f)
     def wrapper(**kw: Any) -> Any:
-        opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "png_out", "svg_out")}
+        opts = {k: kw.pop(k) for k in ("perfetto_out", "merge_into", "merge_anyway", "png_out", "svg_out")}
         outputs.route_by_extension(kw, opts)
         if opts["merge_into"] and not opts["perfetto_out"]:
             raise InputError("--merge-into needs --perfetto FILE (the merged trace is written there, never in place)")
+        if opts["merge_anyway"] and not opts["merge_into"]:
+            raise InputError("--merge-anyway goes with --merge-into TRACE")
         if opts["merge_into"] and not os.path.isfile(opts["merge_into"]):
             raise InputError(f"--merge-into {opts['merge_into']}: no such file")
+        if opts["perfetto_out"] and _trace_only(kw.get("input")):
+            raise InputError(
+                f"--perfetto needs a memory snapshot; {kw.get('input')} is a trace only (it is viewable as it is)"
+            )
         outputs.check(
             {
                 **{k: kw.get(k) for k in _OWN_OUTPUTS},
@@ -63,6 +69,7 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
             },
             [kw.get("input"), opts["merge_into"]],
         )
+        outputs.refuse_unknown_format(kw, opts)
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts
@@ -82,11 +89,34 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 type=click.Path(dir_okay=False),
                 metavar="TRACE",
                 help="With --perfetto: add the memory tracks to this torch.profiler trace (same clock); "
-                "the result goes to the --perfetto file, the trace itself is not modified.",
+                "the result goes to the --perfetto file, the trace itself is not modified. A trace "
+                "recorded more than a day away from the snapshot is refused (not the same run).",
+            ),
+            click.Option(
+                ["--merge-anyway", "merge_anyway"],
+                is_flag=True,
+                help="With --merge-into: merge even a trace recorded more than a day away from the snapshot.",
             ),
             *_picture_opts(),
         ],
     )
+
+
+def _trace_only(path: str | None) -> bool:
+    """True when ``path`` holds no snapshot: a Chrome trace file, or a run directory with a trace
+    and no snapshot (found by names and the file's first keys, before any loading)."""
+    from snapviz.load import SNAPSHOT_NAMES, TRACE_NAMES
+    from snapviz.load.chrome_trace import looks_like_chrome_trace
+
+    if not path:
+        return False
+    if os.path.isdir(path):
+        names = set(os.listdir(path))
+        return not names & set(SNAPSHOT_NAMES) and bool(names & set(TRACE_NAMES))
+    try:
+        return os.path.isfile(path) and looks_like_chrome_trace(path)
+    except (OSError, ValueError):
+        return False  # the loader reports what is wrong with it
 
 
 def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -97,6 +127,7 @@ def compare_picture_options(f: Callable[..., Any]) -> Callable[..., Any]:
         opts = {k: kw.pop(k) for k in ("png_out", "svg_out")}
         outputs.route_by_extension(kw, opts)
         outputs.check({**{k: kw.get(k) for k in _OWN_OUTPUTS}, **opts}, list(kw.get("inputs") or ()))
+        outputs.refuse_unknown_format(kw, opts)
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()
         click.get_current_context().meta[_META_KEY] = opts
@@ -130,22 +161,41 @@ def picture_for_markdown(md_out: str | None) -> str | None:
     return rel.replace(os.sep, "/")
 
 
-def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
+def share_outputs(an: Any, doc: dict[str, Any], trace_an: Any = None) -> list[tuple[str, bytes]]:
     """Rendered Perfetto/PNG/SVG files for one analysis (nothing written yet).
 
-    ``an`` is None for a trace-only run, which has no replayed allocator to export.
+    ``an`` is None for a trace-only run (``trace_an`` its analysis): its pictures are drawn from
+    the trace's memory events; it has no replayed allocator to export to Perfetto (refused before
+    any work, :func:`analyze_share_options`).
     """
     opts = _opts()
     wanted = [opts.get(k) for k in ("perfetto_out", "png_out", "svg_out")]
     if not any(wanted):
         return []
-    if an is None:
-        raise InputError("--perfetto/--png/--svg need a memory snapshot; this input is a trace only")
     out: list[tuple[str, bytes]] = []
+    if an is None:
+        if opts.get("perfetto_out"):
+            raise InputError("--perfetto needs a memory snapshot; this input is a trace only (it is viewable as it is)")
+        from snapviz.render.picture import render_trace_picture
+
+        for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
+            if opts.get(key):
+                out.append((opts[key], render_trace_picture(trace_an, doc, fmt)))
+        return out
     if opts.get("perfetto_out"):
         from snapviz.render.perfetto import render_perfetto
 
-        out.append((opts["perfetto_out"], render_perfetto(an, opts["perfetto_out"], merge_into=opts.get("merge_into"))))
+        out.append(
+            (
+                opts["perfetto_out"],
+                render_perfetto(
+                    an,
+                    opts["perfetto_out"],
+                    merge_into=opts.get("merge_into"),
+                    merge_anyway=bool(opts.get("merge_anyway")),
+                ),
+            )
+        )
     if opts.get("png_out") or opts.get("svg_out"):
         from snapviz.render.picture import render_timeline_picture
 

@@ -14,6 +14,7 @@ from snapviz.errors import InputError
 from snapviz.load.json_stream import scan_top_level
 from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
+from snapviz.safe_text import printable, short_repr
 
 if TYPE_CHECKING:
     from snapviz.load.chrome_trace import ChromeTrace
@@ -40,6 +41,22 @@ class Run:
     snapshot: Snapshot | None
     trace: ChromeTrace | None
     run_json: dict[str, Any] | None  # run.json (schema snapviz.run/1), a run directory's or a sidecar
+
+    def __repr__(self) -> str:
+        rj = self.run_json or {}
+        alloc = rj.get("allocator") if isinstance(rj.get("allocator"), dict) else {}
+        peak = alloc.get("max_memory_allocated") if alloc else None
+        return short_repr(
+            "Run",
+            self.label,
+            f"source {printable(self.source, 120)!r}",
+            repr(self.snapshot) if self.snapshot is not None else "no snapshot",
+            repr(self.trace) if self.trace is not None else "no trace",
+            f"run.json: pipeline {printable(rj.get('pipeline'), 40)!r}, device {printable(rj.get('device_name'), 60)!r}"
+            + (f", allocator peak {peak:,} B" if isinstance(peak, int) else "")
+            if self.run_json is not None
+            else "no run.json",
+        )
 
 
 RUN_JSON_MAX_BYTES = 16 << 20  # run.json is a few KiB; collectors write nothing larger

@@ -31,6 +31,7 @@ from snapviz.load.json_stream import TapReader, TopLevel, one_line, open_json, s
 from snapviz.load.limits import Limits
 from snapviz.load.trace_columns import Columns
 from snapviz.load.trace_decode import add_batch, kernel_batches
+from snapviz.safe_text import short_repr
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
@@ -80,6 +81,20 @@ class ChromeTrace:
     python_functions: pd.DataFrame
     event_count: int = 0
     notes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        mem = self.memory
+        pairs = mem[["device_type", "device_id"]].drop_duplicates() if len(mem) else mem.iloc[:0]
+        devices = sorted(map(tuple, pairs.to_numpy().tolist()))
+        return short_repr(
+            "ChromeTrace",
+            self.source,
+            f"{self.event_count:,} events",
+            f"{len(mem):,} memory events",
+            f"devices (type, id) {devices[:8]}{'…' if len(devices) > 8 else ''}",
+            f"{len(self.annotations):,} annotations",
+            f"{len(self.ops):,} ops",
+        )
 
 
 # --------------------------------------------------------------------------- input

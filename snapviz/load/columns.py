@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.model import A_OTHER, ACTION_CODE
+from snapviz.safe_text import clip
 
 
 class _Interner:
@@ -219,7 +220,7 @@ MAX_NAME_CHARS = 4096
 def _name(v: Any) -> str:
     """:func:`_text`, cut to :data:`MAX_NAME_CHARS` with the full length stated."""
     t = _text(v)
-    return t if len(t) <= MAX_NAME_CHARS else f"{t[:MAX_NAME_CHARS]}… ({len(t):,} chars)"
+    return clip(t, MAX_NAME_CHARS)
 
 
 def _as_int(v: Any, default: int = 0) -> int:

@@ -29,6 +29,7 @@ from snapviz.load.columns import (
     block_columns,
 )
 from snapviz.model import Snapshot
+from snapviz.safe_text import clip
 
 
 def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) -> None:
@@ -83,7 +84,7 @@ def snapshot_from_dict(
     except InputError:
         raise
     except (OverflowError, RecursionError, MemoryError, TypeError, ValueError, RuntimeError) as exc:
-        detail = (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
+        detail = clip((str(exc).splitlines() or [""])[0], 200) or type(exc).__name__
         raise InputError(f"{source}: malformed snapshot ({type(exc).__name__}: {detail})") from None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from snapviz.render.fmt import fmt_compare_kind
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 
@@ -49,6 +50,10 @@ def _step_lines(doc: dict[str, Any], labels: list[str]) -> list[str]:
     return out
 
 
+def _first_upper(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
 def render_compare_markdown(doc: dict[str, Any], max_lines: int = MAX_LINES) -> str:
     """Labels, stage and site names and warnings come from the inputs (and --label): each goes
     through :func:`md_code` or :func:`md_text` (docs/security.md, "Escaping")."""
@@ -57,7 +62,8 @@ def render_compare_markdown(doc: dict[str, Any], max_lines: int = MAX_LINES) -> 
     labels = [r["label"] for r in runs]
     n = len(runs)
     out: list[str] = [
-        f"### GPU memory comparison: {md_code(labels[0])} (base) vs " + ", ".join(md_code(x) for x in labels[1:]),
+        f"### {_first_upper(md_text(fmt_compare_kind(doc)))} comparison: {md_code(labels[0])} (base) vs "
+        + ", ".join(md_code(x) for x in labels[1:]),
         "",
     ]
     out += [f"- {md_text(v)}" for v in doc.get("verdict") or []][:8]

@@ -7,7 +7,28 @@ from typing import Any
 from snapviz.units import fmt_bytes, fmt_delta
 from snapviz.vocab import BEFORE_RECORDING, END_STATE
 
-__all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_allocated"]
+__all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_allocated", "fmt_report_kind"]
+
+CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
+
+
+def fmt_compare_kind(doc: dict[str, Any]) -> str:
+    """What a comparison compares: ``GPU memory``, or every kind its runs measured when they differ."""
+    kinds = list(dict.fromkeys(str(r.get("memory_kind") or "CUDA GPU memory") for r in doc.get("runs") or []))
+    if all("GPU memory" in k for k in kinds):
+        return "GPU memory"
+    return "memory of different kinds (" + ", ".join(kinds) + ")"
+
+
+def fmt_report_kind(doc: dict[str, Any]) -> str:
+    """What a summary measured, for every sink's title: ``GPU memory`` (a snapshot),
+    ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device
+    cpu``: a rehearsal), :data:`CPU_REHEARSAL`."""
+    if doc.get("kind") != "trace":
+        return "GPU memory"
+    if doc.get("device") == "cpu" and doc.get("run"):
+        return CPU_REHEARSAL
+    return (doc.get("device_kind") or "memory") + " (profiler trace)"
 
 
 def fmt_device(doc: dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from snapviz.analyses.oom import oom_lines
-from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
+from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
 
@@ -180,7 +180,7 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
         if x
     )
     is_trace = doc.get("kind") == "trace"
-    kind = (doc.get("device_kind") or "memory") + " (profiler trace)" if is_trace else "GPU memory"
+    kind = fmt_report_kind(doc)
     oom_tag = " — CUDA out of memory" if doc.get("oom") else ""
     out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}{oom_tag}", ""]
     if picture:
@@ -276,8 +276,10 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     settings = doc.get("allocator_settings") or {}
     baseline = f"{'' if h.get('baseline_exact', True) else 'at least '}{fmt_bytes(h.get('baseline_allocated_bytes'))}"
     if is_trace:
-        source = (
-            f"{h['events']:,} memory events on {md_text(fmt_device(doc))}, {baseline} allocated before the first one"
+        source = f"{h['events']:,} memory events on {md_text(fmt_device(doc))}, " + (
+            f"{baseline} allocated before the first one"
+            if h.get("baseline_allocated_bytes") is not None
+            else "memory allocated before profiling began not known"
         )
     elif "PYTORCH_CUDA_ALLOC_CONF" in settings:
         conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")

@@ -223,10 +223,35 @@ def write_outputs(outputs: Sequence[tuple[str, str | bytes]]) -> list[str]:
         _unlink(bak)
     for path, data in outputs:
         if path == STDOUT:
-            out = sys.stdout
-            out.write(data if isinstance(data, str) else data.decode("utf-8", "replace"))
-            out.flush()
+            write_stdout(data if isinstance(data, str) else data.decode("utf-8", "replace"))
     return [p for p, _ in files]
+
+
+def tolerant_stdio() -> None:
+    """Let stdout and stderr show any text in any encoding: a character the stream's encoding
+    cannot hold (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``, a latin-1 pipe) is written as its
+    escape (``\\u2014``) instead of failing the command after its work is done."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", None) == "strict":
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a closed or detached stream: nothing to adapt
+                pass
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on stdout, whatever its encoding: what it cannot encode is written escaped."""
+    out = sys.stdout
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        text = text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding name Python does not know: leave the text to the stream
+        pass
+    out.write(text)
+    out.flush()
 
 
 def write_atomic(path: str, data: str | bytes) -> None:

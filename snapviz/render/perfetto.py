@@ -300,12 +300,20 @@ def _encode(path: str, data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=6, mtime=0) if path.endswith(".gz") else data
 
 
-def render_perfetto(an: Analysis, out_path: str, merge_into: str | None = None, top_n: int = TOP_ALLOCATIONS) -> bytes:
+def render_perfetto(
+    an: Analysis,
+    out_path: str,
+    merge_into: str | None = None,
+    top_n: int = TOP_ALLOCATIONS,
+    merge_anyway: bool = False,
+) -> bytes:
     """The file's bytes (gzip when ``out_path`` ends in ``.gz``); with ``merge_into``, the
-    user's trace with our events added on its clock. Raises InputError for a bad trace."""
+    user's trace with our events added on its clock. Raises InputError for a bad trace, and for
+    a trace recorded more than a day away from the snapshot (not the same run) unless
+    ``merge_anyway``."""
     if merge_into is None:
         return _encode(out_path, json.dumps(standalone_trace(an, top_n), separators=(",", ":")).encode())
-    from snapviz.analyses.join import snapshot_trace_offset
+    from snapviz.analyses.join import MAX_CLOCK_GAP_US, clock_gap_us, snapshot_trace_offset
     from snapviz.load.chrome_trace import load_chrome_trace
 
     times = an.replay.events["time_us"].to_numpy()
@@ -315,9 +323,20 @@ def render_perfetto(an: Analysis, out_path: str, merge_into: str | None = None, 
             "on a trace's clock; use --perfetto without --merge-into"
         )
     trace = load_chrome_trace(merge_into)
+    gap = clock_gap_us(times, trace)
+    if gap is not None and gap > MAX_CLOCK_GAP_US and not merge_anyway:
+        raise InputError(
+            f"--merge-into {merge_into}: the trace was recorded {_days(gap)} away from the snapshot "
+            f"(more than {_days(MAX_CLOCK_GAP_US)}: not the same run); give --merge-anyway to merge them regardless"
+        )
     offset = snapshot_trace_offset(an.snapshot, trace)
     events = perfetto_events(an, base_us=trace.base_us, offset_us=offset, top_n=top_n)
     return _encode(out_path, splice_events(merge_into, events))
+
+
+def _days(us: float) -> str:
+    days = us / 86_400e6
+    return f"{days:,.0f} day{'s' if round(days) != 1 else ''}" if days >= 1 else f"{us / 3_600e6:,.1f} hours"
 
 
 def splice_events(trace_path: str, events: list[dict[str, Any]]) -> bytes:

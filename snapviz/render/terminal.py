@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from snapviz.analyses.oom import oom_lines
-from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where
-from snapviz.safe_text import bounded_doc, printable
+from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
+from snapviz.safe_text import bounded_doc, clip, printable
 
 
 def render_terminal(doc: dict[str, Any]) -> str:
@@ -21,6 +21,8 @@ def render_terminal(doc: dict[str, Any]) -> str:
     lines.append(
         f"snapviz: {doc['source']} ({fmt_device(doc)}, {h['events']:,} events, stages from {doc['stage_source']})"
     )
+    if fmt_report_kind(doc) == CPU_REHEARSAL:
+        lines.append(f"  {CPU_REHEARSAL}")
     if oom:
         lines += [f"  {x}" for x in oom_lines(oom)[1:]]
         if oom.get("live_sites"):
@@ -70,7 +72,7 @@ def render_terminal(doc: dict[str, Any]) -> str:
         parts = sorted(worst["categories_at_peak"].items(), key=lambda kv: -kv[1])
         lines.append(
             f"  training peak in {worst['peak_phase']}: "
-            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b)[:400]
+            + clip(", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b), 400)
         )
     top = doc.get("top_allocations") or []
     if top:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from paths import ROOT
 
@@ -52,3 +53,30 @@ def test_loading_progress_goes_to_stderr_only() -> None:
     assert "snapviz: replaying the allocator" in forced.stderr
     assert forced.stdout == plain.stdout  # stdout untouched by the bar
     assert quiet.stderr == "" and quiet.stdout == ""
+
+
+def test_reports_to_a_stdout_that_cannot_encode_them_are_written_escaped(tmp_path: Path) -> None:
+    """Issue 21: ``--markdown -`` to an ASCII (or latin-1) stdout failed with "could not process the
+    input" after the whole analysis; every stdout report is now written, unencodable characters escaped
+    (the terminal summary too: it names a written file whose name is not ASCII)."""
+    cases = (["--markdown", "-"], ["--json", "-"], ["--json", str(tmp_path / "résumé—.json")])
+
+    def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(SAMPLE), *args], cwd=ROOT,
+                              capture_output=True, env={**ENV, **env}, timeout=300)
+
+    utf8 = {}
+    for args in cases:
+        ref = run(args, {"PYTHONIOENCODING": "utf-8"})
+        assert ref.returncode == 0, ref.stderr
+        utf8[" ".join(args)] = ref.stdout.decode("utf-8")
+    assert any(ord(c) > 127 for c in utf8["--markdown -"]) and "—" in utf8[" ".join(cases[2])]  # the cases to test are there
+    for encoding, env in (("ascii", {"PYTHONIOENCODING": "ascii"}),
+                          ("latin-1", {"PYTHONIOENCODING": "latin-1", "LC_ALL": "C"})):
+        for args in cases:
+            res = run(args, env)
+            assert res.returncode == 0 and res.stderr == b"", (encoding, args, res.stderr)
+            text = utf8[" ".join(args)]
+            # escaped in the stream's encoding; click writes its terminal lines to a stream it deems
+            # misconfigured (ASCII) as UTF-8 instead: either is written in full
+            assert res.stdout in (text.encode(encoding, "backslashreplace"), text.encode()), (encoding, args)

@@ -55,8 +55,11 @@ def tree_state(d: Path) -> dict[str, Any]:
 
 
 def one_error_line(p: subprocess.CompletedProcess[str]) -> str:
+    """The one error line; an option click's parser refuses comes after the usage and --help lines."""
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, p.stderr
+    if len(lines) == 3 and lines[0].startswith("Usage: ") and lines[1].startswith("Try '"):
+        lines = lines[2:]
+    assert len(lines) == 1 and lines[0].startswith("snapviz: error: "), p.stderr
     assert "Traceback" not in p.stderr and "snapviz bug" not in p.stderr, p.stderr
     return lines[0]
 

@@ -194,8 +194,9 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], messa
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert message in result.stderr
-    if "--jobs" not in args:  # click's own range errors carry a usage block; ours are one line
-        assert len(lines) == 1 and lines[0].startswith("snapviz: error: ")
+    # one error line; an option the parser refuses is preceded by the usage and the --help pointer
+    assert lines[-1].startswith("snapviz: error: ") and message in lines[-1]
+    assert len(lines) == 1 or (len(lines) == 4 and lines[0].startswith("Usage: ") and lines[2] == "")
     assert not out.exists()
 
 
@@ -233,3 +234,31 @@ def test_matrix_card_is_a_page_kit_card_with_escaped_text() -> None:
     assert card.count("<tr>") == 1 + len(cells) and card.count("<th>") == len(head)
     assert "RSS &lt;i&gt;" in card and "a &lt;note&gt;" in card and "OOM: out of memory &lt;b&gt;" in card
     assert "<b>" not in card and "table.sv-matrix" not in html, "escaped, and styled by the page kit's table CSS"
+
+
+def test_matrix_markdown_states_the_ranking_rule_whole() -> None:
+    """Issue 21: matrix.md cut its ranking explanation mid-word (the 300-character clip of file-derived
+    strings); snapviz's own sentences are printed whole, and file-derived ones end between words."""
+    G = 2**30
+    rows = mx.rank_results([_row("base", 12 * G, 3.0), _row("tiling", 8 * G, 4.0)], "base")
+    for r in rows:
+        r.setdefault("reason", None)
+        r.setdefault("verdict", None)
+    long_name = " ".join(["vae-tiling"] * 40)  # a long file-derived string with words
+    doc = {"memory_metric": rows[0]["measure"]["memory_metric"], "baseline": "base", "variants": rows,
+           "ranking_rule": mx.RANKING_RULE, "memory_metric_text": "RSS", "time_text": "call s",
+           "notes": [], "skipped": [], "jobs": 1, "device": "cpu", "pipeline": "sd15", "size": "tiny",
+           "batch": 1, "steps": 2, "history": False, "device_name": long_name}
+    md = mx.render_matrix_markdown(doc)
+    assert len(mx.RANKING_RULE) > 300 and f"**{mx.RANKING_RULE}**" in md
+    cut = md.split(" on ", 1)[1].splitlines()[0]
+    assert cut.endswith(f"vae-tiling… ({len(long_name):,} chars)")
+
+
+def test_clip_ends_between_words_and_keeps_names_whole_to_the_limit() -> None:
+    from snapviz.safe_text import clip
+
+    prose = "word " * 100
+    assert clip(prose, 52) == "word " * 9 + "word" + f"… ({len(prose):,} chars)"
+    path = "/a" * 200  # nothing to break at: the hard limit
+    assert clip(path, 50) == path[:50] + "… (400 chars)" and clip(clip(path, 50), 50) == clip(path, 50)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +25,35 @@ NOTEBOOK = ROOT / "docs" / "notebook.ipynb"
 
 
 def test_report_of_a_path_holds_the_page_and_the_summary() -> None:
-    rep = snapviz.show(str(SAMPLES / "sd15-fp16-sdpa"))      # no notebook here: the Report comes back
-    assert isinstance(rep, Report)
+    rep = report(str(SAMPLES / "sd15-fp16-sdpa"))
+    assert isinstance(rep, Report) and len(repr(rep)) < 300 and "save(path)" in repr(rep)
     assert rep.summary["peak"]["allocated_bytes"] == 2831357440
     frame = rep._repr_html_()
     assert frame.startswith("<iframe") and frame.count("<") == 2      # the page is one escaped attribute
     assert html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1)) == rep.page
     assert "https://" not in rep.page.split("<body", 1)[0].replace("https://bokeh.org", "")  # inline resources
     assert "2.64 GiB" in rep._repr_markdown_()
+
+
+def test_show_outside_a_notebook_writes_the_page_and_returns_its_path(tmp_path: Path) -> None:
+    """Issue 21: ``snapviz.show()`` in a script returned the 2.7 MB page (a REPL printed all of it)."""
+    code = ("import snapviz, os\n"
+            f"p = snapviz.show({str(SAMPLES / 'sd15-fp16-sdpa')!r})\n"
+            "print(repr(p)); print(os.path.getsize(p))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    path_repr, size = res.stdout.splitlines()
+    path = Path(eval(path_repr))  # a str: its repr is a quoted path
+    try:
+        assert path.suffix == ".html" and int(size) > 100_000 and path.read_text().startswith("<!DOCTYPE html>")
+        assert res.stderr.strip() == f"snapviz: report written to {path}"
+    finally:
+        path.unlink()
+    out = tmp_path / "given.html"
+    assert snapviz.show(str(SAMPLES / "sd15-fp16-sdpa"), path=out) == str(out)  # a given path: there, even here
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and len(page) > 100_000 and "sd15-fp16-sdpa" in page
 
 
 def test_ipython_displays_analyses_as_reports() -> None:

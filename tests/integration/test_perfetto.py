@@ -189,3 +189,26 @@ def test_cli_writes_the_trace(tmp_path: Path) -> None:
     doc = read_trace(out.read_bytes())
     validate(doc["traceEvents"])
     assert max(v for _, v in counter(doc["traceEvents"], PID_BASE, "allocated")) == 2831357440  # README table
+
+
+def test_merge_refuses_a_trace_recorded_days_away(tmp_path: Path) -> None:
+    """Issue 21: --merge-into accepted a trace recorded ~2,000 days away from the snapshot. A trace
+    whose time range is more than a day from the snapshot's is refused (the distance said) unless
+    --merge-anyway."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress((PROFILED / "trace.json.gz").read_bytes()))
+    doc["baseTimeNanoseconds"] -= 2000 * 86_400 * 10**9  # the same trace, recorded 2,000 days earlier
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    out = tmp_path / "merged.json"
+    r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into", str(old), "-q")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "recorded 2,000 days away from the snapshot" in r.stderr and "--merge-anyway" in r.stderr
+    assert not out.exists()
+    r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into", str(old), "--merge-anyway", "-q")
+    assert r.returncode == 0 and out.is_file(), r.stderr
+    r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into",   # the same run: merged as before
+             str(PROFILED / "trace.json.gz"), "-q")
+    assert r.returncode == 0, r.stderr

@@ -19,8 +19,9 @@ from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
 from paths import ROOT  # noqa: E402
-from snapviz.render.picture import (PEAK_COLOR, compare_picture_data, picture_data,  # noqa: E402
-                                    render_compare_picture, render_timeline_picture)
+from snapviz.render.picture import (MIN_STAGE_SHARE, PEAK_COLOR, PEAK_STAGE_SHARE,  # noqa: E402
+                                    compare_picture_data, picture_data, render_compare_picture,
+                                    render_timeline_picture, stage_axis, timeline_figure)
 
 SAMPLES = ROOT / "sample_snapshots"
 
@@ -51,8 +52,12 @@ def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
     an, doc, d = run
     assert d["peak"]["bytes"] == an.replay.peak_allocated == int(d["allocated"].max())
     assert d["peak"]["stage"] == doc["peak"]["stage"] and d["peak"]["stage"] in d["title"]
-    t = an.replay.events["time_us"].to_numpy()
-    assert d["peak"]["x"] == pytest.approx((t[an.replay.peak_index] - t[0]) / 1e6)
+    # the stage axis: 0..1, in event order, the peak's stage at least PEAK_STAGE_SHARE wide
+    assert d["x"][0] >= 0 and d["x"][-1] <= 1 and (np.diff(d["x"]) >= 0).all()
+    peak_span = next(s for s in d["spans"] if s["start"] <= d["peak"]["x"] <= s["end"])
+    assert peak_span["group"] == doc["peak"]["stage"].split("/")[0]
+    assert peak_span["end"] - peak_span["start"] >= PEAK_STAGE_SHARE - 1e-9
+    assert min(s["end"] - s["start"] for s in d["spans"]) >= MIN_STAGE_SHARE / len(d["spans"]) - 1e-9
     assert [s["group"] for s in d["spans"]][:3] == ["load", "text_encode", "denoise"]
     # the categories stack up to the allocated series at every drawn point
     total = sum(c["bytes"] for c in d["categories"])
@@ -67,9 +72,9 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
     assert red.sum() > 60                            # a filled marker, not just anti-aliased text
     # the marker's column follows the peak's time: rightmost for the OOM run's final decode
     _, xs = np.nonzero(red)
-    x_frac = d["peak"]["x"] / d["x"][-1]
+    x_frac = d["peak"]["x"]
     big = np.bincount(xs).argmax() / px.shape[1]     # the column with most red: the marker's centre
-    assert abs(big - (0.07 + 0.9 * x_frac)) < 0.08, (big, x_frac)
+    assert abs(big - (0.07 + 0.915 * x_frac)) < 0.04, (big, x_frac)
     assert _mask(px, "#1f3b73").sum() > 200          # the allocated line
 
 
@@ -118,3 +123,55 @@ def test_markdown_shows_the_picture_relative_to_itself(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "![memory timeline](../img%20dir/t.png)" in md.read_text().splitlines()[:4]
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("sample", ["sdxl-fp16", "sdxl-fp16-oom-10gb", "train-sd15-amp-fp16", "flux-dev-bf16"])
+def test_labels_do_not_overlap_and_the_peak_label_is_off_the_lines(sample: str) -> None:
+    """Issue 21: stage labels overprinted into a blob (training: nine stages), the peak's label sat on
+    the lines, and the peak's stage was squeezed into the last few percent of the width."""
+    an = analyze_run(load(str(SAMPLES / sample)))
+    doc = summary_dict(an)
+    d = picture_data(an, doc)
+    fig = timeline_figure(d)
+    ax = fig.axes[0]
+    r = fig.canvas.get_renderer()
+    labels = [t for t in ax.texts if t.get_visible()]
+    boxes = [t.get_window_extent(r) for t in labels]
+    for i, a in enumerate(boxes):
+        assert all(not a.overlaps(b) for b in boxes[i + 1:]), [t.get_text() for t in labels]
+    assert {t.get_text().split(" ")[0] for t in labels} >= {"load", doc["peak"]["stage"].split("/")[0]}
+    [peak_label] = [c for c in ax.get_children() if type(c).__name__ == "Annotation"]
+    top = ax.transData.transform((0, max(d["allocated"].max(), d["reserved"].max()) / 2**30))[1]
+    from matplotlib.text import Text
+
+    assert Text.get_window_extent(peak_label, r).y0 > top    # its words (not its leader) above every line
+    span = next(s for s in d["spans"] if s["start"] <= d["peak"]["x"] <= s["end"])
+    assert span["end"] - span["start"] >= PEAK_STAGE_SHARE - 1e-9
+
+
+def test_stage_axis_widens_short_stages_and_the_peaks() -> None:
+    # a long first stage (90% of events), three short ones, the peak in the last
+    x = stage_axis(1000, [(0, 900), (900, 950), (950, 990), (990, 1000)], peak_span=3)
+    edges = [0.0, x[900], x[950], x[990], 1.0]
+    widths = np.diff(edges)
+    assert widths[3] >= PEAK_STAGE_SHARE - 1e-3 and (widths[1:3] >= MIN_STAGE_SHARE / 4 - 1e-3).all()
+    assert (np.diff(x) > 0).all() and x[0] == 0
+
+
+def test_a_trace_gets_a_picture_and_every_output(tmp_path: Path) -> None:
+    """Issue 21: ``analyze TRACE --png`` failed after loading and wrote none of the other outputs."""
+    trace = SAMPLES / "sd15-fp16-profile-1step" / "trace.json.gz"
+    png, md, js = tmp_path / "t.png", tmp_path / "t.md", tmp_path / "t.json"
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(trace), "--png", str(png), "--markdown", str(md),
+                        "--json", str(js), "-q"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    px = _pixels(png.read_bytes())
+    assert px.shape == (440, 900, 3) and _mask(px, PEAK_COLOR).sum() > 60 and _mask(px, "#1f3b73").sum() > 200
+    assert md.is_file() and js.is_file()
+    # what cannot be made is refused before any work, and nothing else is written
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(trace), "--perfetto", str(out), "--json",
+                        str(tmp_path / "x.json"), "-q"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a trace only" in r.stderr
+    assert not out.exists() and not (tmp_path / "x.json").exists()

@@ -29,7 +29,8 @@ def _verb(exc: BaseException, cls: type[click.Command] = Command) -> click.Comma
     (RuntimeError("boom\nsecond line"), 2, "snapviz: error: could not process the input (RuntimeError: boom\\nsecond "
                                            "line); if the input is valid this is a snapviz bug: rerun with "
                                            "SNAPVIZ_DEBUG=1 and report it"),
-    (click.UsageError("bad option"), 2, "snapviz: error: bad option (see 'verb --help')"),
+    (click.UsageError("bad option"), 2, "Usage: verb [OPTIONS]\nTry 'verb --help' for help.\n\n"
+                                        "snapviz: error: bad option"),
     (MemoryError(), 2, "snapviz: error: out of memory while reading the input"),
 ])
 def test_one_mapping_from_errors_to_exit_codes(exc: BaseException, code: int, line: str) -> None:
@@ -47,9 +48,36 @@ def test_a_collector_crash_keeps_its_traceback_but_bad_options_are_mapped() -> N
 def test_subcommands_go_through_the_groups_mapping() -> None:
     res = CliRunner().invoke(cli, ["check", "nope.pickle"])
     assert res.exit_code == 2 and res.stderr.startswith("snapviz: error: nothing to check") and res.stderr.count("\n") == 1
-    res = CliRunner().invoke(cli, ["analyze"], prog_name="snapviz")  # click's own usage error: one line too, no usage block
-    assert res.exit_code == 2 and res.stderr == ("snapviz: error: Missing argument 'INPUT'. "
-                                                 "(see 'snapviz analyze --help')\n")
+    res = CliRunner().invoke(cli, ["analyze"], prog_name="snapviz")  # click's own usage error: usage, then one line
+    assert res.exit_code == 2 and res.stderr == ("Usage: snapviz analyze [OPTIONS] INPUT\n"
+                                                 "Try 'snapviz analyze --help' for help.\n\n"
+                                                 "snapviz: error: Missing argument 'INPUT'.\n")
+
+
+def test_no_arguments_show_the_help_with_its_lines() -> None:
+    """Issue 21: ``snapviz`` alone printed its help as one line of literal \\n, cut at 1,136 chars."""
+    res = CliRunner().invoke(cli, [], prog_name="snapviz")
+    assert res.exit_code == 2 and "\\n" not in res.stderr and "chars)" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0] == "Usage: snapviz [OPTIONS] COMMAND [ARGS]..."
+    assert [ln.split()[0] for ln in lines if ln.startswith("  ") and ln.split()[0] in cli.list_commands(None)] == \
+        cli.list_commands(None)  # type: ignore[arg-type]
+    assert lines[-1].startswith("  Docs:")
+
+
+@pytest.mark.parametrize("verb", ["collect", "matrix"])
+def test_a_missing_required_option_is_usage_and_one_error_line(verb: str) -> None:
+    res = CliRunner().invoke(cli, [verb], prog_name="snapviz")
+    lines = res.stderr.splitlines()
+    assert res.exit_code == 2 and "\\n" not in res.stderr and "\\t" not in res.stderr
+    assert lines[:3] == [f"Usage: snapviz {verb} [OPTIONS]", f"Try 'snapviz {verb} --help' for help.", ""]
+    assert len(lines) == 4 and lines[3].startswith("snapviz: error: Missing option '--pipeline'. Choose from: sd15, sdxl")
+
+
+def test_a_usage_error_still_escapes_control_characters() -> None:
+    res = CliRunner().invoke(cli, ["analyze", "x", "--device", "1\x1b[31m\nfake"], prog_name="snapviz")
+    assert res.exit_code == 2 and "\x1b" not in res.stderr and "\\x1b" in res.stderr
+    assert res.stderr.splitlines()[-1].startswith("snapviz: error: Invalid value for '--device'")
 
 
 def test_lazy_verbs_are_listed_without_import_and_fail_clearly() -> None:
@@ -96,3 +124,29 @@ def test_every_verb_refuses_the_same_output_paths(tmp_path: Path) -> None:
         assert "is an input of this command (or the same file); writing it would destroy the input" in res.stderr, args
     res = CliRunner().invoke(cli, ["analyze", str(src), "--json", "-", "--markdown", "-"])
     assert res.exit_code == 2 and "only one output can go to stdout" in res.stderr
+
+
+@pytest.mark.parametrize("verb", [["analyze", "in.pickle"], ["compare", "a.pickle", "b.pickle"],
+                                  ["matrix", "--pipeline", "sd15", "--device", "cpu"]])
+def test_an_unknown_output_extension_is_refused_before_any_work(tmp_path: Path, verb: list[str]) -> None:
+    """Issue 21: ``-o x.pdf`` wrote HTML into x.pdf. Refused (one line, the known extensions named)
+    before the input is even opened: the input files here do not exist."""
+    out = tmp_path / "x.pdf"
+    res = CliRunner().invoke(cli, [*verb, "-o", str(out)], prog_name="snapviz")
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1, res.stderr
+    assert f"-o {out}: " in res.stderr and ".html" in res.stderr
+    if verb[0] != "matrix":
+        assert res.stderr.rstrip().endswith("the extension picks it: .html, .md, .markdown, .json, .png, .svg")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_html_names_and_names_without_extension_stay_html() -> None:
+    from snapviz.cli.outputs import refuse_unknown_format
+
+    for name in ("r.html", "r.HTM", "report"):
+        kw: dict[str, str | None] = {"html_out": name, "md_out": None, "json_out": None}
+        route_by_extension(kw, {"png_out": None, "svg_out": None})
+        refuse_unknown_format(kw, {"png_out": None, "svg_out": None})
+        assert kw["html_out"] == name
+    with pytest.raises(InputError, match=r"-o r.pdf: unknown output format '.pdf'; the extension picks it: .html, .md"):
+        refuse_unknown_format({"html_out": "r.pdf", "md_out": None}, {})

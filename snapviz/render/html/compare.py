@@ -41,7 +41,7 @@ def _hero(data: CompareReport) -> str:
         cls = "match" if fo["passed"] else "differs"
         gate = f'<div class="sv-badge {cls}">gate --fail-over {fo["percent"]:g}%: {"passed" if fo["passed"] else "FAILED"}</div>'
     return (
-        f'<header class="sv-hero"><p class="sv-kicker">snapviz · GPU memory comparison</p>'
+        f'<header class="sv-hero"><p class="sv-kicker">snapviz · {esc(data.kind)} comparison</p>'
         f'<p class="sv-title">{esc(data.title)}</p><h1 class="sv-verdict" id="sv-verdict">{esc(head)}</h1>'
         f"{'<ul class=sv-lines>' + items + '</ul>' if items else ''}"
         f'<div class="sv-cmp-wrap"><table class="sv-cmp" id="sv-runs"><thead><tr><th>run</th><th>peak allocated</th>'

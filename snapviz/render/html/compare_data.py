@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.compare_sites import changed_sites
+from snapviz.render.fmt import fmt_compare_kind
 from snapviz.render.html.palette import stage_palette
 from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 from snapviz.vocab import stage_group
@@ -108,6 +109,7 @@ class CompareReport:
     site_rows: list[TableRow]
     warnings: list[str]
     fail_over: dict[str, Any] | None
+    kind: str = "GPU memory"  # what the runs measured (fmt_compare_kind)
 
 
 def run_color(i: int) -> str:
@@ -255,6 +257,7 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
         site_rows=site_rows,
         warnings=warnings,
         fail_over=doc.get("fail_over"),
+        kind=fmt_compare_kind(doc),
     )
 
 

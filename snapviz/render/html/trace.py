@@ -21,7 +21,8 @@ def _text_table(t: TextTable, widths: tuple[int, ...], name: str, max_height: in
     return table_block(cols, spec, name, None, "", max_height=max_height)
 
 
-def render_trace_report_data(data: TraceReport) -> str:
+def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler trace)") -> str:
+    """The page; ``kind``: what was measured (:func:`snapviz.render.fmt.fmt_report_kind`)."""
     data = bounded(data)
     cards: list[str | UIElement] = []
     if len(data.stage_bars.label):
@@ -50,7 +51,7 @@ def render_trace_report_data(data: TraceReport) -> str:
     cards.append("</section>")
     return single_run_page(
         data,
-        "snapviz · GPU memory report (profiler trace)",
+        f"snapviz · {kind}",
         "From the trace's memory events. Drag to pan, scroll to zoom.",
         with_points=False,
         cards=cards,
@@ -59,4 +60,6 @@ def render_trace_report_data(data: TraceReport) -> str:
 
 def render_trace_html(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
     """The report of a trace-only run (duck-typed ``tan``: see :func:`trace_report_data`)."""
-    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points))
+    from snapviz.render.fmt import fmt_report_kind
+
+    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points), fmt_report_kind(doc))
