@@ -125,6 +125,6 @@ def _on_dask(
         # pure=False: the same path twice is two tasks (files change between runs); names
         # are left to Dask. The inputs are paths or URLs, so only they travel to the workers.
         futures = client.map(guarded, [fn] * len(args), list(sources), list(args), pure=False)
-        for _ in as_completed(futures):
+        for _ in as_completed(futures, loop=client.loop):
             step(1)
         return [_result(f, src) for f, src in zip(futures, sources, strict=True)]

@@ -149,7 +149,7 @@ def history_verdict(res: HistoryResult) -> list[str]:
     if whole is not None:
         out.append(
             f"{whole['runs']} runs ordered by {res.order_by}: peak allocated {fmt_bytes(whole['first_bytes'])} "
-            f"-> {fmt_bytes(whole['last_bytes'])} ({fmt_delta(whole['change_bytes'])}); "
+            f"→ {fmt_bytes(whole['last_bytes'])} ({fmt_delta(whole['change_bytes'])}); "
             f"lowest {fmt_bytes(whole['min_bytes'])} in {whole['min_run']}"
         )
     jumps = [s for s in res.stages if s["jump"] is not None]

@@ -153,7 +153,7 @@ def _iteration_view(t: pd.DataFrame, sp: pd.DataFrame) -> dict[str, Any]:
         "verdict": [],
     }
     if not len(ok):
-        view["verdict"].append("no rank could be analysed" if len(t) else "no inputs")
+        view["verdict"].append(f"none of the {len(t)} input(s) could be analysed (see the table)")
         return view
     peak = ok["peak_allocated_bytes"].to_numpy(dtype=np.int64)
     order = np.argsort(peak, kind="stable")
