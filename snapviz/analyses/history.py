@@ -198,3 +198,23 @@ def history_dict(res: HistoryResult) -> dict[str, Any]:
         "runs": runs,
         "stages": res.stages,
     }
+
+
+BASELINE_PICKS = ("last", "best")
+
+
+def history_baseline(doc: dict[str, Any], pick: str = "last") -> dict[str, Any]:
+    """A ``check --baseline`` document from a ``snapviz.history/1`` one: the ``last`` analysed
+    run in history order, or the ``best`` (lowest peak allocated). Only the peak is carried:
+    it is all ``--max-increase`` compares."""
+    from snapviz.errors import InputError
+
+    if doc.get("schema") != HISTORY_SCHEMA:
+        raise InputError(f"not a {HISTORY_SCHEMA} document")
+    ok = [r for r in doc.get("runs") or [] if r.get("status") == "ok" and (r.get("peak") or {}).get("allocated_bytes")]
+    if not ok:
+        raise InputError("the history holds no analysed run to take as the baseline")
+    if pick not in BASELINE_PICKS:
+        raise InputError(f"--baseline-pick: {pick!r} is not one of {', '.join(BASELINE_PICKS)}")
+    run = ok[-1] if pick == "last" else min(ok, key=lambda r: int(r["peak"]["allocated_bytes"]))
+    return {"source": str(run.get("label")), "peak": {"allocated_bytes": int(run["peak"]["allocated_bytes"])}}

@@ -94,3 +94,12 @@ def test_history_cli(tmp_path: Path) -> None:
     assert doc["verdict"][0] in r.stdout
     r = snapviz("history", str(tmp_path), "--jump", "lots")
     assert r.returncode == 2 and "--jump" in r.stderr
+    # check --baseline takes the history's last (r3 itself: +0%) or best run (r1: far lower)
+    r3 = str(tmp_path / "r3")
+    r = snapviz("check", r3, "--baseline", str(out), "--max-increase", "5%")
+    assert r.returncode == 0 and "PASS peak allocated vs baseline" in r.stdout, r.stdout + r.stderr
+    r = snapviz("check", r3, "--baseline", str(out), "--baseline-pick", "best", "--max-increase", "5%")
+    best = min(x["peak"]["allocated_bytes"] for x in doc["runs"])
+    assert r.returncode == 1 and "FAIL peak allocated vs baseline" in r.stdout
+    from snapviz.units import fmt_bytes
+    assert f"baseline {fmt_bytes(best)}" in r.stdout
