@@ -47,7 +47,8 @@ def _outputs(html_out: str | None, md_out: str | None, json_out: str | None, inp
 def _digest_fleet(
     inputs: tuple[str, ...], stage_source: str, jobs: int | None, scheduler: str | None, quiet: bool
 ) -> list[Any]:
-    """Every input expanded and digested (one task each); failures come back as rows."""
+    """Every input expanded and digested (one task each); failures come back as rows (all of
+    them failing is bad input)."""
     from snapviz.analyses.ranks import FleetRow
     from snapviz.cli.inputs import fleet_digest
     from snapviz.engine import TaskFailed, run_tasks, scheduler_address
@@ -65,6 +66,10 @@ def _digest_fleet(
         show_progress=not quiet,
         label="snapviz: digesting inputs",
     )
+    if results and all(isinstance(r, TaskFailed) for r in results):
+        # nothing to compare: bad input, not a report of failures (exit 2, nothing written)
+        first = results[0]
+        raise InputError(f"none of the {len(results)} input(s) could be analysed; {first.source}: {first.reason}")
     return [
         FleetRow(
             f.source,

@@ -62,6 +62,7 @@ def test_unreachable_scheduler_is_one_line(job: tuple[Path, list[fleet_synth.Ran
 
 def test_outputs_and_refusals(job: tuple[Path, list[fleet_synth.RankTruth]], tmp_path: Path) -> None:
     root, truth = job
+    (tmp_path / "bad_rank0.pickle").write_bytes(b"\x80\x04junk")
     html, md = tmp_path / "ranks.html", tmp_path / "ranks.md"
     r = snapviz("ranks", str(root), "-j", "1", "-o", str(html), "--markdown", str(md))
     assert r.returncode == 0, r.stderr
@@ -73,6 +74,7 @@ def test_outputs_and_refusals(job: tuple[Path, list[fleet_synth.RankTruth]], tmp
         ([str(tmp_path / "nothing*.pickle")], "matches no file"),
         ([str(root), "-o", str(tmp_path / "x.png")], "writes .html, .md or .json"),
         ([str(root), "--json", truth[0].path], ""),  # never overwrite an input
+        ([str(tmp_path / "bad_rank0.pickle")], "none of the 1 input(s) could be analysed"),
     ]:
         r = snapviz("ranks", *args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr

@@ -200,3 +200,22 @@ def test_history_orders_by_a_run_json_key_and_finds_the_jump(tmp_path: Path) -> 
     assert [r.label for r in rows] == res2.runs["label"].tolist() == ["run-a", "run-b", "run-c", "run-d", "run-e"]
     assert any("no run.json key 'nope'" in n for n in res2.notes)
     json.dumps(doc)  # plain JSON types only
+
+
+def test_fsspec_urls_are_expanded_and_fetched(titan: Any) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    _, truth = titan
+    fs = fsspec.filesystem("memory")
+    for t in truth[:3]:
+        fs.pipe(f"/job42/memory_snapshot/iteration_10/{os.path.basename(t.path)}", Path(t.path).read_bytes())
+    try:
+        rows = digest_rows(["memory://job42/memory_snapshot/"])
+        assert [r.source for r in rows] == [f"memory://job42/memory_snapshot/iteration_10/rank{i}_memory_snapshot.pickle"
+                                            for i in range(3)]
+        doc = ranks_dict(analyse_ranks(rows))
+        assert [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == [t.peak_allocated for t in truth[:3]]
+        assert [r["iteration"] for r in doc["ranks"]] == [10, 10, 10]
+        with pytest.raises(InputError, match="matches no file"):
+            expand_inputs(["memory://job42/nothing_*.pickle"])
+    finally:
+        fs.rm("/job42", recursive=True)
