@@ -109,7 +109,8 @@ def main() -> int:
         print(f"fleet: {a.ranks} ranks of {Path(a.base).name} ({truth.events:,} events each), "
               f"{size / 1e6:.1f} MB of .pickle.xz, written in {time.perf_counter() - t:.1f} s; "
               f"base peak {truth.peak_allocated:,} B (run.json: {truth.run_info.get('allocator_max_memory_allocated')})")
-        sources = [f.source for f in expand_inputs([tmp])]
+        found = expand_inputs([tmp])  # name order (rank0, rank1, rank10, …): the rank is read from the name
+        sources = [f.source for f in found]
         print("| engine | workers | wall s | files/s | MB/s (xz) | task s (median) | peak RSS per worker (MiB) | "
               "outlier found | first OOM | peaks exact |")
         print("|---|---:|---:|---:|---:|---:|---|---|---|---|")
@@ -120,7 +121,7 @@ def main() -> int:
             if failed:
                 print(f"{cfg}: {len(failed)} failed, e.g. {failed[0]}")
                 return 1
-            rows = [FleetRow(s, f"r{i}", i, 1, o[0]) for i, (s, o) in enumerate(zip(sources, out))]
+            rows = [FleetRow(f.source, f"r{i}", f.rank, f.iteration, o[0]) for i, (f, o) in enumerate(zip(found, out))]
             doc = ranks_dict(analyse_ranks(rows))
             it = doc["iterations"][0]
             exact = [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == expected

@@ -150,8 +150,15 @@ def _iteration_view(t: pd.DataFrame, sp: pd.DataFrame) -> dict[str, Any]:
         "first_oom": None,
         "oom_ranks": [],
         "worst_vs_median": [],
+        "missing_ranks": [],
         "verdict": [],
     }
+    # the world size the runs state (run.json, distributedInfo): ranks below it with no input
+    ws = t["world_size"].dropna()
+    if len(ws):
+        seen = {int(r) for r in t["rank"].dropna()}
+        view["world_size"] = int(ws.max())
+        view["missing_ranks"] = sorted(set(range(int(ws.max()))) - seen)
     if not len(ok):
         view["verdict"].append(f"none of the {len(t)} input(s) could be analysed (see the table)")
         return view
@@ -243,6 +250,10 @@ def _verdict(v: dict[str, Any]) -> list[str]:
         )
     if v["failed"]:
         out.append(f"{v['failed']} input(s) could not be analysed (see the table)")
+    if v["missing_ranks"]:
+        miss = v["missing_ranks"]
+        shown = ", ".join(str(r) for r in miss[:10]) + (f" and {len(miss) - 10} more" if len(miss) > 10 else "")
+        out.append(f"world size {v['world_size']}: no input for rank(s) {shown}")
     return out
 
 

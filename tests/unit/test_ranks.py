@@ -136,6 +136,9 @@ def test_run_json_rank_wins_and_disagreement_is_said(tmp_path: Path) -> None:
     ranks = {r["rank"]: r for r in doc["ranks"]}
     assert sorted(ranks) == [0, 1, 5]
     assert ranks[5]["rank_from"] == "run.json" and "rank 2 by its path" in ranks[5]["notes"][0]
+    # world size 3 stated by every run: rank 2 has no input (the run in rank_2/ says it is rank 5)
+    assert doc["iterations"][0]["missing_ranks"] == [2]
+    assert "world size 3: no input for rank(s) 2" in doc["verdict"]
     for t in truth[:2]:
         r = ranks[t.rank]
         assert r["world_size"] == 3
