@@ -45,8 +45,13 @@ def _outputs(html_out: str | None, md_out: str | None, json_out: str | None, inp
 
 
 def _digest_fleet(
-    inputs: tuple[str, ...], stage_source: str, jobs: int | None, scheduler: str | None, quiet: bool
-) -> list[Any]:
+    inputs: tuple[str, ...],
+    stage_source: str,
+    jobs: int | None,
+    scheduler: str | None,
+    quiet: bool,
+    outs: tuple[str | None, str | None, str | None],
+) -> tuple[dict[str, Any], list[Any]]:
     """Every input expanded and digested (one task each); failures come back as rows (all of
     them failing is bad input)."""
     from snapviz.analyses.ranks import FleetRow
@@ -56,6 +61,8 @@ def _digest_fleet(
     from snapviz.load.labels import unique_labels
 
     found = expand_inputs(inputs)
+    # outputs checked against every input the globs and folders expanded to, before any work
+    kw = _outputs(*outs, [*inputs, *(f.source for f in found)])
     labels = unique_labels([f.source for f in found], [])
     results = run_tasks(
         fleet_digest,
@@ -70,7 +77,7 @@ def _digest_fleet(
         # nothing to compare: bad input, not a report of failures (exit 2, nothing written)
         first = results[0]
         raise InputError(f"none of the {len(results)} input(s) could be analysed; {first.source}: {first.reason}")
-    return [
+    return kw, [
         FleetRow(
             f.source,
             lab,
@@ -120,8 +127,7 @@ def ranks(
     from snapviz.render.json_summary import render_json
     from snapviz.safe_text import bounded_doc
 
-    kw = _outputs(html_out, md_out, json_out, list(inputs))
-    rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet)
+    kw, rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet, (html_out, md_out, json_out))
     doc = bounded_doc(ranks_dict(analyse_ranks(rows)))
     rendered: list[tuple[str, str | bytes]] = []
     if kw["json_out"]:
@@ -186,8 +192,7 @@ def history(
     from snapviz.units import parse_percent
 
     pct = parse_percent(jump, "--jump")
-    kw = _outputs(html_out, md_out, json_out, list(inputs))
-    rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet)
+    kw, rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet, (html_out, md_out, json_out))
     doc = bounded_doc(history_dict(analyse_history(rows, order_by=order_by, jump_pct=pct)))
     rendered: list[tuple[str, str | bytes]] = []
     if kw["json_out"]:

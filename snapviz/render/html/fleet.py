@@ -15,10 +15,23 @@ from snapviz.render.fleet_md import HISTORY_COLUMNS, RANK_COLUMNS, history_rows,
 from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_tick_formatter, make_source
 from snapviz.render.html.page import build_page, card_open, esc, html_table, table_css, warnings_html
 from snapviz.render.html.palette import stage_palette
+from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes, fmt_delta
 
 ROW_PX = 14  # heatmap pixels per rank
 MAX_HEATMAP_PX = 4000
+
+
+def visible(doc: Any) -> Any:
+    """``doc`` with every string shown as one printable line (controls from file names and
+    run.json escaped as ``\x01``): the page prints what the terminal and Markdown print."""
+    if isinstance(doc, str):
+        return printable(doc, None)
+    if isinstance(doc, dict):
+        return {k: visible(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [visible(v) for v in doc]
+    return doc
 
 
 def _hero(kicker: str, title: str, verdict: list[str]) -> str:
@@ -117,6 +130,7 @@ def _details(doc: dict[str, Any]) -> str:
 
 def render_ranks_html(doc: dict[str, Any]) -> str:
     """The ranks page of a ``snapviz.ranks/1`` document."""
+    doc = visible(doc)
     blocks: list[Any] = [
         table_css(),
         _hero("snapviz · ranks of a distributed job", f"{doc['inputs']} inputs", doc["verdict"]),
@@ -191,6 +205,7 @@ def _trend(doc: dict[str, Any]) -> Any:
 
 def render_history_html(doc: dict[str, Any]) -> str:
     """The history page of a ``snapviz.history/1`` document."""
+    doc = visible(doc)
     runs = [
         [
             r["label"],
