@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapviz.errors import InputError
-from snapviz.load import SNAPSHOT_NAMES, TRACE_NAMES
+from snapviz.load import SNAPSHOT_NAMES, TRACE_NAMES, sidecar_names
 
 # A snapshot or trace file among others in a folder (a run directory is taken whole).
 _RUN_FILE = re.compile(r"\.(pickle|pkl)(\.(gz|xz|zst|bz2))?$|(^|[._-])trace\.json(\.gz)?$", re.IGNORECASE)
@@ -152,8 +152,9 @@ def expand_inputs(items: list[str] | tuple[str, ...]) -> list[FleetInput]:
 
 @contextmanager
 def local_copy(source: str) -> Iterator[str]:
-    """A local path for ``source``: itself, or for a URL a temporary copy (with its sibling
-    ``run.json`` when there is one, so a run's own figures come along), removed afterwards."""
+    """A local path for ``source``: itself, or for a URL a temporary copy (with its run.json
+    when there is one: a run directory's, or the file's own ``rank3_run.json``, so a run's own
+    figures come along), removed afterwards."""
     if not is_url(source):
         yield source
         return
@@ -170,9 +171,13 @@ def local_copy(source: str) -> Iterator[str]:
                         fs.get(f"{path.rstrip('/')}/{n}", os.path.join(dest, n))
             else:
                 fs.get(path, dest)
-                sidecar = path.rsplit("/", 1)[0] + "/run.json"
-                if "/" in path and fs.exists(sidecar):
-                    fs.get(sidecar, os.path.join(tmp, "run.json"))
+                folder = path.rsplit("/", 1)[0] if "/" in path else ""
+                # the run's own figures come along: run.json, or the file's own (rank3_run.json)
+                own = sidecar_names(name) if name not in SNAPSHOT_NAMES else ["run.json"]
+                for n in own:
+                    if folder and fs.exists(f"{folder}/{n}"):
+                        fs.get(f"{folder}/{n}", os.path.join(tmp, n))
+                        break
         except OSError as exc:
             raise InputError(f"{source}: {exc}") from None
         yield dest

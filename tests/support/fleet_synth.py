@@ -55,8 +55,9 @@ def _oom_time(d: dict) -> int | None:
 
 
 def write_torchtitan(root: str, acts_mib: list[int], *, iteration: int = 10, capacity_of: dict[int, int] | None = None,
-                     start_of: dict[int, int] | None = None) -> list[RankTruth]:
-    """One pickle per rank under ``root/memory_snapshot/iteration_N/``; returns the oracle's truth."""
+                     start_of: dict[int, int] | None = None, sidecars: bool = False) -> list[RankTruth]:
+    """One pickle per rank under ``root/memory_snapshot/iteration_N/``; returns the oracle's truth.
+    ``sidecars``: also ``rank<r>_run.json`` beside each (rank, world size, the allocator's figures)."""
     folder = os.path.join(root, "memory_snapshot", f"iteration_{iteration}")
     os.makedirs(folder, exist_ok=True)
     out = []
@@ -69,6 +70,13 @@ def write_torchtitan(root: str, acts_mib: list[int], *, iteration: int = 10, cap
         path = os.path.join(folder, f"rank{rank}_memory_snapshot.pickle")
         with open(path, "wb") as f:
             pickle.dump(d, f)
+        if sidecars:
+            rj = {"schema": "snapviz.run/1", "pipeline": "gpt2", "rank": rank, "world_size": len(acts_mib),
+                  "backend": "gloo", "iteration": iteration,
+                  "allocator": {"max_memory_allocated": sim.peak_allocated(),
+                                "max_memory_reserved": sim.peak_reserved()}}
+            with open(os.path.join(folder, f"rank{rank}_run.json"), "w") as f:
+                json.dump(rj, f)
         out.append(RankTruth(path, rank, sim.peak_allocated(), sim.peak_reserved(), oom, _oom_time(d)))
     return out
 

@@ -145,6 +145,20 @@ def test_run_json_rank_wins_and_disagreement_is_said(tmp_path: Path) -> None:
         assert r["allocator"]["max_memory_allocated"] == r["peak"]["allocated_bytes"] == t.peak_allocated
 
 
+def test_per_rank_run_json_beside_each_snapshot(tmp_path: Path) -> None:
+    # record_ddp_ranks.py's layout: rank<r>_memory_snapshot.pickle with rank<r>_run.json beside it
+    truth = fleet_synth.write_torchtitan(str(tmp_path), [10, 16, 10, 10], iteration=4, sidecars=True)
+    found = expand_inputs([str(tmp_path)])
+    assert [f.source for f in found] == [t.path for t in truth]  # the sidecars are not inputs
+    doc = ranks_dict(analyse_ranks(digest_rows([str(tmp_path)])))
+    for r, t in zip(doc["ranks"], truth):
+        assert r["rank"] == t.rank and r["rank_from"] == "run.json" and r["world_size"] == 4 and r["iteration"] == 4
+        assert r["allocator"] == {"max_memory_allocated": t.peak_allocated, "max_memory_reserved": t.peak_reserved}
+        assert r["peak"]["allocated_bytes"] == t.peak_allocated and r["peak"]["reserved_bytes"] == t.peak_reserved
+    assert doc["iterations"][0]["missing_ranks"] == [] and doc["iterations"][0]["max"]["rank"] == 1
+    assert "= allocator" in render_ranks_terminal(doc)
+
+
 def test_inputs_expand_and_refuse(tmp_path: Path, titan: Any) -> None:
     root, truth = titan
     found = expand_inputs([str(root / "memory_snapshot" / "iteration_10" / "rank[0-3]_*.pickle"), truth[0].path])
@@ -211,6 +225,9 @@ def test_fsspec_urls_are_expanded_and_fetched(titan: Any) -> None:
     fs = fsspec.filesystem("memory")
     for t in truth[:3]:
         fs.pipe(f"/job42/memory_snapshot/iteration_10/{os.path.basename(t.path)}", Path(t.path).read_bytes())
+    fs.pipe("/job42/memory_snapshot/iteration_10/rank1_run.json",
+            json.dumps({"schema": "snapviz.run/1", "rank": 1, "world_size": 3,
+                        "allocator": {"max_memory_allocated": truth[1].peak_allocated}}).encode())
     try:
         rows = digest_rows(["memory://job42/memory_snapshot/"])
         assert [r.source for r in rows] == [f"memory://job42/memory_snapshot/iteration_10/rank{i}_memory_snapshot.pickle"
@@ -218,6 +235,9 @@ def test_fsspec_urls_are_expanded_and_fetched(titan: Any) -> None:
         doc = ranks_dict(analyse_ranks(rows))
         assert [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == [t.peak_allocated for t in truth[:3]]
         assert [r["iteration"] for r in doc["ranks"]] == [10, 10, 10]
+        # rank 1's own run.json was fetched with it
+        assert [r["rank_from"] for r in doc["ranks"]] == ["path", "run.json", "path"]
+        assert doc["ranks"][1]["allocator"]["max_memory_allocated"] == truth[1].peak_allocated
         with pytest.raises(InputError, match="matches no file"):
             expand_inputs(["memory://job42/nothing_*.pickle"])
     finally:
