@@ -105,3 +105,25 @@ def test_history_cli(tmp_path: Path) -> None:
     assert r.returncode == 1 and "FAIL peak allocated vs baseline" in r.stdout
     from snapviz.units import fmt_bytes
     assert f"baseline {fmt_bytes(best)}" in r.stdout
+
+
+def test_ddp_sample_per_rank_table_equals_each_ranks_allocator(tmp_path: Path) -> None:
+    """The real 4-rank DDP (gloo) sample on one H200: every rank's replayed peaks are its
+    allocator's own max_memory_allocated / max_memory_reserved (rank<r>_run.json)."""
+    sample = ROOT / "sample_snapshots" / "ddp-gloo-4rank"
+    if not sample.is_dir():
+        pytest.skip("the DDP sample is not in this checkout")
+    out = tmp_path / "ddp.json"
+    r = snapviz("ranks", str(sample), "-j", "2", "--json", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert [x["rank"] for x in doc["ranks"]] == [0, 1, 2, 3]
+    for x in doc["ranks"]:
+        side = json.loads((Path(x["source"]).parent / f"rank{x['rank']}_run.json").read_text())
+        assert x["rank_from"] == "run.json" and x["world_size"] == 4 and x["status"] == "ok"
+        assert x["peak"]["allocated_bytes"] == side["allocator"]["max_memory_allocated"]
+        assert x["peak"]["reserved_bytes"] == side["allocator"]["max_memory_reserved"]
+    (it,) = doc["iterations"]
+    peaks = [x["peak"]["allocated_bytes"] for x in doc["ranks"]]
+    assert it["max"]["rank"] == peaks.index(max(peaks)) and it["missing_ranks"] == []
+    assert it["imbalance"] == round(max(peaks) / ((sorted(peaks)[1] + sorted(peaks)[2]) / 2), 4)
