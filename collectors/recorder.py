@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .distributed import rank_out_dir
 from .oom import attach_oom_observer, detach_oom_observer, is_oom
 from .rss import RssSampler
 from .run_info import run_info, write_run_json
@@ -93,7 +94,7 @@ class Recorder:
         if context not in ("all", "alloc", "state"):
             raise ValueError(f"context must be 'all', 'alloc' or 'state', not {context!r}")
         self.pipe = pipe
-        self.out_dir = Path(out_dir)
+        self.out_dir = rank_out_dir(out_dir)  # OUT/rank<R>/ for each rank under torch.distributed
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)

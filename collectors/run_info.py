@@ -14,6 +14,8 @@ import torch
 
 from snapviz.vocab import RUN_SCHEMA
 
+from .distributed import rank_info
+
 from .alloc_conf import allocator_counters, recorded_alloc_conf
 
 if TYPE_CHECKING:  # the recorder imports this module; the name is for annotations only
@@ -45,6 +47,7 @@ def run_info(rec: "Recorder", status: str | None = None) -> dict[str, Any]:
         "max_entries": rec.max_entries if rec.history else None,
     }
     info["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    info.update(rank_info())  # rank, world_size, local_rank, backend under torch.distributed
     info["record_start_us"] = rec._start_us
     stages = [s for s in rec.stages]
     info["stages"] = stages

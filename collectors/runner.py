@@ -250,9 +250,9 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
     if tmpdir is not None:
         tmpdir.cleanup()
     if opts.save_image and image is not None and hasattr(image, "save"):
-        image.save(out / "image.png")
+        image.save(rec.out_dir / "image.png")  # the rank's own directory under torch.distributed
         rec.write_run_json(rec.run_info())
-    return out
+    return rec.out_dir
 
 
 def _tiling_meta(rec: Recorder, pipe: Any, p: tq.Plan) -> None:

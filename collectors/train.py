@@ -252,4 +252,4 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
                 on_step(step)
         rec.mark("other")
         train["step_wall_s"] = step_s
-    return out
+    return rec.out_dir  # OUT/rank<R>/ under torch.distributed, else OUT

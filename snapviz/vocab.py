@@ -31,6 +31,8 @@ SUMMARY_SCHEMA = "snapviz.summary/1"
 COMPARE_SCHEMA = "snapviz.compare/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"
+RANKS_SCHEMA = "snapviz.ranks/1"
+HISTORY_SCHEMA = "snapviz.history/1"
 RULES_SCHEMA = "snapviz.rules/1"
 
 # What a summary carries over from a run directory's run.json (the snapviz.run/1 fields that say

@@ -13,7 +13,8 @@ import pandas as pd
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
-from snapviz.model import A_ALLOC
+from snapviz.load import Run
+from snapviz.model import A_ALLOC, A_OOM
 from snapviz.vocab import BEFORE_RECORDING, stage_group
 
 SNAPSHOT_MEMORY = "CUDA GPU memory"  # a snapshot is the CUDA caching allocator's (ROCm's too, through it)
@@ -38,6 +39,14 @@ class RunDigest:
     truncated: bool = False
     warnings: list[str] = field(default_factory=list)
     memory_kind: str = SNAPSHOT_MEMORY  # what was measured: runs of different kinds are not compared
+    # For fleets of runs (``ranks``, ``history``): when the peak and the first OOM happened
+    # (Unix µs, None when the input has no clock or no OOM), how many OOM entries, and the run's
+    # own words about itself (run.json's scalar keys, the trace's ``distributedInfo``).
+    peak_time_us: int | None = None
+    start_us: int | None = None
+    oom_count: int = 0
+    first_oom_us: int | None = None
+    run_info: dict[str, Any] = field(default_factory=dict)
 
 
 def comparable(a: RunDigest, b: RunDigest) -> bool:
@@ -166,12 +175,45 @@ def site_table(an: Analysis) -> pd.DataFrame:
     ]
 
 
+def run_info(run: Run) -> dict[str, Any]:
+    """What a run says about itself, for ordering and grouping runs: run.json's scalar
+    top-level keys, its ``distributed`` object's (``rank``, ``world_size``), and the profiler
+    trace's ``distributedInfo`` (``rank``, ``world_size``, ``backend``) under ``trace_``."""
+    info: dict[str, Any] = {}
+    rj = run.run_json or {}
+    for k, v in rj.items():
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            info[str(k)] = v
+    truth = rj.get("allocator")
+    if isinstance(truth, dict):
+        for k in ("max_memory_allocated", "max_memory_reserved"):
+            if isinstance(truth.get(k), int):
+                info[f"allocator_{k}"] = truth[k]
+    dist = rj.get("distributed")
+    if isinstance(dist, dict):
+        for k in ("rank", "world_size", "local_rank", "backend"):
+            if k in dist and isinstance(dist[k], (str, int)):
+                info.setdefault(k, dist[k])
+    meta = run.trace.meta if run.trace is not None else {}
+    di = meta.get("distributedInfo")
+    if isinstance(di, dict):
+        for k in ("rank", "world_size", "backend"):
+            if isinstance(di.get(k), (str, int)):
+                info[f"trace_{k}"] = di[k]
+    return info
+
+
 def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 200) -> RunDigest:
     """Reduce an :class:`~snapviz.analyses.summary.Analysis` to what a comparison needs."""
     rep = an.replay
     ev = rep.events
     allocated = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
     reserved = ev["reserved"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    times = ev["time_us"].to_numpy() if len(ev) else np.empty(0, np.int64)
+    ooms = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if len(ev) else np.empty(0, np.int64)
+    oom_times = times[ooms]
+    oom_times = oom_times[oom_times >= 0]
+    pi = int(rep.peak_index)
     cats = (
         an.categories[["category", "bytes"]].copy()
         if len(an.categories)
@@ -192,6 +234,11 @@ def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 2
         events=int(len(ev)),
         truncated=bool(rep.truncated),
         warnings=list(an.warnings),
+        peak_time_us=int(times[pi]) if 0 <= pi < len(times) and times[pi] >= 0 else None,
+        start_us=int(times[times >= 0].min()) if (times >= 0).any() else None,
+        oom_count=int(len(ooms)),
+        first_oom_us=int(oom_times.min()) if len(oom_times) else None,
+        run_info=run_info(an.run),
     )
 
 
@@ -251,7 +298,10 @@ def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) 
     event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
     from snapviz.analyses.trace_ops import stage_at
 
-    d = digest_summary(an.summary(), label)
+    doc = an.summary()
+    d = digest_summary(doc, label)
+    d.peak_time_us = (doc.get("peak") or {}).get("time_us")
+    d.run_info = run_info(an.run)
     tl = an.timeline
     if not len(tl) or not len(an.stages):
         return d

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import click
 
 from snapviz.cli import outputs
@@ -26,7 +29,18 @@ from snapviz.safe_text import printable
     help="Limit on one stage's peak allocated, e.g. vae_decode=8GiB or denoise/0=6GiB (repeat).",
 )
 @click.option(
-    "--baseline", type=str, metavar="B", help="A baseline run (snapshot, trace or run directory) for --max-increase."
+    "--baseline",
+    type=str,
+    metavar="B",
+    help="A baseline run (snapshot, trace or run directory) for --max-increase, or a `snapviz history --json` "
+    "file (its last or best run: --baseline-pick).",
+)
+@click.option(
+    "--baseline-pick",
+    type=click.Choice(["last", "best"]),
+    default="last",
+    show_default=True,
+    help="With a history --baseline: its last run in history order, or its best (lowest peak allocated).",
 )
 @click.option(
     "--max-increase", metavar="PCT", help="Largest allowed increase of peak allocated over --baseline, e.g. 5%."
@@ -45,6 +59,7 @@ def check(
     max_reserved: str | None,
     stage_limits: tuple[str, ...],
     baseline: str | None,
+    baseline_pick: str,
     max_increase: str | None,
     junit_out: str | None,
     stage_source: str,
@@ -60,6 +75,7 @@ def check(
     Examples:
       snapviz check runs/sdxl-fp16/ --max-peak 12GiB --max-stage-peak vae_decode=8GiB
       snapviz check pr.pickle --baseline main.pickle --max-increase 5% --junit-xml memory.xml
+      snapviz check pr/ --baseline history.json --baseline-pick best --max-increase 2%
     """
     from snapviz.analyses.gate import evaluate_gates, parse_stage_limit
     from snapviz.units import parse_percent, parse_size
@@ -78,7 +94,9 @@ def check(
     outputs.check({"junit_out": junit_out}, [input, baseline])
 
     doc, _ = summarize_input(input, stage_source=stage_source)
-    base_doc = summarize_input(baseline, stage_source=stage_source)[0] if baseline else None
+    base_doc = _history_baseline(baseline, baseline_pick) if baseline else None
+    if baseline and base_doc is None:
+        base_doc = summarize_input(baseline, stage_source=stage_source)[0]
     results = evaluate_gates(
         doc,
         max_peak=peak_limit,
@@ -104,3 +122,30 @@ def check(
         click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed ({printable(input)})")
     if failed:
         raise CheckFailed(f"snapviz check: {len(failed)} of {len(results)} limits exceeded")
+
+
+HISTORY_JSON_MAX_BYTES = 64 << 20
+
+
+def _history_baseline(path: str, pick: str) -> dict[str, Any] | None:
+    """The baseline a ``snapviz history --json`` file names (its last or best run), or None when
+    ``path`` is not such a file (then it is a run, loaded as usual)."""
+    import json
+
+    from snapviz.analyses.history import history_baseline
+    from snapviz.vocab import HISTORY_SCHEMA
+
+    if not (os.path.isfile(path) and path.lower().endswith(".json")):
+        return None
+    try:
+        with open(path, "rb") as f:
+            # `history --json` writes the schema first; a trace (any size) is left to the loader
+            if HISTORY_SCHEMA.encode() not in f.read(256) or os.path.getsize(path) > HISTORY_JSON_MAX_BYTES:
+                return None
+            f.seek(0)
+            doc = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA:
+        return None
+    return history_baseline(doc, pick)

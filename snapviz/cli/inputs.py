@@ -3,12 +3,11 @@ labels, and each one loaded and analysed into a summary dict or a small digest."
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from snapviz.errors import InputError
 from snapviz.load import labels as load_labels
-from snapviz.progress import progress
 
 if TYPE_CHECKING:  # the analyses (pandas) load when a verb runs, not for --help
     from snapviz.analyses.digest import RunDigest
@@ -52,22 +51,43 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 
 
 def digest_inputs(
-    items: list[tuple[str, str]], stage_source: str, points_per_label: int, jobs: int | None, show_progress: bool = True
+    items: list[tuple[str, str]],
+    stage_source: str,
+    points_per_label: int,
+    jobs: int | None,
+    show_progress: bool = True,
+    scheduler: str | None = None,
 ) -> list[Any]:
-    """Digest every input, ``jobs`` at a time in worker processes (each run is loaded,
-    analysed and reduced independently; only the small digests come back)."""
-    n = min(len(items), jobs if jobs else min(os.cpu_count() or 1, 4))
-    with progress(len(items), "snapviz: analysing runs", enabled=show_progress) as step:
-        if n <= 1:
-            out = []
-            for p, lab in items:
-                out.append(digest_input(p, lab, stage_source, points_per_label))
-                step(1)
-            return out
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Digest every input, ``jobs`` at a time in worker processes or on a Dask cluster
+    (:func:`snapviz.engine.run_tasks`: each run is loaded, analysed and reduced independently;
+    only the small digests come back). The first input that fails is this call's error."""
+    from snapviz.engine import TaskFailed, run_tasks
 
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            futures = [pool.submit(digest_input, p, lab, stage_source, points_per_label) for p, lab in items]
-            for _ in as_completed(futures):
-                step(1)
-            return [f.result() for f in futures]
+    out = run_tasks(
+        digest_input,
+        [p for p, _ in items],
+        [(p, lab, stage_source, points_per_label) for p, lab in items],
+        jobs=jobs,
+        scheduler=scheduler,
+        show_progress=show_progress,
+    )
+    for r in out:
+        if isinstance(r, TaskFailed):
+            raise InputError(r.reason)
+    return out
+
+
+FLEET_SITES = 5  # sites a fleet digest keeps (the table shows the top one)
+
+
+def fleet_digest(source: str, label: str, stage_source: str = "auto") -> RunDigest:
+    """One run of a fleet (``ranks``, ``history``) digested where it runs: a local path or a URL
+    fetched to a temporary copy; stage peaks, OOMs and the top sites only (no timeline)."""
+    from snapviz.load.fleet import local_copy
+
+    with local_copy(source) as path:
+        d = digest_input(path, label, stage_source, points_per_label=2)
+    d.source = source
+    d.timeline = d.timeline.iloc[:0]
+    d.sites = d.sites.head(FLEET_SITES).reset_index(drop=True)
+    return d

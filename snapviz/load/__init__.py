@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,6 +61,27 @@ class Run:
 
 
 RUN_JSON_MAX_BYTES = 16 << 20  # run.json is a few KiB; collectors write nothing larger
+
+
+_SNAPSHOT_SUFFIX = re.compile(r"(_memory_snapshot|_snapshot)?\.(pickle|pkl)(\.(gz|xz|zst|bz2))?$", re.IGNORECASE)
+
+
+def sidecar_names(base: str) -> list[str]:
+    """The names a snapshot file's own run.json may have beside it, most specific first:
+    ``rank3_memory_snapshot.pickle.xz`` -> ``rank3_run.json``, ``rank3.run.json``,
+    ``rank3_memory_snapshot_run.json``…; none for a name that is only a suffix."""
+    m = _SNAPSHOT_SUFFIX.search(base)
+    if m is None or m.start() == 0:
+        return []
+    stems = dict.fromkeys([base[: m.start()], base[: m.start() + len(m.group(1) or "")]])
+    return [name for stem in stems for name in (f"{stem}_run.json", f"{stem}.run.json")]
+
+
+def file_sidecar(path: str) -> str | None:
+    """The run.json of one snapshot among others in a folder (torchtitan-style per-rank files:
+    :func:`sidecar_names`), or None."""
+    folder, base = os.path.split(path)
+    return next((c for n in sidecar_names(base) if os.path.isfile(c := os.path.join(folder, n))), None)
 
 
 def _read_run_json(path: str) -> dict[str, Any]:
@@ -179,6 +201,8 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
         base = os.path.basename(p)
         if os.path.isfile(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
             run_json = _read_run_json(sidecar)
+        elif (own := file_sidecar(p)) is not None:
+            run_json = _read_run_json(own)
     snapshot = load_snapshot(snap_path) if snap_path else None
     trace = None
     if trace_path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 
 from snapviz.errors import InputError
@@ -37,7 +38,8 @@ def unique_labels(paths: Sequence[str], given: Sequence[str], what: str = "label
     labels = list(given)
     for p in paths[len(given) :]:
         labels.append(default_label(p))
-    dups = {lab for lab in labels if labels.count(lab) > 1}
+    counts = Counter(labels)  # linear: a fleet has thousands of inputs
+    dups = {lab for lab, n in counts.items() if n > 1}
     for i, lab in enumerate(labels):
         if lab in dups and i >= len(given):
             parent = os.path.basename(os.path.dirname(os.path.abspath(paths[i])))

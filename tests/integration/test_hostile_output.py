@@ -111,6 +111,9 @@ DESTROYING = {
                                    "--junit-xml", "b.pickle"],
     "compare a b -o b": ["compare", "a.pickle", "b.pickle", "-o", "b.pickle"],
     "compare a b --markdown a": ["compare", "a.pickle", "b.pickle", "--markdown", "a.pickle"],
+    "ranks glob --json a member": ["ranks", "*.pickle", "--json", "a.pickle"],
+    "ranks DIR -o DIR/snapshot": ["ranks", "run", "-o", "run/snapshot.pickle"],
+    "history a b --markdown b": ["history", "a.pickle", "b.pickle", "--markdown", "b.pickle"],
     "analyze RUN --json RUN/run.json": ["analyze", "run", "--json", "run/run.json"],
     "analyze RUN -o RUN/snapshot": ["analyze", "run", "-o", "run/snapshot.pickle"],
     "analyze RUN/snapshot --json RUN/run.json": ["analyze", "run/snapshot.pickle", "--json", "run/run.json"],
@@ -361,3 +364,17 @@ def test_safe_text_helpers() -> None:
     notes: list[str] = []
     out = bound({"x": deep, "n": float("inf"), "l": list(range(5000))}, notes)
     assert out["n"] is None and len(out["l"]) == 1000 and len(notes) == 2
+
+
+@pytest.mark.parametrize("verb", [["ranks"], ["history", "--order-by", "pipeline"]])
+def test_ranks_and_history_outputs_are_escaped(hostile: Path, tmp_path: Path, verb: list[str]) -> None:
+    # the folder walk finds both run directories and the file with controls in its name
+    p = run_sv(*verb, str(hostile), "-j", "1", "--markdown", "f.md", "--json", "f.json", "-o", "f.html", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert_safe_markdown((tmp_path / "f.md").read_text())
+    doc = strict_json((tmp_path / "f.json").read_text())
+    assert len(doc.get("ranks") or doc.get("runs")) == 3
+    page = (tmp_path / "f.html").read_text()
+    for raw in ("<img src=x", "<svg/onload", "<script>alert(1)"):
+        assert raw not in page
+    assert not TERMINAL_CONTROL.search(p.stdout + p.stderr + page)
