@@ -26,6 +26,7 @@ BEFORE_RECORDING = "before recording"  # memory allocated before the recorded hi
 
 SUMMARY_SCHEMA = "snapviz.summary/1"
 COMPARE_SCHEMA = "snapviz.compare/1"
+WHATIF_SCHEMA = "snapviz.whatif/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"
 RULES_SCHEMA = "snapviz.rules/1"

@@ -232,9 +232,7 @@ class Allocator:
     address, so this keeps ties as the recording had them), then made-up ones above them.
     """
 
-    def __init__(
-        self, settings: AllocatorSettings, cap: Cap, addresses: list[tuple[int, int]] | None = None
-    ) -> None:
+    def __init__(self, settings: AllocatorSettings, cap: Cap, addresses: list[tuple[int, int]] | None = None) -> None:
         self.s = settings
         self.cap = cap
         self.small = _Pool(True)
@@ -452,16 +450,16 @@ class Allocator:
             age_threshold = total_age / count
             freed = False
             for k in list(pool.keys):
-                b = pool.blocks.get(k)
-                if b is None or b.is_split() or b.es is not None:
+                c = pool.blocks.get(k)
+                if c is None or c.is_split() or c.es is not None:
                     continue
-                age = calls - b.gc_base
+                age = calls - c.gc_base
                 if age >= age_threshold:
                     freed = True
-                    reclaimed += b.size
+                    reclaimed += c.size
                     total_age -= age
                     count -= 1
-                    self._release_block(b, pool)
+                    self._release_block(c, pool)
 
     # ---- expandable segments
     def _try_allocate_expandable_block(self, pool: _Pool, size: int, stream: int) -> _Block | None:
@@ -804,16 +802,11 @@ def fidelity(stream: RequestStream, sim: SimResult) -> Fidelity:
             else None
         )
         sm = (
-            (int(sim.seg_event[first]), int(sim.seg_action[first]), int(sim.seg_size[first]))
-            if first < m_sim
-            else None
+            (int(sim.seg_event[first]), int(sim.seg_action[first]), int(sim.seg_size[first])) if first < m_sim else None
         )
         at = min(x[0] for x in (rec, sm) if x is not None)
         if rec is not None and sm is not None and rec[0] == sm[0]:
-            why = (
-                f"the allocator {_VERB[rec[1]].format(fb(rec[2]))}, "
-                f"the simulation {_VERB[sm[1]].format(fb(sm[2]))}"
-            )
+            why = f"the allocator {_VERB[rec[1]].format(fb(rec[2]))}, the simulation {_VERB[sm[1]].format(fb(sm[2]))}"
         elif rec is not None and rec[0] == at:
             why = f"the allocator {_VERB[rec[1]].format(fb(rec[2]))}; the simulation did not"
         else:
