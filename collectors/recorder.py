@@ -46,6 +46,8 @@ def recording_args(o: Any) -> list[str]:
             args += ["--profile-scope", o.profile_scope]
     if o.memory_limit_gb:
         args += ["--memory-limit-gb", f"{o.memory_limit_gb:g}"]
+    if getattr(o, "alloc_conf", None) is not None:
+        args += ["--alloc-conf", o.alloc_conf]
     if o.sync_stages:
         args.append("--sync-stages")
     if o.history:

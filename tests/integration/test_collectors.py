@@ -170,3 +170,34 @@ def test_record_api_with_user_pipeline(tmp_path: Path) -> None:
     # hooks are gone: calling again outside the recorder records nothing more
     pipe("a cow", num_inference_steps=1, height=64, width=64)
     assert len(_run_json(tmp_path / "mine")["stages"]) == len(names)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_alloc_conf_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train: bool) -> None:
+    """--alloc-conf sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts; a CPU run has no caching
+    allocator, so there it is only recorded (run.json and the reproducing command)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)  # restored after the test
+    conf = "roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6"
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1", "--alloc-conf", conf,
+                           *(["--train", "--batch", "1"] if train else []))
+    assert result.exit_code == 0, result.output
+    info = _run_json(out)
+    assert info["alloc_conf"] == conf
+    assert info["allocator"] is None  # no caching allocator on the CPU
+    assert f"--alloc-conf '{conf}'" in info["command"]
+
+
+def test_alloc_conf_unset_is_recorded_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1")
+    assert result.exit_code == 0, result.output
+    info = _run_json(out)
+    assert info["alloc_conf"] == "" and "--alloc-conf" not in info["command"]
+
+
+@pytest.mark.parametrize("conf", ["", "  ", "expandable_segments:True\x1b[31m"])
+def test_bad_alloc_conf_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conf: str) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--alloc-conf", conf)
+    assert result.exit_code == 2, result.output
+    assert "--alloc-conf" in result.output and not out.exists()
