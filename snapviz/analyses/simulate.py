@@ -563,20 +563,42 @@ class Allocator:
 # --------------------------------------------------------------------------- the driver
 
 
-def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> SimResult:
-    """Simulate ``stream`` under ``settings`` and ``cap`` (the pure-Python reference)."""
-    base_a, base_r = stream.baseline_allocated, stream.baseline_reserved
-    sim_cap = cap if cap.limit is None else Cap(max(cap.limit - base_r, 0), cap.fraction)
+@dataclass
+class LoopOut:
+    """What the sequential loop returns (the reference and the compiled kernel alike)."""
+
+    res_at: np.ndarray  # reserved after each request (simulation only, no baseline)
+    all_at: np.ndarray
+    done: int  # requests processed (fewer than all: the program died at request ``done``)
+    oom: tuple[int, int, int, int, bool] | None  # event, requested, allocated, reserved, recorded (no baseline)
+    survived: int | None
+    mallocs: int
+    frees: int
+    retries: int
+    log_event: np.ndarray
+    log_action: np.ndarray
+    log_size: np.ndarray
+
+
+def _limit(stream: RequestStream, cap: Cap) -> Cap:
+    """The cap left to the simulated requests: memory that predates the recording keeps its share."""
+    return cap if cap.limit is None else Cap(max(cap.limit - stream.baseline_reserved, 0), cap.fraction)
+
+
+def _recorded_addresses(stream: RequestStream) -> tuple[np.ndarray, np.ndarray]:
     seg_alloc = stream.seg_action == A_SEG_ALLOC
-    addresses = list(zip(stream.seg_addr[seg_alloc].tolist(), stream.seg_size[seg_alloc].tolist(), strict=True))
-    al = Allocator(settings, sim_cap, addresses)
-    n_ev = stream.n_events
+    return stream.seg_addr[seg_alloc], stream.seg_size[seg_alloc]
+
+
+def loop_reference(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> LoopOut:
+    """The simulation loop in plain Python over :class:`Allocator` (the reference)."""
+    rec_addr, rec_size = _recorded_addresses(stream)
+    al = Allocator(settings, _limit(stream, cap), list(zip(rec_addr.tolist(), rec_size.tolist(), strict=True)))
     res_at = np.zeros(len(stream.kind), np.int64)
     all_at = np.zeros(len(stream.kind), np.int64)
     live: dict[int, _Block] = {}
     pending: dict[int, _Block] = {}
-    oom: OomInfo | None = None
-    stopped: int | None = None
+    oom: tuple[int, int, int, int, bool] | None = None
     survived: int | None = None
     kinds = stream.kind.tolist()
     events = stream.event.tolist()
@@ -589,17 +611,15 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> SimResu
         if k == R_ALLOC or k == R_OOM:
             b = al.malloc(sizes[r], streams[r])
             if b is None:
-                if oom is None:
-                    oom = OomInfo(events[r], sizes[r], al.allocated + base_a, al.total + base_r, k == R_OOM)
+                if oom is None or k != R_OOM:
+                    oom = (events[r], sizes[r], al.allocated, al.total, k == R_OOM)
                 if k != R_OOM:  # the program would have died here
-                    stopped = events[r]
                     done = r
                     break
             elif k == R_ALLOC:
                 live[addrs[r]] = b
             elif survived is None:  # the recording ran out of memory here; this scenario does not
                 survived = events[r]
-                live[-1 - r] = b
         elif k == R_FREE_REQ or k == R_FREE:
             b = live.pop(addrs[r], None)
             if b is not None:
@@ -619,6 +639,42 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> SimResu
             al.release_cached_blocks()
         res_at[r] = al.total
         all_at[r] = al.allocated
+    return LoopOut(
+        res_at,
+        all_at,
+        done,
+        oom,
+        survived,
+        al.mallocs,
+        al.frees,
+        al.retries,
+        np.asarray(al.log_event, np.int64),
+        np.asarray(al.log_action, np.int8),
+        np.asarray(al.log_size, np.int64),
+    )
+
+
+def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap, *, compiled: bool | None = None) -> SimResult:
+    """Simulate ``stream`` under ``settings`` and ``cap``. ``compiled``: the numba kernel (None:
+    when numba is installed and the stream is long enough to win back its start-up)."""
+    from snapviz.analyses import simulate_loop  # noqa: PLC0415 - numba only on demand
+
+    use = simulate_loop.use_compiled(len(stream.kind)) if compiled is None else compiled
+    out = simulate_loop.loop_compiled(stream, settings, cap) if use else loop_reference(stream, settings, cap)
+    return finish(stream, out)
+
+
+def finish(stream: RequestStream, out: LoopOut) -> SimResult:
+    """Per-event series and peaks from the loop's per-request figures (vectorized)."""
+    base_a, base_r = stream.baseline_allocated, stream.baseline_reserved
+    n_ev = stream.n_events
+    res_at, all_at, done = out.res_at, out.all_at, out.done
+    oom = None
+    if out.oom is not None:
+        e, req, a, rsv, recd = out.oom
+        oom = OomInfo(int(e), int(req), int(a) + base_a, int(rsv) + base_r, bool(recd))
+    stopped = int(stream.event[done]) if done < len(stream.kind) else None
+    survived = out.survived
     # per trace entry: the state after the last request at or before it
     reserved = np.full(n_ev, base_r, np.int64)
     allocated = np.full(n_ev, base_a, np.int64)
@@ -652,14 +708,14 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> SimResu
         peak_allocated=peak_a,
         peak_reserved_index=pri,
         fragmentation=frag,
-        device_mallocs=al.mallocs,
-        device_frees=al.frees,
-        retries=al.retries,
+        device_mallocs=out.mallocs,
+        device_frees=out.frees,
+        retries=out.retries,
         oom=oom,
         stopped_at=stopped,
-        seg_event=np.asarray(al.log_event, np.int64),
-        seg_action=np.asarray(al.log_action, np.int8),
-        seg_size=np.asarray(al.log_size, np.int64),
+        seg_event=out.log_event,
+        seg_action=out.log_action,
+        seg_size=out.log_size,
         survived_recorded_oom=survived,
     )
 
