@@ -201,3 +201,26 @@ def test_bad_alloc_conf_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     result, out = _collect(tmp_path, "--pipeline", "sd15", "--alloc-conf", conf)
     assert result.exit_code == 2, result.output
     assert "--alloc-conf" in result.output and not out.exists()
+
+
+def test_caught_oom_does_not_fail_the_run(tmp_path: Path) -> None:
+    """An OOM that PyTorch catches (cuDNN retries with a smaller workspace) fires the OOM observer
+    but the run goes on: run.json says ok and keeps it as caught_oom; one that escapes is the
+    run's failure."""
+    from collectors.oom import save_on_oom
+    from collectors.recorder import Recorder
+
+    rec = Recorder(None, tmp_path / "caught", device="cpu", meta={"pipeline": "none"})
+    with rec:
+        save_on_oom(rec, 0, 270532608, 1 << 30, 0)
+        assert _run_json(tmp_path / "caught")["status"] == "oom"  # what a crash would leave
+    info = _run_json(tmp_path / "caught")
+    assert info["status"] == "ok" and "oom" not in info
+    assert info["caught_oom"]["requested_bytes"] == 270532608 and info["ooms_seen"] == 1
+
+    rec = Recorder(None, tmp_path / "raised", device="cpu", meta={"pipeline": "none"})
+    with pytest.raises(torch.OutOfMemoryError), rec:
+        save_on_oom(rec, 0, 4096, 1 << 30, 0)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 KiB.")
+    info = _run_json(tmp_path / "raised")
+    assert info["status"] == "oom" and info["oom"]["requested_bytes"] == 4096
