@@ -89,12 +89,30 @@ def parse_conf(text: str) -> AllocatorSettings:
 
 
 def recorded_cap(run: Run) -> Cap:
-    """The limit the recorded run had: ``memory_limit_bytes`` in run.json is a memory fraction."""
+    """The limit the recorded run had (``set_per_process_memory_fraction``), from run.json:
+    ``allocator.cap`` (``fraction`` x ``device_total_bytes`` is the allocator's own
+    ``allowed_memory_maximum``; else ``bytes``) or ``memory_limit_bytes``. None: no limit recorded."""
     rj = run.run_json or {}
+    alloc = rj.get("allocator")
+    cap = alloc.get("cap") if isinstance(alloc, dict) else None
+    if isinstance(cap, dict):
+        frac, total, nbytes = cap.get("fraction"), cap.get("device_total_bytes"), cap.get("bytes")
+        if _number(frac) and _whole(total) and 0 < frac <= 1:
+            return Cap(int(frac * total), True)
+        if _whole(nbytes) and nbytes > 0:
+            return Cap(nbytes, True)
     lim = rj.get("memory_limit_bytes")
-    if isinstance(lim, int) and not isinstance(lim, bool) and lim > 0:
+    if _whole(lim) and lim > 0:
         return Cap(lim, True)
     return Cap()
+
+
+def _whole(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def scenarios(
