@@ -119,7 +119,7 @@ class RequestStream:
     @property
     def complete(self) -> bool:
         """Whether the history starts from an empty allocator (nothing predates the recording)."""
-        return self.baseline_reserved == 0 and self.baseline_allocated == 0 and self.orphan_frees == 0
+        return self.baseline_reserved == 0 and self.orphan_frees == 0
 
 
 @dataclass
@@ -782,6 +782,10 @@ def request_stream(
                 calls += 1
     rows = np.flatnonzero(kind >= 0)
     seg = np.flatnonzero(is_free_seg | is_new_seg)
+    if baseline_reserved == 0 and orphan_frees == 0:
+        # nothing was reserved when the recording began, so nothing was allocated either (a
+        # non-zero allocated baseline is then the replay's estimate of block sizes it cannot know)
+        baseline_allocated = 0
     return RequestStream(
         kind=kind[rows],
         event=rows.astype(np.int64),

@@ -254,7 +254,9 @@ def _remove_unmapped(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, b: int) ->
     _pool_remove(pk, pn, p, blk[STREAM, b], blk[PTR, b])
 
 
-def _new_block(blk: np.ndarray, st: np.ndarray, free_ids: np.ndarray, ptr: int, size: int, stream: int, small: int) -> int:
+def _new_block(
+    blk: np.ndarray, st: np.ndarray, free_ids: np.ndarray, ptr: int, size: int, stream: int, small: int
+) -> int:
     st[FREE_TOP] -= 1
     b = free_ids[st[FREE_TOP]]
     blk[PTR, b] = ptr
@@ -292,8 +294,9 @@ def _log(st: np.ndarray, log: np.ndarray, action: int, size: int) -> None:
     st[LOG_N] = n + 1
 
 
-def _try_merge(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray, dst: int,
-               src: int) -> None:
+def _try_merge(
+    blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray, dst: int, src: int
+) -> None:
     if src < 0 or blk[BUSY, src] or blk[MAPPED, dst] != blk[MAPPED, src]:
         return
     if blk[MAPPED, src]:
@@ -313,8 +316,9 @@ def _try_merge(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, 
     _drop_block(st, free_ids, src)
 
 
-def _release_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                   log: np.ndarray, b: int) -> None:
+def _release_block(
+    blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray, log: np.ndarray, b: int
+) -> None:
     st[FREES] += 1
     _log(st, log, A_SEG_FREE, blk[SIZE, b])
     st[TOTAL] -= blk[SIZE, b]
@@ -322,8 +326,16 @@ def _release_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarr
     _drop_block(st, free_ids, b)
 
 
-def _unmap_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                 log: np.ndarray, es: np.ndarray, b: int) -> None:
+def _unmap_block(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    es: np.ndarray,
+    b: int,
+) -> None:
     e = blk[ES, b]
     base = es[0, e]
     page = es[1, e]
@@ -357,8 +369,17 @@ def _unmap_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray
     _log(st, log, A_SEG_UNMAP, usize)
 
 
-def _release_blocks(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                    log: np.ndarray, es: np.ndarray, p: int, scratch: np.ndarray) -> None:
+def _release_blocks(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    es: np.ndarray,
+    p: int,
+    scratch: np.ndarray,
+) -> None:
     n = pn[p]
     for i in range(n):
         scratch[i] = pk[p, 2, i]
@@ -378,14 +399,33 @@ def _release_blocks(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndar
             _drop_block(st, free_ids, b)
 
 
-def _release_cached_blocks(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                           log: np.ndarray, es: np.ndarray, scratch: np.ndarray) -> None:
+def _release_cached_blocks(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    es: np.ndarray,
+    scratch: np.ndarray,
+) -> None:
     _release_blocks(blk, pk, pn, st, free_ids, log, es, 1, scratch)
     _release_blocks(blk, pk, pn, st, free_ids, log, es, 0, scratch)
 
 
-def _map_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-               log: np.ndarray, es: np.ndarray, b: int, size: int, cap_limit: int, cap_fraction: bool) -> bool:
+def _map_block(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    es: np.ndarray,
+    b: int,
+    size: int,
+    cap_limit: int,
+    cap_fraction: bool,
+) -> bool:
     e = blk[ES, b]
     base = es[0, e]
     page = es[1, e]
@@ -398,8 +438,7 @@ def _map_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, 
     _remove_unmapped(blk, pk, pn, b)
     blk[MAPPED, b] = 1
     if nbytes < blk[SIZE, b]:
-        rest = _new_block(blk, st, free_ids, blk[PTR, b] + nbytes, blk[SIZE, b] - nbytes, blk[STREAM, b],
-                          blk[SMALL, b])
+        rest = _new_block(blk, st, free_ids, blk[PTR, b] + nbytes, blk[SIZE, b] - nbytes, blk[STREAM, b], blk[SMALL, b])
         blk[MAPPED, rest] = 0
         blk[ES, rest] = e
         _splice(blk, rest, b, blk[NEXT, b])
@@ -414,8 +453,18 @@ def _map_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, 
     return True
 
 
-def _find_expandable_block(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                           es: np.ndarray, small: int, size: int, stream: int, va: int) -> int:
+def _find_expandable_block(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    es: np.ndarray,
+    small: int,
+    size: int,
+    stream: int,
+    va: int,
+) -> int:
     p = 2 if small else 3
     i = _lower(pk, pn, p, stream, -1)
     while i < pn[p] and pk[p, 0, i] == stream:
@@ -573,12 +622,34 @@ def _kernel_py(
                         cand = _find_expandable_block(blk, pk, pn, st, free_ids, es, small, size, stream, va)
                         good = True
                         if blk[MAPPED, cand] == 0:
-                            good = _map_block(blk, pk, pn, st, free_ids, log, es, cand, min(blk[SIZE, cand], size),
-                                              cap_limit, cap_fraction)
+                            good = _map_block(
+                                blk,
+                                pk,
+                                pn,
+                                st,
+                                free_ids,
+                                log,
+                                es,
+                                cand,
+                                min(blk[SIZE, cand], size),
+                                cap_limit,
+                                cap_fraction,
+                            )
                         while good and blk[SIZE, cand] < size:
                             nx = blk[NEXT, cand]
-                            good = _map_block(blk, pk, pn, st, free_ids, log, es, nx,
-                                              min(size - blk[SIZE, cand], blk[SIZE, nx]), cap_limit, cap_fraction)
+                            good = _map_block(
+                                blk,
+                                pk,
+                                pn,
+                                st,
+                                free_ids,
+                                log,
+                                es,
+                                nx,
+                                min(size - blk[SIZE, cand], blk[SIZE, nx]),
+                                cap_limit,
+                                cap_fraction,
+                            )
                             cand = nx
                         if good:
                             _remove(blk, pk, pn, cand)
@@ -660,16 +731,27 @@ def _kernel_py(
     return res_at, all_at, done, oom, survived, counts, log[0, :m].copy(), log[1, :m].copy(), log[2, :m].copy()
 
 
-def _free_completed(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                    b: int) -> None:
+def _free_completed(
+    blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray, b: int
+) -> None:
     blk[BUSY, b] = 0
     _try_merge(blk, pk, pn, st, free_ids, b, blk[PREV, b])
     _try_merge(blk, pk, pn, st, free_ids, b, blk[NEXT, b])
     _insert(blk, pk, pn, st, b)
 
 
-def _release_available(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                       log: np.ndarray, p: int, size: int, stream: int, mss: int) -> bool:
+def _release_available(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    p: int,
+    size: int,
+    stream: int,
+    mss: int,
+) -> bool:
     if mss >= NO_LIMIT:
         return False
     key_size = max(size, mss)
@@ -696,8 +778,17 @@ def _release_available(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.n
     return released >= key_size
 
 
-def _garbage_collect(blk: np.ndarray, pk: np.ndarray, pn: np.ndarray, st: np.ndarray, free_ids: np.ndarray,
-                     log: np.ndarray, gc_threshold: float, cap_limit: int, scratch: np.ndarray) -> None:
+def _garbage_collect(
+    blk: np.ndarray,
+    pk: np.ndarray,
+    pn: np.ndarray,
+    st: np.ndarray,
+    free_ids: np.ndarray,
+    log: np.ndarray,
+    gc_threshold: float,
+    cap_limit: int,
+    scratch: np.ndarray,
+) -> None:
     threshold = int(gc_threshold * cap_limit)
     if st[TOTAL] <= threshold:
         return

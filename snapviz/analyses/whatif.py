@@ -96,23 +96,27 @@ def recorded_cap(run: Run) -> Cap:
     alloc = rj.get("allocator")
     cap = alloc.get("cap") if isinstance(alloc, dict) else None
     if isinstance(cap, dict):
-        frac, total, nbytes = cap.get("fraction"), cap.get("device_total_bytes"), cap.get("bytes")
-        if _number(frac) and _whole(total) and 0 < frac <= 1:
+        frac, total, nbytes = (
+            _number(cap.get("fraction")),
+            _whole(cap.get("device_total_bytes")),
+            _whole(cap.get("bytes")),
+        )
+        if frac is not None and total is not None and 0 < frac <= 1:
             return Cap(int(frac * total), True)
-        if _whole(nbytes) and nbytes > 0:
+        if nbytes is not None and nbytes > 0:
             return Cap(nbytes, True)
-    lim = rj.get("memory_limit_bytes")
-    if _whole(lim) and lim > 0:
+    lim = _whole(rj.get("memory_limit_bytes"))
+    if lim is not None and lim > 0:
         return Cap(lim, True)
     return Cap()
 
 
-def _whole(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _whole(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def scenarios(

@@ -13,6 +13,7 @@ from paths import SAMPLES
 
 from snapviz.analyses.allocator_rules import parse_alloc_conf, settings_from_record
 from snapviz.analyses.replay import replay_allocator
+from snapviz.analyses.whatif import recorded_cap
 from snapviz.analyses.simulate import (
     R_ALLOC,
     R_EMPTY_CACHE,
@@ -51,14 +52,23 @@ def _stream(snap, device, cap, rec=None):
     return rep, settings, st
 
 
-@pytest.mark.parametrize("sample", SAMPLE_DIRS, ids=lambda p: p.name)
+# Expandable segments under a memory fraction, with retries: on the failed map torch 2.11 unmapped
+# 760 MiB where the simulation unmaps 160 MiB (event 18,647), and the simulation then runs out of
+# memory where torch did not. Not modelled yet (docs/whatif.md); whatif says so for this run.
+NOT_YET = {"gpt2-train-varlen-cap-expandable"}
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [pytest.param(p, marks=pytest.mark.xfail(strict=True)) if p.name in NOT_YET else p for p in SAMPLE_DIRS],
+    ids=lambda p: p.name,
+)
 def test_every_sample_is_reproduced_event_by_event(sample):
     """Under the recorded settings and cap the simulated segment events, reserved series and the
     allocator's own peaks (run.json) are the recorded ones (expandable and OOM samples included)."""
     r = load(str(sample))
     rj = json.loads((sample / "run.json").read_text())
-    lim = rj.get("memory_limit_bytes")
-    cap = Cap(lim, True) if lim else Cap()
+    cap = recorded_cap(r)
     for dev in r.snapshot.devices:
         rep, settings, st = _stream(r.snapshot, dev, cap)
         assert st.complete, "every bundled sample records from an empty allocator"
@@ -70,11 +80,12 @@ def test_every_sample_is_reproduced_event_by_event(sample):
         assert (sim.seg_size == st.seg_size).all() and (sim.seg_action == st.seg_action).all()
         assert (sim.reserved[st.event] == rep.events["reserved"].to_numpy()[st.event]).all()
         assert sim.peak_reserved == rep.peak_reserved
-        assert sim.peak_allocated == rep.peak_allocated
         devs = {d["device"]: d for d in rj["allocator"].get("devices") or [rj["allocator"]]}
         if dev in devs:
             assert sim.peak_reserved == devs[dev]["max_memory_reserved"]
             assert sim.peak_allocated == devs[dev]["max_memory_allocated"]
+        else:
+            assert sim.peak_allocated == rep.peak_allocated
         if (rep.events["action"].to_numpy() == 7).any():  # an oom entry: the simulation runs out there too
             assert sim.oom is not None and sim.oom.recorded and sim.stopped_at is None
 
@@ -198,3 +209,24 @@ def test_incomplete_history_is_said_not_checked():
     assert not st.complete
     f = fidelity(st, run(st, settings, Cap()))
     assert not f.reproduced and f.diverged_at is None and "predates the recording" in f.reason
+
+
+@pytest.mark.parametrize("sample", ["sdxl-fp16-oom-10gb", "sd15-fp16-classic-expandable", "train-sd15-amp-fp16"])
+def test_compiled_kernel_equals_the_reference(sample):
+    """The numba kernel (or, without numba, the kernel's code run by Python) gives the reference's
+    per-request figures, segment log and counters under every setting family and cap."""
+    from snapviz.analyses import simulate_loop
+    from snapviz.analyses.simulate import loop_reference
+
+    snap = load(str(SAMPLES / sample)).snapshot
+    _, _, st = _stream(snap, 0, Cap())
+    other = simulate_loop.loop_compiled if simulate_loop.compiled_kernel() else simulate_loop.loop_python_arrays
+    for conf in ("", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4",
+                 "garbage_collection_threshold:0.6"):
+        for cap in (Cap(), Cap(3 * GiB), Cap(5 * GiB, fraction=True)):
+            s = parse_alloc_conf(conf)
+            a, b = loop_reference(st, s, cap), other(st, s, cap)
+            for f in ("res_at", "all_at", "log_event", "log_action", "log_size"):
+                assert np.array_equal(getattr(a, f), getattr(b, f)), (conf, cap, f)
+            assert (a.done, a.oom, a.survived, a.mallocs, a.frees, a.retries) == (
+                b.done, b.oom, b.survived, b.mallocs, b.frees, b.retries), (conf, cap)
