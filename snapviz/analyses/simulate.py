@@ -115,6 +115,7 @@ class RequestStream:
     orphan_frees: int = 0
     empty_cache_calls: int = 0
     notes: list[str] = field(default_factory=list)
+    derived: dict[str, np.ndarray] = field(default_factory=dict)  # settings-free columns the kernel reuses
 
     @property
     def complete(self) -> bool:

@@ -144,8 +144,11 @@ def _call(kernel: Callable[..., Any], stream: RequestStream, settings: Allocator
     rounded = round_sizes(sizes, settings)
     uniq, inv = np.unique(rounded, return_inverse=True)
     seg_sizes = np.array([allocation_size(int(u), settings) for u in uniq.tolist()], np.int64)[inv.reshape(-1)]
-    codes_u, codes = np.unique(stream.addr, return_inverse=True)
-    s_u, s_rank = np.unique(stream.stream, return_inverse=True)
+    if "codes" not in stream.derived:  # the same for every scenario of a sweep: computed once
+        stream.derived["codes"] = np.unique(stream.addr, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        stream.derived["ranks"] = np.unique(stream.stream, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    codes, s_rank = stream.derived["codes"], stream.derived["ranks"]
+    n_codes = int(codes.max()) + 1 if len(codes) else 0
     rec_addr, rec_size = _recorded_addresses(stream)
     va = (lim.limit + lim.limit // 8) if lim.limit else _DEFAULT_VA
     with warnings.catch_warnings():
@@ -156,9 +159,9 @@ def _call(kernel: Callable[..., Any], stream: RequestStream, settings: Allocator
             readonly(sizes),
             rounded.astype(np.int64, copy=False),
             seg_sizes,
-            codes.reshape(-1).astype(np.int64),
-            len(codes_u),
-            s_rank.reshape(-1).astype(np.int64),
+            codes,
+            n_codes,
+            s_rank,
             readonly(rec_addr.astype(np.int64, copy=False)),
             readonly(rec_size.astype(np.int64, copy=False)),
             bool(settings.expandable_segments),
