@@ -187,17 +187,21 @@ def what_if(
     if not rec_settings.recorded:
         notes.append("the snapshot does not record its allocator settings (torch < 2.3): the defaults are assumed")
     notes.extend(rec_settings.notes)
+    from snapviz.analyses.simulate_loop import use_compiled  # noqa: PLC0415
+
+    # the compiled kernel pays its load (about a second) back over the whole sweep, not one scenario
+    compiled = use_compiled(len(stream.kind) * len(grid))
     results: list[ScenarioResult] = []
     uncapped: dict[str | None, SimResult] = {}
     fid: Fidelity | None = None
     for sc in grid:
         base = uncapped.get(sc.alloc_conf)
         if base is None and sc.cap.limit is not None:
-            base = uncapped[sc.alloc_conf] = run_scenario(stream, replace(sc, cap=Cap()))
+            base = uncapped[sc.alloc_conf] = run_scenario(stream, replace(sc, cap=Cap()), compiled)
         sim = base if base is not None and _same_as_uncapped(sc, base) else None
         simulated = sim is None
         if sim is None:
-            sim = run_scenario(stream, sc)
+            sim = run_scenario(stream, sc, compiled)
             if sc.cap.limit is None:
                 uncapped[sc.alloc_conf] = sim
         if sc.recorded:
@@ -222,9 +226,9 @@ def what_if(
     )
 
 
-def run_scenario(stream: RequestStream, sc: Scenario) -> SimResult:
-    """One scenario through the simulator."""
-    return run(stream, sc.settings, sc.cap)
+def run_scenario(stream: RequestStream, sc: Scenario, compiled: bool | None = None) -> SimResult:
+    """One scenario through the simulator (``compiled``: see :func:`~snapviz.analyses.simulate.run`)."""
+    return run(stream, sc.settings, sc.cap, compiled=compiled)
 
 
 def _same_as_uncapped(sc: Scenario, uncapped: SimResult) -> bool:
