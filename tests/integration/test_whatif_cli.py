@@ -116,3 +116,18 @@ def test_whatif_on_a_late_recording_says_figures_are_approximate(tmp_path: Path)
     doc = json.loads(p.stdout)
     assert doc["fidelity"]["reproduced"] is False and "predates the recording" in doc["fidelity"]["reason"]
     assert all(s["approximate"] and not s["reproduces_recording"] for s in doc["scenarios"])
+
+
+def test_check_fits_gates_on_a_simulated_card(tmp_path: Path) -> None:
+    junit = tmp_path / "fits.xml"
+    p = _snapviz("check", str(OOM), "--fits", "8GiB", "--fits", "24GiB", "--junit-xml", str(junit))
+    assert p.returncode == 1, p.stderr
+    lines = p.stdout.splitlines()
+    assert any(x.startswith("FAIL fits a 8.00 GiB card") and "out of memory at event" in x and "vae_decode" in x
+               for x in lines)
+    assert any(x.startswith("PASS fits a 24.00 GiB card") for x in lines)
+    assert junit.exists()
+    p = _snapviz("check", str(SD15), "--fits", "8GiB")
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = _snapviz("check", str(SD15), "--fits", "12 G")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
