@@ -29,6 +29,7 @@ END_STATE_ONLY = "end state only: blocks live when the snapshot was taken, not a
 
 SUMMARY_SCHEMA = "snapviz.summary/1"
 COMPARE_SCHEMA = "snapviz.compare/1"
+WHATIF_SCHEMA = "snapviz.whatif/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"
 RANKS_SCHEMA = "snapviz.ranks/1"

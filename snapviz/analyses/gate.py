@@ -184,3 +184,32 @@ def check_summary(
         max_increase_pct=max_increase_pct,
     )
     return CheckResult(str(doc.get("source", "")), tuple(gates), tuple(history_notes(doc)))
+
+
+def fits_gates(whatif_doc: dict[str, Any]) -> tuple[list[GateResult], list[str]]:
+    """``check --fits SIZE``: one gate per simulated card of a ``snapviz.whatif/1`` document (the
+    recorded settings on that card): it passes when the simulation does not run out of memory.
+    Returns the gates and the notes that qualify them (a simulation that did not reproduce the
+    recording is approximate)."""
+    gates = []
+    for s in whatif_doc["scenarios"]:
+        card = s["gpu_memory_bytes"]
+        if s["alloc_conf"] is not None or card is None:
+            continue
+        oom = s["oom"]
+        ok = oom is None
+        what = f"fits a {fmt_bytes(card)} card (simulated, recorded settings)"
+        if ok:
+            msg = f"PASS {what}: reserved peak {fmt_bytes(s['peak_reserved_bytes'])}"
+            if s.get("survives_recorded_oom"):
+                msg += " (as far as recorded: the recording ends in its own OOM)"
+        else:
+            stage = f" in {oom['stage']}" if oom.get("stage") else ""
+            msg = (
+                f"FAIL {what}: out of memory at event {oom['event_index']:,}{stage} "
+                f"(a {fmt_bytes(oom['requested_bytes'])} request, {fmt_bytes(oom['reserved_bytes'])} reserved)"
+            )
+        gates.append(GateResult(f"fits:{card}", card, int(s["peak_reserved_bytes"]), ok, msg))
+    f = whatif_doc["fidelity"]
+    notes = [] if f["reproduced"] else [f"--fits is approximate: {f['reason']}"]
+    return gates, notes

@@ -125,7 +125,7 @@ class Analysis:
         return summary_dict(self)
 
 
-def _pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
+def pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
     snap = run.snapshot
     assert snap is not None
     devs = snap.devices or [0]
@@ -157,7 +157,7 @@ def analyze_run(
         raise InputError(f"{run.source}: no snapshot to analyse (a trace-only run: use the trace analysis)")
     rules = rules if rules is not None else load_rules()
     tables = StackTables(snap)
-    dev, results, why_dev = _pick_device(run, device)
+    dev, results, why_dev = pick_device(run, device)
     rep = results[dev]
     ev = rep.events
     labels = label_events(snap, ev, dev, use=stage_source, rules=rules, tables=tables, run_json=run.run_json)

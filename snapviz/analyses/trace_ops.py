@@ -111,7 +111,7 @@ def devices(trace: ChromeTrace) -> pd.DataFrame:
     return out.drop(columns="_cuda").reset_index(drop=True)[cols]
 
 
-def _pick_device(trace: ChromeTrace, device_type: int | None, device_id: int | None) -> tuple[int, int] | None:
+def pick_device(trace: ChromeTrace, device_type: int | None, device_id: int | None) -> tuple[int, int] | None:
     """Default device: the accelerator with the largest Total Allocated, else CPU."""
     devs = devices(trace)
     if device_type is not None:
@@ -124,7 +124,7 @@ def _pick_device(trace: ChromeTrace, device_type: int | None, device_id: int | N
 
 
 def _device_memory(trace: ChromeTrace, device_type: int | None, device_id: int | None) -> pd.DataFrame:
-    dev = _pick_device(trace, device_type, device_id)
+    dev = pick_device(trace, device_type, device_id)
     mem = trace.memory
     if dev is None:
         return mem.iloc[:0]
@@ -362,7 +362,7 @@ def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id:
     stages = annotation_stages(trace)
     peaks = stage_peaks(trace, stages, device_type, device_id)
     return TraceAnalysis(
-        device=_pick_device(trace, device_type, device_id),
+        device=pick_device(trace, device_type, device_id),
         devices=devices(trace),
         timeline=memory_timeline(trace, device_type, device_id),
         stages=pd.concat([stages, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1),

@@ -3,7 +3,7 @@
 * :mod:`.errors` — the one mapping from errors to exit codes (0/1/2) and stderr lines;
 * :mod:`.options` — option decorators the verbs share; :mod:`.outputs` — the one output-path rule set;
 * :mod:`.share` — ``--perfetto``/``--png``/``--svg``; :mod:`.inputs` — labels and per-input analysis;
-* one module per verb: :mod:`.analyze`, :mod:`.compare`, :mod:`.check`, :mod:`.trim` (and
+* one module per verb: :mod:`.analyze`, :mod:`.compare`, :mod:`.check`, :mod:`.trim`, :mod:`.whatif` (and
   :mod:`.fleet`: ``ranks`` and ``history``, many runs on :mod:`snapviz.engine`); the collectors'
   verbs (``collect``, ``matrix``, ``fit``: torch, diffusers) are registered by name and imported on use (:mod:`.lazy`).
 """
@@ -25,6 +25,7 @@ from snapviz.cli.fleet import history, ranks
 from snapviz.cli.lazy import LazyGroup, LazyVerb
 from snapviz.cli.options import CONTEXT_SETTINGS, epilog
 from snapviz.cli.trim import trim
+from snapviz.cli.whatif import whatif
 
 _COLLECT_INSTALL = "install the collectors' dependencies: pip install 'snapviz[collect]'"
 LAZY_VERBS = {
@@ -53,12 +54,13 @@ def cli() -> None:
     snapviz analyze snapshot.pickle -o report.html   # why did it OOM?
     snapviz compare before/ after/ -o compare.html   # did my change help?
     snapviz check run/ --max-peak 12GiB              # gate CI on peak memory
+    snapviz whatif oom.pickle                        # would other settings or cards fit?
     snapviz ranks memory_snapshot/ -o ranks.html     # which rank peaked, which OOMed first?
     snapviz collect --pipeline sdxl --technique fp16 # record a labelled run
     """
 
 
-for _verb in (analyze, compare, check, trim, ranks, history):
+for _verb in (analyze, compare, check, trim, whatif, ranks, history):
     cli.add_command(_verb)
 
 

@@ -46,6 +46,14 @@ from snapviz.safe_text import printable
     "--max-increase", metavar="PCT", help="Largest allowed increase of peak allocated over --baseline, e.g. 5%."
 )
 @click.option(
+    "--fits",
+    "fits",
+    multiple=True,
+    metavar="SIZE",
+    help="Simulate the run on a card with this much memory for the allocator (recorded settings; "
+    "snapshots only) and fail if it would run out of memory, e.g. --fits 24GiB (repeat). See docs/whatif.md.",
+)
+@click.option(
     "--junit-xml",
     "junit_out",
     type=click.Path(dir_okay=False),
@@ -61,6 +69,7 @@ def check(
     baseline: str | None,
     baseline_pick: str,
     max_increase: str | None,
+    fits: tuple[str, ...],
     junit_out: str | None,
     stage_source: str,
     quiet: bool,
@@ -87,9 +96,13 @@ def check(
     if (baseline is None) != (max_increase is None):
         raise InputError("--baseline and --max-increase go together (e.g. --baseline main.pickle --max-increase 5%)")
     increase = parse_percent(max_increase, "--max-increase") if max_increase is not None else None
-    if peak_limit is None and reserved_limit is None and not per_stage and baseline is None:
+    cards = [parse_size(g, "--fits") for g in fits]
+    if any(c <= 0 for c in cards):
+        raise InputError("--fits: a card needs more than 0 bytes")
+    if peak_limit is None and reserved_limit is None and not per_stage and baseline is None and not cards:
         raise InputError(
-            "nothing to check: give --max-peak, --max-reserved, --max-stage-peak or --baseline with --max-increase"
+            "nothing to check: give --max-peak, --max-reserved, --max-stage-peak, --fits or --baseline with "
+            "--max-increase"
         )
     outputs.check({"junit_out": junit_out}, [input, baseline])
 
@@ -106,6 +119,16 @@ def check(
         max_increase_pct=increase,
     )
     notes = [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
+    if cards:
+        from snapviz.analyses.gate import fits_gates
+        from snapviz.analyses.whatif import what_if, whatif_dict
+        from snapviz.load import load
+
+        gates, fit_notes = fits_gates(
+            whatif_dict(what_if(load(input), alloc_confs=[], gpu_memories=cards, stage_source=stage_source))
+        )
+        results = [*results, *gates]
+        notes += fit_notes
     if junit_out:
         from snapviz.render.junit import render_junit
         from snapviz.render.output import write_outputs

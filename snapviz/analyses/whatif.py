@@ -1,0 +1,340 @@
+"""What if: one recorded run re-run through the allocator simulator under other settings and cards.
+
+A *scenario* is an allocator configuration (a ``PYTORCH_CUDA_ALLOC_CONF`` string, or the
+recorded settings) and a memory limit (a card's size, the recorded cap, or none). The recorded
+scenario is simulated first and compared with the recording event by event
+(:func:`snapviz.analyses.simulate.fidelity`): when it is reproduced exactly the other scenarios
+are exact simulations of the same requests; when it is not, every figure is marked approximate
+and the document says from which event and why the simulation diverged.
+
+The document (:func:`whatif_dict`) is ``snapviz.whatif/1``; every renderer reads only it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
+from snapviz.analyses.simulate import Cap, Fidelity, RequestStream, SimResult, fidelity, request_stream, run
+from snapviz.errors import InputError
+from snapviz.load import Run
+from snapviz.model import A_OOM
+from snapviz.units import fmt_bytes
+from snapviz.vocab import WHATIF_SCHEMA
+
+GiB = 1 << 30
+# The default sweep: the settings PyTorch's documentation and OOM message suggest.
+DEFAULT_CONFS: tuple[str, ...] = (
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "max_split_size_mb:128",
+    "max_split_size_mb:256",
+    "max_split_size_mb:512",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:8",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.8",
+)
+COMMON_CARDS: tuple[int, ...] = tuple(g * GiB for g in (8, 12, 16, 24, 40, 48, 80))
+
+
+@dataclass(frozen=True)
+class Scenario:
+    alloc_conf: str | None  # None: the recorded settings
+    gpu_memory: int | None  # None: the recorded card (its cap when the run had one, else no limit)
+    settings: AllocatorSettings
+    cap: Cap
+
+    @property
+    def recorded(self) -> bool:
+        return self.alloc_conf is None and self.gpu_memory is None
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    sim: SimResult
+    stage_at_oom: str | None
+    simulated: bool  # False: shares the result of an equal scenario (a card above what it ever holds)
+
+
+@dataclass
+class WhatIf:
+    source: str
+    device: int
+    recorded_settings: AllocatorSettings
+    recorded_cap: Cap
+    stream: RequestStream
+    fidelity: Fidelity
+    recorded_peak_reserved: int
+    recorded_peak_allocated: int
+    recorded_oom_event: int | None
+    recorded_reserved: np.ndarray  # per event
+    results: list[ScenarioResult]
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_conf(text: str) -> AllocatorSettings:
+    """A ``--alloc-conf`` value as settings; a bad one is an input error (exit 2)."""
+    try:
+        s = parse_alloc_conf(text)
+    except ValueError as exc:
+        raise InputError(f"--alloc-conf {text!r}: {exc}") from None
+    if s.backend != "native":
+        raise InputError(f"--alloc-conf {text!r}: backend {s.backend} does not use the caching allocator")
+    return s
+
+
+def recorded_cap(run: Run) -> Cap:
+    """The limit the recorded run had (``set_per_process_memory_fraction``), from run.json:
+    ``allocator.cap`` (``fraction`` x ``device_total_bytes`` is the allocator's own
+    ``allowed_memory_maximum``; else ``bytes``) or ``memory_limit_bytes``. None: no limit recorded."""
+    rj = run.run_json or {}
+    alloc = rj.get("allocator")
+    cap = alloc.get("cap") if isinstance(alloc, dict) else None
+    if isinstance(cap, dict):
+        frac, total, nbytes = (
+            _number(cap.get("fraction")),
+            _whole(cap.get("device_total_bytes")),
+            _whole(cap.get("bytes")),
+        )
+        if frac is not None and total is not None and 0 < frac <= 1:
+            return Cap(int(frac * total), True)
+        if nbytes is not None and nbytes > 0:
+            return Cap(nbytes, True)
+    lim = _whole(rj.get("memory_limit_bytes"))
+    if lim is not None and lim > 0:
+        return Cap(lim, True)
+    return Cap()
+
+
+def _whole(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def scenarios(
+    recorded: AllocatorSettings, cap: Cap, confs: list[str] | None, cards: list[int] | None
+) -> list[Scenario]:
+    """The grid: (recorded settings + ``confs``) x (recorded card + ``cards``); defaults: the sweep.
+
+    ``garbage_collection_threshold`` acts only under a memory fraction, so on a card it is
+    simulated as ``set_per_process_memory_fraction(1.0)`` of that card; other settings meet the
+    card's capacity as cudaMalloc does.
+    """
+    conf_list = list(DEFAULT_CONFS) if confs is None else list(dict.fromkeys(confs))
+    card_list = list(COMMON_CARDS) if cards is None else list(dict.fromkeys(cards))
+    settings: list[tuple[str | None, AllocatorSettings]] = [(None, recorded)]
+    settings += [(c, parse_conf(c)) for c in conf_list]
+    out = []
+    for conf, s in settings:
+        gc = s.garbage_collection_threshold > 0.0
+        out.append(Scenario(conf, None, s, cap))
+        out.extend(Scenario(conf, g, s, Cap(g, gc)) for g in card_list)
+    return out
+
+
+def what_if(
+    run: Run,
+    *,
+    device: int | None = None,
+    alloc_confs: list[str] | None = None,
+    gpu_memories: list[int] | None = None,
+    stage_source: str = "auto",
+) -> WhatIf:
+    """Simulate ``run``'s requests under every scenario (see the module docstring)."""
+    from snapviz.analyses.frame_rules import load_rules  # noqa: PLC0415 - heavy, only here
+    from snapviz.analyses.stack_tables import StackTables  # noqa: PLC0415
+    from snapviz.analyses.stages import label_events  # noqa: PLC0415
+    from snapviz.analyses.summary import pick_device
+
+    snap = run.snapshot
+    if snap is None:
+        raise InputError(f"{run.source}: what-if needs a memory snapshot (a trace has no allocator requests)")
+    rec_settings = settings_from_record(snap.allocator_settings)
+    if rec_settings.backend != "native":
+        raise InputError(f"{run.source}: recorded with backend {rec_settings.backend}: no caching allocator")
+    grid = scenarios(rec_settings, recorded_cap(run), alloc_confs, gpu_memories)  # bad options fail first
+    dev, replays, _why = pick_device(run, device)
+    rep = replays[dev]
+    ev = rep.events
+    if not len(ev):
+        raise InputError(f"{run.source}: the snapshot has no allocation history to simulate")
+    cap = recorded_cap(run)
+    actions = ev["action"].to_numpy()
+    stream = request_stream(
+        actions,
+        ev["addr"].to_numpy(),
+        ev["size"].to_numpy(),
+        ev["stream"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        rec_settings,
+        cap,
+        baseline_allocated=rep.baseline_allocated,
+        baseline_reserved=rep.baseline_reserved,
+        orphan_frees=rep.orphan_frees,
+    )
+    labels = label_events(
+        snap, ev, dev, use=stage_source, rules=load_rules(), tables=StackTables(snap), run_json=run.run_json
+    ).labels
+    notes: list[str] = []
+    if not rec_settings.recorded:
+        notes.append("the snapshot does not record its allocator settings (torch < 2.3): the defaults are assumed")
+    notes.extend(rec_settings.notes)
+    from snapviz.analyses.simulate_loop import use_compiled  # noqa: PLC0415
+
+    # the compiled kernel pays its load (about a second) back over the whole sweep, not one scenario
+    compiled = use_compiled(len(stream.kind) * len(grid))
+    results: list[ScenarioResult] = []
+    uncapped: dict[str | None, SimResult] = {}
+    fid: Fidelity | None = None
+    for sc in grid:
+        base = uncapped.get(sc.alloc_conf)
+        if base is None and sc.cap.limit is not None:
+            base = uncapped[sc.alloc_conf] = run_scenario(stream, replace(sc, cap=Cap()), compiled)
+        sim = base if base is not None and _same_as_uncapped(sc, base) else None
+        simulated = sim is None
+        if sim is None:
+            sim = run_scenario(stream, sc, compiled)
+            if sc.cap.limit is None:
+                uncapped[sc.alloc_conf] = sim
+        if sc.recorded:
+            fid = fidelity(stream, sim)
+        stage = str(labels[sim.oom.event_index]) if sim.oom is not None else None
+        results.append(ScenarioResult(sc, sim, stage, simulated))
+    assert fid is not None
+    oom_rows = np.flatnonzero(actions == A_OOM)
+    return WhatIf(
+        source=run.source,
+        device=dev,
+        recorded_settings=rec_settings,
+        recorded_cap=cap,
+        stream=stream,
+        fidelity=fid,
+        recorded_peak_reserved=rep.peak_reserved,
+        recorded_peak_allocated=rep.peak_allocated,
+        recorded_oom_event=int(oom_rows[0]) if len(oom_rows) else None,
+        recorded_reserved=ev["reserved"].to_numpy(),
+        results=results,
+        notes=notes,
+    )
+
+
+def run_scenario(stream: RequestStream, sc: Scenario, compiled: bool | None = None) -> SimResult:
+    """One scenario through the simulator (``compiled``: see :func:`~snapviz.analyses.simulate.run`)."""
+    return run(stream, sc.settings, sc.cap, compiled=compiled)
+
+
+def _same_as_uncapped(sc: Scenario, uncapped: SimResult) -> bool:
+    """Whether ``sc`` must behave exactly as the same settings with no limit did: a limit is only
+    ever consulted before cudaMalloc (is reserved + the new segment above it?) and, under a memory
+    fraction with ``garbage_collection_threshold``, at threshold x limit; a limit above everything
+    the uncapped run ever reserved (or its threshold above that) is never met."""
+    lim = sc.cap.limit
+    if lim is None or uncapped.oom is not None:
+        return lim is None
+    gc = sc.settings.garbage_collection_threshold if sc.cap.fraction else 0.0
+    reach = uncapped.peak_reserved
+    return reach <= lim and (gc <= 0.0 or reach <= int(gc * lim))
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _conf_label(conf: str | None) -> str:
+    return "recorded settings" if conf is None else conf
+
+
+def _card_label(w: WhatIf, gpu: int | None) -> str:
+    if gpu is not None:
+        return fmt_bytes(gpu)
+    if w.recorded_cap.limit is not None:
+        return f"recorded ({fmt_bytes(w.recorded_cap.limit)} cap)"
+    return "recorded (no limit)"
+
+
+def whatif_dict(w: WhatIf) -> dict[str, Any]:
+    """The ``snapviz.whatif/1`` document: every renderer's only input."""
+    approximate = not w.fidelity.reproduced
+    rows = []
+    for r in w.results:
+        sc, sim = r.scenario, r.sim
+        oom = None
+        if sim.oom is not None:
+            oom = {
+                "event_index": sim.oom.event_index,
+                "stage": r.stage_at_oom,
+                "requested_bytes": sim.oom.requested_bytes,
+                "allocated_bytes": sim.oom.allocated_bytes,
+                "reserved_bytes": sim.oom.reserved_bytes,
+                "recorded": sim.oom.recorded,
+            }
+        rows.append(
+            {
+                "alloc_conf": sc.alloc_conf,
+                "gpu_memory_bytes": sc.gpu_memory,
+                "card": _card_label(w, sc.gpu_memory),
+                "memory_fraction": sc.cap.fraction and sc.cap.limit is not None,
+                "peak_reserved_bytes": sim.peak_reserved,
+                "peak_allocated_bytes": sim.peak_allocated,
+                "fragmentation_bytes": sim.fragmentation,
+                "device_mallocs": sim.device_mallocs,
+                "device_frees": sim.device_frees,
+                "retries": sim.retries,
+                "oom": oom,
+                "survives_recorded_oom": sim.survived_recorded_oom is not None,
+                "reproduces_recording": bool(sc.recorded and w.fidelity.reproduced),
+                "approximate": approximate,
+                "simulated": r.simulated,
+            }
+        )
+    f = w.fidelity
+    return {
+        "schema": WHATIF_SCHEMA,
+        "source": w.source,
+        "device": w.device,
+        "recorded": {
+            "alloc_conf": _settings_text(w.recorded_settings),
+            "gpu_memory_bytes": w.recorded_cap.limit,
+            "peak_reserved_bytes": w.recorded_peak_reserved,
+            "peak_allocated_bytes": w.recorded_peak_allocated,
+            "oom_event_index": w.recorded_oom_event,
+            "events": w.stream.n_events,
+            "requests": int(len(w.stream.kind)),
+            "empty_cache_calls": w.stream.empty_cache_calls,
+        },
+        "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
+        "scenarios": rows,
+        "notes": list(w.notes),
+    }
+
+
+def _settings_text(s: AllocatorSettings) -> str:
+    """The recorded settings in ``PYTORCH_CUDA_ALLOC_CONF`` words ('' for the defaults)."""
+    from snapviz.analyses.allocator_rules import DEFAULT_SETTINGS, NO_LIMIT  # noqa: PLC0415
+
+    parts = []
+    if s.expandable_segments:
+        parts.append("expandable_segments:True")
+    if s.max_split_size < NO_LIMIT:
+        parts.append(f"max_split_size_mb:{s.max_split_size >> 20}")
+    if s.rounds_power2:
+        d = s.roundup_divisions
+        parts.append(
+            f"roundup_power2_divisions:{d[0]}"
+            if len(set(d)) == 1
+            else "roundup_power2_divisions:[" + ",".join(f"{1 << i}:{v}" for i, v in enumerate(d)) + "]"
+        )
+    if s.garbage_collection_threshold > 0:
+        parts.append(f"garbage_collection_threshold:{s.garbage_collection_threshold:g}")
+    if s.large_segment_size != DEFAULT_SETTINGS.large_segment_size:
+        parts.append(f"large_segment_size_mb:{s.large_segment_size >> 20}")
+    if s.max_non_split_rounding_size != DEFAULT_SETTINGS.max_non_split_rounding_size:
+        parts.append(f"max_non_split_rounding_mb:{s.max_non_split_rounding_size >> 20}")
+    return ",".join(parts)

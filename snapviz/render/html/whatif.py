@@ -1,0 +1,124 @@
+"""The what-if report: each setting's simulated reserved curve over the recorded one, and the
+tables of the terminal and Markdown summaries (the same words: :mod:`snapviz.render.whatif`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from bokeh.models import HoverTool, Legend, LegendItem
+
+from snapviz.analyses.decimate import decimate_minmax
+from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_hover_formatter, make_source
+from snapviz.render.html.page import build_page, card_open, esc, html_table, table_css, warnings_html
+from snapviz.render.html.palette import SERIES_COLORS
+from snapviz.render.whatif import (
+    DETAIL_HEAD,
+    card_grid,
+    card_title,
+    detail_cells,
+    fidelity_line,
+    outcome,
+    recorded_card_rows,
+    recorded_line,
+    setting_name,
+)
+
+_LINE_COLORS = ("#1f3b73", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728")
+
+
+@dataclass
+class WhatIfCurves:
+    """Reserved bytes per kept event: the recording's and each setting's on the recorded card."""
+
+    x: np.ndarray  # event index
+    recorded: np.ndarray
+    series: list[tuple[str, np.ndarray]]  # (setting, reserved; NaN after the simulated program died)
+
+
+def whatif_curves(w: Any, max_points: int = 4000) -> WhatIfCurves:
+    """Decimated curves (every series' extremes kept) from a :class:`~snapviz.analyses.whatif.WhatIf`."""
+    n = len(w.recorded_reserved)
+    series = []
+    for r in w.results:
+        if r.scenario.gpu_memory is not None:
+            continue
+        y = np.full(n, np.nan)
+        m = min(n, len(r.sim.reserved))
+        y[:m] = r.sim.reserved[:m]
+        series.append((setting_name(r.scenario.alloc_conf), y))
+    rec = w.recorded_reserved.astype(np.float64)
+    keep = decimate_minmax(np.arange(n), rec, *(y for _, y in series), max_points=max_points)
+    return WhatIfCurves(np.arange(n)[keep], rec[keep], [(name, y[keep]) for name, y in series])
+
+
+def _plot(c: WhatIfCurves) -> Any:
+    cols: dict[str, Any] = {"x": c.x, "recorded": c.recorded}
+    for i, (_, y) in enumerate(c.series):
+        cols[f"s{i}"] = y
+    src = make_source(cols)
+    fig = base_figure(420, x_axis_label="event", y_axis_label="reserved")
+    bytes_axis(fig)
+    items = [
+        LegendItem(
+            label="recorded",
+            renderers=[
+                fig.step("x", "recorded", source=src, mode="after", line_width=3, color=SERIES_COLORS["reserved"])
+            ],
+        )
+    ]
+    for i, (name, _) in enumerate(c.series):
+        r = fig.step(
+            "x",
+            f"s{i}",
+            source=src,
+            mode="after",
+            line_width=1.5,
+            color=_LINE_COLORS[i % len(_LINE_COLORS)],
+            line_dash="solid" if i == 0 else "dashed",
+        )
+        items.append(LegendItem(label=name, renderers=[r]))
+    legend = Legend(items=items, click_policy="hide", location="top_left")
+    fig.add_layout(legend, "right")
+    fig.add_tools(
+        HoverTool(
+            tooltips=[("event", "@x"), ("recorded", "@recorded{custom}")],
+            formatters={"@recorded": bytes_hover_formatter()},
+            mode="vline",
+        )
+    )
+    return fig
+
+
+def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> str:
+    """The page: hero lines, the reserved curves, the recorded-card table and the card grid."""
+    hero = (
+        '<header class="sv-hero"><p class="sv-kicker">snapviz whatif</p>'
+        f'<p class="sv-title">{esc(doc["source"])} (cuda:{int(doc["device"])})</p>'
+        f'<h1 class="sv-verdict" id="sv-verdict">{esc(fidelity_line(doc))}</h1>'
+        f'<ul class="sv-lines"><li>{esc(recorded_line(doc))}</li></ul></header>'
+    )
+    rows = recorded_card_rows(doc)
+    detail = [[*detail_cells(s), outcome(s)] for s in rows]
+    head, grid = card_grid(doc)
+    blocks: list[Any] = [table_css(), hero, warnings_html(doc.get("notes") or [], "Notes")]
+    blocks.append(
+        card_open(
+            "Reserved memory, simulated over recorded",
+            "Each setting on the recorded card; "
+            "click a legend entry to hide it. A line that stops: that run ran out of memory.",
+        )
+    )
+    blocks.append(_plot(whatif_curves(w, max_points)))
+    blocks.append("</section>")
+    blocks.append(
+        card_open(f"On {card_title(doc)}")
+        + f'<div class="sv-cmp-wrap">{html_table([*DETAIL_HEAD, "result"], detail, "sv-whatif-table")}</div></section>'
+    )
+    if len(head) > 2:
+        blocks.append(
+            card_open("Reserved peak by card", "OOM: the run would have died on that card.")
+            + f'<div class="sv-cmp-wrap">{html_table(head, grid, "sv-whatif-cards")}</div></section>'
+        )
+    return build_page(f"snapviz whatif: {doc['source']}", blocks)

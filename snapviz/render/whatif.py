@@ -1,0 +1,164 @@
+"""The what-if document (``snapviz.whatif/1``) as terminal text and Markdown: one set of words.
+
+Two tables: every setting on the recorded card (reserved peak, fragmentation, cudaMalloc /
+cudaFree counts, retries, and where it ran out of memory), then the reserved peak of every
+setting on every card. Above them, whether the simulator reproduced the recording exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from snapviz.safe_text import md_code, md_text, printable
+from snapviz.units import fmt_bytes
+
+
+def setting_name(conf: str | None) -> str:
+    return "recorded settings" if conf is None else conf
+
+
+def fidelity_line(doc: dict[str, Any]) -> str:
+    f = doc["fidelity"]
+    if f["reproduced"]:
+        return f"Simulation reproduced this run exactly ({f['reason']})."
+    return f"Figures are approximate: the simulation did not reproduce this run exactly — {f['reason']}."
+
+
+def recorded_line(doc: dict[str, Any]) -> str:
+    r = doc["recorded"]
+    conf = r["alloc_conf"] or "defaults"
+    cap = f"a {fmt_bytes(r['gpu_memory_bytes'])} memory fraction" if r["gpu_memory_bytes"] else "no recorded limit"
+    oom = f"; ran out of memory at event {r['oom_event_index']:,}" if r["oom_event_index"] is not None else ""
+    return (
+        f"Recorded: settings {conf}, {cap}; reserved peak {fmt_bytes(r['peak_reserved_bytes'])}, "
+        f"allocated peak {fmt_bytes(r['peak_allocated_bytes'])}{oom} "
+        f"({r['events']:,} events, {r['requests']:,} requests, {r['empty_cache_calls']:,} empty_cache calls)."
+    )
+
+
+def outcome(row: dict[str, Any], with_stage: Callable[[str], str] = printable) -> str:
+    """What happened: 'fits', or where it ran out of memory (event, stage, request, live)."""
+    oom = row["oom"]
+    if oom is None:
+        return "fits as far as recorded (gets past the recorded OOM)" if row.get("survives_recorded_oom") else "fits"
+    stage = f" in {with_stage(oom['stage'])}" if oom.get("stage") else ""
+    rec = " (as recorded)" if oom.get("recorded") else ""
+    return (
+        f"OOM at event {oom['event_index']:,}{stage}{rec}: a {fmt_bytes(oom['requested_bytes'])} request "
+        f"with {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
+    )
+
+
+def recorded_card_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in doc["scenarios"] if s["gpu_memory_bytes"] is None]
+
+
+def _cards(doc: dict[str, Any]) -> list[tuple[int | None, str]]:
+    seen: dict[int | None, str] = {}
+    for s in doc["scenarios"]:
+        seen.setdefault(s["gpu_memory_bytes"], s["card"])
+    return list(seen.items())
+
+
+def _peak_cell(s: dict[str, Any]) -> str:
+    return "OOM" if s["oom"] is not None and not s["oom"].get("recorded") else fmt_bytes(s["peak_reserved_bytes"])
+
+
+def card_grid(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    cards = _cards(doc)
+    head = ["settings"] + [("recorded card" if g is None else label) for g, label in cards]
+    by: dict[tuple[str | None, int | None], dict[str, Any]] = {
+        (s["alloc_conf"], s["gpu_memory_bytes"]): s for s in doc["scenarios"]
+    }
+    rows = []
+    for s in recorded_card_rows(doc):
+        conf = s["alloc_conf"]
+        rows.append([setting_name(conf)] + [_peak_cell(by[(conf, g)]) if (conf, g) in by else "" for g, _ in cards])
+    return head, rows
+
+
+DETAIL_HEAD = ["settings", "reserved peak", "allocated peak", "fragmentation", "cudaMalloc", "cudaFree", "retries"]
+
+
+def detail_cells(s: dict[str, Any]) -> list[str]:
+    return [
+        setting_name(s["alloc_conf"]),
+        fmt_bytes(s["peak_reserved_bytes"]),
+        fmt_bytes(s["peak_allocated_bytes"]),
+        fmt_bytes(s["fragmentation_bytes"]),
+        f"{s['device_mallocs']:,}",
+        f"{s['device_frees']:,}",
+        f"{s['retries']:,}",
+    ]
+
+
+def card_title(doc: dict[str, Any]) -> str:
+    lim = doc["recorded"]["gpu_memory_bytes"]
+    return f"the recorded card ({fmt_bytes(lim)} cap)" if lim else "the recorded card (no limit)"
+
+
+def render_whatif_terminal(doc: dict[str, Any]) -> str:
+    """The terminal summary."""
+    out = [
+        f"snapviz whatif: {printable(doc['source'])} (cuda:{doc['device']})",
+        recorded_line(doc),
+        fidelity_line(doc),
+        "",
+        f"On {card_title(doc)}:",
+    ]
+    rows = [detail_cells(s) for s in recorded_card_rows(doc)]
+    results = [outcome(s) for s in recorded_card_rows(doc)]
+    out += _aligned([*DETAIL_HEAD, "result"], [[*r, x] for r, x in zip(rows, results, strict=True)])
+    head, grid = card_grid(doc)
+    if len(head) > 2:
+        out += ["", "Reserved peak by card (OOM: the run would have died):"]
+        out += _aligned(head, grid)
+    for n in doc.get("notes") or []:
+        out.append(f"note: {printable(n)}")
+    return "\n".join(out) + "\n"
+
+
+def _aligned(head: list[str], rows: list[list[str]]) -> list[str]:
+    cells = [[printable(c) for c in r] for r in [head, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = []
+    for r in cells:
+        parts = [r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:-1], widths[1:-1], strict=True)]
+        parts.append(r[-1] if len(r) > 1 else "")
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def render_whatif_markdown(doc: dict[str, Any]) -> str:
+    """The Markdown summary (paste-ready; stays short: one row per setting)."""
+    out = [
+        f"### What if: {md_text(doc['source'])} (cuda:{doc['device']})",
+        "",
+        md_text(recorded_line(doc)),
+        "",
+        f"**{md_text(fidelity_line(doc))}**",
+        "",
+        f"On {md_text(card_title(doc))}:",
+        "",
+        "| " + " | ".join([*DETAIL_HEAD, "result"]) + " |",
+        "|" + "---|" * (len(DETAIL_HEAD) + 1),
+    ]
+    for s in recorded_card_rows(doc):
+        cells = detail_cells(s)
+        conf = md_code(cells[0]) if s["alloc_conf"] is not None else cells[0]
+        out.append("| " + " | ".join([conf, *cells[1:], md_text(outcome(s))]) + " |")
+    head, grid = card_grid(doc)
+    if len(head) > 2:
+        out += ["", "Reserved peak by card (OOM: the run would have died):", ""]
+        out.append("| " + " | ".join(md_text(h) for h in head) + " |")
+        out.append("|" + "---|" * len(head))
+        for r in grid:
+            conf = md_code(r[0]) if r[0] != "recorded settings" else r[0]
+            out.append("| " + " | ".join([conf, *(md_text(c) for c in r[1:])]) + " |")
+    notes = doc.get("notes") or []
+    if notes:
+        out.append("")
+        out += [f"- {md_text(n)}" for n in notes]
+    out += ["", "_Simulated by snapviz from the recorded requests (docs/whatif.md)._"]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,232 @@
+"""The allocator simulator (snapviz.analyses.simulate): fidelity on every bundled sample, the
+independent oracle allocator (tests/support/synth.py) on random request streams under other
+settings and caps, and hand-made cases for the rules the samples do not exercise."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import synth
+from paths import SAMPLES
+
+from snapviz.analyses.allocator_rules import parse_alloc_conf, settings_from_record
+from snapviz.analyses.replay import replay_allocator
+from snapviz.analyses.whatif import recorded_cap
+from snapviz.analyses.simulate import (
+    R_ALLOC,
+    R_EMPTY_CACHE,
+    R_FREE,
+    Cap,
+    RequestStream,
+    fidelity,
+    request_stream,
+    run,
+)
+from snapviz.load import load
+from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.model import A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
+
+MiB = 1 << 20
+GiB = 1 << 30
+SAMPLE_DIRS = sorted(p for p in SAMPLES.iterdir() if (p / "run.json").is_file())
+
+
+def _stream(snap, device, cap, rec=None):
+    rep = replay_allocator(snap, device)
+    ev = rep.events
+    settings = settings_from_record(snap.allocator_settings)
+    st = request_stream(
+        ev["action"].to_numpy(),
+        ev["addr"].to_numpy(),
+        ev["size"].to_numpy(),
+        ev["stream"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        settings,
+        cap,
+        baseline_allocated=rep.baseline_allocated,
+        baseline_reserved=rep.baseline_reserved,
+        orphan_frees=rep.orphan_frees,
+    )
+    return rep, settings, st
+
+
+# Expandable segments under a memory fraction, with retries: on the failed map torch 2.11 unmapped
+# 760 MiB where the simulation unmaps 160 MiB (event 18,647), and the simulation then runs out of
+# memory where torch did not. Not modelled yet (docs/whatif.md); whatif says so for this run.
+NOT_YET = {"gpt2-train-varlen-cap-expandable"}
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [pytest.param(p, marks=pytest.mark.xfail(strict=True)) if p.name in NOT_YET else p for p in SAMPLE_DIRS],
+    ids=lambda p: p.name,
+)
+def test_every_sample_is_reproduced_event_by_event(sample):
+    """Under the recorded settings and cap the simulated segment events, reserved series and the
+    allocator's own peaks (run.json) are the recorded ones (expandable and OOM samples included)."""
+    r = load(str(sample))
+    rj = json.loads((sample / "run.json").read_text())
+    cap = recorded_cap(r)
+    for dev in r.snapshot.devices:
+        rep, settings, st = _stream(r.snapshot, dev, cap)
+        assert st.complete, "every bundled sample records from an empty allocator"
+        sim = run(st, settings, cap)
+        f = fidelity(st, sim)
+        assert f.reproduced, f.reason
+        seg = np.isin(st.seg_action, [A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP])
+        assert seg.all() and len(sim.seg_size) == len(st.seg_size)
+        assert (sim.seg_size == st.seg_size).all() and (sim.seg_action == st.seg_action).all()
+        assert (sim.reserved[st.event] == rep.events["reserved"].to_numpy()[st.event]).all()
+        assert sim.peak_reserved == rep.peak_reserved
+        devs = {d["device"]: d for d in rj["allocator"].get("devices") or [rj["allocator"]]}
+        if dev in devs:
+            assert sim.peak_reserved == devs[dev]["max_memory_reserved"]
+            assert sim.peak_allocated == devs[dev]["max_memory_allocated"]
+        else:
+            assert sim.peak_allocated == rep.peak_allocated
+        if (rep.events["action"].to_numpy() == 7).any():  # an oom entry: the simulation runs out there too
+            assert sim.oom is not None and sim.oom.recorded and sim.stopped_at is None
+
+
+def _oracle_check(sim_model: synth.Sim, capacity: int | None, settings_conf: str | None = None) -> None:
+    snap = snapshot_from_dict(sim_model.snapshot(marker=False), "synthetic")
+    cap = Cap(capacity) if capacity else Cap()
+    rep, settings, st = _stream(snap, 0, cap)
+    assert st.complete
+    res = run(st, settings, cap)
+    f = fidelity(st, res)
+    assert f.reproduced, f.reason
+    _, want_res = sim_model.window_peaks(0)
+    assert res.peak_reserved == want_res == sim_model.peak_reserved(0)
+    assert res.peak_allocated == sim_model.peak_allocated(0)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize(
+    "kind", ["default", "expandable", "max_split", "streams", "empty_cache", "oom", "oom_expandable"]
+)
+def test_random_workloads_match_the_oracle(seed, kind):
+    """Random diffusion-like request streams through the oracle allocator under several settings;
+    the simulator, given only the requests, reproduces every segment event and both peaks."""
+    kw: dict = {"n_ops": 700}
+    capacity = None
+    if kind == "expandable":
+        kw["expandable"] = True
+    elif kind == "max_split":
+        kw["max_split_size"] = [64, 128, 256, 512][seed % 4] * MiB
+    elif kind == "streams":
+        kw["streams"] = 3
+    elif kind == "empty_cache":
+        kw["empty_cache_every"] = 37 + seed
+    elif kind in ("oom", "oom_expandable"):
+        capacity = (3 + seed % 3) * GiB
+        kw.update(capacity=capacity, budget=capacity, oom=True, expandable=kind == "oom_expandable")
+    model = synth.random_workload(seed, **kw)
+    _oracle_check(model, capacity)
+
+
+def _hand_stream(rows: list[tuple[int, int, int]]) -> RequestStream:
+    """A request stream from (kind, addr, size) rows on stream 0, one trace entry each."""
+    n = len(rows)
+    kind = np.array([r[0] for r in rows], np.int8)
+    z = np.zeros(0, np.int64)
+    return RequestStream(
+        kind=kind,
+        event=np.arange(n, dtype=np.int64),
+        addr=np.array([r[1] for r in rows], np.int64),
+        size=np.array([r[2] for r in rows], np.int64),
+        stream=np.zeros(n, np.int64),
+        n_events=n,
+        seg_event=z,
+        seg_action=z.astype(np.int8),
+        seg_size=z,
+        seg_addr=z,
+        recorded_reserved=np.zeros(n, np.int64),
+    )
+
+
+def test_expandable_segments_map_pages_and_unmap_on_empty_cache():
+    st = _hand_stream([(R_ALLOC, 1, 30 * MiB), (R_ALLOC, 2, 100), (R_FREE, 1, 0), (R_EMPTY_CACHE, 0, 0)])
+    res = run(st, parse_alloc_conf("expandable_segments:True"), Cap())
+    # 30 MiB in 20 MiB pages: 40 MiB mapped; 100 B: one 2 MiB small page; then the large pages unmapped
+    assert res.seg_action.tolist() == [A_SEG_MAP, A_SEG_MAP, A_SEG_UNMAP]
+    assert res.seg_size.tolist() == [40 * MiB, 2 * MiB, 40 * MiB]
+    assert res.reserved.tolist() == [40 * MiB, 42 * MiB, 42 * MiB, 2 * MiB]
+
+
+def test_max_split_size_frees_oversize_blocks_before_the_retry():
+    """With max_split_size, a cached oversize block that a smaller request may not take is freed
+    (release_available_cached_blocks) when cudaMalloc fails, without counting a retry."""
+    rows = [(R_ALLOC, 1, 300 * MiB), (R_FREE, 1, 0), (R_ALLOC, 2, 100 * MiB)]
+    res = run(_hand_stream(rows), parse_alloc_conf("max_split_size_mb:200"), Cap(350 * MiB))
+    assert res.seg_action.tolist() == [A_SEG_ALLOC, A_SEG_FREE, A_SEG_ALLOC]
+    assert res.seg_size.tolist() == [300 * MiB, 300 * MiB, 100 * MiB]
+    assert res.retries == 0 and res.oom is None
+    # without max_split_size the cached block is reused (split): no new cudaMalloc at all
+    res = run(_hand_stream(rows), parse_alloc_conf(""), Cap(350 * MiB))
+    assert res.seg_action.tolist() == [A_SEG_ALLOC] and res.peak_reserved == 300 * MiB
+
+
+def test_a_cap_frees_the_cache_then_runs_out_of_memory():
+    rows = [(R_ALLOC, 1, 200 * MiB), (R_ALLOC, 2, 20 * MiB), (R_FREE, 1, 0), (R_ALLOC, 3, 400 * MiB)]
+    res = run(_hand_stream(rows), parse_alloc_conf(""), Cap(400 * MiB))
+    # the 200 MiB segment is freed (release_cached_blocks), the retry (counted) still cannot fit 400 MiB
+    assert res.retries == 1
+    assert res.oom is not None and res.oom.event_index == 3 and res.oom.requested_bytes == 400 * MiB
+    assert res.stopped_at == 3 and res.oom.reserved_bytes == 20 * MiB and res.oom.allocated_bytes == 20 * MiB
+
+
+def test_garbage_collection_frees_old_cached_blocks_under_a_fraction():
+    """Above threshold x allowed, unsplit cached large blocks are freed before cudaMalloc."""
+    rows = [(R_ALLOC, 1, 100 * MiB), (R_FREE, 1, 0), (R_ALLOC, 2, 200 * MiB)]
+    conf = parse_alloc_conf("garbage_collection_threshold:0.5")
+    res = run(_hand_stream(rows), conf, Cap(1000 * MiB, fraction=True))
+    # 100 MiB reserved is below 500 MiB: nothing to collect, the cache stays
+    assert res.seg_action.tolist() == [A_SEG_ALLOC, A_SEG_ALLOC]
+    res = run(_hand_stream(rows), conf, Cap(150 * MiB, fraction=True))
+    # 100 MiB > 75 MiB: the cached block is collected before the cudaMalloc (then 200 MiB > cap: OOM)
+    assert res.seg_action.tolist() == [A_SEG_ALLOC, A_SEG_FREE]
+    assert res.oom is not None
+    # without a fraction garbage collection never runs: the retry frees it instead
+    res = run(_hand_stream(rows), conf, Cap(250 * MiB))
+    assert res.seg_action.tolist() == [A_SEG_ALLOC, A_SEG_FREE, A_SEG_ALLOC] and res.retries == 1
+
+
+def test_roundup_power2_divisions_change_block_sizes():
+    rows = [(R_ALLOC, 1, 1200 * 1024), (R_ALLOC, 2, 3 * MiB + 1)]
+    plain = run(_hand_stream(rows), parse_alloc_conf(""), Cap())
+    four = run(_hand_stream(rows), parse_alloc_conf("roundup_power2_divisions:4"), Cap())
+    assert plain.peak_allocated == 1200 * 1024 + 3 * MiB + 512
+    assert four.peak_allocated == 1280 * 1024 + 3 * MiB + MiB // 2  # 1.17 -> 1.25 MiB, 3 MiB+1 -> 3.5 MiB
+
+
+def test_incomplete_history_is_said_not_checked():
+    model = synth.random_workload(3, n_ops=600, record_from=0.4)
+    snap = snapshot_from_dict(model.snapshot(marker=False), "late")
+    _, settings, st = _stream(snap, 0, Cap())
+    assert not st.complete
+    f = fidelity(st, run(st, settings, Cap()))
+    assert not f.reproduced and f.diverged_at is None and "predates the recording" in f.reason
+
+
+@pytest.mark.parametrize("sample", ["sdxl-fp16-oom-10gb", "sd15-fp16-classic-expandable", "train-sd15-amp-fp16"])
+def test_compiled_kernel_equals_the_reference(sample):
+    """The numba kernel (or, without numba, the kernel's code run by Python) gives the reference's
+    per-request figures, segment log and counters under every setting family and cap."""
+    from snapviz.analyses import simulate_loop
+    from snapviz.analyses.simulate import loop_reference
+
+    snap = load(str(SAMPLES / sample)).snapshot
+    _, _, st = _stream(snap, 0, Cap())
+    other = simulate_loop.loop_compiled if simulate_loop.compiled_kernel() else simulate_loop.loop_python_arrays
+    for conf in ("", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4",
+                 "garbage_collection_threshold:0.6"):
+        for cap in (Cap(), Cap(3 * GiB), Cap(5 * GiB, fraction=True)):
+            s = parse_alloc_conf(conf)
+            a, b = loop_reference(st, s, cap), other(st, s, cap)
+            for f in ("res_at", "all_at", "log_event", "log_action", "log_size"):
+                assert np.array_equal(getattr(a, f), getattr(b, f)), (conf, cap, f)
+            assert (a.done, a.oom, a.survived, a.mallocs, a.frees, a.retries) == (
+                b.done, b.oom, b.survived, b.mallocs, b.frees, b.retries), (conf, cap)
