@@ -61,7 +61,7 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "png_out": opts["png_out"],
                 "svg_out": opts["svg_out"],
             },
-            [kw.get("input"), opts["merge_into"]],
+            [kw.get("input"), opts["merge_into"], kw.get("rules_path")],  # everything the command reads
         )
         if opts["png_out"] or opts["svg_out"]:
             _require_matplotlib()

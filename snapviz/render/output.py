@@ -45,7 +45,8 @@ def _kind(mode: int) -> str:
 
 def _protected(inputs: Sequence[str]) -> tuple[set[tuple[int, int]], list[str]]:
     """(dev, inode) of every input file, of the run.json beside a file input, and of the files in
-    an input directory; plus the input directories themselves (real paths)."""
+    an input directory (a ``run.json`` input names its directory: the loader reads the whole run);
+    plus the input directories themselves (real paths)."""
     ids: set[tuple[int, int]] = set()
     dirs: list[str] = []
 
@@ -60,10 +61,14 @@ def _protected(inputs: Sequence[str]) -> tuple[set[tuple[int, int]], list[str]]:
     for p in inputs:
         if not p or p == STDOUT:
             continue
-        if os.path.isdir(p):
-            dirs.append(os.path.realpath(p))
+        # A run.json path loads its whole folder (snapviz.load.load): every file there is an input.
+        folder = (os.path.dirname(p) or ".") if os.path.basename(p) == "run.json" else p
+        if folder != p:
+            add(p)
+        if os.path.isdir(folder):
+            dirs.append(os.path.realpath(folder))
             try:
-                with os.scandir(p) as it:
+                with os.scandir(folder) as it:
                     for i, entry in enumerate(it):
                         if i >= _MAX_DIR_MEMBERS:
                             break

@@ -7,6 +7,7 @@ together; strings from a hostile snapshot come out clipped and escaped for each 
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -84,6 +85,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run.mkdir()
     (run / "snapshot.pickle").write_bytes(raw)
     (run / "run.json").write_text(json.dumps({"schema": "snapviz.run/1", "pipeline": "sd15", "size": "tiny"}))
+    tr = d / "tr"  # a run directory holding a trace
+    tr.mkdir()
+    (tr / "trace.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode()))
+    (tr / "run.json").write_text(json.dumps({"schema": "snapviz.run/1", "pipeline": "sd15", "size": "tiny"}))
+    (d / "rules.json").write_text(json.dumps({"extends": "builtin", "rules": []}))
     (d / "var" / "fp16").mkdir(parents=True)  # a matrix --from-dir
     (d / "var" / "fp16" / "run.json").write_text("{}")
     return d
@@ -113,6 +119,20 @@ DESTROYING = {
     "analyze RUN/snapshot --json RUN/run.json": ["analyze", "run/snapshot.pickle", "--json", "run/run.json"],
     "analyze input --json symlink-to-input": ["analyze", "a.pickle", "--json", "link.json"],
     "analyze input --json hardlink-to-input": ["analyze", "a.pickle", "--json", "hard.json"],
+    # issue 26: a run.json path loads its whole folder; rules files and merged traces are inputs too
+    "analyze RUN/run.json --json RUN/snapshot": ["analyze", "run/run.json", "--json", "run/snapshot.pickle"],
+    "check RUN/run.json --junit-xml RUN/snapshot": ["check", "run/run.json", "--max-peak", "1GiB",
+                                                    "--junit-xml", "run/snapshot.pickle"],
+    "analyze RUN/run.json --markdown RUN/trace": ["analyze", "tr/run.json", "--markdown", "tr/trace.json.gz"],
+    "analyze input --rules R --json R": ["analyze", "a.pickle", "--rules", "rules.json", "--json", "rules.json"],
+    "analyze input --rules R --json link-to-R": ["analyze", "a.pickle", "--rules", "rules.json",
+                                                  "--json", "rules-link.json"],
+    "check RUN/run.json --baseline RUN2/run.json --junit-xml RUN2/trace": [
+        "check", "run/run.json", "--baseline", "tr/run.json", "--max-increase", "5%", "--junit-xml",
+        "tr/trace.json.gz"],
+    "analyze input --merge-into T --perfetto x --json T": ["analyze", "a.pickle", "--perfetto", "m.json",
+                                                           "--merge-into", "tr/trace.json.gz",
+                                                           "--json", "tr/trace.json.gz"],
     "matrix --from-dir D --json D/variant/run.json": ["matrix", "--pipeline", "sd15", "--from-dir", "var",
                                                       "--json", "var/fp16/run.json"],
 }
@@ -123,6 +143,7 @@ def test_output_that_is_an_input_is_refused(work: Path, case: str) -> None:
     (work / "sub").mkdir()
     (work / "link.json").symlink_to("a.pickle")
     os.link(work / "a.pickle", work / "hard.json")
+    (work / "rules-link.json").symlink_to("rules.json")
     before = tree_state(work)
     p = run_sv(*DESTROYING[case], cwd=work)
     assert p.returncode == 2, (case, p.returncode, p.stderr)
