@@ -33,6 +33,7 @@ from typing import Any
 from snapviz.errors import InputError
 from snapviz.vocab import RULES_SCHEMA
 
+RULES_MAX_BYTES = 16 << 20  # a rules file is a few KiB; more is not a rules file
 KINDS = ("stage", "category", "phase", "attention")
 ATTACH = ("self", "previous", "next")
 LIFETIMES = ("any", "short", "long")
@@ -168,12 +169,12 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> RuleSet:
     if path is None:
         return RuleSet(tuple(builtin), "builtin")
     p = os.fspath(path)
+    from snapviz.load.opener import read_bounded
+
+    raw = read_bounded(p, RULES_MAX_BYTES, "rules file")
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read rules file ({exc.strerror or exc})") from None
-    except ValueError as exc:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{p}: rules file is not valid JSON ({str(exc).splitlines()[0]})") from None
     user, extends, disable = parse_rules(data, p)
     if not extends:

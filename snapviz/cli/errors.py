@@ -17,14 +17,29 @@ from typing import Any, NoReturn
 
 import click
 
-from snapviz.errors import CheckFailed, InputError, error_line
+from snapviz.errors import CheckFailed, InputError, ReaderGone, error_line
 from snapviz.safe_text import printable
 
 
 def _exit(code: int, *lines: str) -> NoReturn:
-    for line in lines:
-        click.echo(line, err=True)
+    try:
+        for line in lines:
+            click.echo(line, err=True)
+    except (OSError, ValueError):  # stderr itself is full or gone: the exit code still tells
+        pass
     sys.exit(code)
+
+
+def _reader_gone() -> NoReturn:
+    """stdout's reader went away: nothing more can be said there; exit 0 quietly, with stdout
+    pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    sys.exit(0)
 
 
 @contextmanager
@@ -40,6 +55,8 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         yield
     except click.exceptions.Exit:
         raise
+    except ReaderGone:
+        _reader_gone()
     except click.exceptions.Abort:
         _exit(130, "snapviz: aborted")
     except click.ClickException as exc:
@@ -56,6 +73,8 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         _exit(130, "snapviz: interrupted")
     except MemoryError:
         _exit(2, "snapviz: error: out of memory while reading the input")
+    except BrokenPipeError:  # a write to stdout outside write_stdout (a library's print)
+        _reader_gone()
     except OSError as exc:
         if exc.filename is None or not unexpected_is_input_error:
             raise  # no path to name: the generic report below (or the collector's traceback)

@@ -14,10 +14,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import click
-
 from snapviz.errors import InputError
-from snapviz.render.output import STDOUT, check_outputs, write_outputs
+from snapviz.render.output import STDOUT, check_outputs, say, write_outputs, write_stdout
 from snapviz.safe_text import printable
 
 # The verbs' parameter names of the usual outputs and the flags that name them in errors.
@@ -69,7 +67,7 @@ def emit(outputs: Sequence[tuple[str, str | bytes]], terminal: Callable[[], str]
     written = write_outputs(outputs)
     if not quiet and not to_stdout(*(p for p, _ in outputs)):
         if terminal is not None:
-            click.echo(terminal(), nl=False)
+            write_stdout(terminal())
         for path in written:
-            click.echo(f"  wrote {printable(path, None)}")
+            say(f"  wrote {printable(path, None)}")
     return written

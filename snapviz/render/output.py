@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from snapviz.errors import InputError
+from snapviz.errors import InputError, ReaderGone
 
 STDOUT = "-"
 _TMP_PREFIX = ".snapviz-"
@@ -228,10 +228,30 @@ def write_outputs(outputs: Sequence[tuple[str, str | bytes]]) -> list[str]:
         _unlink(bak)
     for path, data in outputs:
         if path == STDOUT:
-            out = sys.stdout
-            out.write(data if isinstance(data, str) else data.decode("utf-8", "replace"))
-            out.flush()
+            write_stdout(data if isinstance(data, str) else data.decode("utf-8", "replace"))
     return [p for p, _ in files]
+
+
+def write_stdout(text: str) -> None:
+    """``text`` to standard output, flushed. A closed stdout (``>&-``) or a failing one (a full
+    device, an I/O error) is :class:`InputError` (one line, exit 2); a pipe whose reader went
+    away is :class:`ReaderGone` (exit 0, as Unix tools do). Every stdout write goes here."""
+    out = sys.stdout
+    if out is None:
+        raise InputError("standard output is closed; nothing could be written to it (give an output file instead)")
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise ReaderGone() from None
+    except (OSError, ValueError) as err:  # ValueError: the stream object was closed
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+        raise InputError(f"standard output: cannot write ({detail})") from None
+
+
+def say(line: str = "") -> None:
+    """One line of the terminal summary (already made printable by the caller) to stdout."""
+    write_stdout(line + "\n")
 
 
 def write_atomic(path: str, data: str | bytes) -> None:

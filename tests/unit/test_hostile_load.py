@@ -3,6 +3,7 @@ issue 8 item 1). Every case runs ``snapviz analyze`` in a fresh process and meas
 no case may run 30 s or reach 4 GiB RSS. The generators live in tests/support/hostile.py."""
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from snapviz.load.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_pickle
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, rlimits and wait4 are POSIX")
 
-LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size")
+LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size",
+               "time spent decompressing")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ CASES = [f"pickle:{n}" for n in (
     "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz")] + [f"trace:{n}" for n in (
     "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
     "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace")] + [f"special:{n}" for n in (
-    "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo")]
+    "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo", "run_snapshot_proc_mem", "run_trace_proc_mem",
+    "gzip_zero_padding_100MiB")]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -200,3 +203,57 @@ def test_each_json_limit_is_enforced(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(LimitExceeded) as info:
         load(str(path))
     assert info.value.limit_name == limit_name and ENV[env] in str(info.value)
+
+
+# ----------------------------------------------------------------------------- the opener (issue 26)
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.binary(max_size=3000), min_size=1, max_size=5),
+       pads=st.lists(st.integers(0, 70_000), min_size=5, max_size=5))
+def test_gzip_members_and_zero_padding_read_as_gzip_does(tmp_path_factory: pytest.TempPathFactory,
+                                                          parts: list[bytes], pads: list[int]) -> None:
+    """Members one after another, each followed by any amount of zero padding, decompress to
+    what ``gzip.decompress`` gives (which skips the padding one byte per Python call)."""
+    import gzip
+
+    from snapviz.load.safe_pickle import open_decompressed, read_all
+
+    blob = b"".join(gzip.compress(p) + b"\0" * pad for p, pad in zip(parts, pads))
+    path = tmp_path_factory.mktemp("gz") / "x.gz"
+    path.write_bytes(blob)
+    with open_decompressed(str(path)) as f:
+        assert read_all(f) == gzip.decompress(blob) == b"".join(parts)
+    path.write_bytes(blob[: len(gzip.compress(parts[0])) - 3])  # cut inside the first member's trailer
+    with pytest.raises(InputError, match="truncated|corrupt"):
+        with open_decompressed(str(path)) as f:
+            read_all(f)
+
+
+def test_decompression_time_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    path = tmp_path / "s.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps({"segments": [], "device_traces": [[]]})))
+    monkeypatch.setenv("SNAPVIZ_MAX_INPUT_SECONDS", "0")
+    with pytest.raises(LimitExceeded, match="SNAPVIZ_MAX_INPUT_SECONDS"):
+        load(path)
+
+
+@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled",
+                                    "/dev/null"])
+@pytest.mark.parametrize("member", ["snapshot.pickle", "trace.json.gz", "run.json"])
+def test_run_folder_links_to_kernel_files_are_refused(tmp_path: Path, target: str, member: str) -> None:
+    if not os.path.exists(target):
+        pytest.skip(f"{target} missing here")
+    rd = tmp_path / "rd"
+    rd.mkdir()
+    (rd / "run.json").write_text('{"schema": "snapviz.run/1"}')
+    if member == "run.json":
+        (rd / "run.json").unlink()
+        (rd / "snapshot.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    os.symlink(target, rd / member)
+    for path in (rd, rd / "run.json"):
+        with pytest.raises(InputError) as info:
+            load(path)
+        assert "\n" not in str(info.value) and member in str(info.value)
