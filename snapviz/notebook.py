@@ -25,6 +25,7 @@ from snapviz.analyses.trace_summary import TraceRunAnalysis, trace_summary_dict
 from snapviz.api import analyze, compare
 from snapviz.errors import InputError
 from snapviz.render.output import write_atomic
+from snapviz.safe_text import printable
 
 # A path (snapshot, trace or run directory), paths to compare, or a result to display.
 Displayable: TypeAlias = (
@@ -46,7 +47,7 @@ class Report:
     def _repr_html_(self) -> str:
         # srcdoc carries the whole page; quotes and ampersands escaped keep it one attribute.
         return (
-            f'<iframe title="{html.escape(self.title)}" srcdoc="{html.escape(self.page, quote=True)}" '
+            f'<iframe title="{html.escape(printable(self.title))}" srcdoc="{html.escape(self.page, quote=True)}" '
             f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
             'loading="eager"></iframe>'
         )

@@ -30,6 +30,27 @@ def _exit(code: int, *lines: str) -> NoReturn:
     sys.exit(code)
 
 
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """Python's warning display, one clean line each: a library's warning (matplotlib's "Glyph
+    missing" quotes the label it could not draw) may carry text from the input."""
+    out = file if file is not None else sys.stderr
+    if out is None:
+        return
+    try:
+        out.write(printable(f"{os.path.basename(filename)}:{lineno}: {category.__name__}: {message}", 1000) + "\n")
+    except (OSError, ValueError):
+        pass
+
+
+def clean_warnings() -> None:
+    """Route every warning shown by this process through :func:`_show_warning`."""
+    import warnings
+
+    warnings.showwarning = _show_warning
+
+
 def _reader_gone() -> NoReturn:
     """stdout's reader went away: nothing more can be said there; exit 0 quietly, with stdout
     pointed at /dev/null so the interpreter's final flush cannot fail again."""
@@ -104,6 +125,7 @@ def _run_main(
     """click's ``main`` in non-standalone mode, its errors and return value mapped here."""
     if not standalone_mode:
         return base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    clean_warnings()
     with exit_codes(getattr(command, "unexpected_is_input_error", True)):
         rv = base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
     sys.exit(rv if isinstance(rv, int) and rv else 0)

@@ -12,7 +12,7 @@ import click
 
 from snapviz.cli import outputs
 from snapviz.cli.errors import Command
-from snapviz.cli.options import CONTEXT_SETTINGS, device_option, epilog, quiet_option
+from snapviz.cli.options import CONTEXT_SETTINGS, count, device_option, epilog, quiet_option
 from snapviz.errors import InputError
 from snapviz.render.output import say
 from snapviz.safe_text import printable
@@ -54,7 +54,7 @@ def encode_snapshot(data: dict[str, Any], out_path: str) -> bytes:
 @click.option(
     "--top",
     "top",
-    type=int,
+    type=count(0),
     metavar="N",
     help="Keep the history that builds the peak: from the allocation of the oldest of the N largest blocks live at the peak, to the peak.",
 )

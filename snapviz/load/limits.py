@@ -35,6 +35,7 @@ class Limits:
     ratio_floor: int = 64 << 20  # ... once more than this many bytes came out
     header_bytes: int = 64 << 20  # JSON before the "traceEvents" list starts
     decompress_seconds: int = 60  # wall time spent decompressing one file
+    rule_matches: int = 5_000_000  # rule regexes run x distinct frame/file names they run on
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
@@ -46,7 +47,7 @@ class Limits:
                 continue
             m = _VALUE_RE.match(raw)
             factor = _SUFFIX.get(m.group(2).lower()) if m else None
-            if m is None or factor is None:
+            if m is None or factor is None or len(m.group(1)) > 30:
                 raise InputError(f"{ENV[f.name]}={raw!r}: not a number (write e.g. 1000000, 64MiB or 2G)")
             values[f.name] = int(m.group(1)) * factor
         return cls(**values)
@@ -62,6 +63,7 @@ ENV: dict[str, str] = {
     "ratio_floor": "SNAPVIZ_MAX_INPUT_RATIO_FLOOR",
     "header_bytes": "SNAPVIZ_MAX_INPUT_HEADER",
     "decompress_seconds": "SNAPVIZ_MAX_INPUT_SECONDS",
+    "rule_matches": "SNAPVIZ_MAX_INPUT_RULE_MATCHES",
 }
 DESCRIPTION: dict[str, str] = {
     "depth": "nesting depth",
@@ -73,6 +75,7 @@ DESCRIPTION: dict[str, str] = {
     "ratio_floor": "decompressed size",
     "header_bytes": "size of the JSON before traceEvents",
     "decompress_seconds": "time spent decompressing it",
+    "rule_matches": "number of rule regex matches (distinct patterns x distinct frame names)",
 }
 
 

@@ -32,6 +32,7 @@ from snapviz.analyses.decimate import decimate_minmax
 from snapviz.analyses.summary import Analysis
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_OOM
+from snapviz.safe_text import bound
 from snapviz.units import fmt_bytes
 
 # Real OS pids stay below pid_max (2**22 on Linux); kineto's GPU tracks use small ints.
@@ -169,7 +170,9 @@ def perfetto_events(
             }
         )
     out += _allocation_slices(an, t, pid, top_n)
-    return out
+    # Names, stages, sites and stacks come from the file: clipped and cleaned as in every other
+    # sink (snapviz.safe_text); the counters carry numbers only.
+    return [e if e["ph"] == "C" else bound(e, max_list=None, json_numbers=False) for e in out]
 
 
 def _stage_slices(an: Analysis, t: np.ndarray, pid: int) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ import numpy as np
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
+from snapviz.safe_text import bound
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
@@ -104,6 +105,14 @@ def _short(source: str) -> str:
     return base
 
 
+def _cleaned(d: dict[str, Any]) -> dict[str, Any]:
+    """The picture's data with every label clipped and cleaned (snapviz.safe_text) before it
+    reaches matplotlib: no control character in the PNG's text, the SVG's text and comments
+    (which must stay well-formed XML) or matplotlib's own warnings (a missing glyph is named)."""
+    out: dict[str, Any] = bound(d, max_list=None, json_numbers=False)
+    return out
+
+
 def _figure() -> tuple[Any, Any]:
     # A bare Figure renders through Agg/SVG canvases without pyplot, so the user's
     # backend (a notebook's inline one) and pyplot's global state are left alone.
@@ -155,6 +164,7 @@ def render_timeline_picture(an: Analysis, doc: dict[str, Any], fmt: str = "png")
 
 
 def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
+    d = _cleaned(d)
     fig, ax = _figure()
     x = d["x"]
     y_top = float(max(d["reserved"].max(initial=0), d["peak"]["bytes"]))
@@ -258,6 +268,7 @@ def render_compare_picture(cmp: Comparison, doc: dict[str, Any], fmt: str = "png
 
 
 def draw_compare(d: dict[str, Any], fmt: str = "png") -> bytes:
+    d = _cleaned(d)
     fig, ax = _figure()
     y_top = max([r["peak_bytes"] for r in d["runs"]] + [1])
     _gib_axis(ax, y_top)
