@@ -34,7 +34,7 @@ class Limits:
     ratio: int = 200  # decompressed size / file size ...
     ratio_floor: int = 64 << 20  # ... once more than this many bytes came out
     header_bytes: int = 64 << 20  # JSON before the "traceEvents" list starts
-    decompress_seconds: int = 60  # wall time spent decompressing one file
+    decompress_seconds: int = 60  # CPU time spent decompressing one file
     rule_matches: int = 5_000_000  # rule regexes run x distinct frame/file names they run on
 
     @classmethod
@@ -74,7 +74,7 @@ DESCRIPTION: dict[str, str] = {
     "ratio": "decompressed size relative to the file size",
     "ratio_floor": "decompressed size",
     "header_bytes": "size of the JSON before traceEvents",
-    "decompress_seconds": "time spent decompressing it",
+    "decompress_seconds": "CPU time spent decompressing it",
     "rule_matches": "number of rule regex matches (distinct patterns x distinct frame names)",
 }
 
