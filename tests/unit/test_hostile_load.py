@@ -257,3 +257,67 @@ def test_run_folder_links_to_kernel_files_are_refused(tmp_path: Path, target: st
         with pytest.raises(InputError) as info:
             load(path)
         assert "\n" not in str(info.value) and member in str(info.value)
+
+
+# ----------------------------------------------------------------------------- arguments and limits (issue 26)
+
+
+@pytest.mark.parametrize("text,ok", [("1e99999999GiB", False), ("1e-99999999GiB", True), ("0e99999999", True),
+                                     ("9" * 5000 + "GiB", False), ("1.5e3MiB", True)])
+def test_sizes_with_any_exponent_parse_in_constant_time(text: str, ok: bool) -> None:
+    import time
+
+    from snapviz.units import parse_size
+
+    t0 = time.perf_counter()
+    if ok:
+        assert parse_size(text) >= 0
+    else:
+        with pytest.raises(InputError, match="implausibly large"):
+            parse_size(text)
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_an_environment_limit_with_thousands_of_digits_is_one_error() -> None:
+    with pytest.raises(InputError, match="not a number"):
+        Limits.from_env({ENV["depth"]: "9" * 5000})
+
+
+@pytest.mark.parametrize("path_kind", ["exact", "grammar", "compiled"])
+def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) -> None:
+    """SNAPVIZ_MAX_INPUT_STRING=100 refuses a 200-byte label on the exact scan (small pickles),
+    the regex grammar check and the compiled one (big pickles: short strings inline)."""
+    from snapviz.load import pickle_scan
+    from snapviz.load.pickle_scan_fast import compiled_kernel, fast_scan, fast_scan_compiled
+
+    n = 10 if path_kind == "exact" else 9000
+    trace = [{"action": "alloc", "addr": 512 * i, "size": 512,
+              "frames": [{"name": "x" * 200 + str(i), "filename": "a.py", "line": 1}]} for i in range(n)]
+    data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+    limits = Limits(string_length=100)
+    if path_kind == "compiled":
+        if compiled_kernel() is None:
+            pytest.skip("numba not installed")
+        assert fast_scan_compiled(data, "p", limits) is False  # steps aside: the exact scan decides
+    elif path_kind == "grammar":
+        assert len(data) > pickle_scan.FULL_SCAN_BYTES
+        assert fast_scan(data, "p", limits) is False
+    with pytest.raises(LimitExceeded, match="SNAPVIZ_MAX_INPUT_STRING"):
+        scan_pickle(data, "p", limits)
+    scan_pickle(data, "p", Limits())  # within the default: accepted
+
+
+def test_huge_counts_are_one_usage_line_without_numpy_warnings(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from paths import ROOT
+
+    (tmp_path / "s.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    for args in (["compare", "s.pickle", "s.pickle", "--max-points", "9" * 20], ["analyze", "s.pickle", "--device",
+                                                                                "9" * 20],
+                 ["check", "s.pickle", "--max-peak", "1e99999999GiB"]):
+        p = subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+        assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr
