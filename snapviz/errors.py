@@ -12,6 +12,11 @@ class InputError(Exception):
     """The input file or an option is unusable; the CLI prints one line and exits 2."""
 
 
+class ReaderGone(Exception):
+    """Standard output is a pipe whose reader went away (``snapviz ... | head``): as Unix tools
+    do, the CLI stops quietly with exit 0 (the reader asked for no more)."""
+
+
 class CheckFailed(Exception):
     """A gate (``check``, ``compare --fail-...``) failed; the CLI exits 1."""
 

@@ -58,7 +58,7 @@ class Report:
     def _repr_html_(self) -> str:
         # srcdoc carries the whole page; quotes and ampersands escaped keep it one attribute.
         return (
-            f'<iframe title="{html.escape(self.title)}" srcdoc="{html.escape(self.page, quote=True)}" '
+            f'<iframe title="{html.escape(printable(self.title))}" srcdoc="{html.escape(self.page, quote=True)}" '
             f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
             'loading="eager"></iframe>'
         )

@@ -31,6 +31,8 @@ def wanted(enabled: bool = True) -> bool:
     mode = os.environ.get(ENV, "auto").strip().lower()
     if not enabled or mode == "never":
         return False
+    if sys.stderr is None:  # closed when Python started (2>&-): nothing to show progress on
+        return False
     return mode == "always" or sys.stderr.isatty()
 
 

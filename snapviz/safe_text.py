@@ -19,9 +19,12 @@ import numpy as np
 MAX_TEXT = 300  # characters kept of one file-derived string
 MAX_LIST = 1000  # entries kept of one list in a summary document (stages, sites...)
 
-# C0 controls (tab and newline included), DEL, C1 controls, and the Unicode line separators
-# and bidirectional overrides that reorder or split what a terminal or a page shows.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# The one cleaning policy of every sink (:func:`clean`): C0 controls (tab and newline included),
+# DEL, C1 controls, the Unicode line separators, every bidirectional control (LRM, RLM, ALM
+# U+061C, the embeddings/overrides U+202A-E and the isolates U+2066-9) that reorder or split
+# what a terminal or a page shows, and lone surrogates (legal in a pickle or a JSON escape,
+# unencodable in UTF-8): all shown as visible escapes, never a reason to refuse a file.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Characters with a meaning in (GitHub-flavoured) Markdown inline text and tables.
 # '_' between two word characters (vae_decode) cannot start or end emphasis: left as it is.
@@ -68,10 +71,18 @@ def _visible(m: re.Match[str]) -> str:
     return _NAMED.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
 
 
+def clean(text: Any) -> str:
+    """``text`` with every control character (ESC, C1, newline, bidi controls, lone surrogates)
+    shown as an escape such as ``\\x1b``: the one cleaning policy, applied at every sink.
+    Cleaning a cleaned string changes nothing."""
+    s = text if isinstance(text, str) else str(text)
+    return _CONTROL.sub(_visible, s)
+
+
 def printable(text: Any, limit: int | None = MAX_TEXT) -> str:
     """One terminal line: clipped, every control character (ESC, C1, newline, bidi) shown as
     an escape such as ``\\x1b`` instead of acting on the terminal."""
-    return _CONTROL.sub(_visible, clip(text, limit))
+    return clean(clip(text, limit))
 
 
 def short_repr(kind: str, name: Any, *facts: str) -> str:
@@ -106,7 +117,7 @@ def xml_text(text: Any, limit: int = MAX_TEXT) -> str:
     """Text that any XML 1.0 parser accepts (ElementTree escapes <, & and quotes itself)."""
     return _XML_ILLEGAL.sub(
         lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100 else f"\\u{ord(m.group(0)):04x}",
-        clip(text, limit),
+        printable(text, limit),
     )
 
 
@@ -118,7 +129,7 @@ def bound(
     json_numbers: bool = True,
 ) -> Any:
     """A copy of ``doc`` (dicts, lists, tuples, numpy columns) with every string and
-    dict key clipped to ``limit``, lists cut to ``max_list`` entries (the cut noted in
+    dict key clipped to ``limit`` and cleaned (:func:`clean`), lists cut to ``max_list`` entries (the cut noted in
     ``warnings``) and, with ``json_numbers``, non-finite floats replaced by None (noted in
     ``warnings``).
 
@@ -130,7 +141,7 @@ def bound(
     def text(s: str) -> str:
         out = clipped.get(id(s))
         if out is None:
-            out = clipped[id(s)] = clip(s, limit)
+            out = clipped[id(s)] = printable(s, limit)
         return out
 
     def leaf(v: Any, path: str) -> tuple[bool, Any]:

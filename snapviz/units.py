@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from snapviz.errors import InputError
@@ -73,10 +74,27 @@ def parse_size(text: str | int, what: str = "size") -> int:
                 f"write {unit.upper()}iB (binary) or {unit.upper()}B (decimal)"
             )
         raise InputError(f"{what}: unknown unit {unit!r} in {str(text)!r} ({SIZE_HELP})")
-    value = float(number) * (10 ** int(exp) if exp else 1) * factor
+    mantissa = float(number)
+    value = mantissa * _power_of_ten(exp) * factor if mantissa else 0.0  # 0e99999 is 0, not NaN
     if value > 2**62:
         raise InputError(f"{what}: size {str(text)!r} is implausibly large")
     return int(round(value))
+
+
+def _power_of_ten(exp: str | None) -> float:
+    """``10 ** exp`` as a float, computed in constant time however many digits the exponent has
+    (``1e99999999GiB`` must not build a hundred-million-digit integer): beyond ±400 it is
+    infinity or zero, which the range checks then report."""
+    if not exp:
+        return 1.0
+    digits = exp.lstrip("+-").lstrip("0") or "0"
+    e = int(digits) if len(digits) <= 4 else 10_000
+    e = -e if exp.startswith("-") else e
+    if e > 400:
+        return math.inf
+    if e < -400:
+        return 0.0
+    return 10.0**e
 
 
 def parse_percent(text: str | float, what: str = "percentage") -> float:

@@ -35,6 +35,7 @@ from typing import Any
 from snapviz.errors import InputError
 from snapviz.vocab import RULES_SCHEMA
 
+RULES_MAX_BYTES = 16 << 20  # a rules file is a few KiB; more is not a rules file
 KINDS = ("stage", "category", "phase", "attention")
 ATTACH = ("self", "previous", "next")
 LIFETIMES = ("any", "short", "long")
@@ -71,6 +72,73 @@ class RuleSet:
 
     def of_kind(self, kind: str, name: str | None = None) -> tuple[Rule, ...]:
         return tuple(r for r in self.rules if r.kind == kind and (name is None or r.name == name))
+
+
+# --- the safe regex subset ---------------------------------------------------------------------
+
+MAX_PATTERN_CHARS = 1000  # one rule regex
+MAX_VARIABLE_REPEATS = 4  # quantifiers with a variable count (*, +, ?, {m,n}) in one regex
+MAX_RULES = 10_000  # rules in one file
+
+
+def unsafe_pattern(pattern: str) -> str | None:
+    """Why ``pattern`` is outside the rules' regex subset (None: inside).
+
+    Python's ``re`` backtracks: ``^(a+)+$`` on 35 characters takes minutes. The subset refuses
+    what makes matching time explode: a quantified part holding another quantifier or an
+    alternation (nested quantifiers, ``(a|ab)*``), backreferences, and more than
+    :data:`MAX_VARIABLE_REPEATS` variable quantifiers in one regex (each multiplies the work by
+    the name's length). Every built-in rule is inside it."""
+    import re._constants as c  # type: ignore[import-not-found]
+    import re._parser as sre  # type: ignore[import-not-found]
+
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"is over {MAX_PATTERN_CHARS} characters"
+    try:
+        tree = sre.parse(pattern)
+    except Exception:  # noqa: BLE001 - compiled above; a parser failure is simply not the subset
+        return "cannot be checked"
+    repeats = (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None))
+
+    def walk(items: Any, under: bool) -> tuple[str | None, int]:
+        """(why it is unsafe, most variable quantifiers along one path through ``items``)."""
+        total = 0
+        for op, av in items:
+            why, n = None, 0
+            if op in (c.GROUPREF, c.GROUPREF_EXISTS):
+                return "uses a backreference", 0
+            if op in repeats:
+                lo, hi, body = av
+                if hi != lo and under:
+                    return "nests a quantifier inside a quantified part", 0
+                why, n = walk(body, under or hi > 1)
+                n += hi != lo
+            elif op is c.BRANCH:
+                if under:
+                    return "repeats an alternation", 0
+                for alt in av[1]:
+                    why, k = walk(alt, under)
+                    if why:
+                        break
+                    n = max(n, k)
+            elif op is c.SUBPATTERN:
+                why, n = walk(av[-1], under)
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                why, n = walk(av[1], under)
+            elif op is getattr(c, "ATOMIC_GROUP", None):
+                why, n = walk(av, under)
+            if why:
+                return why, 0
+            total += n
+        return None, total
+
+    # the parser nests as the pattern does; MAX_PATTERN_CHARS keeps that far below the stack limit
+    why, variable = walk(tree, False)
+    if why:
+        return why
+    if variable > MAX_VARIABLE_REPEATS:
+        return f"has {variable} variable quantifiers in a row (at most {MAX_VARIABLE_REPEATS})"
+    return None
 
 
 # --- loading ------------------------------------------------------------------------------------
@@ -118,8 +186,14 @@ def _parse_rule(raw: Any, where: str, i: int) -> Rule:
                 raise InputError(f"{where}: rule {i} ({name}): '{key}' must be a regular expression string")
             try:
                 re.compile(pat)
-            except re.error as exc:
+            except (re.error, RecursionError, OverflowError) as exc:
                 raise InputError(f"{where}: rule {i} ({name}): bad '{key}' regex {pat!r}: {exc}") from None
+            why = unsafe_pattern(pat)
+            if why is not None:
+                raise InputError(
+                    f"{where}: rule {i} ({name}): '{key}' regex {pat!r} {why}; rules use a subset of regular "
+                    "expressions that cannot backtrack catastrophically (docs/rules.md)"
+                )
         pats[key] = pat
     if pats["function"] is None and pats["file"] is None:
         raise InputError(f"{where}: rule {i} ({name}): give a 'function' or a 'file' regex (or both)")
@@ -156,6 +230,8 @@ def parse_rules(data: Any, where: str) -> tuple[list[Rule], bool, set[str]]:
     disable = data.get("disable", [])
     if not isinstance(disable, list) or not all(isinstance(x, str) for x in disable):
         raise InputError(f"{where}: 'disable' must be a list of rule ids")
+    if len(raw_rules) > MAX_RULES:
+        raise InputError(f"{where}: {len(raw_rules):,} rules; a rules file holds at most {MAX_RULES:,}")
     return [_parse_rule(r, where, i) for i, r in enumerate(raw_rules)], ext == "builtin", set(disable)
 
 
@@ -170,12 +246,12 @@ def load_rules(path: str | os.PathLike[str] | None = None) -> RuleSet:
     if path is None:
         return RuleSet(tuple(builtin), "builtin")
     p = os.fspath(path)
+    from snapviz.load.opener import read_bounded
+
+    raw = read_bounded(p, RULES_MAX_BYTES, "rules file")
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise InputError(f"{p}: cannot read rules file ({exc.strerror or exc})") from None
-    except ValueError as exc:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{p}: rules file is not valid JSON ({str(exc).splitlines()[0]})") from None
     user, extends, disable = parse_rules(data, p)
     if not extends:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.frame_rules import Rule
+from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.model import Snapshot
 
 # Native frames of stacks="all" / "cpp": no Python line, a C/C++ source or object file.
@@ -58,6 +59,8 @@ class StackTables:
         )
         self.has_python = self.per_stack_max(self.is_python.astype(np.int8), 0).astype(bool)
         self._masks: dict[tuple[str | None, str | None], np.ndarray] = {}
+        self._matches = 0  # regex searches run so far, bounded by Limits.rule_matches
+        self._max_matches = Limits.from_env().rule_matches
         self.results: dict[Any, Any] = {}  # per-instance memo of derived per-stack arrays
 
     def per_stack_max(self, per_frame: np.ndarray, fill: int) -> np.ndarray:
@@ -90,6 +93,9 @@ class StackTables:
                 (rule.file_re, self.file_uniques, self.file_codes),
             ):
                 if rx is not None:
+                    self._matches += len(uniques)
+                    if self._matches > self._max_matches:
+                        raise LimitExceeded(f"rules ({rule.name})", "rule_matches", self._matches, self._max_matches)
                     hit = np.fromiter((rx.search(s) is not None for s in uniques), bool, len(uniques))
                     m &= hit[codes] if len(hit) else np.zeros(self.n_frames, bool)
             self._masks[key] = m

@@ -85,7 +85,8 @@ def run() -> NoReturn:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:  # None: the descriptor was closed when Python started (>&-)
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe (snapviz ... | head): nothing left to say
             pass
     os._exit(code)

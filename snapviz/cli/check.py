@@ -12,6 +12,7 @@ from snapviz.cli.errors import Command
 from snapviz.cli.inputs import summarize_input
 from snapviz.cli.options import CONTEXT_SETTINGS, epilog, quiet_option, stages_from_option
 from snapviz.errors import CheckFailed, InputError
+from snapviz.render.output import say
 from snapviz.safe_text import printable
 
 
@@ -138,11 +139,11 @@ def check(
     # Messages quote stage names from the input: one terminal line each, clipped.
     for r in results:
         if not quiet or not r.passed:
-            click.echo(printable(r.message))
+            say(printable(r.message))
     for n in notes:
-        click.echo(f"WARN {printable(n)}")
+        say(f"WARN {printable(n)}")
     if not quiet:
-        click.echo(f"{len(results) - len(failed)} passed, {len(failed)} failed ({printable(input)})")
+        say(f"{len(results) - len(failed)} passed, {len(failed)} failed ({printable(input)})")
     if failed:
         raise CheckFailed(f"snapviz check: {len(failed)} of {len(results)} limits exceeded")
 

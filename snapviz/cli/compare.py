@@ -9,6 +9,7 @@ from snapviz.cli.errors import Command
 from snapviz.cli.inputs import digest_inputs, unique_labels
 from snapviz.cli.options import (
     CONTEXT_SETTINGS,
+    count,
     epilog,
     max_points_option,
     output_options,
@@ -43,7 +44,7 @@ from snapviz.vocab import COMPARE_SCHEMA
 @click.option(
     "-j",
     "--jobs",
-    type=click.IntRange(min=1),
+    type=count(1),
     default=None,
     help="Runs loaded and analysed at once, in worker processes [the number of CPUs, at most 4]. "
     "Each worker needs the memory of one analysis.",

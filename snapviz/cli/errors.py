@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import click
 
-from snapviz.errors import CheckFailed, InputError, error_line
+from snapviz.errors import CheckFailed, InputError, ReaderGone, error_line
 from snapviz.render.output import tolerant_stdio
 from snapviz.safe_text import printable
 
@@ -35,9 +35,45 @@ def usage_error_line(exc: click.ClickException) -> str:
 
 
 def _exit(code: int, *lines: str) -> NoReturn:
-    for line in lines:
-        click.echo(line, err=True)
+    try:
+        for line in lines:
+            click.echo(line, err=True)
+    except (OSError, ValueError):  # stderr itself is full or gone: the exit code still tells
+        pass
     sys.exit(code)
+
+
+def _show_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+) -> None:
+    """Python's warning display, one clean line each: a library's warning (matplotlib's "Glyph
+    missing" quotes the label it could not draw) may carry text from the input."""
+    out = file if file is not None else sys.stderr
+    if out is None:
+        return
+    try:
+        out.write(printable(f"{os.path.basename(filename)}:{lineno}: {category.__name__}: {message}", 1000) + "\n")
+    except (OSError, ValueError):
+        pass
+
+
+def clean_warnings() -> None:
+    """Route every warning shown by this process through :func:`_show_warning`."""
+    import warnings
+
+    warnings.showwarning = _show_warning
+
+
+def _reader_gone() -> NoReturn:
+    """stdout's reader went away: nothing more can be said there; exit 0 quietly, with stdout
+    pointed at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    sys.exit(0)
 
 
 @contextmanager
@@ -53,6 +89,8 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         yield
     except click.exceptions.Exit:
         raise
+    except ReaderGone:
+        _reader_gone()
     except click.exceptions.Abort:
         _exit(130, "snapviz: aborted")
     except click.exceptions.NoArgsIsHelpError as exc:
@@ -77,6 +115,8 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
         _exit(130, "snapviz: interrupted")
     except MemoryError:
         _exit(2, "snapviz: error: out of memory while reading the input")
+    except BrokenPipeError:  # a write to stdout outside write_stdout (a library's print)
+        _reader_gone()
     except OSError as exc:
         if exc.filename is None or not unexpected_is_input_error:
             raise  # no path to name: the generic report below (or the collector's traceback)
@@ -107,6 +147,7 @@ def _run_main(
     if not standalone_mode:
         return base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
     tolerant_stdio()  # a report to an ASCII or latin-1 stdout is written, not refused
+    clean_warnings()
     with exit_codes(getattr(command, "unexpected_is_input_error", True)):
         rv = base_main(args, prog_name, complete_var, standalone_mode=False, **extra)
     sys.exit(rv if isinstance(rv, int) and rv else 0)

@@ -9,6 +9,17 @@ import click
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The largest count an option takes (points, jobs, a device index, N largest blocks): far above
+# any real use, far below what a NumPy int64 computation could overflow on.
+MAX_COUNT = 2**31 - 1
+
+
+def count(min: int = 1) -> click.IntRange:
+    """An integer option's type: ``min`` to :data:`MAX_COUNT`; anything else (a 20-digit number
+    included) is a usage error, one line, exit 2."""
+    return click.IntRange(min=min, max=MAX_COUNT)
+
+
 STAGE_SOURCES = ["auto", "user_metadata", "annotations", "run.json", "frames", "phases"]
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -59,7 +70,7 @@ def output_options(report: str, summary: str, schema: str) -> Callable[[F], F]:
 
 def device_option(help: str) -> Callable[[F], F]:
     """``--device N``: a CUDA device index of the input (default: the one with the highest peak)."""
-    return click.option("--device", type=int, default=None, help=help)
+    return click.option("--device", type=count(0), default=None, help=help)
 
 
 def stages_from_option(help: str = "Where stage labels come from.") -> Callable[[F], F]:
@@ -78,7 +89,7 @@ def rules_option(f: F) -> F:
 
 
 def max_points_option(default: int, help: str) -> Callable[[F], F]:
-    return click.option("--max-points", type=int, default=default, show_default=True, help=help)
+    return click.option("--max-points", type=count(1), default=default, show_default=True, help=help)
 
 
 def quiet_option(help: str = "No terminal summary.") -> Callable[[F], F]:

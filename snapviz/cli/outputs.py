@@ -15,10 +15,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import click
-
 from snapviz.errors import InputError
-from snapviz.render.output import STDOUT, check_outputs, write_outputs
+from snapviz.render.output import STDOUT, check_outputs, say, write_outputs, write_stdout
 from snapviz.safe_text import printable
 
 # The verbs' parameter names of the usual outputs and the flags that name them in errors.
@@ -89,10 +87,14 @@ def to_stdout(*paths: str | None) -> bool:
 def emit(outputs: Sequence[tuple[str, str | bytes]], terminal: Callable[[], str] | None, quiet: bool) -> list[str]:
     """Write ``outputs`` together; then, unless quiet or stdout is taken by one of them, print
     the terminal summary and a ``wrote PATH`` line per file. Returns the files written."""
+    # The terminal text is made before anything is written: no step that can fail comes after
+    # the first output file is in place.
+    show = not quiet and not to_stdout(*(p for p, _ in outputs))
+    text = terminal() if show and terminal is not None else None
     written = write_outputs(outputs)
-    if not quiet and not to_stdout(*(p for p, _ in outputs)):
-        if terminal is not None:
-            click.echo(terminal(), nl=False)
+    if show:
+        if text is not None:
+            write_stdout(text)
         for path in written:
-            click.echo(f"  wrote {printable(path, None)}")
+            say(f"  wrote {printable(path, None)}")
     return written

@@ -67,7 +67,7 @@ def analyze_share_options(f: Callable[..., Any]) -> Callable[..., Any]:
                 "png_out": opts["png_out"],
                 "svg_out": opts["svg_out"],
             },
-            [kw.get("input"), opts["merge_into"]],
+            [kw.get("input"), opts["merge_into"], kw.get("rules_path")],  # everything the command reads
         )
         outputs.refuse_unknown_format(kw, opts)
         if opts["png_out"] or opts["svg_out"]:

@@ -12,8 +12,10 @@ import click
 
 from snapviz.cli import outputs
 from snapviz.cli.errors import Command
-from snapviz.cli.options import CONTEXT_SETTINGS, device_option, epilog, quiet_option
+from snapviz.cli.options import CONTEXT_SETTINGS, count, device_option, epilog, quiet_option
 from snapviz.errors import InputError
+from snapviz.render.output import say
+from snapviz.safe_text import printable
 
 PICKLE_PROTOCOL = 4  # builtins only; torch's _memory_viz and every Python 3 read it
 
@@ -52,7 +54,7 @@ def encode_snapshot(data: dict[str, Any], out_path: str) -> bytes:
 @click.option(
     "--top",
     "top",
-    type=int,
+    type=count(0),
     metavar="N",
     help="Keep the history that builds the peak: from the allocation of the oldest of the N largest blocks live at the peak, to the peak.",
 )
@@ -120,10 +122,10 @@ def trim(
         alloc = an.replay.events["allocated"].to_numpy()
         before = int(alloc[win.first - 1]) if win.first else an.replay.baseline_allocated
         peak = max(before, int(alloc[win.first : win.last + 1].max()))
-        click.echo(
-            f"{win.reason}: kept entries {win.first:,}–{win.last:,} of {len(an.replay.events):,} "
+        say(
+            f"{printable(win.reason)}: kept entries {win.first:,}–{win.last:,} of {len(an.replay.events):,} "
             f"(device {an.device}); peak in the window {fmt_bytes(peak)}\n"
-            f"  wrote {out} ({len(data) / 1e6:.2f} MB"
+            f"  wrote {printable(out, None)} ({len(data) / 1e6:.2f} MB"
             + ("" if out.endswith((".gz", ".xz")) else "; name it .pickle.xz to compress it")
             + ")"
         )

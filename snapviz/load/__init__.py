@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from snapviz.errors import InputError
 from snapviz.load.json_stream import scan_top_level
-from snapviz.load.limits import LimitExceeded, Limits, check_regular_file
+from snapviz.load.limits import LimitExceeded, Limits
+from snapviz.load.opener import check_regular_file, read_bounded
 from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
 from snapviz.safe_text import printable, short_repr
 
@@ -85,13 +86,10 @@ def file_sidecar(path: str) -> str | None:
 
 
 def _read_run_json(path: str) -> dict[str, Any]:
-    check_regular_file(path)
-    if os.path.getsize(path) > RUN_JSON_MAX_BYTES:
-        raise InputError(f"{path}: run.json is over {RUN_JSON_MAX_BYTES >> 20} MiB, far more than a run's description")
+    raw = read_bounded(path, RUN_JSON_MAX_BYTES, "run.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError, RecursionError) as exc:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
         raise InputError(f"{path}: unreadable run.json ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith("snapviz.run/"):
         raise InputError(f"{path}: not a snapviz run.json (no 'schema': 'snapviz.run/1')")
@@ -177,13 +175,15 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
     snap_path = trace_path = None
     if os.path.isdir(p):
         rj = os.path.join(p, "run.json")
-        if not os.path.isfile(rj):
+        if not os.path.lexists(rj):
             raise InputError(
                 f"{p}: is a directory without run.json (pass a snapshot file, a trace, or a run directory)"
             )
         run_json = _read_run_json(rj)
-        snap_path = next((os.path.join(p, n) for n in SNAPSHOT_NAMES if os.path.isfile(os.path.join(p, n))), None)
-        trace_path = next((os.path.join(p, n) for n in TRACE_NAMES if os.path.isfile(os.path.join(p, n))), None)
+        # A member that exists in any form is the run's file: a FIFO, a device or a link into
+        # /proc named snapshot.pickle is refused by the opener, not skipped.
+        snap_path = next((os.path.join(p, n) for n in SNAPSHOT_NAMES if os.path.lexists(os.path.join(p, n))), None)
+        trace_path = next((os.path.join(p, n) for n in TRACE_NAMES if os.path.lexists(os.path.join(p, n))), None)
         if snap_path is None and trace_path is None:
             raise InputError(f"{p}: run directory holds neither a snapshot nor a trace")
     else:
@@ -199,7 +199,7 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
         # A snapshot or trace inside a run directory picks up the run's sidecar.
         sidecar = os.path.join(os.path.dirname(p), "run.json")
         base = os.path.basename(p)
-        if os.path.isfile(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
+        if os.path.lexists(sidecar) and (base in SNAPSHOT_NAMES or base in TRACE_NAMES):
             run_json = _read_run_json(sidecar)
         elif (own := file_sidecar(p)) is not None:
             run_json = _read_run_json(own)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from dataclasses import dataclass, fields
 
 from snapviz.errors import InputError
@@ -35,6 +34,8 @@ class Limits:
     ratio: int = 200  # decompressed size / file size ...
     ratio_floor: int = 64 << 20  # ... once more than this many bytes came out
     header_bytes: int = 64 << 20  # JSON before the "traceEvents" list starts
+    decompress_seconds: int = 60  # CPU time spent decompressing one file
+    rule_matches: int = 5_000_000  # rule regexes run x distinct frame/file names they run on
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
@@ -46,7 +47,7 @@ class Limits:
                 continue
             m = _VALUE_RE.match(raw)
             factor = _SUFFIX.get(m.group(2).lower()) if m else None
-            if m is None or factor is None:
+            if m is None or factor is None or len(m.group(1)) > 30:
                 raise InputError(f"{ENV[f.name]}={raw!r}: not a number (write e.g. 1000000, 64MiB or 2G)")
             values[f.name] = int(m.group(1)) * factor
         return cls(**values)
@@ -61,6 +62,8 @@ ENV: dict[str, str] = {
     "ratio": "SNAPVIZ_MAX_INPUT_RATIO",
     "ratio_floor": "SNAPVIZ_MAX_INPUT_RATIO_FLOOR",
     "header_bytes": "SNAPVIZ_MAX_INPUT_HEADER",
+    "decompress_seconds": "SNAPVIZ_MAX_INPUT_SECONDS",
+    "rule_matches": "SNAPVIZ_MAX_INPUT_RULE_MATCHES",
 }
 DESCRIPTION: dict[str, str] = {
     "depth": "nesting depth",
@@ -71,6 +74,8 @@ DESCRIPTION: dict[str, str] = {
     "ratio": "decompressed size relative to the file size",
     "ratio_floor": "decompressed size",
     "header_bytes": "size of the JSON before traceEvents",
+    "decompress_seconds": "CPU time spent decompressing it",
+    "rule_matches": "number of rule regex matches (distinct patterns x distinct frame names)",
 }
 
 
@@ -84,28 +89,3 @@ class LimitExceeded(InputError):
             f"if the file is trusted, raise it with {ENV[name]}=<n> (docs/security.md)"
         )
         self.limit_name = name
-
-
-def check_regular_file(path: str) -> None:
-    """Refuse FIFOs, devices and sockets before opening: reading a FIFO blocks forever and
-    a device (``/dev/zero``) never ends. Symlinks are followed: their target must be regular."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open ({exc.strerror or exc})") from None
-    if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
-        return
-    kind = (
-        "a named pipe (FIFO)"
-        if stat.S_ISFIFO(mode)
-        else "a character device"
-        if stat.S_ISCHR(mode)
-        else "a block device"
-        if stat.S_ISBLK(mode)
-        else "a socket"
-        if stat.S_ISSOCK(mode)
-        else "not a regular file"
-    )
-    raise InputError(f"{path}: is {kind}, not a regular file; copy the data to a file first")

@@ -128,6 +128,8 @@ def _scan(data: bytes, path: str, limits: Limits) -> dict[str, int] | None:
             op == 0x8C or op == 0x8A or op == 0x43 or op == 0x55
         ):  # SHORT_BINUNICODE, LONG1, SHORT_BINBYTES, SHORT_BINSTRING
             k = data[i]
+            if k > max_str:  # the limit holds for every string, however short (a limit under 256)
+                raise LimitExceeded(path, "string_length", k, max_str, " bytes")
             i += 1 + k
             strbytes += k
             objects += 1

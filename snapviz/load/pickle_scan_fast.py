@@ -75,6 +75,7 @@ _RUN_TOKENS = 256  # tokens per regex run; a tuple's items are looked for in the
 _RUN = re.compile(_HOT + rb"{0,%d}" % _RUN_TOKENS)
 _SCALAR_OPS = frozenset(b"KMJGN\x88\x89\x8c\x8a")
 _TOKEN_LEN = {ord("h"): 2, ord("j"): 5, 0x94: 1, ord("K"): 2, ord("M"): 3, ord("J"): 5, ord("G"): 9, 0x95: 9}
+_SHORT_MAX = 255  # the longest string a counted (inline) token holds
 _COUNTED = (0x8C, 0x8A)  # SHORT_BINUNICODE, LONG1: a length byte, then that many bytes
 _LONG_STRINGS = {0x58: 4, 0x42: 4, 0x8D: 8, 0x8E: 8}  # BINUNICODE, BINBYTES (+8-byte forms): width of the length
 
@@ -106,8 +107,9 @@ def _too_long(path: str, k: int, limits: Limits) -> LimitExceeded:
 
 
 def _may_count_over(data: bytes, limits: Limits) -> bool:
-    """True when the object or string-byte counts could exceed their limits: only the exact scan knows."""
-    return len(data) > limits.objects or len(data) > limits.string_bytes
+    """True when the object or string-byte counts could exceed their limits, or a string under
+    256 bytes the length limit (the grammar takes short strings unchecked): only the exact scan knows."""
+    return len(data) > limits.objects or len(data) > limits.string_bytes or limits.string_length < _SHORT_MAX
 
 
 def fast_scan(data: bytes, path: str, limits: Limits) -> bool:
@@ -188,7 +190,7 @@ def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
     kernel = compiled_kernel()
     if kernel is None:
         raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
-    if len(data) > limits.string_bytes:  # strings are inline: a smaller pickle cannot hold more
+    if len(data) > limits.string_bytes or limits.string_length < _SHORT_MAX:  # see _may_count_over
         return False
     max_str = min(limits.string_length, np.iinfo(np.int64).max)
     with warnings.catch_warnings():

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from snapviz.errors import InputError
+from snapviz.errors import InputError, ReaderGone
 
 STDOUT = "-"
 _TMP_PREFIX = ".snapviz-"
@@ -45,7 +45,8 @@ def _kind(mode: int) -> str:
 
 def _protected(inputs: Sequence[str]) -> tuple[set[tuple[int, int]], list[str]]:
     """(dev, inode) of every input file, of the run.json beside a file input, and of the files in
-    an input directory; plus the input directories themselves (real paths)."""
+    an input directory (a ``run.json`` input names its directory: the loader reads the whole run);
+    plus the input directories themselves (real paths)."""
     ids: set[tuple[int, int]] = set()
     dirs: list[str] = []
 
@@ -60,10 +61,14 @@ def _protected(inputs: Sequence[str]) -> tuple[set[tuple[int, int]], list[str]]:
     for p in inputs:
         if not p or p == STDOUT:
             continue
-        if os.path.isdir(p):
-            dirs.append(os.path.realpath(p))
+        # A run.json path loads its whole folder (snapviz.load.load): every file there is an input.
+        folder = (os.path.dirname(p) or ".") if os.path.basename(p) == "run.json" else p
+        if folder != p:
+            add(p)
+        if os.path.isdir(folder):
+            dirs.append(os.path.realpath(folder))
             try:
-                with os.scandir(p) as it:
+                with os.scandir(folder) as it:
                     for i, entry in enumerate(it):
                         if i >= _MAX_DIR_MEMBERS:
                             break
@@ -241,8 +246,13 @@ def tolerant_stdio() -> None:
 
 
 def write_stdout(text: str) -> None:
-    """``text`` on stdout, whatever its encoding: what it cannot encode is written escaped."""
+    """``text`` to standard output, flushed, whatever its encoding: what it cannot encode is
+    written escaped. A closed stdout (``>&-``) or a failing one (a full device, an I/O error) is
+    :class:`InputError` (one line, exit 2); a pipe whose reader went away is :class:`ReaderGone`
+    (exit 0, as Unix tools do). Every stdout write goes here."""
     out = sys.stdout
+    if out is None:
+        raise InputError("standard output is closed; nothing could be written to it (give an output file instead)")
     encoding = getattr(out, "encoding", None) or "utf-8"
     try:
         text.encode(encoding)
@@ -250,8 +260,19 @@ def write_stdout(text: str) -> None:
         text = text.encode(encoding, "backslashreplace").decode(encoding)
     except LookupError:  # an encoding name Python does not know: leave the text to the stream
         pass
-    out.write(text)
-    out.flush()
+    try:
+        out.write(text)
+        out.flush()
+    except BrokenPipeError:
+        raise ReaderGone() from None
+    except (OSError, ValueError) as err:  # ValueError: the stream object was closed
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+        raise InputError(f"standard output: cannot write ({detail})") from None
+
+
+def say(line: str = "") -> None:
+    """One line of the terminal summary (already made printable by the caller) to stdout."""
+    write_stdout(line + "\n")
 
 
 def write_atomic(path: str, data: str | bytes) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
-from snapviz.safe_text import clip
+from snapviz.safe_text import bound, clip
 from snapviz.units import fmt_bytes
 from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
 
@@ -235,6 +235,14 @@ LABEL_ROWS = 2  # stage labels that do not fit side by side take a second row; t
 MIN_LABELLED_PX = 14  # a stage narrower than this on the picture is shaded, not named
 
 
+def _cleaned(d: dict[str, Any]) -> dict[str, Any]:
+    """The picture's data with every label clipped and cleaned (snapviz.safe_text) before it
+    reaches matplotlib: no control character in the PNG's text, the SVG's text and comments
+    (which must stay well-formed XML) or matplotlib's own warnings (a missing glyph is named)."""
+    out: dict[str, Any] = bound(d, max_list=None, json_numbers=False)
+    return out
+
+
 def _figure() -> tuple[Any, Any]:
     # A bare Figure renders through Agg/SVG canvases without pyplot, so the user's
     # backend (a notebook's inline one) and pyplot's global state are left alone.
@@ -359,6 +367,7 @@ def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
 def timeline_figure(d: dict[str, Any], fmt: str = "png") -> Any:
     """The matplotlib Figure of :func:`draw_timeline` (markers such as an OOM's are added here:
     a point on the data and, for its words, a :func:`callout` in the next slot)."""
+    d = _cleaned(d)
     fig, ax = _figure()
     x = d["x"]
     reserved = d["reserved"]
@@ -454,6 +463,7 @@ def render_compare_picture(cmp: Comparison, doc: dict[str, Any], fmt: str = "png
 
 
 def draw_compare(d: dict[str, Any], fmt: str = "png") -> bytes:
+    d = _cleaned(d)
     fig, ax = _figure()
     y_top = max([r["peak_bytes"] for r in d["runs"]] + [1])
     _gib_axis(ax, y_top)

@@ -83,3 +83,52 @@ def test_bad_option_is_exit_2(tmp_path: Path) -> None:
                         "-o", str(tmp_path / "no" / "such" / "dir" / "r.html")],
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+# ----------------------------------------------------------------------------- stdout failures (issue 26)
+
+
+def _run_with_stdout(tmp: Path, args: list[str], stdout: str) -> subprocess.CompletedProcess[bytes]:
+    """``python -m snapviz ARGS`` with stdout closed (``>&-``), a full device, or a pipe whose
+    reader reads one byte and goes away; stderr captured."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "snapviz", *args]
+    if stdout == "pipe_closed_early":
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp)
+        assert p.stdout is not None and p.stderr is not None
+        p.stdout.read(1)
+        p.stdout.close()
+        err = p.stderr.read()
+        p.wait(timeout=120)
+        return subprocess.CompletedProcess(cmd, p.returncode, b"", err)
+    if stdout == "closed":
+        return subprocess.run(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp, timeout=120,
+                              preexec_fn=lambda: os.close(1))
+    with open("/dev/full", "wb") as full:
+        return subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, env=env, cwd=tmp, timeout=120)
+
+
+def _big_snapshot(tmp: Path) -> Path:
+    path = tmp / "s.pickle"
+    trace = [{"action": "alloc", "addr": 512 * i, "size": 512, "frames": [{"name": f"f{i}", "filename": "x.py",
+                                                                           "line": i}]} for i in range(3000)]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
+    return path
+
+
+@pytest.mark.parametrize("stdout", ["closed", "dev_full", "pipe_closed_early"])
+@pytest.mark.parametrize("args", [["analyze", "{in}", "--json", "-"], ["analyze", "{in}"],
+                                  ["check", "{in}", "--max-peak", "1GiB"]], ids=["json-", "terminal", "check"])
+def test_stdout_failures_are_one_line(tmp_path: Path, stdout: str, args: list[str]) -> None:
+    if stdout == "dev_full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    path = _big_snapshot(tmp_path)
+    p = _run_with_stdout(tmp_path, [a.replace("{in}", str(path)) for a in args], stdout)
+    err = p.stderr.decode(errors="replace")
+    assert "Traceback" not in err and "snapviz bug" not in err, err
+    if stdout == "pipe_closed_early":  # as Unix tools: the reader asked for no more
+        assert p.returncode == 0 and not err.strip(), (p.returncode, err)
+        return
+    assert p.returncode == 2, (p.returncode, err)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "standard output" in lines[0], err

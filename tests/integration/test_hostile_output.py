@@ -7,6 +7,7 @@ together; strings from a hostile snapshot come out clipped and escaped for each 
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -87,6 +88,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run.mkdir()
     (run / "snapshot.pickle").write_bytes(raw)
     (run / "run.json").write_text(json.dumps({"schema": "snapviz.run/1", "pipeline": "sd15", "size": "tiny"}))
+    tr = d / "tr"  # a run directory holding a trace
+    tr.mkdir()
+    (tr / "trace.json.gz").write_bytes(gzip.compress(json.dumps({"traceEvents": []}).encode()))
+    (tr / "run.json").write_text(json.dumps({"schema": "snapviz.run/1", "pipeline": "sd15", "size": "tiny"}))
+    (d / "rules.json").write_text(json.dumps({"extends": "builtin", "rules": []}))
     (d / "var" / "fp16").mkdir(parents=True)  # a matrix --from-dir
     (d / "var" / "fp16" / "run.json").write_text("{}")
     return d
@@ -119,6 +125,20 @@ DESTROYING = {
     "analyze RUN/snapshot --json RUN/run.json": ["analyze", "run/snapshot.pickle", "--json", "run/run.json"],
     "analyze input --json symlink-to-input": ["analyze", "a.pickle", "--json", "link.json"],
     "analyze input --json hardlink-to-input": ["analyze", "a.pickle", "--json", "hard.json"],
+    # issue 26: a run.json path loads its whole folder; rules files and merged traces are inputs too
+    "analyze RUN/run.json --json RUN/snapshot": ["analyze", "run/run.json", "--json", "run/snapshot.pickle"],
+    "check RUN/run.json --junit-xml RUN/snapshot": ["check", "run/run.json", "--max-peak", "1GiB",
+                                                    "--junit-xml", "run/snapshot.pickle"],
+    "analyze RUN/run.json --markdown RUN/trace": ["analyze", "tr/run.json", "--markdown", "tr/trace.json.gz"],
+    "analyze input --rules R --json R": ["analyze", "a.pickle", "--rules", "rules.json", "--json", "rules.json"],
+    "analyze input --rules R --json link-to-R": ["analyze", "a.pickle", "--rules", "rules.json",
+                                                  "--json", "rules-link.json"],
+    "check RUN/run.json --baseline RUN2/run.json --junit-xml RUN2/trace": [
+        "check", "run/run.json", "--baseline", "tr/run.json", "--max-increase", "5%", "--junit-xml",
+        "tr/trace.json.gz"],
+    "analyze input --merge-into T --perfetto x --json T": ["analyze", "a.pickle", "--perfetto", "m.json",
+                                                           "--merge-into", "tr/trace.json.gz",
+                                                           "--json", "tr/trace.json.gz"],
     "matrix --from-dir D --json D/variant/run.json": ["matrix", "--pipeline", "sd15", "--from-dir", "var",
                                                       "--json", "var/fp16/run.json"],
 }
@@ -129,6 +149,7 @@ def test_output_that_is_an_input_is_refused(work: Path, case: str) -> None:
     (work / "sub").mkdir()
     (work / "link.json").symlink_to("a.pickle")
     os.link(work / "a.pickle", work / "hard.json")
+    (work / "rules-link.json").symlink_to("rules.json")
     before = tree_state(work)
     p = run_sv(*DESTROYING[case], cwd=work)
     assert p.returncode == 2, (case, p.returncode, p.stderr)
@@ -378,3 +399,88 @@ def test_ranks_and_history_outputs_are_escaped(hostile: Path, tmp_path: Path, ve
     for raw in ("<img src=x", "<svg/onload", "<script>alert(1)"):
         assert raw not in page
     assert not TERMINAL_CONTROL.search(p.stdout + p.stderr + page)
+
+
+# ----------------------------------------------------------------------------- every sink clean (issue 26)
+
+# What a file can carry besides markup: terminal controls, C1, every bidi control (U+061C
+# included) and a lone surrogate (legal in a pickle and as a JSON escape, unencodable as UTF-8).
+CONTROLS = "\x1b]0;t\x07 \x08\r\x85\x9b \u061c \u202e \u2067 \ud800 end"
+# Raw characters no output may contain (tab and newline excepted: they are the layout).
+RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                         "\ud800-\udfff]")
+
+
+def _controls_snapshot() -> dict[str, Any]:
+    sim = synth.Sim()
+    handles = []
+    for st in ("load", "text" + CONTROLS, "denoise/0", "vae" + CONTROLS):
+        sim.set_label(st)
+        sim.annotate(st, "START")
+        for i in range(3):
+            fr = [{"filename": CONTROLS + ".py", "line": 10 + j, "name": CONTROLS + str(i)} for j in range(3)]
+            handles.append(sim.alloc((i + 1) * 3 * MiB, frames=fr))
+        sim.annotate(st, "END")
+    return sim.snapshot()
+
+
+@pytest.fixture(scope="module")
+def controls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("controls")
+    data = pickle.dumps(_controls_snapshot(), protocol=4)
+    (d / "c.pickle").write_bytes(data)
+    os.mkdir(os.path.join(os.fsencode(d), b"dir\xff"))  # a file name that is not UTF-8
+    with open(os.path.join(os.fsencode(d), b"dir\xff", b"snap\xfe.pickle"), "wb") as f:
+        f.write(data)
+    return d
+
+
+def _assert_clean_text(name: str, data: bytes) -> str:
+    text = data.decode("utf-8")  # strict: a lone surrogate cannot have been written raw
+    m = RAW_CONTROL.search(text)
+    assert m is None, (name, repr(text[max(0, m.start() - 80): m.end() + 80]))
+    return text
+
+
+def test_every_sink_is_clean(controls: Path, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    p = run_sv("analyze", str(controls / "c.pickle"), "--json", "r.json", "--markdown", "r.md", "-o", "r.html",
+               "--svg", "r.svg", "--png", "r.png", "--perfetto", "r.perfetto.json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    _assert_clean_text("stdout+stderr", (p.stdout + p.stderr).encode("utf-8", "surrogatepass"))
+    for name in ("r.json", "r.md", "r.html", "r.svg", "r.perfetto.json"):
+        _assert_clean_text(name, (tmp_path / name).read_bytes())
+    ET.fromstring((tmp_path / "r.svg").read_bytes())  # well-formed XML
+    strict_json((tmp_path / "r.json").read_text())
+    json.loads((tmp_path / "r.perfetto.json").read_text())
+    assert "\\u061c" in (tmp_path / "r.md").read_text() and "\\ud800" in (tmp_path / "r.json").read_text()
+    from PIL import Image  # the PNG's text chunks
+
+    with Image.open(tmp_path / "r.png") as im:
+        for k, v in im.info.items():
+            if isinstance(v, str):
+                assert not RAW_CONTROL.search(k + v), (k, v)
+    c = run_sv("check", str(controls / "c.pickle"), "--max-peak", "1MiB", "--junit-xml", "j.xml", cwd=tmp_path)
+    assert c.returncode == 1, c.stderr
+    _assert_clean_text("check", (c.stdout + c.stderr).encode("utf-8", "surrogatepass"))
+    ET.fromstring(_assert_clean_text("j.xml", (tmp_path / "j.xml").read_bytes()))
+
+
+def test_a_file_name_that_is_not_utf8_is_read(controls: Path, tmp_path: Path) -> None:
+    path = os.path.join(os.fsencode(controls), b"dir\xff", b"snap\xfe.pickle")
+    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", path, "--json", "o.json", "--markdown", "-"],
+                       cwd=tmp_path, env=ENV, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    _assert_clean_text("stdout+stderr", p.stdout + p.stderr)
+    strict_json(_assert_clean_text("o.json", (tmp_path / "o.json").read_bytes()))
+
+
+def test_notebook_page_is_clean(controls: Path) -> None:
+    from snapviz.notebook import report
+
+    import snapviz
+
+    r = report(snapviz.analyze(str(controls / "c.pickle")))
+    _assert_clean_text("notebook", r._repr_html_().encode("utf-8"))
+    _assert_clean_text("notebook md", r._repr_markdown_().encode("utf-8"))

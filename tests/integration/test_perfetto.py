@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from snapviz.errors import InputError
+
 from snapviz.analyses.summary import analyze_run
 from snapviz.load import load
 from snapviz.load.chrome_trace import load_chrome_trace
@@ -212,3 +214,30 @@ def test_merge_refuses_a_trace_recorded_days_away(tmp_path: Path) -> None:
     r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into",   # the same run: merged as before
              str(PROFILED / "trace.json.gz"), "-q")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("text", [
+    '{"traceEvents": []}',
+    ' \ufeff{"meta": {"traceEvents": [1]}, "x": "traceEvents", "s": "a\\"traceEvents\\": [", '
+    '"traceEvents" : [ {"ph": "i", "ts": 1} ], "after": 2}',
+    '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1.5, "dur": 2}]}',
+])
+def test_splice_keeps_every_byte_of_the_users_trace(tmp_path: Path, text: str) -> None:
+    """The merged trace is the user's bytes with our events inserted first in the top-level
+    traceEvents list: streamed, nothing of theirs parsed or re-serialized (issue 26)."""
+    from snapviz.render.perfetto import splice_events
+
+    src = text
+    path = tmp_path / "t.json"
+    path.write_bytes(src.encode())
+    ours = [{"ph": "C", "name": "allocated", "ts": 0, "args": {"bytes": 1}}, {"ph": "i", "name": "peak", "ts": 3}]
+    out = splice_events(str(path), ours)
+    merged, orig = json.loads(out.decode().lstrip(" \ufeff")), json.loads(src.lstrip(" \ufeff"))
+    assert merged["traceEvents"] == ours + orig["traceEvents"]
+    assert {k: v for k, v in merged.items() if k != "traceEvents"} == {
+        k: v for k, v in orig.items() if k != "traceEvents"}
+    assert out.replace(b",".join(json.dumps(e, separators=(",", ":")).encode() for e in ours), b"").replace(
+        b"[,", b"[") == src.encode()
+    (tmp_path / "bad.json").write_text('{"meta": {"traceEvents": []}}')
+    with pytest.raises(InputError, match="no traceEvents list"):
+        splice_events(str(tmp_path / "bad.json"), ours)

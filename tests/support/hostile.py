@@ -207,8 +207,23 @@ def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
     run = d / "run"
     run.mkdir()
     os.mkfifo(run / "run.json")
-    return {"fifo_pickle": (fifo, "FIFO"), "fifo_trace": (tfifo, "FIFO"), "dev_zero": (Path("/dev/zero"), "device"),
-            "run_json_fifo": (run / "run.json", "FIFO")}
+    out = {"fifo_pickle": (fifo, "FIFO"), "fifo_trace": (tfifo, "FIFO"), "dev_zero": (Path("/dev/zero"), "device"),
+           "run_json_fifo": (run / "run.json", "FIFO")}
+    # issue 26: files of a run folder that are links into /proc (regular files by stat)
+    for name, member in (("run_snapshot_proc_mem", "snapshot.pickle"), ("run_trace_proc_mem", "trace.json")):
+        rd = d / name
+        rd.mkdir()
+        (rd / "run.json").write_text('{"schema": "snapviz.run/1"}')
+        os.symlink("/proc/self/mem", rd / member)
+        out[name] = (rd, "/proc")
+    # a valid gzip member followed by 100 MiB of zero padding (sparse: 4 KB on disk)
+    pad = d / "padded.pickle.gz"
+    member = gzip.compress(pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}))
+    with open(pad, "wb") as f:
+        f.write(member)
+        f.truncate(len(member) + (100 << 20))
+    out["gzip_zero_padding_100MiB"] = (pad, "")
+    return out
 
 
 BUILDERS: dict[str, Callable[[Path], dict[str, tuple[Path, str]]]] = {

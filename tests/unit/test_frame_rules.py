@@ -705,3 +705,50 @@ def test_real_samples_without_labels(sample: Path | None) -> None:
         if device == main:
             have_steps = sorted({str(s) for s in an.labels.labels if str(s).startswith("denoise/")})
             assert have_steps == want_steps
+
+
+# ----------------------------------------------------------------------------- hostile rules files (issue 26)
+
+
+@pytest.mark.parametrize("pattern,why", [
+    ("^(a+)+$", "nests a quantifier"), ("(a*)*b", "nests a quantifier"), ("(\\w+\\s?)*$", "nests a quantifier"),
+    ("^(ab|a)*c$", "repeats an alternation"), ("(x)\\1", "backreference"), ("a*b*c*d*e*f", "variable quantifiers"),
+    ("x" * 1001, "over 1000 characters"),
+])
+def test_patterns_that_backtrack_catastrophically_are_refused(tmp_path: Path, pattern: str, why: str) -> None:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": [{"name": "load", "function": pattern}]}))
+    with pytest.raises(InputError, match=why) as info:
+        load_rules(path)
+    assert "docs/rules.md" in str(info.value) or "over 1000" in str(info.value)
+
+
+def test_every_builtin_pattern_is_in_the_safe_subset() -> None:
+    from snapviz.analyses.frame_rules import unsafe_pattern
+
+    rules = load_rules().rules
+    assert rules and all(unsafe_pattern(p) is None for r in rules for p in (r.function, r.file) if p)
+
+
+def test_many_rules_times_many_frames_is_bounded(tmp_path: Path) -> None:
+    """10,000 rules against 10,000 distinct frame names: done, or stopped by the named limit,
+    well inside 30 s (before: minutes)."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import time
+
+    trace = [{"action": "alloc", "addr": 512 * i, "size": 512,
+              "frames": [{"name": f"fn_{i}_{'a' * 20}", "filename": f"/m/f{i}.py", "line": 1}]} for i in range(10_000)]
+    (tmp_path / "s.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
+    rules = [{"name": f"s{i}", "function": f"^fn_{i}_a+$"} for i in range(10_000)]
+    (tmp_path / "r.json").write_text(json.dumps({"rules": rules}))
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", "s.pickle", "--rules", "r.json", "-q",
+                        "--json", "o.json"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert time.monotonic() - t0 < 30
+    assert p.returncode in (0, 2) and "Traceback" not in p.stderr, p.stderr
+    if p.returncode == 2:
+        assert "SNAPVIZ_MAX_INPUT_RULE_MATCHES" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

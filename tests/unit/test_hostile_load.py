@@ -3,6 +3,7 @@ issue 8 item 1). Every case runs ``snapviz analyze`` in a fresh process and meas
 no case may run 30 s or reach 4 GiB RSS. The generators live in tests/support/hostile.py."""
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -20,7 +21,8 @@ from snapviz.load.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_pickle
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, rlimits and wait4 are POSIX")
 
-LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size")
+LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size",
+               "CPU time spent decompressing")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,8 @@ CASES = [f"pickle:{n}" for n in (
     "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz")] + [f"trace:{n}" for n in (
     "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
     "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace")] + [f"special:{n}" for n in (
-    "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo")]
+    "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo", "run_snapshot_proc_mem", "run_trace_proc_mem",
+    "gzip_zero_padding_100MiB")]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -200,3 +203,121 @@ def test_each_json_limit_is_enforced(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(LimitExceeded) as info:
         load(str(path))
     assert info.value.limit_name == limit_name and ENV[env] in str(info.value)
+
+
+# ----------------------------------------------------------------------------- the opener (issue 26)
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.binary(max_size=3000), min_size=1, max_size=5),
+       pads=st.lists(st.integers(0, 70_000), min_size=5, max_size=5))
+def test_gzip_members_and_zero_padding_read_as_gzip_does(tmp_path_factory: pytest.TempPathFactory,
+                                                          parts: list[bytes], pads: list[int]) -> None:
+    """Members one after another, each followed by any amount of zero padding, decompress to
+    what ``gzip.decompress`` gives (which skips the padding one byte per Python call)."""
+    import gzip
+
+    from snapviz.load.safe_pickle import open_decompressed, read_all
+
+    blob = b"".join(gzip.compress(p) + b"\0" * pad for p, pad in zip(parts, pads))
+    path = tmp_path_factory.mktemp("gz") / "x.gz"
+    path.write_bytes(blob)
+    with open_decompressed(str(path)) as f:
+        assert read_all(f) == gzip.decompress(blob) == b"".join(parts)
+    path.write_bytes(blob[: len(gzip.compress(parts[0])) - 3])  # cut inside the first member's trailer
+    with pytest.raises(InputError, match="truncated|corrupt"):
+        with open_decompressed(str(path)) as f:
+            read_all(f)
+
+
+def test_decompression_time_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    path = tmp_path / "s.pickle.gz"
+    path.write_bytes(gzip.compress(b" " * (32 << 20) + pickle.dumps({"segments": [], "device_traces": [[]]})))
+    monkeypatch.setenv("SNAPVIZ_MAX_INPUT_SECONDS", "0")  # any CPU time spent decompressing is too much
+    with pytest.raises(LimitExceeded, match="SNAPVIZ_MAX_INPUT_SECONDS"):
+        load(path)
+
+
+@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled",
+                                    "/dev/null"])
+@pytest.mark.parametrize("member", ["snapshot.pickle", "trace.json.gz", "run.json"])
+def test_run_folder_links_to_kernel_files_are_refused(tmp_path: Path, target: str, member: str) -> None:
+    if not os.path.exists(target):
+        pytest.skip(f"{target} missing here")
+    rd = tmp_path / "rd"
+    rd.mkdir()
+    (rd / "run.json").write_text('{"schema": "snapviz.run/1"}')
+    if member == "run.json":
+        (rd / "run.json").unlink()
+        (rd / "snapshot.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    os.symlink(target, rd / member)
+    for path in (rd, rd / "run.json"):
+        with pytest.raises(InputError) as info:
+            load(path)
+        assert "\n" not in str(info.value) and member in str(info.value)
+
+
+# ----------------------------------------------------------------------------- arguments and limits (issue 26)
+
+
+@pytest.mark.parametrize("text,ok", [("1e99999999GiB", False), ("1e-99999999GiB", True), ("0e99999999", True),
+                                     ("9" * 5000 + "GiB", False), ("1.5e3MiB", True)])
+def test_sizes_with_any_exponent_parse_in_constant_time(text: str, ok: bool) -> None:
+    import time
+
+    from snapviz.units import parse_size
+
+    t0 = time.perf_counter()
+    if ok:
+        assert parse_size(text) >= 0
+    else:
+        with pytest.raises(InputError, match="implausibly large"):
+            parse_size(text)
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_an_environment_limit_with_thousands_of_digits_is_one_error() -> None:
+    with pytest.raises(InputError, match="not a number"):
+        Limits.from_env({ENV["depth"]: "9" * 5000})
+
+
+@pytest.mark.parametrize("path_kind", ["exact", "grammar", "compiled"])
+def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) -> None:
+    """SNAPVIZ_MAX_INPUT_STRING=100 refuses a 200-byte label on the exact scan (small pickles),
+    the regex grammar check and the compiled one (big pickles: short strings inline)."""
+    from snapviz.load import pickle_scan
+    from snapviz.load.pickle_scan_fast import compiled_kernel, fast_scan, fast_scan_compiled
+
+    n = 10 if path_kind == "exact" else 9000
+    trace = [{"action": "alloc", "addr": 512 * i, "size": 512,
+              "frames": [{"name": "x" * 200 + str(i), "filename": "a.py", "line": 1}]} for i in range(n)]
+    data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+    limits = Limits(string_length=100)
+    if path_kind == "compiled":
+        if compiled_kernel() is None:
+            pytest.skip("numba not installed")
+        assert fast_scan_compiled(data, "p", limits) is False  # steps aside: the exact scan decides
+    elif path_kind == "grammar":
+        assert len(data) > pickle_scan.FULL_SCAN_BYTES
+        assert fast_scan(data, "p", limits) is False
+    with pytest.raises(LimitExceeded, match="SNAPVIZ_MAX_INPUT_STRING"):
+        scan_pickle(data, "p", limits)
+    scan_pickle(data, "p", Limits())  # within the default: accepted
+
+
+def test_huge_counts_are_one_usage_line_without_numpy_warnings(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from paths import ROOT
+
+    (tmp_path / "s.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
+    for args in (["compare", "s.pickle", "s.pickle", "--max-points", "9" * 20], ["analyze", "s.pickle", "--device",
+                                                                                "9" * 20],
+                 ["check", "s.pickle", "--max-peak", "1e99999999GiB"]):
+        p = subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+        assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr

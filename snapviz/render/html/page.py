@@ -23,8 +23,13 @@ from bokeh.resources import INLINE
 from snapviz import __version__
 from snapviz.render.html.bokeh_json import documents_json
 from snapviz.render.html.view_models import SingleRunReport
+from snapviz.safe_text import clean
 
-esc = _html.escape
+
+def esc(text: str, quote: bool = True) -> str:
+    """HTML text of a string: control characters, bidi controls and lone surrogates shown as
+    escapes (the one policy of snapviz.safe_text), then HTML-escaped."""
+    return _html.escape(clean(text), quote=quote)
 
 
 @cache
