@@ -1,8 +1,10 @@
 """Exact replay of the CUDA caching allocator over a snapshot's trace.
 
 Trace entries carry the *requested* size; ``max_memory_allocated`` counts the size of
-the block really handed out. Blocks are rounded (``< 512 -> 512``, else up to a multiple
-of 512) and a cached block is split only when the remainder is big enough (>= 512 in
+the block really handed out. Blocks are rounded as the recorded ``allocator_settings`` say
+(:func:`snapviz.analyses.allocator_rules.round_size`: ``< 512 -> 512``, power-of-two
+divisions where ``roundup_power2_divisions`` asks for them, else up to a multiple of 512)
+and a cached block is split only when the remainder is big enough (>= 512 in
 the small pool or with expandable segments; > 1 MiB in the large pool, and only below
 ``max_split_size``); otherwise the whole cached block is handed out. Since every alloc
 names its address and the allocator always hands out the front of a free block, and
@@ -13,6 +15,13 @@ address to the next allocated-or-pending block of the segment (or the segment's 
 free neighbours of the same segment) at ``free_completed``. ``reserved`` moves with
 ``segment_alloc/free`` and ``segment_map/unmap``. Memory that existed before the history
 began is the end-state ``segments`` minus the trace's net (the *baseline*).
+
+The layout checks each block size: a new block's left neighbour (same segment, nothing
+non-free between) must end exactly at its address. A recorded block proven larger is grown;
+a block from before the window whose free is recorded counts at least what its neighbours
+prove (its size is never taken below that). Where the settings are not recorded (torch
+before 2.3) and the layout or the end state contradicts default rounding, or the settings
+cannot be honoured, the result is marked ``approximate`` with the reason in ``warnings``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.replay_loop import MIN_BLOCK, LoopInput, block_loop
+from snapviz.analyses.allocator_rules import (
+    SMALL_SIZE,
+    AllocatorSettings,
+    round_sizes,
+    settings_from_record,
+)
+from snapviz.analyses.replay_loop import LoopInput, block_loop
 from snapviz.arrays import isin_sorted, unique
 from snapviz.model import (
     A_ALLOC,
@@ -35,13 +50,6 @@ from snapviz.model import (
     A_SEG_UNMAP,
     Snapshot,
 )
-
-
-def round_size(size: int) -> int:
-    """The allocator's ``round_size`` without ``roundup_power2_divisions``."""
-    if size < MIN_BLOCK:
-        return MIN_BLOCK
-    return (size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
 
 
 @dataclass
@@ -64,21 +72,20 @@ class ReplayResult:
     end_state_matches: bool | None  # replayed live set == end-state active blocks (None: no end state)
     truncated: bool
     warnings: list[str] = field(default_factory=list)
+    approximate: bool = False  # the allocator's rules could not be honoured: figures are not exact
+    raised_blocks: int = 0  # blocks from before the window counted above their rounded request
 
     @property
     def allocated(self) -> np.ndarray:
         return self.events["allocated"].to_numpy()
 
 
-def _allocator_options(snap: Snapshot, device: int) -> tuple[bool, int]:
-    s = snap.allocator_settings or {}
-    expandable = bool(s.get("expandable_segments", False))
+def _allocator_options(snap: Snapshot, device: int, settings: AllocatorSettings) -> bool:
+    """Whether the device's segments are expandable (the setting, or the end state says so)."""
     segs = snap.segments
     if len(segs):
-        expandable = expandable or bool(segs.loc[segs["device"] == device, "is_expandable"].any())
-    mss = s.get("max_split_size", -1)
-    max_split = (1 << 62) if (not isinstance(mss, int) or mss <= 0) else int(mss)
-    return expandable, max_split
+        return settings.expandable_segments or bool(segs.loc[segs["device"] == device, "is_expandable"].any())
+    return settings.expandable_segments
 
 
 def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
@@ -88,7 +95,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     actions = ev["action"].to_numpy()
     addrs = ev["addr"].to_numpy()
     sizes = ev["size"].to_numpy()
-    expandable_mode, max_split = _allocator_options(snap, device)
+    settings = settings_from_record(snap.allocator_settings)
+    max_split = settings.max_split_size
+    expandable_mode = _allocator_options(snap, device, settings)
     # segment_map/unmap only exist with expandable segments (settings absent before 2.3)
     expandable_mode = expandable_mode or bool(((actions == A_SEG_MAP) | (actions == A_SEG_UNMAP)).any())
 
@@ -142,6 +151,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             actions=actions,
             addrs=addrs,
             sizes=sizes,
+            rounded=round_sizes(sizes, settings),
             nonfree=nonfree_a.astype(np.int64, copy=False),
             seg_end=seg_end,
             final_live_size=final_live_size,
@@ -173,9 +183,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     baseline_alloc = final_allocated - allocated if len(snap.segments) else 0
     baseline_res = final_reserved - reserved if len(snap.segments) else 0
     warnings: list[str] = []
-    settings = snap.allocator_settings or {}
-    max_entries = settings.get("trace_alloc_max_entries")
-    truncated = bool(settings.get("trace_alloc_overflowed", False)) or (
+    recorded = snap.allocator_settings or {}
+    max_entries = recorded.get("trace_alloc_max_entries")
+    truncated = bool(recorded.get("trace_alloc_overflowed", False)) or (
         isinstance(max_entries, int) and max_entries > 1 and n >= max_entries
     )
     if truncated:
@@ -205,9 +215,11 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     # requested baseline is that, not their block sizes (which would overstate "requested").
     baseline_req = final_requested - int(requested_s[-1]) if n else final_requested
     baseline_req = min(max(baseline_req, 0), baseline_alloc) if len(snap.segments) else 0
-    roundup = settings.get("roundup_power2_divisions")
-    if isinstance(roundup, dict) and any(_nonzero(v) for v in roundup.values()):
-        warnings.append("roundup_power2_divisions is set: block sizes above 512-byte rounding are approximated")
+    if loop.raised:
+        warnings.append(
+            f"{loop.raised:,} blocks allocated before the recording are counted at the size their neighbours "
+            "prove (handed out unsplit), above their rounded request"
+        )
 
     # The live set the replay ends with must be the end-state active blocks.
     end_ok: bool | None = None
@@ -221,6 +233,10 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             warnings.append(
                 _end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans)
             )
+
+    off_rules = _end_state_off_rules(live_end, settings, expandable_mode) if not settings.recorded else 0
+    approx = _approximate_reasons(settings, loop.grown, loop.conflicts, off_rules, end_ok)
+    warnings.extend(approx)
 
     tot_alloc = allocated_s + baseline_alloc
     tot_res = reserved_s + baseline_res
@@ -272,6 +288,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         end_state_matches=end_ok,
         truncated=truncated,
         warnings=warnings,
+        approximate=bool(approx),
+        raised_blocks=loop.raised,
     )
 
 
@@ -293,11 +311,60 @@ def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int],
     )
 
 
-def _nonzero(v: object) -> bool:
-    try:
-        return int(v) > 1  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return False
+def _end_state_off_rules(live_end: pd.DataFrame, settings: AllocatorSettings, expandable: bool) -> int:
+    """End-state live blocks whose size the rules cannot give for their requested size.
+
+    Small-pool blocks and blocks of expandable segments are always exactly the rounded
+    request; a large-pool block is at least that and, below ``max_split_size``, at most
+    1 MiB more (a larger remainder is split off).
+    """
+    if not len(live_end):
+        return 0
+    req = live_end["requested_size"].to_numpy(np.int64)
+    size = live_end["size"].to_numpy(np.int64)
+    known = req > 0
+    r = round_sizes(req, settings)
+    exact = (r <= SMALL_SIZE) | expandable
+    extra = size - r
+    bad = np.where(exact, extra != 0, (extra < 0) | ((r < settings.max_split_size) & (extra > SMALL_SIZE)))
+    return int((bad & known).sum())
+
+
+def _approximate_reasons(
+    settings: AllocatorSettings, grown: int, conflicts: int, off_rules: int, end_ok: bool | None
+) -> list[str]:
+    """Why the replay's block sizes cannot be taken as the allocator's (empty: they can)."""
+    out: list[str] = []
+    if settings.backend != "native":
+        out.append(
+            f"the allocator backend is {settings.backend}, not PyTorch's caching allocator: "
+            "its block sizes follow other rules, so the replayed figures are approximate"
+        )
+    for note in settings.notes:
+        out.append(f"{note}: the replayed figures are approximate")
+    evidence = []
+    if grown:
+        evidence.append(f"{grown:,} blocks end below the next allocation's address")
+    if conflicts:
+        evidence.append(f"{conflicts:,} allocations land inside the block before them")
+    if off_rules:
+        evidence.append(f"{off_rules:,} end-state blocks have sizes the rounding cannot give")
+    if end_ok is False and not settings.recorded:
+        evidence.append("the replay does not reproduce the end state")
+    if evidence and not settings.recorded:
+        out.append(
+            "no allocator settings are recorded (torch before 2.3) and the file contradicts default rounding ("
+            + "; ".join(evidence)
+            + "): PYTORCH_CUDA_ALLOC_CONF probably changed it (roundup_power2_divisions?), "
+            "so the replayed figures are approximate"
+        )
+    elif evidence and (grown or conflicts):
+        out.append(
+            "the file's layout contradicts the recorded allocator settings ("
+            + "; ".join(evidence)
+            + "): the replayed figures are approximate"
+        )
+    return out
 
 
 def live_at(result: ReplayResult, row: int) -> pd.DataFrame:
