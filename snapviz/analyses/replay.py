@@ -168,6 +168,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         loop.free_row,
         loop.alloc_row,
     )
+    short = _grow_to_end_state(actions, addrs, delta, block_size, free_row, final_live_size)
 
     allocated_s = np.cumsum(delta) if n else np.zeros(0, np.int64)
     requested_s = np.cumsum(rdelta) if n else np.zeros(0, np.int64)
@@ -225,6 +226,11 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     end_ok: bool | None = None
     if len(snap.segments) and n:
         replay_live = loop.live
+        if short:  # the loop's live set, with the blocks the end state proved larger
+            replay_live = {
+                **replay_live,
+                **{a: final_live_size[a] for a in replay_live if final_live_size.get(a, 0) > replay_live[a]},
+            }
         if baseline_alloc == 0 and not orphans:
             end_ok = replay_live == final_live_size
         else:
@@ -235,7 +241,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             )
 
     off_rules = _end_state_off_rules(live_end, settings, expandable_mode) if not settings.recorded else 0
-    approx = _approximate_reasons(settings, loop.grown, loop.conflicts, off_rules, end_ok)
+    approx = _approximate_reasons(settings, loop.grown + short, loop.conflicts, off_rules, end_ok)
     warnings.extend(approx)
 
     tot_alloc = allocated_s + baseline_alloc
@@ -311,6 +317,31 @@ def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int],
     )
 
 
+def _grow_to_end_state(
+    actions: np.ndarray,
+    addrs: np.ndarray,
+    delta: np.ndarray,
+    block_size: np.ndarray,
+    free_row: np.ndarray,
+    final_live_size: dict[int, int],
+) -> int:
+    """Recorded blocks never freed whose end-state block is larger count at that size (in place).
+
+    The end state holds the size the allocator handed out; the rules give less only when they
+    are not the run's (e.g. unrecorded settings). Returns how many blocks were grown.
+    """
+    n = len(actions)
+    rows = np.flatnonzero((actions == A_ALLOC) & (free_row == n))
+    if not len(rows) or not final_live_size:
+        return 0
+    end = np.fromiter((final_live_size.get(a, -1) for a in addrs[rows].tolist()), np.int64, len(rows))
+    gap = end - block_size[rows]
+    grow = rows[gap > 0]
+    delta[grow] += gap[gap > 0]
+    block_size[grow] += gap[gap > 0]
+    return len(grow)
+
+
 def _end_state_off_rules(live_end: pd.DataFrame, settings: AllocatorSettings, expandable: bool) -> int:
     """End-state live blocks whose size the rules cannot give for their requested size.
 
@@ -333,36 +364,34 @@ def _end_state_off_rules(live_end: pd.DataFrame, settings: AllocatorSettings, ex
 def _approximate_reasons(
     settings: AllocatorSettings, grown: int, conflicts: int, off_rules: int, end_ok: bool | None
 ) -> list[str]:
-    """Why the replay's block sizes cannot be taken as the allocator's (empty: they can)."""
+    """Why the replay's block sizes cannot be taken as the allocator's (empty: they can).
+
+    Each reason starts with "approximate figures:" so a shortened line still says it.
+    """
     out: list[str] = []
     if settings.backend != "native":
         out.append(
-            f"the allocator backend is {settings.backend}, not PyTorch's caching allocator: "
-            "its block sizes follow other rules, so the replayed figures are approximate"
+            f"approximate figures: the allocator backend is {settings.backend}, "
+            "not the caching allocator whose rules the replay follows"
         )
-    for note in settings.notes:
-        out.append(f"{note}: the replayed figures are approximate")
+    out.extend(f"approximate figures: {note}" for note in settings.notes)
     evidence = []
     if grown:
-        evidence.append(f"{grown:,} blocks end below the next allocation's address")
+        evidence.append(f"{grown:,} blocks end before the next allocation")
     if conflicts:
         evidence.append(f"{conflicts:,} allocations land inside the block before them")
     if off_rules:
-        evidence.append(f"{off_rules:,} end-state blocks have sizes the rounding cannot give")
+        evidence.append(f"{off_rules:,} end-state blocks sized otherwise")
     if end_ok is False and not settings.recorded:
-        evidence.append("the replay does not reproduce the end state")
+        evidence.append("end state not reproduced")
     if evidence and not settings.recorded:
         out.append(
-            "no allocator settings are recorded (torch before 2.3) and the file contradicts default rounding ("
-            + "; ".join(evidence)
-            + "): PYTORCH_CUDA_ALLOC_CONF probably changed it (roundup_power2_divisions?), "
-            "so the replayed figures are approximate"
+            "approximate figures: no allocator settings recorded (torch before 2.3) and the file contradicts "
+            f"default rounding ({'; '.join(evidence)}); PYTORCH_CUDA_ALLOC_CONF probably set roundup_power2_divisions"
         )
     elif evidence and (grown or conflicts):
         out.append(
-            "the file's layout contradicts the recorded allocator settings ("
-            + "; ".join(evidence)
-            + "): the replayed figures are approximate"
+            f"approximate figures: the file's layout contradicts the recorded allocator settings ({'; '.join(evidence)})"
         )
     return out
 

@@ -323,6 +323,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None,
             "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
+            # present only when the allocator's rules could not be honoured (the reason is in warnings)
+            **({"approximate": True} if rep.approximate else {}),
         },
         "history": {
             "events": int(len(ev)),

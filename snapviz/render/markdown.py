@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_where
+from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_bound, fmt_peak_where
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.vocab import BEFORE_RECORDING
 
@@ -167,13 +167,14 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     if picture:
         out += [f"![memory timeline]({quote(picture)})", ""]
     window = " (within the recorded window)" if p.get("within_recorded_window") else ""
-    exact = p.get("exact", True)
+    bound = fmt_peak_bound(p)
+    label = {"": "", "at least ": " (lower bound)", "about ": " (approximate)"}[bound]
     where = md_text(fmt_peak_where(p).strip())
     out += ["| | bytes | |", "|---|---:|---|"]
     if h["events"] or p["allocated_bytes"]:
         out.append(
-            f"| peak allocated{window}{'' if exact else ' (lower bound)'} | {p['allocated_bytes']:,} | "
-            f"**{'' if exact else 'at least '}{fmt_bytes(p['allocated_bytes'])}** {where} |"
+            f"| peak allocated{window}{label} | {p['allocated_bytes']:,} | "
+            f"**{bound}{fmt_bytes(p['allocated_bytes'])}** {where} |"
         )
     else:
         out.append("| peak allocated | not recorded | the input has no memory events |")

@@ -21,6 +21,7 @@ import numpy as np
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
+from snapviz.render.fmt import fmt_peak_bound
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
@@ -75,7 +76,7 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     peak = doc["peak"]
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
     return {
-        "title": f"{_short(an.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
+        "title": f"{_short(an.run.source)}: peak {fmt_peak_bound(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
         f"{fmt_bytes(peak['reserved_bytes'])} reserved" + (f", CUDA OOM ×{len(oom_rows)}" if len(oom_rows) else ""),
         "ooms": {"x": x_all[oom_rows], "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0)},
         "x_label": "time since the first recorded event (s)" if has_time else "event index",

@@ -51,6 +51,7 @@ def test_overall_peaks_match_allocator(sample: tuple) -> None:
         assert doc["peak"]["reserved_bytes"] == truth["max_memory_reserved"], (path.name, device)
         assert doc["history"]["end_state_matches"] is True
         assert doc["history"]["truncated"] is False
+        assert "approximate" not in doc["peak"], doc["warnings"]  # the recorded settings are honoured
 
 
 def test_stage_peaks_match_allocator(sample: tuple) -> None:

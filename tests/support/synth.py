@@ -1163,7 +1163,11 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None) -> S
             raise AssertionError(f"cuda:{device}: the model's segment is {size} bytes, torch's {real_size}")
         return addr
 
-    sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB)
+    # the run's recorded divisions (torch's per-interval map, keys are MiB interval starts)
+    recorded = (snapshot.get("allocator_settings") or {}).get("roundup_power2_divisions")
+    divisions = [int(recorded.get(str(1 << k), 0)) for k in range(16)] if isinstance(recorded, dict) else None
+    sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB,
+              roundup_power2_divisions=divisions)
     for dev, tr in enumerate(traces):
         live: dict[int, Handle] = {}
         in_burst = False

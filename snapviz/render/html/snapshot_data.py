@@ -16,6 +16,7 @@ import pandas as pd
 
 from snapviz.analyses.report_view import ReportView
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
+from snapviz.render.fmt import fmt_peak_bound
 from snapviz.render.html.palette import category_palette, stage_palette
 from snapviz.render.html.stage_data import stage_bands, stage_bars, stage_breakdown, stage_top
 from snapviz.render.html.view_common import (
@@ -171,9 +172,7 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
         where = "before the recorded history began"
     else:
         where = "at the time of the snapshot (no trace history: end state only)"
-    verdict = (
-        f"Peak {fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
-    )
+    verdict = f"Peak {fmt_peak_bound(p)}{fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     lines = []
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
