@@ -32,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.allocator_rules import (
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
     SMALL_SIZE,
     AllocatorSettings,
     round_sizes,
@@ -144,6 +146,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist(), strict=True):
             if a0 not in s_touched_set:
                 seg_end[a0] = a0 + tot
+    rounded = round_sizes(sizes, settings)
     # The loop only decides block sizes and pairs allocs with frees (compiled when numba is
     # installed); the series are cumulative sums of per-event deltas, computed vectorized here.
     loop = block_loop(
@@ -151,7 +154,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             actions=actions,
             addrs=addrs,
             sizes=sizes,
-            rounded=round_sizes(sizes, settings),
+            rounded=rounded,
             nonfree=nonfree_a.astype(np.int64, copy=False),
             seg_end=seg_end,
             final_live_size=final_live_size,
@@ -240,7 +243,10 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
                 _end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans)
             )
 
-    off_rules = _end_state_off_rules(live_end, settings, expandable_mode) if not settings.recorded else 0
+    off_rules = 0
+    if not settings.recorded:
+        off_rules = _end_state_off_rules(live_end, settings, expandable_mode)
+        off_rules += _segments_off_rules(actions, addrs, sizes, rounded)
     approx = _approximate_reasons(settings, loop.grown + short, loop.conflicts, off_rules, end_ok)
     warnings.extend(approx)
 
@@ -342,6 +348,23 @@ def _grow_to_end_state(
     return len(grow)
 
 
+def _segments_off_rules(actions: np.ndarray, addrs: np.ndarray, sizes: np.ndarray, rounded: np.ndarray) -> int:
+    """New segments whose size is not ``allocation_size`` of the request that made them.
+
+    The allocation that needed a new segment is recorded right after its ``segment_alloc``,
+    at the segment's address. Only requests of 10 MiB and more are checked: their segment is
+    the rounded request rounded up to 2 MiB (smaller ones get a configurable 20 MiB).
+    """
+    if len(actions) < 2:
+        return 0
+    i = np.flatnonzero(actions[:-1] == A_SEG_ALLOC)
+    i = i[(actions[i + 1] == A_ALLOC) & (addrs[i + 1] == addrs[i])]
+    r = rounded[i + 1]
+    big = r >= MIN_LARGE_ALLOC
+    want = (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+    return int((big & (sizes[i] != want)).sum())
+
+
 def _end_state_off_rules(live_end: pd.DataFrame, settings: AllocatorSettings, expandable: bool) -> int:
     """End-state live blocks whose size the rules cannot give for their requested size.
 
@@ -381,7 +404,7 @@ def _approximate_reasons(
     if conflicts:
         evidence.append(f"{conflicts:,} allocations land inside the block before them")
     if off_rules:
-        evidence.append(f"{off_rules:,} end-state blocks sized otherwise")
+        evidence.append(f"{off_rules:,} end-state blocks or new segments sized otherwise")
     if end_ok is False and not settings.recorded:
         evidence.append("end state not reproduced")
     if evidence and not settings.recorded:

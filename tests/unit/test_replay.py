@@ -610,3 +610,17 @@ def test_layout_proofs_hold_on_a_third_party_training_snapshot() -> None:
     res = replay_allocator(snap, 0)
     assert not _proof_violations(snap, res)
     assert not res.approximate
+
+
+@pytest.mark.parametrize("divisions, approximate", [(4, True), (None, False)])
+def test_no_settings_new_segment_sized_otherwise_is_approximate(divisions: int | None, approximate: bool) -> None:
+    """Trace only (no end state), no settings: a 17 MiB + 1 B request that got a 20 MiB segment
+    (4 divisions: steps of 4 MiB above 16 MiB) contradicts default rounding (an 18 MiB segment)."""
+    sim = Sim(roundup_power2_divisions=divisions)
+    b = sim.alloc(17 * MiB + 1)
+    assert b.block_size == (20 * MiB if divisions else 18 * MiB)  # an 18 MiB segment, 1 MiB - 512 too little to split
+    d = sim.snapshot(marker=False, settings=False)
+    d["segments"] = []
+    res = replay_allocator(load(d), 0)
+    assert res.approximate is approximate
+    assert any("new segments sized otherwise" in w for w in res.warnings) is approximate
