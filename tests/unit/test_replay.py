@@ -624,3 +624,21 @@ def test_no_settings_new_segment_sized_otherwise_is_approximate(divisions: int |
     res = replay_allocator(load(d), 0)
     assert res.approximate is approximate
     assert any("new segments sized otherwise" in w for w in res.warnings) is approximate
+
+
+def test_allocations_in_an_adjacent_segment_prove_nothing() -> None:
+    """cudaMalloc put a 2 MiB small-pool segment right after a 20 MiB large one (as in
+    cs336_kk_ctx128_fullstep.pickle): allocations in the small segment land past the large
+    block's end, but blocks never span segments, so they prove nothing about it."""
+    sim = Sim(record=False)
+    big = sim.alloc(20 * MiB)                    # a 20 MiB segment, wholly this block
+    first = sim.alloc(1000)                      # the small pool's 2 MiB segment, right after it
+    assert first.addr == big.addr + 20 * MiB, "precondition: the two segments are adjacent"
+    sim.start_recording()
+    lands = sim.alloc(900 * 1024)                # past the large block's end, but in the other segment
+    assert lands.addr - (big.addr + 20 * MiB) == 1024
+    sim.free(big)                                # freed in the window: its size is its rounded request
+    (res,), (t,) = replay_sim(sim)
+    assert res.raised_blocks == 0 and not res.approximate
+    assert res.peak_allocated == t["window_allocated"]
+    assert int(res.events["block_size"].iloc[-1]) == 20 * MiB
