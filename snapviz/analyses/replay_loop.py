@@ -132,11 +132,15 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
             addr = ad[i]
             req = sz[i]
             r = rnd[i]
-            sstart, send = (-1, 0) if expandable_mode else segment(addr)
             k = bisect_right(nonfree, addr)
-            if sstart >= 0 and addr < send and k > 0 and nonfree[k - 1] != addr and nonfree[k - 1] >= sstart:
+            if expandable_mode:
+                sstart, send = -1, 0
+            else:
+                j = bisect_right(seg_starts, addr) - 1
+                sstart = seg_starts[j] if j >= 0 else -1
+                send = seg_end[sstart] if j >= 0 else 0
+            if k > 0 and (p := nonfree[k - 1]) != addr and p >= sstart >= 0 and addr < send:
                 # the left neighbour ends exactly here (fronts of free blocks; free neighbours merge)
-                p = nonfree[k - 1]
                 held = live.get(p)
                 pend = held is None
                 if pend:
