@@ -43,6 +43,7 @@ Examples:
   snapviz collect --pipeline sdxl --model ./my-sdxl-checkpoint -t fp16 -t model-offload
   snapviz collect --pipeline flux-dev --size full --steps 4 -t bf16 -t group-offload,offload-stream
   snapviz collect --pipeline sd35-large --size full -t bf16 -t no-t5 --max-sequence-length 128
+  snapviz collect --pipeline sd15 --size full -t fp16 --alloc-conf expandable_segments:True
 \b
 Writes run.json (stage timeline and allocator peaks), snapshot.pickle (CUDA),
 trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
@@ -94,6 +95,10 @@ trace.json.gz (--profile) and image.png into --out (default runs/<name>-<time>).
 @click.option("--memory-limit-gb", type=click.FloatRange(min=0.1), default=None,
               help="Cap the CUDA caching allocator at this many GiB (act as a smaller GPU; "
                    "the run OOMs and saves its snapshot if it needs more).")
+@click.option("--alloc-conf", metavar="CONF", default=None,
+              help="PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True, "
+                   "max_split_size_mb:64, roundup_power2_divisions:[256:1,512:2,>:4]); set before "
+                   "CUDA starts and recorded in run.json (alloc_conf, allocator.conf).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory to write.")
@@ -110,14 +115,20 @@ def collect(pipeline: str, size: str, max_sequence_length: int | None, offload_b
             model: str | None, device: str, steps: int,
             height: int | None, width: int | None, batch: int, techniques: tuple[str, ...],
             profile: bool | None, profile_scope: str, stacks: str, context: str, max_entries: int,
-            no_history: bool, sync_stages: bool, memory_limit_gb: float | None, seed: int,
-            out: str | None, train: bool, accumulate: int, optimizer: str,
+            no_history: bool, sync_stages: bool, memory_limit_gb: float | None,
+            alloc_conf: str | None, seed: int, out: str | None, train: bool, accumulate: int, optimizer: str,
             lora_rank: int) -> None:
     """Run a diffusion pipeline with stage labels and record its memory.
 
     Stages: load, text_encode, denoise/<i>, vae_decode, other. Each is labelled in the
     CUDA memory history, as a profiler range, and in run.json with the allocator's own peak.
     """
+    from .alloc_conf import apply_alloc_conf
+
+    if alloc_conf is not None and (not alloc_conf.strip() or not alloc_conf.isprintable()):
+        raise OptionError("--alloc-conf needs a PYTORCH_CUDA_ALLOC_CONF string such as "
+                          "expandable_segments:True")
+    apply_alloc_conf(alloc_conf)  # before torch starts CUDA: the allocator reads it once
     try:
         import diffusers  # noqa: F401
         import torch
@@ -137,7 +148,7 @@ def collect(pipeline: str, size: str, max_sequence_length: int | None, offload_b
                              techniques=list(techniques), profile=profile,
                              profile_scope=profile_scope, stacks=stacks, context=context,
                              max_entries=max_entries, history=not no_history, seed=seed,
-                             out=out, memory_limit_gb=memory_limit_gb,
+                             out=out, memory_limit_gb=memory_limit_gb, alloc_conf=alloc_conf,
                              sync_stages=sync_stages, accumulate=accumulate,
                              optimizer=optimizer, lora_rank=lora_rank)
     if accumulate != 1 or optimizer != "adamw" or lora_rank:
@@ -150,8 +161,8 @@ def collect(pipeline: str, size: str, max_sequence_length: int | None, offload_b
                       profile=profile, profile_scope=profile_scope, stacks=stacks,
                       context=context, max_entries=max_entries,
                       history=not no_history, seed=seed, out=out,
-                      memory_limit_gb=memory_limit_gb, sync_stages=sync_stages,
-                      max_sequence_length=max_sequence_length, blocks_per_group=offload_blocks)
+                      memory_limit_gb=memory_limit_gb, alloc_conf=alloc_conf,
+                      sync_stages=sync_stages, max_sequence_length=max_sequence_length, blocks_per_group=offload_blocks)
     try:
         plan = validate(opts)
     except (TechniqueError, ValueError) as err:

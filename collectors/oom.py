@@ -40,11 +40,14 @@ def is_oom(exc: BaseException) -> bool:
 
 def save_on_oom(rec: "Recorder", device: int, alloc: int, device_alloc: int, device_free: int) -> None:
     """Called by the allocator before it raises OutOfMemoryError: save what we have."""
+    # Not every OOM ends the run: PyTorch catches some and goes on (cuDNN retries a convolution
+    # with a smaller workspace), so the run keeps status "ok" until an OOM escapes the recording
+    # (Recorder.__exit__); this saves what a crash would otherwise lose.
     try:
-        rec.status = "oom"
         rec.meta["oom"] = {"device": device, "requested_bytes": alloc,
                            "device_allocated": device_alloc, "device_free": device_free,
                            "stage": rec._current["name"] if rec._current else None}
+        rec.meta["ooms_seen"] = rec.meta.get("ooms_seen", 0) + 1
         if rec.history and not rec._snapshot_dumped:
             torch.cuda.memory._dump_snapshot(str(rec.out_dir / "snapshot.pickle"))
             rec._snapshot_dumped = True

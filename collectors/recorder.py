@@ -46,6 +46,8 @@ def recording_args(o: Any) -> list[str]:
             args += ["--profile-scope", o.profile_scope]
     if o.memory_limit_gb:
         args += ["--memory-limit-gb", f"{o.memory_limit_gb:g}"]
+    if getattr(o, "alloc_conf", None) is not None:
+        args += ["--alloc-conf", o.alloc_conf]
     if o.sync_stages:
         args.append("--sync-stages")
     if o.history:
@@ -190,10 +192,14 @@ class Recorder:
                 shutil.copyfileobj(src, dst)
             raw.unlink()
         final = self._allocator_now()
+        if self.status == "ok" and self.meta.get("oom"):
+            # every OOM was caught and the run went on: the last one is kept as caught_oom
+            self.meta["caught_oom"] = self.meta.pop("oom")
         if self.history:
-            if not self._snapshot_dumped:
-                torch.cuda.memory._dump_snapshot(str(self.out_dir / "snapshot.pickle"))
-                self._snapshot_dumped = True
+            # the OOM observer's dump (at the first OOM, caught or not) only guards against a
+            # crash: this one holds the history up to the end, or up to the OOM that escaped
+            torch.cuda.memory._dump_snapshot(str(self.out_dir / "snapshot.pickle"))
+            self._snapshot_dumped = True
             # disabling clears the ring buffer: only after the dump
             torch.cuda.memory._record_memory_history(enabled=None)
         detach_oom_observer(self)

@@ -14,6 +14,8 @@ import torch
 
 from snapviz.vocab import RUN_SCHEMA
 
+from .alloc_conf import allocator_counters, recorded_alloc_conf
+
 if TYPE_CHECKING:  # the recorder imports this module; the name is for annotations only
     from .recorder import Recorder
 
@@ -70,6 +72,12 @@ def run_info(rec: "Recorder", status: str | None = None) -> dict[str, Any]:
             "final_allocated": prim["final_allocated"],
             "final_reserved": prim["final_reserved"],
             "devices": per_dev,
+            # the settings in force (None: PyTorch's defaults), the cap if any, and the counters
+            "conf": recorded_alloc_conf(),
+            "cap": ({"bytes": rec.meta["memory_limit_bytes"],
+                     "fraction": rec.meta.get("memory_fraction")}
+                    if rec.meta.get("memory_limit_bytes") else None),
+            "stats": allocator_counters(rec.device),
         }
     else:
         info["allocator"] = None

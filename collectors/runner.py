@@ -43,6 +43,7 @@ class RunOptions:
     out: str | None = None
     save_image: bool = True
     memory_limit_gb: float | None = None
+    alloc_conf: str | None = None              # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
     max_sequence_length: int | None = None  # T5 tokens (PixArt, Flux, SD 3.5); None: pipeline's
     blocks_per_group: int = 1               # group-offload: blocks moved together
 
@@ -209,6 +210,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         for d in devices:
             torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), d)
         rec.meta["memory_limit_bytes"] = limit
+        rec.meta["memory_fraction"] = min(1.0, limit / total)
     generator = torch.Generator("cpu").manual_seed(opts.seed)
     image = None
     _tiling_meta(rec, pipe, p)

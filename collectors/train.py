@@ -53,6 +53,7 @@ class TrainOptions:
     sync_stages: bool = False
     out: str | None = None
     memory_limit_gb: float | None = None
+    alloc_conf: str | None = None              # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -203,6 +204,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         limit = int(opts.memory_limit_gb * 1024**3)
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
         rec.meta["memory_limit_bytes"] = limit
+        rec.meta["memory_fraction"] = min(1.0, limit / total)
     with rec:
         # load: weights, conditioning, optimizer (its state is allocated by the first step)
         model.to(device)

@@ -170,3 +170,57 @@ def test_record_api_with_user_pipeline(tmp_path: Path) -> None:
     # hooks are gone: calling again outside the recorder records nothing more
     pipe("a cow", num_inference_steps=1, height=64, width=64)
     assert len(_run_json(tmp_path / "mine")["stages"]) == len(names)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_alloc_conf_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train: bool) -> None:
+    """--alloc-conf sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts; a CPU run has no caching
+    allocator, so there it is only recorded (run.json and the reproducing command)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)  # restored after the test
+    conf = "roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6"
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1", "--alloc-conf", conf,
+                           *(["--train", "--batch", "1"] if train else []))
+    assert result.exit_code == 0, result.output
+    info = _run_json(out)
+    assert info["alloc_conf"] == conf
+    assert info["allocator"] is None  # no caching allocator on the CPU
+    assert f"--alloc-conf '{conf}'" in info["command"]
+
+
+def test_alloc_conf_unset_is_recorded_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1")
+    assert result.exit_code == 0, result.output
+    info = _run_json(out)
+    assert info["alloc_conf"] == "" and "--alloc-conf" not in info["command"]
+
+
+@pytest.mark.parametrize("conf", ["", "  ", "expandable_segments:True\x1b[31m"])
+def test_bad_alloc_conf_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conf: str) -> None:
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--alloc-conf", conf)
+    assert result.exit_code == 2, result.output
+    assert "--alloc-conf" in result.output and not out.exists()
+
+
+def test_caught_oom_does_not_fail_the_run(tmp_path: Path) -> None:
+    """An OOM that PyTorch catches (cuDNN retries with a smaller workspace) fires the OOM observer
+    but the run goes on: run.json says ok and keeps it as caught_oom; one that escapes is the
+    run's failure."""
+    from collectors.oom import save_on_oom
+    from collectors.recorder import Recorder
+
+    rec = Recorder(None, tmp_path / "caught", device="cpu", meta={"pipeline": "none"})
+    with rec:
+        save_on_oom(rec, 0, 270532608, 1 << 30, 0)
+        assert _run_json(tmp_path / "caught")["status"] == "oom"  # what a crash would leave
+    info = _run_json(tmp_path / "caught")
+    assert info["status"] == "ok" and "oom" not in info
+    assert info["caught_oom"]["requested_bytes"] == 270532608 and info["ooms_seen"] == 1
+
+    rec = Recorder(None, tmp_path / "raised", device="cpu", meta={"pipeline": "none"})
+    with pytest.raises(torch.OutOfMemoryError), rec:
+        save_on_oom(rec, 0, 4096, 1 << 30, 0)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 KiB.")
+    info = _run_json(tmp_path / "raised")
+    assert info["status"] == "oom" and info["oom"]["requested_bytes"] == 4096
