@@ -1163,11 +1163,17 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None) -> S
             raise AssertionError(f"cuda:{device}: the model's segment is {size} bytes, torch's {real_size}")
         return addr
 
-    # the run's recorded divisions (torch's per-interval map, keys are MiB interval starts)
-    recorded = (snapshot.get("allocator_settings") or {}).get("roundup_power2_divisions")
+    # the run's recorded settings: divisions (torch's per-interval map, keys are MiB interval
+    # starts) and max_split_size; garbage collection is not modelled
+    settings = snapshot.get("allocator_settings") or {}
+    if float(settings.get("garbage_collection_threshold") or 0) > 0:
+        raise ValueError("garbage_collection_threshold is not modelled")
+    recorded = settings.get("roundup_power2_divisions")
     divisions = [int(recorded.get(str(1 << k), 0)) for k in range(16)] if isinstance(recorded, dict) else None
+    mss = settings.get("max_split_size")
     sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB,
-              roundup_power2_divisions=divisions)
+              roundup_power2_divisions=divisions,
+              max_split_size=int(mss) if isinstance(mss, int) and mss > 0 else None)
     for dev, tr in enumerate(traces):
         live: dict[int, Handle] = {}
         in_burst = False
