@@ -230,12 +230,15 @@ def main() -> int:
     s = Session(a.out, a.deadline)
     total = a.device_total
     if total is None:
-        import torch  # only the card's size; CUDA is not started here (no allocator in this process)
+        import torch  # only the card's size: this process allocates nothing on the GPU
 
         total = (torch.cuda.get_device_properties(0).total_memory
                  if torch.cuda.is_available() else 150 << 30)
     only = {n for n in a.only.split(",") if n}
-    want = (lambda n: not only or n in only)
+
+    def want(name: str) -> bool:
+        return not only or name in only
+
     first = {n: c for n, c in jobs_first(a.out).items() if want(n)}
     pool = ThreadPoolExecutor(max_workers=32)
     futures = []

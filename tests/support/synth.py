@@ -1145,13 +1145,15 @@ def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: 
     return sim
 
 
-def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None) -> Sim:
+def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
+                     max_split_size: int | None = None) -> Sim:
     """Re-run a real snapshot's history through the model: only the *requests* (alloc
     sizes and streams, frees, ``empty_cache`` bursts) and cudaMalloc's addresses go in;
     block sizes, splits, reuse, placement and the trace come out of the model, so they
     can be checked against what torch recorded. Needs a complete, non-expandable history
     whose frees complete at once (no ``record_stream``). ``capacity``: the memory limit the
-    run had (``set_per_process_memory_fraction``), so the model runs out where torch did."""
+    run had (``set_per_process_memory_fraction``), so the model runs out where torch did;
+    ``max_split_size``: the run's ``max_split_size_mb`` in bytes (None: unlimited)."""
     traces = snapshot.get("device_traces") or []
     pending: dict[int, list[tuple[int, int]]] = {d: [] for d in range(len(traces))}
 
@@ -1163,17 +1165,18 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None) -> S
             raise AssertionError(f"cuda:{device}: the model's segment is {size} bytes, torch's {real_size}")
         return addr
 
-    # the run's recorded settings: divisions (torch's per-interval map, keys are MiB interval
-    # starts) and max_split_size; garbage collection is not modelled
+    # the run's recorded divisions (torch's per-interval map, keys are MiB interval starts) and,
+    # unless given, its max_split_size; garbage collection is not modelled
     settings = snapshot.get("allocator_settings") or {}
     if float(settings.get("garbage_collection_threshold") or 0) > 0:
         raise ValueError("garbage_collection_threshold is not modelled")
     recorded = settings.get("roundup_power2_divisions")
     divisions = [int(recorded.get(str(1 << k), 0)) for k in range(16)] if isinstance(recorded, dict) else None
     mss = settings.get("max_split_size")
+    if max_split_size is None and isinstance(mss, int) and 0 < mss < 1 << 62:
+        max_split_size = mss
     sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB,
-              roundup_power2_divisions=divisions,
-              max_split_size=int(mss) if isinstance(mss, int) and mss > 0 else None)
+              max_split_size=max_split_size, roundup_power2_divisions=divisions)
     for dev, tr in enumerate(traces):
         live: dict[int, Handle] = {}
         in_burst = False

@@ -90,8 +90,12 @@ def test_oracle_reproduces_real_torch_snapshots(path: str) -> None:
     real = safe_load_pickle(path)
     run = json.loads((Path(path).parent / "run.json").read_text())
     try:
+        # the cap and max_split_size the run had (collectors: memory_limit_bytes; scripts that
+        # are not ours: allocator.cap); the model reads the recorded roundup_power2_divisions itself
         cap = run.get("memory_limit_bytes") or ((run.get("allocator") or {}).get("cap") or {}).get("bytes")
-        sim = synth.drive_with_trace(real, capacity=cap)
+        split = (real.get("allocator_settings") or {}).get("max_split_size", -1)
+        max_split = int(split) if isinstance(split, int) and 0 < split < 1 << 62 else None
+        sim = synth.drive_with_trace(real, capacity=cap, max_split_size=max_split)
     except ValueError as exc:
         pytest.skip(str(exc))
     model = sim.snapshot(marker=False)
