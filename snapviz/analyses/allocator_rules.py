@@ -33,6 +33,9 @@ MB = 1 << 20
 ROUNDUP_INTERVALS = 16  # kRoundUpPowerOfTwoIntervals: 1 MiB .. 64 GiB, one per power of two
 ROUNDUP_FIRST_LOG2 = 20  # log2(kRoundUpPowerOfTwoStart = 1 MiB)
 NO_LIMIT = (1 << 63) - 1  # max_split_size unset (SIZE_MAX in torch; kept inside int64 for numpy/numba)
+# Division counts are kept at most this (a count that large leaves every real size at 512-byte
+# rounding anyway), so a file's absurd value cannot overflow the int64 table.
+MAX_DIVISIONS = 1 << 32
 
 _KNOWN_KEYS = frozenset(
     {
@@ -251,7 +254,7 @@ def parse_roundup_divisions(tokens: list[str], i: int) -> tuple[tuple[int, ...],
         value = _uint(tokens[i], "roundup_power2_divisions")
         if not _is_pow2(value):
             raise ValueError("roundup_power2_divisions: the divisions have to be a power of 2")
-        return (value,) * ROUNDUP_INTERVALS, i
+        return (min(value, MAX_DIVISIONS),) * ROUNDUP_INTERVALS, i
     first, last_index = True, 0
     i += 1
     while i < len(tokens) and tokens[i] != "]":
@@ -261,6 +264,7 @@ def parse_roundup_divisions(tokens: list[str], i: int) -> tuple[tuple[int, ...],
         value = _uint(tokens[i + 2], "roundup_power2_divisions")
         if value != 0 and not _is_pow2(value):
             raise ValueError("roundup_power2_divisions: the divisions have to be a power of 2 or 0")
+        value = min(value, MAX_DIVISIONS)
         if key == ">":
             for k in range(last_index + 1, ROUNDUP_INTERVALS):
                 table[k] = value
@@ -354,22 +358,26 @@ def _int_or_none(v: object) -> int | None:
     return None
 
 
+def _clamp_divisions(d: int) -> int:
+    return min(max(d, 0), MAX_DIVISIONS)
+
+
 def _divisions_from_record(v: object) -> tuple[tuple[int, ...] | None, str | None]:
     """A recorded ``roundup_power2_divisions``: a map of MiB interval starts, a list of 16, or one number."""
     one = _int_or_none(v)
     if one is not None:
-        return (max(one, 0),) * ROUNDUP_INTERVALS, None
+        return (_clamp_divisions(one),) * ROUNDUP_INTERVALS, None
     if isinstance(v, (list, tuple)) and len(v) == ROUNDUP_INTERVALS:
         vals = [_int_or_none(x) for x in v]
         if all(x is not None for x in vals):
-            return tuple(max(x or 0, 0) for x in vals), None
+            return tuple(_clamp_divisions(x or 0) for x in vals), None
     if isinstance(v, Mapping):
         table = [0] * ROUNDUP_INTERVALS
         for k, val in v.items():
             mib, d = _int_or_none(k), _int_or_none(val)
             if mib is None or d is None or not _is_pow2(mib):
                 return None, "roundup_power2_divisions is recorded in a form snapviz does not read"
-            table[min(_log2_floor(mib), ROUNDUP_INTERVALS - 1)] = max(d, 0)
+            table[min(_log2_floor(mib), ROUNDUP_INTERVALS - 1)] = _clamp_divisions(d)
         return tuple(table), None
     return None, "roundup_power2_divisions is recorded in a form snapviz does not read"
 

@@ -1,8 +1,10 @@
 """Exact replay of the CUDA caching allocator over a snapshot's trace.
 
 Trace entries carry the *requested* size; ``max_memory_allocated`` counts the size of
-the block really handed out. Blocks are rounded (``< 512 -> 512``, else up to a multiple
-of 512) and a cached block is split only when the remainder is big enough (>= 512 in
+the block really handed out. Blocks are rounded as the recorded ``allocator_settings`` say
+(:func:`snapviz.analyses.allocator_rules.round_size`: ``< 512 -> 512``, power-of-two
+divisions where ``roundup_power2_divisions`` asks for them, else up to a multiple of 512)
+and a cached block is split only when the remainder is big enough (>= 512 in
 the small pool or with expandable segments; > 1 MiB in the large pool, and only below
 ``max_split_size``); otherwise the whole cached block is handed out. Since every alloc
 names its address and the allocator always hands out the front of a free block, and
@@ -13,6 +15,13 @@ address to the next allocated-or-pending block of the segment (or the segment's 
 free neighbours of the same segment) at ``free_completed``. ``reserved`` moves with
 ``segment_alloc/free`` and ``segment_map/unmap``. Memory that existed before the history
 began is the end-state ``segments`` minus the trace's net (the *baseline*).
+
+The layout checks each block size: a new block's left neighbour (same segment, nothing
+non-free between) must end exactly at its address. A recorded block proven larger is grown;
+a block from before the window whose free is recorded counts at least what its neighbours
+prove (its size is never taken below that). Where the settings are not recorded (torch
+before 2.3) and the layout or the end state contradicts default rounding, or the settings
+cannot be honoured, the result is marked ``approximate`` with the reason in ``warnings``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.replay_loop import MIN_BLOCK, LoopInput, block_loop
+from snapviz.analyses.allocator_rules import (
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_SIZE,
+    AllocatorSettings,
+    round_sizes,
+    settings_from_record,
+)
+from snapviz.analyses.replay_loop import LoopInput, block_loop
 from snapviz.arrays import isin_sorted, unique
 from snapviz.model import (
     A_ALLOC,
@@ -35,13 +52,6 @@ from snapviz.model import (
     A_SEG_UNMAP,
     Snapshot,
 )
-
-
-def round_size(size: int) -> int:
-    """The allocator's ``round_size`` without ``roundup_power2_divisions``."""
-    if size < MIN_BLOCK:
-        return MIN_BLOCK
-    return (size + MIN_BLOCK - 1) // MIN_BLOCK * MIN_BLOCK
 
 
 @dataclass
@@ -64,6 +74,8 @@ class ReplayResult:
     end_state_matches: bool | None  # replayed live set == end-state active blocks (None: no end state)
     truncated: bool
     warnings: list[str] = field(default_factory=list)
+    approximate: bool = False  # the allocator's rules could not be honoured: figures are not exact
+    raised_blocks: int = 0  # blocks from before the window counted above their rounded request
 
     @property
     def allocated(self) -> np.ndarray:
@@ -77,16 +89,13 @@ class ReplayResult:
         )
 
 
-def allocator_options(snap: Snapshot, device: int) -> tuple[bool, int]:
-    """(expandable segments, max_split_size) of ``device``, from the settings and its segments."""
-    s = snap.allocator_settings or {}
-    expandable = bool(s.get("expandable_segments", False))
+def expandable_segments(snap: Snapshot, device: int, settings: AllocatorSettings | None = None) -> bool:
+    """Whether the device's segments are expandable (the setting, or the end state says so)."""
+    settings = settings if settings is not None else settings_from_record(snap.allocator_settings)
     segs = snap.segments
     if len(segs):
-        expandable = expandable or bool(segs.loc[segs["device"] == device, "is_expandable"].any())
-    mss = s.get("max_split_size", -1)
-    max_split = (1 << 62) if (not isinstance(mss, int) or mss <= 0) else int(mss)
-    return expandable, max_split
+        return settings.expandable_segments or bool(segs.loc[segs["device"] == device, "is_expandable"].any())
+    return settings.expandable_segments
 
 
 def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
@@ -96,7 +105,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     actions = ev["action"].to_numpy()
     addrs = ev["addr"].to_numpy()
     sizes = ev["size"].to_numpy()
-    expandable_mode, max_split = allocator_options(snap, device)
+    settings = settings_from_record(snap.allocator_settings)
+    max_split = settings.max_split_size
+    expandable_mode = expandable_segments(snap, device, settings)
     # segment_map/unmap only exist with expandable segments (settings absent before 2.3)
     expandable_mode = expandable_mode or bool(((actions == A_SEG_MAP) | (actions == A_SEG_UNMAP)).any())
 
@@ -143,6 +154,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         for a0, tot in zip(dev_segs["address"].tolist(), dev_segs["total_size"].tolist(), strict=True):
             if a0 not in s_touched_set:
                 seg_end[a0] = a0 + tot
+    rounded = round_sizes(sizes, settings)
     # The loop only decides block sizes and pairs allocs with frees (compiled when numba is
     # installed); the series are cumulative sums of per-event deltas, computed vectorized here.
     loop = block_loop(
@@ -150,6 +162,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             actions=actions,
             addrs=addrs,
             sizes=sizes,
+            rounded=rounded,
             nonfree=nonfree_a.astype(np.int64, copy=False),
             seg_end=seg_end,
             final_live_size=final_live_size,
@@ -166,6 +179,7 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         loop.free_row,
         loop.alloc_row,
     )
+    short = _grow_to_end_state(actions, addrs, delta, block_size, free_row, final_live_size)
 
     allocated_s = np.cumsum(delta) if n else np.zeros(0, np.int64)
     requested_s = np.cumsum(rdelta) if n else np.zeros(0, np.int64)
@@ -181,9 +195,9 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     baseline_alloc = final_allocated - allocated if len(snap.segments) else 0
     baseline_res = final_reserved - reserved if len(snap.segments) else 0
     warnings: list[str] = []
-    settings = snap.allocator_settings or {}
-    max_entries = settings.get("trace_alloc_max_entries")
-    truncated = bool(settings.get("trace_alloc_overflowed", False)) or (
+    recorded = snap.allocator_settings or {}
+    max_entries = recorded.get("trace_alloc_max_entries")
+    truncated = bool(recorded.get("trace_alloc_overflowed", False)) or (
         isinstance(max_entries, int) and max_entries > 1 and n >= max_entries
     )
     if truncated:
@@ -213,14 +227,21 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
     # requested baseline is that, not their block sizes (which would overstate "requested").
     baseline_req = final_requested - int(requested_s[-1]) if n else final_requested
     baseline_req = min(max(baseline_req, 0), baseline_alloc) if len(snap.segments) else 0
-    roundup = settings.get("roundup_power2_divisions")
-    if isinstance(roundup, dict) and any(_nonzero(v) for v in roundup.values()):
-        warnings.append("roundup_power2_divisions is set: block sizes above 512-byte rounding are approximated")
+    if loop.raised:
+        warnings.append(
+            f"{loop.raised:,} blocks allocated before the recording are counted at the size their neighbours "
+            "prove (handed out unsplit), above their rounded request"
+        )
 
     # The live set the replay ends with must be the end-state active blocks.
     end_ok: bool | None = None
     if len(snap.segments) and n:
         replay_live = loop.live
+        if short:  # the loop's live set, with the blocks the end state proved larger
+            replay_live = {
+                **replay_live,
+                **{a: final_live_size[a] for a in replay_live if final_live_size.get(a, 0) > replay_live[a]},
+            }
         if baseline_alloc == 0 and not orphans:
             end_ok = replay_live == final_live_size
         else:
@@ -229,6 +250,13 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
             warnings.append(
                 _end_state_difference(replay_live, final_live_size, complete=baseline_alloc == 0 and not orphans)
             )
+
+    off_rules = 0
+    if not settings.recorded:
+        off_rules = _end_state_off_rules(live_end, settings, expandable_mode)
+        off_rules += _segments_off_rules(actions, addrs, sizes, rounded)
+    approx = _approximate_reasons(settings, loop.grown + short, loop.conflicts, off_rules, end_ok)
+    warnings.extend(approx)
 
     tot_alloc = allocated_s + baseline_alloc
     tot_res = reserved_s + baseline_res
@@ -280,6 +308,8 @@ def replay_allocator(snap: Snapshot, device: int) -> ReplayResult:
         end_state_matches=end_ok,
         truncated=truncated,
         warnings=warnings,
+        approximate=bool(approx),
+        raised_blocks=loop.raised,
     )
 
 
@@ -301,11 +331,100 @@ def _end_state_difference(replay_live: dict[int, int], end_live: dict[int, int],
     )
 
 
-def _nonzero(v: object) -> bool:
-    try:
-        return int(v) > 1  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return False
+def _grow_to_end_state(
+    actions: np.ndarray,
+    addrs: np.ndarray,
+    delta: np.ndarray,
+    block_size: np.ndarray,
+    free_row: np.ndarray,
+    final_live_size: dict[int, int],
+) -> int:
+    """Recorded blocks never freed whose end-state block is larger count at that size (in place).
+
+    The end state holds the size the allocator handed out; the rules give less only when they
+    are not the run's (e.g. unrecorded settings). Returns how many blocks were grown.
+    """
+    n = len(actions)
+    rows = np.flatnonzero((actions == A_ALLOC) & (free_row == n))
+    if not len(rows) or not final_live_size:
+        return 0
+    end = np.fromiter((final_live_size.get(a, -1) for a in addrs[rows].tolist()), np.int64, len(rows))
+    gap = end - block_size[rows]
+    grow = rows[gap > 0]
+    delta[grow] += gap[gap > 0]
+    block_size[grow] += gap[gap > 0]
+    return len(grow)
+
+
+def _segments_off_rules(actions: np.ndarray, addrs: np.ndarray, sizes: np.ndarray, rounded: np.ndarray) -> int:
+    """New segments whose size is not ``allocation_size`` of the request that made them.
+
+    The allocation that needed a new segment is recorded right after its ``segment_alloc``,
+    at the segment's address. Only requests of 10 MiB and more are checked: their segment is
+    the rounded request rounded up to 2 MiB (smaller ones get a configurable 20 MiB).
+    """
+    if len(actions) < 2:
+        return 0
+    i = np.flatnonzero(actions[:-1] == A_SEG_ALLOC)
+    i = i[(actions[i + 1] == A_ALLOC) & (addrs[i + 1] == addrs[i])]
+    r = rounded[i + 1]
+    big = r >= MIN_LARGE_ALLOC
+    want = (r + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+    return int((big & (sizes[i] != want)).sum())
+
+
+def _end_state_off_rules(live_end: pd.DataFrame, settings: AllocatorSettings, expandable: bool) -> int:
+    """End-state live blocks whose size the rules cannot give for their requested size.
+
+    Small-pool blocks and blocks of expandable segments are always exactly the rounded
+    request; a large-pool block is at least that and, below ``max_split_size``, at most
+    1 MiB more (a larger remainder is split off).
+    """
+    if not len(live_end):
+        return 0
+    req = live_end["requested_size"].to_numpy(np.int64)
+    size = live_end["size"].to_numpy(np.int64)
+    known = req > 0
+    r = round_sizes(req, settings)
+    exact = (r <= SMALL_SIZE) | expandable
+    extra = size - r
+    bad = np.where(exact, extra != 0, (extra < 0) | ((r < settings.max_split_size) & (extra > SMALL_SIZE)))
+    return int((bad & known).sum())
+
+
+def _approximate_reasons(
+    settings: AllocatorSettings, grown: int, conflicts: int, off_rules: int, end_ok: bool | None
+) -> list[str]:
+    """Why the replay's block sizes cannot be taken as the allocator's (empty: they can).
+
+    Each reason starts with "approximate figures:" so a shortened line still says it.
+    """
+    out: list[str] = []
+    if settings.backend != "native":
+        out.append(
+            f"approximate figures: the allocator backend is {settings.backend}, "
+            "not the caching allocator whose rules the replay follows"
+        )
+    out.extend(f"approximate figures: {note}" for note in settings.notes)
+    evidence = []
+    if grown:
+        evidence.append(f"{grown:,} blocks end before the next allocation")
+    if conflicts:
+        evidence.append(f"{conflicts:,} allocations land inside the block before them")
+    if off_rules:
+        evidence.append(f"{off_rules:,} end-state blocks or new segments sized otherwise")
+    if end_ok is False and not settings.recorded:
+        evidence.append("end state not reproduced")
+    if evidence and not settings.recorded:
+        out.append(
+            "approximate figures: no allocator settings recorded (torch before 2.3) and the file contradicts "
+            f"default rounding ({'; '.join(evidence)}); PYTORCH_CUDA_ALLOC_CONF probably set roundup_power2_divisions"
+        )
+    elif evidence and (grown or conflicts):
+        out.append(
+            f"approximate figures: the file's layout contradicts the recorded allocator settings ({'; '.join(evidence)})"
+        )
+    return out
 
 
 def live_at(result: ReplayResult, row: int) -> pd.DataFrame:

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.allocator_rules import MIN_BLOCK_SIZE as MIN_BLOCK
+from snapviz.analyses.allocator_rules import SMALL_SIZE
 from snapviz.arrays import unique
 from snapviz.compiled import njit_cached, readonly
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
-MIN_BLOCK = 512
-SMALL_SIZE = 1 << 20  # requests up to 1 MiB go to the small pool
+__all__ = ["MIN_BLOCK", "SMALL_SIZE", "LoopInput", "LoopResult", "block_loop"]
 # Below this many events the reference is used even when numba is installed: importing
 # numba and loading the cached kernel takes about a second, more than the reference's loop.
 COMPILED_MIN_EVENTS = 200_000
@@ -47,6 +48,9 @@ class LoopResult:
     orphans: int  # frees of blocks never allocated in the window
     unknown: int  # allocs whose cached block was not known
     live: dict[int, int]  # addr -> block size, live at the end
+    grown: int  # recorded blocks the next allocation proved larger than the rules gave (then grown)
+    conflicts: int  # allocations landing inside the block the replay gave their neighbour
+    raised: int  # blocks from before the window whose size the layout proved above the rounded request
 
 
 @dataclass
@@ -56,6 +60,7 @@ class LoopInput:
     actions: np.ndarray  # int8 action codes
     addrs: np.ndarray  # int64
     sizes: np.ndarray  # int64
+    rounded: np.ndarray  # int64: round_size of each event's size under the recorded settings
     nonfree: np.ndarray  # int64, sorted and distinct: blocks live or pending when the window began
     seg_end: dict[int, int]  # segment start -> end, for segments existing at the start
     final_live_size: dict[int, int]  # end-state active blocks: addr -> size
@@ -78,7 +83,16 @@ def compiled_kernel() -> Callable[..., Any] | None:
 
 
 def block_loop_reference(inp: LoopInput) -> LoopResult:
-    """The reference: plain Python over lists, dicts and bisect."""
+    """The reference: plain Python over lists, dicts and bisect.
+
+    Besides the rules of :mod:`snapviz.analyses.replay`, each allocation is checked against
+    its left neighbour (outside expandable segments): the allocator hands out the front of
+    a free block and free neighbours merge, so the non-free block just below the new one
+    (same segment, nothing non-free between) ends exactly at the new address. A recorded
+    block that ends below it was handed out larger (unsplit, or rounded otherwise) and is
+    grown to that size (``grown``); one that ends above it is a ``conflict``. A block from
+    before the window gets the distance as a lower bound, used when its free is recorded.
+    """
     actions = inp.actions
     n = len(actions)
     nonfree = inp.nonfree.tolist()
@@ -87,15 +101,17 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
     final_live_size, expandable_mode, max_split = inp.final_live_size, inp.expandable, inp.max_split
     live: dict[int, tuple[int, int, int]] = {}  # addr -> (block size, requested, alloc row)
     pending: dict[int, tuple[int, int, int]] = {}
+    pre_lb: dict[int, int] = {}  # block from before the window -> least size its right neighbour proves
     delta = [0] * n
     rdelta = [0] * n
     block_size = [0] * n
     free_row = [n] * n
     alloc_row = [-1] * n
-    orphans = unknown = 0
+    orphans = unknown = grown = conflicts = raised = 0
     acts = actions.tolist()
     ad = inp.addrs.tolist()
     sz = inp.sizes.tolist()
+    rnd = inp.rounded.tolist()
     bisect_right, insort = bisect.bisect_right, bisect.insort
 
     def release(addr: int) -> None:
@@ -103,19 +119,53 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
         if j < len(nonfree) and nonfree[j] == addr:
             del nonfree[j]
 
+    def segment(addr: int) -> tuple[int, int]:
+        """(start, end) of the known segment holding ``addr``; (-1, 0) when none."""
+        j = bisect_right(seg_starts, addr) - 1
+        if j < 0:
+            return -1, 0
+        return seg_starts[j], seg_end[seg_starts[j]]
+
     for i in np.flatnonzero((actions <= A_SEG_UNMAP) | (actions == A_FREE)).tolist():
         a = acts[i]
         if a == A_ALLOC:
             addr = ad[i]
             req = sz[i]
-            r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
+            r = rnd[i]
+            k = bisect_right(nonfree, addr)
+            if expandable_mode:
+                sstart, send = -1, 0
+            else:
+                j = bisect_right(seg_starts, addr) - 1
+                sstart = seg_starts[j] if j >= 0 else -1
+                send = seg_end[sstart] if j >= 0 else 0
+            if k > 0 and (p := nonfree[k - 1]) != addr and p >= sstart >= 0 and addr < send:
+                # the left neighbour ends exactly here (fronts of free blocks; free neighbours merge)
+                held = live.get(p)
+                pend = held is None
+                if pend:
+                    held = pending.get(p)
+                if held is not None and held[2] >= 0:
+                    gap = addr - p - held[0]
+                    if gap > 0:
+                        grown += 1
+                        row = held[2]
+                        delta[row] += gap
+                        block_size[row] += gap
+                        if pend:
+                            pending[p] = (held[0] + gap, held[1], row)
+                            delta[free_row[row]] -= gap
+                            block_size[free_row[row]] += gap
+                        else:
+                            live[p] = (held[0] + gap, held[1], row)
+                    elif gap < 0:
+                        conflicts += 1
+                elif held is None and addr - p > pre_lb.get(p, 0):
+                    pre_lb[p] = addr - p
             if r <= SMALL_SIZE or expandable_mode:
                 # remainders are multiples of 512, so ">= 512 splits" always hands out r
                 bsize = r
             else:
-                j = bisect_right(seg_starts, addr) - 1
-                send = seg_end[seg_starts[j]] if j >= 0 else 0
-                k = bisect_right(nonfree, addr)
                 end_ = min(nonfree[k], send) if k < len(nonfree) else send
                 if addr >= send or end_ - addr < r or (k > 0 and nonfree[k - 1] == addr):
                     bsize = final_live_size.get(addr, r)  # inconsistent history
@@ -134,7 +184,20 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
             b = live.pop(addr, None)
             if b is None:
                 orphans += 1
-                b = (MIN_BLOCK if sz[i] < MIN_BLOCK else (sz[i] + 511) // 512 * 512, sz[i], -1)
+                r = rnd[i]
+                bs = max(r, pre_lb.pop(addr, 0))
+                if r > SMALL_SIZE and not expandable_mode:
+                    # no large-pool block is 1 MiB or smaller: a gap that small up to the next
+                    # non-free block belongs to this one (handed out unsplit)
+                    sstart, send = segment(addr)
+                    k = bisect_right(nonfree, addr)
+                    end_ = min(nonfree[k], send) if k < len(nonfree) else send
+                    if sstart >= 0 and addr < send and k > 0 and nonfree[k - 1] == addr:
+                        if r <= end_ - addr <= r + SMALL_SIZE and end_ - addr > bs:
+                            bs = end_ - addr
+                if bs > r:
+                    raised += 1
+                b = (bs, sz[i], -1)
             else:
                 free_row[b[2]] = i
                 alloc_row[i] = b[2]
@@ -180,6 +243,9 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
         orphans=orphans,
         unknown=unknown,
         live={a: b[0] for a, b in live.items()},
+        grown=grown,
+        conflicts=conflicts,
+        raised=raised,
     )
 
 
@@ -206,6 +272,7 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
             readonly(inp.actions.astype(np.int8, copy=False)),  # the model's dtypes already: no copies
             readonly(inp.addrs.astype(np.int64, copy=False)),
             readonly(inp.sizes.astype(np.int64, copy=False)),
+            readonly(inp.rounded.astype(np.int64, copy=False)),
             codes.astype(np.int64, copy=False),
             uniq,
             np.searchsorted(uniq, inp.nonfree),
@@ -216,7 +283,7 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
             inp.max_split,
             inp.has_free_done,
         )
-    delta, rdelta, block_size, free_row, alloc_row, live_code, live_bsize, orphans, unknown = out
+    delta, rdelta, block_size, free_row, alloc_row, live_code, live_bsize, counts = out
     live = dict(zip(uniq[live_code].tolist(), live_bsize.tolist(), strict=True))
     assert len(delta) == n
     return LoopResult(
@@ -225,9 +292,12 @@ def block_loop_compiled(inp: LoopInput) -> LoopResult:
         block_size=block_size,
         free_row=free_row,
         alloc_row=alloc_row,
-        orphans=int(orphans),
-        unknown=int(unknown),
+        orphans=int(counts[0]),
+        unknown=int(counts[1]),
         live=live,
+        grown=int(counts[2]),
+        conflicts=int(counts[3]),
+        raised=int(counts[4]),
     )
 
 
@@ -235,6 +305,7 @@ def _kernel_py(
     acts: np.ndarray,
     ad: np.ndarray,
     sz: np.ndarray,
+    rnd: np.ndarray,
     code: np.ndarray,
     uniq: np.ndarray,
     nonfree0: np.ndarray,
@@ -259,6 +330,7 @@ def _kernel_py(
     pend_row = np.full(n_codes, -1, np.int64)
     pend_b = np.zeros(n_codes, np.int64)
     pend_r = np.zeros(n_codes, np.int64)
+    pre_lb = np.zeros(n_codes, np.int64)  # blocks from before the window: least size proven
     # The reference's sorted multiset of non-free addresses, by code (codes sort as addresses
     # do): a count per code and a bitmap of codes with a non-zero count, for successor queries.
     count = np.zeros(n_codes, np.int64)
@@ -277,18 +349,63 @@ def _kernel_py(
     ends[:ns] = seg_ends0
     orphans = 0
     unknown = 0
+    grown = 0
+    conflicts = 0
+    raised = 0
     for i in range(n):
         a = acts[i]
         if a == A_ALLOC:
             addr = ad[i]
             req = sz[i]
             c = code[i]
-            r = MIN_BLOCK if req < MIN_BLOCK else (req + 511) // 512 * 512
+            r = rnd[i]
+            j = np.searchsorted(starts[:ns], addr, side="right") - 1
+            sstart = starts[j] if j >= 0 else -1
+            send = ends[j] if j >= 0 else 0
+            if not expandable and j >= 0 and addr < send and count[c] == 0 and c > 0:
+                # the previous non-free code below c, among the codes at or above the segment's start
+                lo = np.searchsorted(uniq, sstart, side="left")
+                prv = -1
+                if c - 1 >= lo:
+                    w = (c - 1) >> 6
+                    sh = np.uint64((c - 1) & 63)
+                    word = bits[w] & ((np.uint64(1) << sh) | ((np.uint64(1) << sh) - np.uint64(1)))
+                    while True:
+                        if word != 0:
+                            b = 63
+                            while (word >> np.uint64(b)) & np.uint64(1) == 0:
+                                b -= 1
+                            prv = (w << 6) + b
+                            prv = prv if prv >= lo else -1
+                            break
+                        if w <= lo >> 6:
+                            break
+                        w -= 1
+                        word = bits[w]
+                if prv >= 0:
+                    p = uniq[prv]
+                    if live_row[prv] >= 0 or pend_row[prv] >= 0:
+                        is_pend = live_row[prv] < 0
+                        held = pend_b[prv] if is_pend else live_b[prv]
+                        row = pend_row[prv] if is_pend else live_row[prv]
+                        gap = addr - p - held
+                        if gap > 0:
+                            grown += 1
+                            delta[row] += gap
+                            block_size[row] += gap
+                            if is_pend:
+                                pend_b[prv] += gap
+                                delta[free_row[row]] -= gap
+                                block_size[free_row[row]] += gap
+                            else:
+                                live_b[prv] += gap
+                        elif gap < 0:
+                            conflicts += 1
+                    elif pend_row[prv] == -1 and addr - p > pre_lb[prv]:
+                        pre_lb[prv] = addr - p
             if r <= SMALL_SIZE or expandable:
                 bsize = r
             else:
-                j = np.searchsorted(starts[:ns], addr, side="right") - 1
-                send = ends[j] if j >= 0 else 0
                 # the next non-free code after c among the addresses below the segment's end
                 hi = np.searchsorted(uniq, send, side="left")
                 nxt = -1
@@ -328,7 +445,36 @@ def _kernel_py(
             c = code[i]
             if live_row[c] < 0:
                 orphans += 1
-                bb = MIN_BLOCK if sz[i] < MIN_BLOCK else (sz[i] + 511) // 512 * 512
+                r = rnd[i]
+                bb = max(r, pre_lb[c])
+                pre_lb[c] = 0
+                if r > SMALL_SIZE and not expandable and count[c] > 0:
+                    addr = ad[i]
+                    j = np.searchsorted(starts[:ns], addr, side="right") - 1
+                    send = ends[j] if j >= 0 else 0
+                    if j >= 0 and addr < send:
+                        hi = np.searchsorted(uniq, send, side="left")
+                        nxt = -1
+                        if c + 1 < hi:
+                            w = (c + 1) >> 6
+                            word = bits[w] & ~((np.uint64(1) << np.uint64((c + 1) & 63)) - np.uint64(1))
+                            while True:
+                                if word != 0:
+                                    b = 0
+                                    while (word >> np.uint64(b)) & np.uint64(1) == 0:
+                                        b += 1
+                                    nxt = (w << 6) + b
+                                    nxt = nxt if nxt < hi else -1
+                                    break
+                                w += 1
+                                if w > (hi - 1) >> 6:
+                                    break
+                                word = bits[w]
+                        end_ = min(uniq[nxt], send) if nxt >= 0 else send
+                        if r <= end_ - addr <= r + SMALL_SIZE and end_ - addr > bb:
+                            bb = end_ - addr
+                if bb > r:
+                    raised += 1
                 br = sz[i]
                 brow = -1
             else:
@@ -386,4 +532,5 @@ def _kernel_py(
                     ends[m] = ends[m + 1]
                 ns -= 1
     live_code = np.flatnonzero(live_row >= 0)
-    return delta, rdelta, block_size, free_row, alloc_row, live_code, live_b[live_code], orphans, unknown
+    counts = np.array([orphans, unknown, grown, conflicts, raised], np.int64)
+    return delta, rdelta, block_size, free_row, alloc_row, live_code, live_b[live_code], counts

@@ -24,7 +24,7 @@ from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
 from snapviz.analyses.not_recorded import empty_snapshot_note
 from snapviz.analyses.oom import oom_devices, oom_lines, oom_report, oom_rows, pick_advice, run_json_oom
-from snapviz.analyses.replay import ReplayResult, allocator_options, replay_allocator
+from snapviz.analyses.replay import ReplayResult, expandable_segments, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
@@ -221,7 +221,7 @@ def analyze_run(
         warnings.append(
             f"CUDA out of memory on cuda:{elsewhere[0]}, not on the device shown: --device {elsewhere[0]} explains it"
         )
-    oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, allocator_options(snap, dev)[0])
+    oom = oom_report(snap, rep, labels.labels, sites, oom_cats, run.run_json, expandable_segments(snap, dev))
     dp = pd.DataFrame(
         [
             {
@@ -392,6 +392,8 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
             "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None,
             "stage": an.peak_stage,
             "within_recorded_window": bool(rep.truncated),
+            # present only when the allocator's rules could not be honoured (the reason is in warnings)
+            **({"approximate": True} if rep.approximate else {}),
         },
         "history": {
             "events": int(len(ev)),

@@ -7,7 +7,15 @@ from typing import Any
 from snapviz.units import fmt_bytes, fmt_delta
 from snapviz.vocab import BEFORE_RECORDING, END_STATE
 
-__all__ = ["fmt_bytes", "fmt_delta", "fmt_device", "fmt_peak_where", "fmt_peak_allocated", "fmt_report_kind"]
+__all__ = [
+    "fmt_bytes",
+    "fmt_delta",
+    "fmt_device",
+    "fmt_peak_where",
+    "fmt_peak_allocated",
+    "fmt_peak_bound",
+    "fmt_report_kind",
+]
 
 CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
 
@@ -54,10 +62,17 @@ def fmt_peak_where(peak: dict[str, Any]) -> str:
     return (f" in {stage}" if stage else "") + f" at event {idx:,}"
 
 
+def fmt_peak_bound(peak: dict[str, Any]) -> str:
+    """The peak's qualifier, worded once for every sink: ``""`` (exact), ``"at least "`` (a lower
+    bound) or ``"about "`` (approximate: the allocator's rules could not be honoured)."""
+    if not peak.get("exact", True):
+        return "at least "
+    return "about " if peak.get("approximate") else ""
+
+
 def fmt_peak_allocated(peak: dict[str, Any], events: int) -> str:
-    """The peak as a sentence fragment: exact, a lower bound, or not recorded."""
+    """The peak as a sentence fragment: exact, a lower bound, approximate, or not recorded."""
     if not events and not peak.get("allocated_bytes"):
         return "not recorded (the input has no memory events)"
     a = int(peak["allocated_bytes"])
-    bound = "" if peak.get("exact", True) else "at least "
-    return f"{bound}{fmt_bytes(a)} ({a:,} B)"
+    return f"{fmt_peak_bound(peak)}{fmt_bytes(a)} ({a:,} B)"

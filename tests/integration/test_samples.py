@@ -26,6 +26,14 @@ def test_samples_present() -> None:
     assert len(SAMPLES) >= 2, "real GPU samples are missing from sample_snapshots/"
 
 
+def test_samples_cover_both_roundup_forms() -> None:
+    """Issue 28: runs under roundup_power2_divisions, one number and per interval, are among the
+    samples whose replayed peaks must equal the allocator's (test_overall_peaks_match_allocator)."""
+    confs = [json.loads((p / "run.json").read_text()).get("alloc_conf") or "" for p in SAMPLES]
+    assert any(c.startswith("roundup_power2_divisions:") and c[len("roundup_power2_divisions:"):].isdigit() for c in confs)
+    assert any(c.startswith("roundup_power2_divisions:[") for c in confs)
+
+
 @pytest.fixture(scope="module", params=SAMPLES, ids=_ids)
 def sample(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, list]:
     run = load(str(request.param))
@@ -51,6 +59,7 @@ def test_overall_peaks_match_allocator(sample: tuple) -> None:
         assert doc["peak"]["reserved_bytes"] == truth["max_memory_reserved"], (path.name, device)
         assert doc["history"]["end_state_matches"] is True
         assert doc["history"]["truncated"] is False
+        assert "approximate" not in doc["peak"], doc["warnings"]  # the recorded settings are honoured
 
 
 def test_stage_peaks_match_allocator(sample: tuple) -> None:

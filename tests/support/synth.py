@@ -10,7 +10,11 @@ sees the allocator's real state (linked blocks, pools, events, expandable segmen
 
 What is modelled (see c10/cuda/CUDACachingAllocator.cpp):
 
-* ``round_size``: ``< 512 -> 512``, else up to a multiple of 512.
+* ``round_size``: ``< 512 -> 512``; with ``roundup_power2_divisions`` giving d > 1 for
+  the request's power-of-two interval (intervals: 1 MiB, 2 MiB, ... 32 GiB; smaller
+  sizes use the first, larger the last) and size > 512 * d, up to the next of d equal
+  steps between the surrounding powers of two (a power of two stays); else up to a
+  multiple of 512.
 * pools: rounded size ``<= 1 MiB`` -> small pool (2 MiB ``cudaMalloc``), else large
   pool (``< 10 MiB`` -> 20 MiB segment, else rounded up to 2 MiB).
 * best fit: the smallest free block ``>= size`` of the same pool *and stream*, ties by
@@ -66,9 +70,42 @@ SIZE_MAX = (1 << 64) - 1
 SIDE_STREAMS = (225574976, 94324237402112, 94324237426688)  # raw cudaStream_t values
 
 
-def round_size(size: int) -> int:
+def divisions_table(setting: int | dict[int, int] | list[int] | None) -> list[int]:
+    """16 division counts, one per power-of-two interval starting at 1 MiB.
+
+    ``setting``: one number for every interval, a list of 16, or ``{MiB start: d}`` read as
+    torch reads ``[256:1,512:2]``: the first interval named also sets every interval below
+    it; intervals after it that are not named keep 0.
+    """
+    if setting is None:
+        return [0] * 16
+    if isinstance(setting, int):
+        return [setting] * 16
+    if isinstance(setting, list):
+        assert len(setting) == 16
+        return list(setting)
+    table = [0] * 16
+    for n, (mib, d) in enumerate(setting.items()):
+        idx = min(int(mib).bit_length() - 1, 15)
+        if n == 0:
+            table[:idx] = [d] * idx
+        table[idx] = d
+    return table
+
+
+def round_size(size: int, divisions: list[int] | None = None) -> int:
     if size < kMinBlockSize:
         return kMinBlockSize
+    if divisions:
+        octave = size.bit_length() - 1  # 2**octave <= size < 2**(octave + 1)
+        d = divisions[max(0, min(octave - 20, 15))]
+        if d > 1 and size > kMinBlockSize * d:
+            if size == 1 << octave:
+                return size
+            step = (1 << octave) // (1 << (d.bit_length() - 1))
+            if step == 0:
+                return 1 << (octave + 1)
+            return -(-size // step) * step
     return kMinBlockSize * ((size + kMinBlockSize - 1) // kMinBlockSize)
 
 
@@ -296,7 +333,8 @@ class Sim:
                  max_split_size: int | None = None, record: bool = True, max_entries: int | None = None,
                  context: str | None = "all", event_delay: tuple[int, int] = (1, 6), seed: int = 0,
                  segment_gap: int = 0, start_time_us: int = 1_796_003_367_980_133,
-                 cuda_malloc: Any = None) -> None:
+                 cuda_malloc: Any = None, roundup_power2_divisions: int | dict[int, int] | list[int] | None = None
+                 ) -> None:
         self.rng = random.Random(seed)
         # ``cuda_malloc(device, size) -> address``: where cudaMalloc puts a segment (default:
         # first fit in a synthetic address space). Replaying a real trace passes the real ones.
@@ -304,6 +342,8 @@ class Sim:
         self.expandable = expandable
         self.max_split = SIZE_MAX if not max_split_size else int(max_split_size)
         self.max_non_split_rounding = kLargeBuffer
+        self.roundup_setting = roundup_power2_divisions
+        self.divisions = divisions_table(roundup_power2_divisions)
         self.context = context
         self.recording = False
         self.max_entries = None
@@ -446,8 +486,8 @@ class Sim:
             if e.action == "alloc":
                 seen.add(e.addr)
             elif e.action == "free_requested":
-                if e.addr not in seen and e.block_size != round_size(e.size):
-                    out.append((i, e.block_size - round_size(e.size)))
+                if e.addr not in seen and e.block_size != round_size(e.size, self.divisions):
+                    out.append((i, e.block_size - round_size(e.size, self.divisions)))
                 seen.discard(e.addr)
         return out
 
@@ -565,6 +605,11 @@ class Sim:
             conf.append("expandable_segments:True")
         if self.max_split != SIZE_MAX:
             conf.append(f"max_split_size_mb:{self.max_split // MiB}")
+        rs = self.roundup_setting
+        if isinstance(rs, int):
+            conf.append(f"roundup_power2_divisions:{rs}")
+        elif isinstance(rs, dict):
+            conf.append("roundup_power2_divisions:[" + ",".join(f"{k}:{v}" for k, v in rs.items()) + "]")
         s: dict[str, Any] = {
             "PYTORCH_CUDA_ALLOC_CONF": ",".join(conf),
             "max_split_size": -1 if self.max_split == SIZE_MAX else self.max_split,
@@ -574,7 +619,7 @@ class Sim:
             "release_lock_on_cudamalloc": False,
             "pinned_use_cuda_host_register": False,
             "graph_capture_record_stream_reuse": False,
-            "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
+            "roundup_power2_divisions": {str(1 << i): self.divisions[i] for i in range(16)},
         }
         if self.max_entries is not None:
             s["trace_alloc_max_entries"] = self.max_entries
@@ -643,7 +688,7 @@ class Sim:
     def _malloc(self, dev: _Device, orig_size: int, stream: int, ctx: list[dict[str, Any]] | None) -> _Block:
         self.n_malloc += 1
         self._process_events(dev, ctx)
-        size = round_size(orig_size)
+        size = round_size(orig_size, self.divisions)
         pool = dev.small if size <= kSmallSize else dev.large
         alloc_size = allocation_size(size)
         block = self._get_free_block(pool, size, stream)
@@ -1025,7 +1070,7 @@ def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: 
                     max_entries: int | None = None, record_from: float = 0.0, capacity: int = 140 * GiB,
                     budget: int = 24 * GiB, max_split_size: int | None = None, attention: bool = True,
                     context: str | None = "all", cpp_frames: bool = False, segment_gap: int = 0,
-                    oom: bool = False) -> Sim:
+                    oom: bool = False, roundup_power2_divisions: int | dict[int, int] | None = None) -> Sim:
     """Run a diffusion-like random workload and return the model (call ``.snapshot()``).
 
     ``record_from``: fraction of the ops after which recording starts (and peaks are
@@ -1034,7 +1079,8 @@ def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: 
     """
     rng = random.Random(seed * 7919 + 17)
     sim = Sim(devices=devices, capacity=capacity, expandable=expandable, max_split_size=max_split_size,
-              record=record_from <= 0, max_entries=max_entries, context=context, seed=seed, segment_gap=segment_gap)
+              record=record_from <= 0, max_entries=max_entries, context=context, seed=seed, segment_gap=segment_gap,
+              roundup_power2_divisions=roundup_power2_divisions)
     stream_ids = [0, *SIDE_STREAMS][:max(1, streams)]
     sites = [make_frames(f"op{i}", f"/work/models/unet_{i % 5}.py", 10 + i, depth=rng.randint(1, 5), cpp=cpp_frames)
              for i in range(24)]
@@ -1119,8 +1165,18 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
             raise AssertionError(f"cuda:{device}: the model's segment is {size} bytes, torch's {real_size}")
         return addr
 
+    # the run's recorded divisions (torch's per-interval map, keys are MiB interval starts) and,
+    # unless given, its max_split_size; garbage collection is not modelled
+    settings = snapshot.get("allocator_settings") or {}
+    if float(settings.get("garbage_collection_threshold") or 0) > 0:
+        raise ValueError("garbage_collection_threshold is not modelled")
+    recorded = settings.get("roundup_power2_divisions")
+    divisions = [int(recorded.get(str(1 << k), 0)) for k in range(16)] if isinstance(recorded, dict) else None
+    mss = settings.get("max_split_size")
+    if max_split_size is None and isinstance(mss, int) and 0 < mss < 1 << 62:
+        max_split_size = mss
     sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB,
-              max_split_size=max_split_size)
+              max_split_size=max_split_size, roundup_power2_divisions=divisions)
     for dev, tr in enumerate(traces):
         live: dict[int, Handle] = {}
         in_burst = False

@@ -215,3 +215,19 @@ def test_pool_segment_and_split_rules() -> None:
     assert ar.may_take_cached(70 * ar.MB, 89 * ar.MB, ms)
     assert not ar.may_take_cached(70 * ar.MB, 90 * ar.MB, ms)  # request + 20 MiB
     assert ar.may_take_cached(32 * ar.MB, 40 * ar.MB, d) and not ar.may_take_cached(32 * ar.MB, 31 * ar.MB, d)
+
+
+def test_absurd_recorded_values_do_not_break_the_rules() -> None:
+    """A hostile or corrupt allocator_settings: huge, negative or non-numeric values."""
+    s = ar.settings_from_record(
+        {"roundup_power2_divisions": {"1": 10**30, "2": -4, "4": "x"}, "max_split_size": 10**40}
+    )
+    assert s.notes  # the non-numeric entry is said, not guessed
+    s = ar.settings_from_record({"roundup_power2_divisions": {"1": 10**30, "2": -4}, "max_split_size": 10**40})
+    assert max(s.roundup_divisions) <= ar.MAX_DIVISIONS and min(s.roundup_divisions) >= 0
+    assert s.max_split_size == ar.NO_LIMIT
+    sizes = np.array([0, 1, 513, 1 << 20, (1 << 40) + 1], dtype=np.int64)
+    assert ar.round_sizes(sizes, s).tolist() == [ar.round_size(int(x), s) for x in sizes]
+    big = ar.parse_alloc_conf(f"roundup_power2_divisions:{1 << 80}")
+    assert big.roundup_divisions[0] == ar.MAX_DIVISIONS
+    assert ar.round_sizes(sizes, big).tolist() == [ar.round_size(int(x), big) for x in sizes]

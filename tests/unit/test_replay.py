@@ -20,7 +20,7 @@ from synth import GiB, MiB, Sim, random_workload, round_size
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.load.safe_pickle import safe_load_pickle
 from snapviz.load.snapshot import snapshot_from_dict
-from snapviz.model import A_ALLOC, A_FREE_REQ, Snapshot
+from snapviz.model import A_ALLOC, A_FREE_REQ, A_SNAPSHOT, Snapshot
 from paths import ROOT
 
 
@@ -91,7 +91,7 @@ def test_oracle_reproduces_real_torch_snapshots(path: str) -> None:
     run = json.loads((Path(path).parent / "run.json").read_text())
     try:
         # the cap and max_split_size the run had (collectors: memory_limit_bytes; scripts that
-        # are not ours: allocator.cap); the model knows no other setting
+        # are not ours: allocator.cap); the model reads the recorded roundup_power2_divisions itself
         cap = run.get("memory_limit_bytes") or ((run.get("allocator") or {}).get("cap") or {}).get("bytes")
         split = (real.get("allocator_settings") or {}).get("max_split_size", -1)
         max_split = int(split) if isinstance(split, int) and 0 < split < 1 << 62 else None
@@ -122,7 +122,9 @@ def test_oracle_reproduces_real_torch_snapshots(path: str) -> None:
         if real["device_traces"][dev]:
             res = replay_allocator(snap, dev)
             assert (res.peak_allocated, res.peak_reserved) == (sim.peak_allocated(dev), sim.peak_reserved(dev))
-            np.testing.assert_array_equal(res.events["allocated"].to_numpy(), sim.trace_series(dev)[0])
+            # a ``snapshot`` marker in the real trace (a dump taken mid-run) is no allocator event
+            kept = res.events["action"].to_numpy() != A_SNAPSHOT
+            np.testing.assert_array_equal(res.events["allocated"].to_numpy()[kept], sim.trace_series(dev)[0])
 
 
 # ---------------------------------------------------------------- random workloads, exact
@@ -422,3 +424,228 @@ def test_wrong_rule_would_be_caught() -> None:
     wrong_block = 14 * MiB  # what a ">=" rule would hand out
     assert t["peak_allocated"] != 5 * MiB + wrong_block
     assert res.peak_allocated == t["peak_allocated"]
+
+
+# ---------------------------------------------------------------- roundup_power2_divisions
+
+ROUNDUPS: list[Any] = [4, {256: 1, 512: 2, 1024: 4}, {1: 8, 64: 2}, 16]
+
+
+@pytest.mark.parametrize("roundup", ROUNDUPS, ids=["4", "per-interval", "small-8", "16"])
+@pytest.mark.parametrize("kw", [{}, {"streams": 2, "delayed_frees": True}, {"expandable": True},
+                                {"max_split_size": 40 * MiB, "capacity": 5 * GiB, "budget": 8 * GiB, "oom": True}],
+                         ids=["plain", "delayed", "expandable", "max_split"])
+def test_roundup_power2_divisions_exact(roundup: Any, kw: dict[str, Any]) -> None:
+    """Under ``roundup_power2_divisions`` (one number or per interval) the replay is exact."""
+    sim = random_workload(1400 + len(str(roundup)) + len(kw), 1200, roundup_power2_divisions=roundup, **kw)
+    (res,), (t,) = replay_sim(sim)
+    assert_exact(res, t)
+    assert not res.approximate
+    assert not any("approximat" in w for w in res.warnings)
+
+
+def test_roundup_handed_out_blocks_are_the_divisions() -> None:
+    """By hand: 5 MiB + 1 B with 4 divisions is a 6 MiB block (steps of 1 MiB above 4 MiB)."""
+    sim = Sim(roundup_power2_divisions=4)
+    b = sim.alloc(5 * MiB + 1)
+    assert b.block_size == 6 * MiB
+    (res,), (t,) = replay_sim(sim)
+    assert_exact(res, t)
+    assert int(res.events["block_size"].iloc[-1]) == 6 * MiB
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_roundup_rule_matters(seed: int) -> None:
+    """Guard for the guards: the same run with its recorded divisions erased is not exact, and
+    says so (the layout contradicts the settings) instead of claiming a match."""
+    sim = random_workload(1450 + seed, 1200, roundup_power2_divisions=4, expandable=True)
+    d = sim.snapshot(marker=False)
+    d["allocator_settings"]["roundup_power2_divisions"] = {str(1 << k): 0 for k in range(16)}
+    d["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    res = replay_allocator(load(d), 0)
+    assert res.peak_allocated != sim.peak_allocated(0)
+    sim2 = random_workload(1450 + seed, 1200, roundup_power2_divisions=4)
+    d2 = sim2.snapshot(marker=False)
+    d2["allocator_settings"]["roundup_power2_divisions"] = {str(1 << k): 0 for k in range(16)}
+    d2["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = ""
+    res2 = replay_allocator(load(d2), 0)
+    assert res2.approximate and any(w.startswith("approximate figures: the file's layout contradicts") for w in res2.warnings)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kw", [{}, {"expandable": True}, {"record_from": 0.4}])
+def test_no_settings_contradicting_default_rounding_is_approximate(seed: int, kw: dict[str, Any]) -> None:
+    """A snapshot without ``allocator_settings`` (torch < 2.3) from a run that rounded by
+    divisions: reported approximate with the reason, never as exact; a run with default
+    rounding and no settings is not."""
+    sim = random_workload(1500 + seed, 1200, roundup_power2_divisions=4, **kw)
+    res = replay_allocator(load(sim.snapshot(marker=False, settings=False)), 0)
+    assert res.approximate
+    assert any(w.startswith("approximate figures: no allocator settings recorded") for w in res.warnings)
+    # sizes the layout and the end state prove are used: the figure is never above the allocator's
+    # and never below what the file proves
+    assert res.peak_allocated <= sim.window_peaks(0)[0]
+    assert not _proof_violations(load(sim.snapshot(marker=False, settings=False)), res)
+    plain = random_workload(1500 + seed, 1200, **kw)
+    res_plain = replay_allocator(load(plain.snapshot(marker=False, settings=False)), 0)
+    assert not res_plain.approximate
+    assert res_plain.peak_allocated == plain.window_peaks(0)[0]
+
+
+# ---------------------------------------------------------------- what the layout proves
+
+def _proof_violations(snap: Snapshot, res: ReplayResult) -> list[str]:
+    """Independently of the replay's loop: the allocator hands out the front of a free block
+    and free neighbours merge, so a block whose right neighbour (same segment, nothing
+    non-free between) is allocated at ``b`` is at least ``b - start``. Every block size the
+    replay gives (recorded, or of a block from before the window freed in it) must be at
+    least that. Outside expandable segments only."""
+    if (snap.allocator_settings or {}).get("expandable_segments") or bool(snap.segments["is_expandable"].any()):
+        return []
+    ev = res.events
+    dev = res.device
+    segs = snap.segments[snap.segments["device"] == dev]
+    seg = {int(a): int(a) + int(s) for a, s in zip(segs["address"], segs["total_size"])}
+    acts, addrs, sizes = ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist()
+    bsz, arow = ev["block_size"].tolist(), ev["alloc_row"].tolist()
+    from snapviz.model import A_FREE, A_FREE_DONE, A_SEG_ALLOC, A_SEG_FREE
+    for a, ad, sz in zip(acts, addrs, sizes):  # segments freed in the window existed before it
+        if a == A_SEG_FREE and ad not in seg:
+            seg[ad] = ad + sz
+    blocks = snap.blocks[(snap.blocks["device"] == dev) & (snap.blocks["state"] != "inactive")]
+    touched = set(addrs)
+    size_of: dict[int, int | None] = {int(a): int(s) for a, s in zip(blocks["address"], blocks["size"]) if a not in touched}
+    first: dict[int, int] = {}
+    for a, ad in zip(acts, addrs):
+        if a in (A_ALLOC, A_FREE_REQ, A_FREE, A_FREE_DONE):
+            first.setdefault(ad, a)
+    for ad, a in first.items():
+        if a != A_ALLOC:
+            size_of[ad] = None  # from before the window, freed in it: size unknown until its free
+    has_done = A_FREE_DONE in acts
+    lb: dict[int, int] = {}
+    out: list[str] = []
+    for i, (a, ad, sz) in enumerate(zip(acts, addrs, sizes)):
+        if a == A_SEG_ALLOC:
+            seg[ad] = ad + sz
+        elif a == A_SEG_FREE:
+            seg.pop(ad, None)
+        elif a == A_ALLOC:
+            starts = [s for s in seg if s <= ad < seg[s]]
+            if starts:
+                left = [p for p in size_of if starts[0] <= p < ad]
+                if left:
+                    p = max(left)
+                    s = size_of[p]
+                    if s is None:
+                        lb[p] = max(lb.get(p, 0), ad - p)
+                    elif p + s < ad:
+                        out.append(f"row {i}: block at {p} is {s} B but the next allocation proves {ad - p}")
+            size_of[ad] = bsz[i]
+        elif a in (A_FREE_REQ, A_FREE) and ad in size_of:
+            if arow[i] < 0 and bsz[i] < lb.get(ad, 0):
+                out.append(f"row {i}: pre-window block at {ad} counted {bsz[i]} B, its neighbours prove {lb[ad]}")
+            if a == A_FREE or not has_done:
+                size_of.pop(ad, None)
+        elif a == A_FREE_DONE:
+            size_of.pop(ad, None)
+    return out
+
+
+def test_preexisting_unsplit_block_sized_by_the_gap_to_its_neighbour() -> None:
+    """A block from before the recording, handed out unsplit (1 MiB left over), freed in the
+    window: no large-pool block is 1 MiB or smaller, so the gap to the segment's end is its."""
+    sim = Sim(record=False)
+    a = sim.alloc(5 * MiB)                 # 20 MiB segment: [a 5 | 15 free]
+    p = sim.alloc(14 * MiB)                # the 15 MiB tail, unsplit
+    assert p.block_size == 15 * MiB
+    sim.start_recording()
+    z = sim.alloc(30 * MiB)                # the peak: a + p + z
+    sim.free(p)
+    (res,), (t,) = replay_sim(sim)
+    assert res.baseline_allocated == a.block_size + p.block_size
+    assert res.peak_allocated == t["window_allocated"] == 5 * MiB + 15 * MiB + z.block_size
+    assert res.raised_blocks == 1 and any("neighbours" in w for w in res.warnings)
+    assert not _proof_violations(load(sim.snapshot(marker=False)), res)
+
+
+def test_preexisting_unsplit_block_sized_by_a_later_allocation() -> None:
+    """A block from before the recording, unsplit; in the window an allocation lands 1 MiB
+    past its rounded end and is freed again before the block is: the replay counts the
+    block at the size that allocation proves, never the rounded request."""
+    sim = Sim(record=False)
+    x = sim.alloc(40 * MiB)
+    sim.free(x)                            # a cached 40 MiB segment
+    a = sim.alloc(15 * MiB)                # [a 15 | 25 free]
+    b = sim.alloc(25 * MiB)                # [a 15 | b 25]
+    sim.free(a)                            # [15 free | b 25]
+    p = sim.alloc(14 * MiB)                # the 15 MiB block, 1 MiB left over: unsplit
+    sim.free(b)                            # [p 15 | 25 free]
+    assert p.block_size == 15 * MiB and p.addr == x.addr
+    sim.start_recording()
+    c = sim.alloc(10 * MiB)                # lands at p + 15 MiB: one MiB past p's rounded end
+    assert c.addr == p.addr + 15 * MiB
+    sim.free(c)
+    sim.free(p)                            # the gap to the next block is 25 MiB: only c proved p's size
+    (res,), (t,) = replay_sim(sim)
+    assert res.peak_allocated == t["window_allocated"] == 15 * MiB + 10 * MiB
+    assert res.baseline_allocated == 15 * MiB
+    assert res.raised_blocks == 1
+    assert not _proof_violations(load(sim.snapshot(marker=False)), res)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kw", [{"record_from": 0.4}, {"max_entries": 700, "delayed_frees": True},
+                                {"record_from": 0.3, "roundup_power2_divisions": 4}])
+def test_replay_never_below_what_the_layout_proves(seed: int, kw: dict[str, Any]) -> None:
+    sim = random_workload(1600 + seed, 1500, **kw)
+    (res,), (t,) = replay_sim(sim)
+    assert not _proof_violations(load(sim.snapshot(marker=False)), res)
+    slack = sum(x for _, x in t["missized"])
+    assert t["window_allocated"] - slack <= res.peak_allocated <= t["peak_allocated"]
+
+
+
+def test_layout_proofs_hold_on_a_third_party_training_snapshot() -> None:
+    """Issue 21: a third-party training step recorded after its weights were allocated."""
+    from paths import EXTERNAL
+
+    path = EXTERNAL / "cs336_kk_ctx128_fullstep.pickle"
+    if not path.exists():
+        pytest.skip("../shared/external/cs336_kk_ctx128_fullstep.pickle is not beside the checkout")
+    snap = load(safe_load_pickle(str(path)))
+    res = replay_allocator(snap, 0)
+    assert not _proof_violations(snap, res)
+    assert not res.approximate
+
+
+@pytest.mark.parametrize("divisions, approximate", [(4, True), (None, False)])
+def test_no_settings_new_segment_sized_otherwise_is_approximate(divisions: int | None, approximate: bool) -> None:
+    """Trace only (no end state), no settings: a 17 MiB + 1 B request that got a 20 MiB segment
+    (4 divisions: steps of 4 MiB above 16 MiB) contradicts default rounding (an 18 MiB segment)."""
+    sim = Sim(roundup_power2_divisions=divisions)
+    b = sim.alloc(17 * MiB + 1)
+    assert b.block_size == (20 * MiB if divisions else 18 * MiB)  # an 18 MiB segment, 1 MiB - 512 too little to split
+    d = sim.snapshot(marker=False, settings=False)
+    d["segments"] = []
+    res = replay_allocator(load(d), 0)
+    assert res.approximate is approximate
+    assert any("new segments sized otherwise" in w for w in res.warnings) is approximate
+
+
+def test_allocations_in_an_adjacent_segment_prove_nothing() -> None:
+    """cudaMalloc put a 2 MiB small-pool segment right after a 20 MiB large one (as in
+    cs336_kk_ctx128_fullstep.pickle): allocations in the small segment land past the large
+    block's end, but blocks never span segments, so they prove nothing about it."""
+    sim = Sim(record=False)
+    big = sim.alloc(20 * MiB)                    # a 20 MiB segment, wholly this block
+    first = sim.alloc(1000)                      # the small pool's 2 MiB segment, right after it
+    assert first.addr == big.addr + 20 * MiB, "precondition: the two segments are adjacent"
+    sim.start_recording()
+    lands = sim.alloc(900 * 1024)                # past the large block's end, but in the other segment
+    assert lands.addr - (big.addr + 20 * MiB) == 1024
+    sim.free(big)                                # freed in the window: its size is its rounded request
+    (res,), (t,) = replay_sim(sim)
+    assert res.raised_blocks == 0 and not res.approximate
+    assert res.peak_allocated == t["window_allocated"]
+    assert int(res.events["block_size"].iloc[-1]) == 20 * MiB

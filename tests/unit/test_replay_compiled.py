@@ -33,7 +33,13 @@ def assert_same(ref: LoopResult, fast: LoopResult) -> None:
         a, b = getattr(ref, name), getattr(fast, name)
         assert a.dtype == b.dtype == np.int64, name
         np.testing.assert_array_equal(a, b, err_msg=name)
-    assert (ref.orphans, ref.unknown) == (fast.orphans, fast.unknown)
+    assert (ref.orphans, ref.unknown, ref.grown, ref.conflicts, ref.raised) == (
+        fast.orphans,
+        fast.unknown,
+        fast.grown,
+        fast.conflicts,
+        fast.raised,
+    )
     assert ref.live == fast.live
 
 
@@ -79,6 +85,8 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "mid_run_delayed": {"record_from": 0.4, "delayed_frees": True, "streams": 2},
     "truncated": {"max_entries": 700, "delayed_frees": True},
     "truncated_expandable": {"max_entries": 700, "expandable": True},
+    "roundup": {"roundup_power2_divisions": 4, "streams": 2, "delayed_frees": True},
+    "roundup_per_interval": {"roundup_power2_divisions": {1: 8, 64: 2, 512: 4}, "record_from": 0.4},
 }
 
 
@@ -87,6 +95,27 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 def test_compiled_equals_reference_on_oracle_workloads(kind: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     sim = random_workload(3000 + 31 * seed + len(kind), 1500, **WORKLOADS[kind])
     assert replay_both(sim.snapshot(marker=False), monkeypatch) >= 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("kw", [{}, {"record_from": 0.4, "delayed_frees": True, "streams": 2}])
+def test_compiled_equals_reference_when_the_layout_corrects_sizes(
+    seed: int, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Settings not recorded, the run rounded with 4 divisions: blocks are grown by their
+    neighbours' addresses and pre-window blocks raised, in both loops alike."""
+    sim = random_workload(3100 + seed, 1500, roundup_power2_divisions=4, **kw)
+    calls: list[tuple[int, int, int]] = []
+
+    def both(inp: LoopInput) -> LoopResult:
+        ref = block_loop_reference(inp)
+        assert_same(ref, block_loop_compiled(inp))
+        calls.append((ref.grown, ref.conflicts, ref.raised))
+        return ref
+
+    monkeypatch.setattr(replay_mod, "block_loop", both)
+    replay_mod.replay_allocator(snapshot_from_dict(sim.snapshot(marker=False, settings=False), source="<t>"), 0)
+    assert calls and calls[0][0] > 0  # the growing path ran
 
 
 def test_compiled_equals_reference_on_an_inconsistent_history(monkeypatch: pytest.MonkeyPatch) -> None:

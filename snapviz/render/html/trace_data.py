@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.render.fmt import fmt_peak_bound
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.snapshot_data import MAX_ATTENTION_ROWS
 from snapviz.render.html.stage_data import band_alpha
@@ -141,15 +142,13 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
     )
     window = " (within the recorded window only)" if peak_doc.get("within_recorded_window") else ""
     when = f", at {peak.time_s:.3f} s" if peak.time_s is not None else ""
-    exact = peak_doc.get("exact", True)
     reserved = (
         f"{fmt_bytes(peak.reserved)} reserved"
         if peak_doc.get("reserved_bytes") is not None
         else "reserved not recorded"
     )
     verdict = (
-        f"Peak {'' if exact else 'at least '}{fmt_bytes(peak_alloc)} allocated ({reserved}) "
-        f"in {peak_stage}{when}{window}"
+        f"Peak {fmt_peak_bound(peak_doc)}{fmt_bytes(peak_alloc)} allocated ({reserved}) in {peak_stage}{when}{window}"
         if n
         else "No memory events in this trace: nothing to measure"
     )
