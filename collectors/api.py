@@ -7,7 +7,8 @@ picks between the two (and train_record subclasses the recorder).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

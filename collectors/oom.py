@@ -11,11 +11,11 @@ if TYPE_CHECKING:  # the recorder imports this module; the name is for annotatio
     from .recorder import Recorder
 
 
-_ACTIVE: list["Recorder"] = []
+_ACTIVE: list[Recorder] = []
 _OBSERVER_ATTACHED = False
 
 
-def attach_oom_observer(rec: "Recorder") -> None:
+def attach_oom_observer(rec: Recorder) -> None:
     # there is no detach in torch; one process-wide observer dispatches to the active recorder
     global _OBSERVER_ATTACHED
     _ACTIVE.append(rec)
@@ -28,7 +28,7 @@ def attach_oom_observer(rec: "Recorder") -> None:
         _OBSERVER_ATTACHED = True
 
 
-def detach_oom_observer(rec: "Recorder") -> None:
+def detach_oom_observer(rec: Recorder) -> None:
     if rec in _ACTIVE:
         _ACTIVE.remove(rec)
 
@@ -38,7 +38,7 @@ def is_oom(exc: BaseException) -> bool:
     return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
 
 
-def save_on_oom(rec: "Recorder", device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+def save_on_oom(rec: Recorder, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
     """Called by the allocator before it raises OutOfMemoryError: save what we have."""
     # Not every OOM ends the run: PyTorch catches some and goes on (cuDNN retries a convolution
     # with a smaller workspace), so the run keeps status "ok" until an OOM escapes the recording

@@ -24,8 +24,9 @@ import os
 import shutil
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -144,7 +145,7 @@ class Recorder:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         self.start()
         return self
 

@@ -14,15 +14,14 @@ import torch
 
 from snapviz.vocab import RUN_SCHEMA
 
-from .distributed import rank_info
-
 from .alloc_conf import allocator_counters, recorded_alloc_conf
+from .distributed import rank_info
 
 if TYPE_CHECKING:  # the recorder imports this module; the name is for annotations only
     from .recorder import Recorder
 
 
-def run_info(rec: "Recorder", status: str | None = None) -> dict[str, Any]:
+def run_info(rec: Recorder, status: str | None = None) -> dict[str, Any]:
     """The run.json document of ``rec`` as it stands (``status`` overrides the recorder's)."""
     def version(name: str) -> str | None:
         try:

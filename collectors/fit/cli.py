@@ -108,8 +108,8 @@ def fit(pipeline: str, size: str, cards: tuple[str, ...], variants: tuple[str, .
     """Find the technique combinations that fit each card, their peaks and times, and the fastest."""
     import time
 
-    from snapviz.errors import InputError
     from snapviz.cli.outputs import require_html_name
+    from snapviz.errors import InputError
     from snapviz.render.output import check_outputs
     from snapviz.safe_text import printable
 

@@ -18,13 +18,23 @@ import ``collectors.techniques`` (and so torch) when called. The verb is
 
 from __future__ import annotations
 
-from .outputs import write_reports
 from .document import SCHEMA, build_comparison, matrix_dict, run_json_summary
+from .outputs import write_reports
 from .ranking import RANKING_RULE, STAGE_GROUPS, measure, rank_results
 from .report import matrix_card_html, render_full_markdown, render_matrix_html, render_matrix_markdown, table_cells
 from .runner import MatrixOptions, VariantResult, classify, results_from_dir, run_variants, variant_row
-from .variants import (DEFAULT_BASELINE, DEFAULT_VARIANTS, MatrixError, Variant, default_variants, dispatch_order,
-                       parse_variant, run_dir_name, screen_variants, technique_names)
+from .variants import (
+                       DEFAULT_BASELINE,
+                       DEFAULT_VARIANTS,
+                       MatrixError,
+                       Variant,
+                       default_variants,
+                       dispatch_order,
+                       parse_variant,
+                       run_dir_name,
+                       screen_variants,
+                       technique_names,
+)
 
 __all__ = [
     "write_reports", "SCHEMA", "build_comparison", "matrix_dict", "run_json_summary",

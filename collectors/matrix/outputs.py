@@ -10,16 +10,15 @@ from pathlib import Path
 
 import click
 
+from collectors.errors import OptionError
 from snapviz.errors import InputError
 from snapviz.render.json_summary import render_json
 from snapviz.render.output import write_outputs
 from snapviz.safe_text import printable
 
-from collectors.errors import OptionError
-
 from .document import build_comparison, matrix_dict
 from .ranking import rank_results
-from .report import render_full_markdown, render_matrix_html, render_matrix_markdown
+from .report import OWN_SENTENCES, render_full_markdown, render_matrix_html, render_matrix_markdown
 from .runner import MatrixOptions, VariantResult, variant_row
 
 
@@ -45,7 +44,7 @@ def write_reports(opts: MatrixOptions, results: list[VariantResult], base: str, 
             notes.append("the stage-aligned comparison needs two variants that ran")
     doc = matrix_dict(opts, rows, base if ok else None, skipped, notes, compare_doc)
 
-    outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc)),
+    outputs = [(json_out or str(out_dir / "matrix.json"), lambda: render_json(doc, OWN_SENTENCES)),
                (md_out or str(out_dir / "matrix.md"), lambda: render_full_markdown(doc)),
                (html_out or str(out_dir / "matrix.html"), lambda: render_matrix_html(doc, cmp))]
     rendered = []

@@ -7,7 +7,8 @@ and HTML renderers each escape those values for their own sink.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.units import fmt_bytes, fmt_ratio_pct
@@ -51,7 +52,7 @@ def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[Cell]]]:
         rel = r["vs_baseline"]["relative"]
         is_base = r["label"] == doc["baseline"]
 
-        def cell(text: str, ratio: float | None) -> Cell:
+        def cell(text: str, ratio: float | None, is_base: bool = is_base) -> Cell:
             return Cell(text if is_base else text + _pct(ratio))
 
         if is_base:
@@ -96,6 +97,10 @@ def _notes(doc: dict[str, Any], code: Callable[[Any], str], text: Callable[[Any]
 
 # ----------------------------------------------------------------------------- Markdown
 
+# snapviz's own sentences in a matrix document: printed whole in every sink (never clipped)
+OWN_SENTENCES = ("memory_metric_text", "time_text", "ranking_rule")
+
+
 def _md_cell(c: Cell) -> str:
     return md_code(c.value) if c.kind == CODE else md_text(c.value) if c.kind == TEXT else c.value
 
@@ -104,7 +109,7 @@ def render_matrix_markdown(doc: dict[str, Any]) -> str:
     """Title, setup, the ranked table, the rule and the notes (no comparison). Names read
     from run directories (--from-dir) are escaped like every snapviz Markdown; snapviz's own
     sentences (the ranking rule, what memory and time mean) are printed whole."""
-    own = {k: doc[k] for k in ("memory_metric_text", "time_text", "ranking_rule")}
+    own = {k: doc[k] for k in OWN_SENTENCES}
     doc = {**bounded_doc(doc), **own}
     res = f"{md_text(doc.get('width'))}×{md_text(doc.get('height'))}" if doc.get("width") else "default resolution"
     on = md_text(doc.get("device_name") or doc["device"])

@@ -7,8 +7,8 @@ when called; the rest is plain data.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 # The standard toolbox per pipeline (docs/design.md "what to do"). On CPU, fp16 becomes fp32
 # (CPU has no usable fp16 kernels here) and CUDA-only variants are skipped with the reason.

@@ -25,7 +25,12 @@ def _plain(o: Any) -> Any:
     return clip(str(o))
 
 
-def render_json(doc: dict[str, Any]) -> str:
+def render_json(doc: dict[str, Any], whole: tuple[str, ...] = ()) -> str:
+    """The document as JSON, bounded like every sink (:func:`bounded_doc`); the top-level keys
+    named in ``whole`` are snapviz's own sentences (no text from a file), written unclipped so
+    the JSON says what the Markdown says."""
+    out = bounded_doc(doc)
+    out.update({k: doc[k] for k in whole if k in doc})
     # allow_nan=False: NaN/Infinity are not JSON (JSON.parse rejects them); bounded_doc has
     # replaced them, so this only guards against a renderer bug.
-    return json.dumps(bounded_doc(doc), indent=2, default=_plain, allow_nan=False) + "\n"
+    return json.dumps(out, indent=2, default=_plain, allow_nan=False) + "\n"
