@@ -99,11 +99,8 @@ def exit_codes(unexpected_is_input_error: bool = True) -> Iterator[None]:
     except click.ClickException as exc:
         code = 2 if exc.exit_code not in (0, 1) else exc.exit_code
         if isinstance(exc, click.UsageError) and exc.ctx is not None:
-            if type(exc).__module__.startswith("click."):
-                # The option parser's own error, as click shows it: the usage, where help is, the error.
-                usage = _own_lines(exc.ctx.get_usage())
-                _exit(code, *usage, f"Try '{exc.ctx.command_path} --help' for help.", "", usage_error_line(exc))
-            # A verb's own refusal of an option (collectors' OptionError): one line and the pointer.
+            # The option parser's errors and a verb's own refusals alike: one line (click's
+            # several message lines joined), with where the help is.
             _exit(code, f"{usage_error_line(exc)} (see '{exc.ctx.command_path} --help')")
         _exit(code, usage_error_line(exc))
     except InputError as exc:
