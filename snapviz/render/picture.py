@@ -152,7 +152,7 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     )
     return {
         # OOM first: the failed request leads the title, the marker is labelled with it
-        "title": f"{_short(an.run.source)}: {oom_short(oom)}\n{title.split(': ', 1)[1]}" if oom else title,
+        "title": [f"{_short(an.run.source)}: {oom_short(oom)}", title.split(": ", 1)[1]] if oom else title,
         "ooms": {
             "x": x_all[oom_rows],
             "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0),
@@ -357,8 +357,11 @@ def _legend_below(fig: Any, ax: Any) -> None:
         fig.legend(handles, labels, loc="lower center", ncol=min(len(handles), 7), fontsize=7, frameon=False)
 
 
-def _title(fig: Any, text: str) -> None:
-    fig.suptitle(clip(text, TITLE_CHARS), fontsize=10.5, x=0.01, y=0.985, ha="left", va="top")
+def _title(fig: Any, text: str | list[str]) -> None:
+    """The picture's title: one line, or a list of lines (an OOM's request above the peak), each
+    cut between words to the picture's width."""
+    lines = [text] if isinstance(text, str) else text
+    fig.suptitle("\n".join(clip(t, TITLE_CHARS) for t in lines), fontsize=10.5, x=0.01, y=0.985, ha="left", va="top")
 
 
 def draw_timeline(d: dict[str, Any], fmt: str = "png") -> bytes:
