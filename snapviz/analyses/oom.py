@@ -56,6 +56,33 @@ def oom_rows(rep: ReplayResult) -> np.ndarray:
     return np.flatnonzero(ev["action"].to_numpy() == A_OOM) if len(ev) else np.empty(0, np.int64)
 
 
+def explained_oom(rep: ReplayResult, rows: np.ndarray) -> tuple[int, int]:
+    """(row of the OOM a report explains, how many of ``rows`` the program survived).
+
+    An OOM followed by further allocations was survived: a caller caught it and went on (cuDNN
+    retries a convolution with a smaller workspace; batch-size finders do the same). The one
+    that matters is the last: the OOM that ended the run when nothing was allocated after it."""
+    allocs = np.flatnonzero(rep.events["action"].to_numpy() == A_ALLOC)
+    last_alloc = int(allocs[-1]) if len(allocs) else -1
+    return int(rows[-1]), int((rows < last_alloc).sum())
+
+
+def oom_note(n: int, survived: int) -> str | None:
+    """The warning for a run with several OOMs (None for one): which one the report explains."""
+    if n <= 1:
+        return None
+    if survived >= n:
+        return (
+            f"the run hit CUDA out-of-memory {n} times and went on allocating after each; the report explains the last"
+        )
+    went_on = (
+        f"{survived} were survived (allocations went on after them: a caller caught them and retried with less)"
+        if survived
+        else "none was followed by another allocation"
+    )
+    return f"the run hit CUDA out-of-memory {n} times; {went_on}; the report explains the last, which ended the run"
+
+
 def run_json_oom(run_json: dict[str, Any] | None, device: int) -> dict[str, Any] | None:
     """The collectors' OOM record for ``device`` (None: none, or another device's)."""
     rec = (run_json or {}).get("oom")
@@ -200,7 +227,8 @@ def oom_report(
     run_json: dict[str, Any] | None,
     expandable: bool,
 ) -> dict[str, Any] | None:
-    """The summary's ``oom`` object for the first OOM of ``rep``'s device (None: no OOM).
+    """The summary's ``oom`` object for the OOM of ``rep``'s device that ended the run
+    (:func:`explained_oom`; None: no OOM).
 
     ``live_categories`` is the bytes by category live at the OOM (categorize_live at its row).
     """
@@ -211,7 +239,7 @@ def oom_report(
         return None
     n = len(ev)
     if len(rows):
-        row = int(rows[0])
+        row = explained_oom(rep, rows)[0]
         request = int(ev["size"].iat[row])
         stream: int | None = int(ev["stream"].iat[row])
         df = int(ev["device_free"].iat[row])

@@ -23,7 +23,16 @@ from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.join import ops_at, snapshot_trace_offset
 from snapviz.analyses.live_sets import stage_live_sets, top_live
 from snapviz.analyses.not_recorded import empty_snapshot_note
-from snapviz.analyses.oom import oom_devices, oom_lines, oom_report, oom_rows, pick_advice, run_json_oom
+from snapviz.analyses.oom import (
+    explained_oom,
+    oom_devices,
+    oom_lines,
+    oom_note,
+    oom_report,
+    oom_rows,
+    pick_advice,
+    run_json_oom,
+)
 from snapviz.analyses.replay import ReplayResult, expandable_segments, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
@@ -211,9 +220,10 @@ def analyze_run(
         )
     oom_cats = None
     if len(rows := oom_rows(rep)):
-        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, int(rows[0]), rules, tables), es)
-        if len(rows) > 1:
-            warnings.append(f"the run hit CUDA out-of-memory {len(rows)} times; the report explains the first")
+        row, survived = explained_oom(rep, rows)
+        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, row, rules, tables), es)
+        if (note := oom_note(len(rows), survived)) is not None:
+            warnings.append(note)
     elif len(ev) and run_json_oom(run.run_json, dev) is not None:
         oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables), es)
     elsewhere = [d for d in oom_devices(snap, run.run_json) if d != dev]

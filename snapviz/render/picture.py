@@ -114,6 +114,13 @@ def _axis_spans(
     return x, spans
 
 
+def _labelled_oom(oom_rows: np.ndarray, oom: dict[str, Any] | None) -> int:
+    """Which of the OOM markers the summary's ``oom`` explains (its event), else the last."""
+    at = (oom or {}).get("event_index")
+    hits = np.flatnonzero(oom_rows == at) if at is not None else np.empty(0, np.int64)
+    return int(hits[0]) if len(hits) else max(len(oom_rows) - 1, 0)
+
+
 def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Series, stage spans and peak of one analysis, on the stage axis (:func:`stage_axis`)."""
     from snapviz.analyses.categories import category_timeline
@@ -157,6 +164,8 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
             "x": x_all[oom_rows],
             "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0),
             "label": f"{oom_short(oom)}, {fmt_bytes(oom['allocated_bytes'])} allocated" if oom else "",
+            # the marker the label names: the OOM the report explains (the one that ended the run)
+            "labelled": _labelled_oom(oom_rows, oom),
         },
         "x_label": STAGE_AXIS_LABEL,
         "x": x_all[rows],
@@ -416,7 +425,8 @@ def timeline_figure(d: dict[str, Any], fmt: str = "png") -> Any:
             zorder=6,
         )
     if len(d["ooms"]["x"]) and d["ooms"].get("label"):
-        callout(ax, float(d["ooms"]["x"][0]), float(d["ooms"]["bytes"][0]), d["ooms"]["label"], "black", slot=1)
+        k = d["ooms"].get("labelled", 0)
+        callout(ax, float(d["ooms"]["x"][k]), float(d["ooms"]["bytes"][k]), d["ooms"]["label"], "black", slot=1)
     callout(ax, p["x"], p["bytes"], f"peak {fmt_bytes(p['bytes'])} in {p['stage']}", PEAK_COLOR)
     ax.set_xticks([])
     ax.set_xlabel(d["x_label"] + (" — history wrapped: recorded window only" if d["truncated"] else ""), fontsize=8)
