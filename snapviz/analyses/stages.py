@@ -1,7 +1,8 @@
 """Stage attribution: every trace event gets a stage label.
 
 Sources, best first (docs/design.md, "Stage labels"): ``user_metadata`` stamped by
-``_set_memory_metadata``; ``external_annotations`` named like pipeline stages; the stage
+``_set_memory_metadata`` (per thread: another thread's unlabelled entries without Python frames
+take the label in effect, :func:`_from_metadata`); ``external_annotations`` named like pipeline stages; the stage
 timeline of a run directory's ``run.json``; then the structure the file has:
 
 * ``frames``: the stage rules (:mod:`snapviz.analyses.frame_labels`), when they
