@@ -1,7 +1,8 @@
 """Stage attribution: every trace event gets a stage label.
 
 Sources, best first (docs/design.md, "Stage labels"): ``user_metadata`` stamped by
-``_set_memory_metadata``; ``external_annotations`` named like pipeline stages; the stage
+``_set_memory_metadata`` (per thread: another thread's unlabelled entries without Python frames
+take the label in effect, :func:`_from_metadata`); ``external_annotations`` named like pipeline stages; the stage
 timeline of a run directory's ``run.json``; then the structure the file has:
 
 * ``frames``: the stage rules (:mod:`snapviz.analyses.frame_labels`), when they
@@ -53,15 +54,41 @@ class StageLabels:
     source: str  # user_metadata | annotations | run.json | frames | phases | none
 
 
-def _from_metadata(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray | None:
+def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None = None) -> np.ndarray | None:
+    """Labels stamped by ``_set_memory_metadata``, carried over to other threads' entries.
+
+    The metadata is per thread: autograd's backward thread (and any other thread) records
+    its entries with no label and no Python frames while the labelling thread's label is in
+    effect. The rule (docs/design.md, "Stage labels"): in time order, a labelled entry sets
+    the label in effect; an unlabelled entry *with* Python frames clears it (a Python thread
+    that carries no label: the user cleared it, or never labelled that thread); an unlabelled
+    entry without Python frames belongs to the label in effect, or stays ``unlabelled`` before
+    the first label. When the labelled entries carry no Python frames at all (the snapshot was
+    recorded without stacks), the two cannot be told apart and unlabelled entries stay
+    ``unlabelled``.
+    """
     mids = ev["metadata_id"].to_numpy()
     if not (mids > 0).any():
         return None
     strings = np.array(snap.strings, dtype=object)
-    labels = strings[mids]
-    # Users may stamp "stage=denoise/3" style strings: keep the value.
-    labels = np.array([s.split("=", 1)[1] if s.startswith("stage=") else s for s in strings], dtype=object)[mids]
-    labels[mids == 0] = UNLABELLED
+    # Users may stamp "stage=denoise/3" style strings: keep the value. An empty label is a cleared one.
+    values = np.array([s.split("=", 1)[1] if s.startswith("stage=") else s for s in strings], dtype=object)
+    labels = values[mids]
+    unset = (mids == 0) | (labels == "")
+    labels[unset] = UNLABELLED
+    if not unset.any() or not len(snap.stacks):
+        return labels
+    tables = tables if tables is not None else StackTables(snap)
+    sids = ev["stack_id"].to_numpy().astype(np.int64)
+    framed = sids >= 0
+    framed[framed] = tables.has_python[sids[framed]]
+    if not framed[~unset].any():
+        return labels
+    # Entries that set the label in effect: labelled ones, and unlabelled ones with Python frames.
+    setter = ~unset | framed
+    last = np.maximum.accumulate(np.where(setter, np.arange(len(labels)), -1))
+    inherit = unset & ~framed & (last >= 0)
+    labels[inherit] = labels[last[inherit]]
     return labels
 
 
@@ -281,7 +308,7 @@ def label_events(
     ``run_json`` (the run's ``run.json``, if any) supplies the collector's stage timeline.
     """
     want = SOURCES if use == "auto" else (use,)
-    if "user_metadata" in want and (labels := _from_metadata(snap, ev)) is not None:
+    if "user_metadata" in want and (labels := _from_metadata(snap, ev, tables)) is not None:
         return StageLabels(labels, "user_metadata")
     if "annotations" in want and (labels := _from_annotations(snap, ev, device)) is not None:
         return StageLabels(labels, "annotations")
