@@ -298,6 +298,8 @@ def oom_report(
         "count": int(len(rows)) or 1,
         "device": rep.device,
         "event_index": row if source == "trace" else None,
+        # the program allocated again after it: a caller caught the error and went on
+        "survived": bool(source == "trace" and (explained_oom(rep, rows)[1] >= len(rows))),
         "time_us": int(ev["time_us"].iat[row]) if source == "trace" and int(ev["time_us"].iat[row]) >= 0 else None,
         "requested_bytes": request,
         "stream": stream,
@@ -338,13 +340,19 @@ def oom_headline(oom: dict[str, Any]) -> str:
     stage = f" in {oom['stage']}" if oom.get("stage") else ""
     req = oom["requested_bytes"]
     stream = f" on stream {oom['stream']}" if oom.get("stream") else ""
+    if oom.get("survived"):
+        return (
+            f"CUDA out of memory, survived: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}, "
+            "and the run went on (the error was caught)"
+        )
     return f"CUDA out of memory: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}"
 
 
 def oom_short(oom: dict[str, Any]) -> str:
     """The headline in a few words, for a picture's title and marker label."""
     stage = f" in {oom['stage']}" if oom.get("stage") else ""
-    return f"CUDA OOM: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
+    survived = " (survived)" if oom.get("survived") else ""
+    return f"CUDA OOM{survived}: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
 
 
 def oom_state(oom: dict[str, Any]) -> str:

@@ -181,7 +181,8 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     )
     is_trace = doc.get("kind") == "trace"
     kind = fmt_report_kind(doc)
-    oom_tag = " — CUDA out of memory" if doc.get("oom") else ""
+    oom = doc.get("oom")
+    oom_tag = (" — CUDA out of memory" + (" (survived)" if oom.get("survived") else "")) if oom else ""
     out: list[str] = [f"### {md_text(kind)}: {title or md_text(doc['source'])}{oom_tag}", ""]
     if picture:
         out += [f"![memory timeline]({quote(picture)})", ""]
