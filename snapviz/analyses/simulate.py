@@ -667,22 +667,29 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap, *, compile
 
 def _request_at(stream: RequestStream, done: int) -> np.ndarray:
     """Per trace entry, the last of the first ``done`` requests at or before it (-1: none yet).
-    It depends on ``done`` alone, so a sweep's scenarios that ran to the end share one (cached in
-    ``stream.derived``)."""
-    key = f"request_at:{done}"
-    got = stream.derived.get(key)
-    if got is not None:
-        return got
+    The map for the whole stream is built once per stream (``stream.derived``) and shared by a
+    sweep's scenarios; a scenario stopped after ``done`` requests clips it at ``done - 1``, which
+    is the same map when the requests' entries never go back (checked; else built afresh)."""
+    n = len(stream.kind)
+    full = stream.derived.get("request_at")
+    if full is None:
+        full = stream.derived["request_at"] = _build_request_at(stream, n)
+        stream.derived["events_sorted"] = np.array(bool(n < 2 or (np.diff(stream.event) >= 0).all()))
+    if done == n:
+        return full
+    if bool(stream.derived["events_sorted"]):
+        return np.minimum(full, done - 1)
+    return _build_request_at(stream, done)
+
+
+def _build_request_at(stream: RequestStream, done: int) -> np.ndarray:
     n_ev = stream.n_events
     ev = stream.event[:done]
     req_of = np.full(n_ev, -1, np.int64)
     req_of[ev] = np.arange(done, dtype=np.int64)  # several requests at one entry: the last one
     idx = np.where(req_of >= 0, np.arange(n_ev), 0)
     np.maximum.accumulate(idx, out=idx)
-    req = np.where(np.arange(n_ev) < ev[0], -1, req_of[idx])
-    if done == len(stream.kind):
-        stream.derived[key] = req
-    return req
+    return np.where(np.arange(n_ev) < ev[0], -1, req_of[idx]) if done else req_of
 
 
 def finish(stream: RequestStream, out: LoopOut) -> SimResult:
@@ -698,10 +705,10 @@ def finish(stream: RequestStream, out: LoopOut) -> SimResult:
     survived = out.survived
     # per trace entry: the state after the last request at or before it
     if done:
-        req = _request_at(stream, done)
-        before = req < 0
-        reserved = np.where(before, base_r, res_at[req] + base_r)
-        allocated = np.where(before, base_a, all_at[req] + base_a)
+        at = _request_at(stream, done)
+        before = at < 0
+        reserved = np.where(before, base_r, res_at[at] + base_r)
+        allocated = np.where(before, base_a, all_at[at] + base_a)
     else:
         reserved = np.full(n_ev, base_r, np.int64)
         allocated = np.full(n_ev, base_a, np.int64)
