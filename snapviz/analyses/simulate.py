@@ -666,8 +666,8 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap, *, compile
 
 
 def _request_at(stream: RequestStream, done: int) -> np.ndarray:
-    """Per trace entry, the last of the first ``done`` requests at or before it (-1: none yet).
-    The map for the whole stream is built once per stream (``stream.derived``) and shared by a
+    """Per trace entry, the last of the first ``done`` requests at or before it (-1: none yet),
+    up to the entry the program stopped at (``done`` < all requests). The map for the whole stream is built once per stream (``stream.derived``) and shared by a
     sweep's scenarios; a scenario stopped after ``done`` requests clips it at ``done - 1``, which
     is the same map when the requests' entries never go back (checked; else built afresh)."""
     n = len(stream.kind)
@@ -677,9 +677,10 @@ def _request_at(stream: RequestStream, done: int) -> np.ndarray:
         stream.derived["events_sorted"] = np.array(bool(n < 2 or (np.diff(stream.event) >= 0).all()))
     if done == n:
         return full
+    m = int(stream.event[done]) + 1  # the program stopped at that entry: nothing after it is needed
     if bool(stream.derived["events_sorted"]):
-        return np.minimum(full, done - 1)
-    return _build_request_at(stream, done)
+        return np.minimum(full[:m], done - 1)
+    return _build_request_at(stream, done)[:m]
 
 
 def _build_request_at(stream: RequestStream, done: int) -> np.ndarray:
