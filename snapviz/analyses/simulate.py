@@ -665,6 +665,34 @@ def run(stream: RequestStream, settings: AllocatorSettings, cap: Cap, *, compile
     return finish(stream, out)
 
 
+def _request_at(stream: RequestStream, done: int) -> np.ndarray:
+    """Per trace entry, the last of the first ``done`` requests at or before it (-1: none yet),
+    up to the entry the program stopped at (``done`` < all requests). The map for the whole stream is built once per stream (``stream.derived``) and shared by a
+    sweep's scenarios; a scenario stopped after ``done`` requests clips it at ``done - 1``, which
+    is the same map when the requests' entries never go back (checked; else built afresh)."""
+    n = len(stream.kind)
+    full = stream.derived.get("request_at")
+    if full is None:
+        full = stream.derived["request_at"] = _build_request_at(stream, n)
+        stream.derived["events_sorted"] = np.array(bool(n < 2 or (np.diff(stream.event) >= 0).all()))
+    if done == n:
+        return full
+    m = int(stream.event[done]) + 1  # the program stopped at that entry: nothing after it is needed
+    if bool(stream.derived["events_sorted"]):
+        return np.minimum(full[:m], done - 1)
+    return _build_request_at(stream, done)[:m]
+
+
+def _build_request_at(stream: RequestStream, done: int) -> np.ndarray:
+    n_ev = stream.n_events
+    ev = stream.event[:done]
+    req_of = np.full(n_ev, -1, np.int64)
+    req_of[ev] = np.arange(done, dtype=np.int64)  # several requests at one entry: the last one
+    idx = np.where(req_of >= 0, np.arange(n_ev), 0)
+    np.maximum.accumulate(idx, out=idx)
+    return np.where(np.arange(n_ev) < ev[0], -1, req_of[idx]) if done else req_of
+
+
 def finish(stream: RequestStream, out: LoopOut) -> SimResult:
     """Per-event series and peaks from the loop's per-request figures (vectorized)."""
     base_a, base_r = stream.baseline_allocated, stream.baseline_reserved
@@ -677,18 +705,14 @@ def finish(stream: RequestStream, out: LoopOut) -> SimResult:
     stopped = int(stream.event[done]) if done < len(stream.kind) else None
     survived = out.survived
     # per trace entry: the state after the last request at or before it
-    reserved = np.full(n_ev, base_r, np.int64)
-    allocated = np.full(n_ev, base_a, np.int64)
     if done:
-        ev = stream.event[:done]
-        reserved[ev] = res_at[:done] + base_r
-        allocated[ev] = all_at[:done] + base_a
-        filled = np.zeros(n_ev, bool)
-        filled[ev] = True
-        idx = np.where(filled, np.arange(n_ev), 0)
-        np.maximum.accumulate(idx, out=idx)
-        reserved = np.where(np.arange(n_ev) < ev[0], base_r, reserved[idx])
-        allocated = np.where(np.arange(n_ev) < ev[0], base_a, allocated[idx])
+        at = _request_at(stream, done)
+        before = at < 0
+        reserved = np.where(before, base_r, res_at[at] + base_r)
+        allocated = np.where(before, base_a, all_at[at] + base_a)
+    else:
+        reserved = np.full(n_ev, base_r, np.int64)
+        allocated = np.full(n_ev, base_a, np.int64)
     if stopped is not None:  # nothing after the program's death
         reserved = reserved[: stopped + 1]
         allocated = allocated[: stopped + 1]

@@ -141,12 +141,19 @@ def loop_python_arrays(stream: RequestStream, settings: AllocatorSettings, cap: 
 def _call(kernel: Callable[..., Any], stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> LoopOut:
     lim = _limit(stream, cap)
     sizes = stream.size.astype(np.int64, copy=False)
-    rounded = round_sizes(sizes, settings)
-    uniq, inv = np.unique(rounded, return_inverse=True)
-    seg_sizes = np.array([allocation_size(int(u), settings) for u in uniq.tolist()], np.int64)[inv.reshape(-1)]
     if "codes" not in stream.derived:  # the same for every scenario of a sweep: computed once
         stream.derived["codes"] = np.unique(stream.addr, return_inverse=True)[1].reshape(-1).astype(np.int64)
         stream.derived["ranks"] = np.unique(stream.stream, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        uniq, inv = np.unique(sizes, return_inverse=True)
+        stream.derived["sizes"] = uniq.astype(np.int64, copy=False)
+        stream.derived["size_codes"] = inv.reshape(-1).astype(np.intp)
+    # rounding and segment sizes depend on the size alone: computed per distinct requested size
+    # (a few hundred), then spread over the requests with one take
+    uniq, inv = stream.derived["sizes"], stream.derived["size_codes"]
+    rounded_u = round_sizes(uniq, settings)
+    seg_u = np.array([allocation_size(int(u), settings) for u in rounded_u.tolist()], np.int64)
+    rounded = rounded_u[inv]
+    seg_sizes = seg_u[inv]
     codes, s_rank = stream.derived["codes"], stream.derived["ranks"]
     n_codes = int(codes.max()) + 1 if len(codes) else 0
     rec_addr, rec_size = _recorded_addresses(stream)

@@ -230,3 +230,26 @@ def test_compiled_kernel_equals_the_reference(sample):
                 assert np.array_equal(getattr(a, f), getattr(b, f)), (conf, cap, f)
             assert (a.done, a.oom, a.survived, a.mallocs, a.frees, a.retries) == (
                 b.done, b.oom, b.survived, b.mallocs, b.frees, b.retries), (conf, cap)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_entry_to_request_map_matches_its_definition(seed):
+    """finish's per-entry series read the last of the first ``done`` requests at the latest entry
+    at or before each entry (several requests at one entry: the last), shared by a sweep's
+    scenarios and clipped for a stopped one, in sorted and (fallback) unsorted request order,
+    up to the entry the program stopped at; entries before the first request's read none."""
+    from snapviz.analyses.simulate import _request_at
+
+    rng = np.random.default_rng(seed)
+    n, n_ev = 40, 60
+    events = np.sort(rng.integers(3, n_ev, n)) if seed % 2 == 0 else rng.integers(3, n_ev, n)
+    st = _hand_stream([(R_ALLOC, i, 512) for i in range(n)])
+    st = RequestStream(**{**st.__dict__, "event": events.astype(np.int64), "n_events": n_ev, "derived": {}})
+    for done in (n, n - 1, n // 2, 1):
+        last = n_ev if done == n else int(events[done]) + 1
+        want = []
+        for i in range(last):
+            at = [e for e in events[:done].tolist() if e <= i]
+            before = not at or i < events[0]  # before the first request's entry: the baseline
+            want.append(-1 if before else max(r for r in range(done) if events[r] == max(at)))
+        assert _request_at(st, done).tolist() == want, (seed, done)
