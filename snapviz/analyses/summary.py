@@ -39,6 +39,7 @@ from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.analyses.training_advice import advise_training
 from snapviz.analyses.training_view import TrainingView, training_dict, training_view
+from snapviz.analyses.whatif import allocator_advice
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import Snapshot
@@ -430,6 +431,10 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
     advise_doc.extend(advise(doc, an.categories))
+    if an.end_state is None or not an.end_state.only:
+        sim_advice = allocator_advice(an.run, rep)  # only where the simulator reproduced the run
+        if sim_advice is not None:
+            advise_doc.append(sim_advice)
     if an.training is not None:
         doc["training"] = training_dict(an.training)
         advise_doc.extend(advise_training(an.training.phases, run or None))

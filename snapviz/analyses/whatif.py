@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
+from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.simulate import Cap, Fidelity, RequestStream, SimResult, fidelity, request_stream, run
+from snapviz.analyses.simulate import run as run_sim
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_OOM
@@ -168,18 +170,7 @@ def what_if(
         raise InputError(f"{run.source}: the snapshot has no allocation history to simulate")
     cap = recorded_cap(run)
     actions = ev["action"].to_numpy()
-    stream = request_stream(
-        actions,
-        ev["addr"].to_numpy(),
-        ev["size"].to_numpy(),
-        ev["stream"].to_numpy(),
-        ev["reserved"].to_numpy(),
-        rec_settings,
-        cap,
-        baseline_allocated=rep.baseline_allocated,
-        baseline_reserved=rep.baseline_reserved,
-        orphan_frees=rep.orphan_frees,
-    )
+    stream = replay_stream(rep, rec_settings, cap)
     labels = label_events(
         snap, ev, dev, use=stage_source, rules=load_rules(), tables=StackTables(snap), run_json=run.run_json
     ).labels
@@ -223,6 +214,23 @@ def what_if(
         recorded_reserved=ev["reserved"].to_numpy(),
         results=results,
         notes=notes,
+    )
+
+
+def replay_stream(rep: ReplayResult, settings: AllocatorSettings, cap: Cap) -> RequestStream:
+    """The request stream of one device's replayed events (what every scenario simulates)."""
+    ev = rep.events
+    return request_stream(
+        ev["action"].to_numpy(),
+        ev["addr"].to_numpy(),
+        ev["size"].to_numpy(),
+        ev["stream"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        settings,
+        cap,
+        baseline_allocated=rep.baseline_allocated,
+        baseline_reserved=rep.baseline_reserved,
+        orphan_frees=rep.orphan_frees,
     )
 
 
@@ -338,3 +346,75 @@ def _settings_text(s: AllocatorSettings) -> str:
     if s.max_non_split_rounding_size != DEFAULT_SETTINGS.max_non_split_rounding_size:
         parts.append(f"max_non_split_rounding_mb:{s.max_non_split_rounding_size >> 20}")
     return ",".join(parts)
+
+
+# --------------------------------------------------------------------------- analyze's advice
+
+ADVICE_CONF = "expandable_segments:True"
+ADVICE_MAX_REQUESTS = 2_000_000  # above this analyze does not simulate (whatif does)
+ADVICE_MIN_SAVING = 256 << 20  # and at least ADVICE_MIN_FRACTION of the reserved peak
+ADVICE_MIN_FRACTION = 0.05
+
+
+def allocator_advice(run: Run, rep: ReplayResult) -> dict[str, Any] | None:
+    """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
+
+    Only where the simulation under the recorded settings and cap reproduces the recording event
+    by event (:func:`~snapviz.analyses.simulate.fidelity`) and the stream is small enough to cost
+    little. Simulated: ``expandable_segments:True`` under the recorded cap and, for a run that ran
+    out of memory under a memory fraction, the recorded settings on the whole card. Kept: the
+    setting when the run ran out of memory and it would not have, or when it lowers the reserved
+    peak by at least 5% and 256 MiB; else the whole card when that would have fit.
+    """
+    from snapviz.analyses.simulate_loop import use_compiled  # noqa: PLC0415 - the kernel loads lazily
+
+    snap = run.snapshot
+    if snap is None or not len(rep.events):
+        return None
+    rec = settings_from_record(snap.allocator_settings)
+    if rec.backend != "native":
+        return None
+    cap = recorded_cap(run)
+    stream = replay_stream(rep, rec, cap)
+    n = len(stream.kind)
+    if not n or n > ADVICE_MAX_REQUESTS:
+        return None
+    compiled = use_compiled(2 * n)
+    base = run_sim(stream, rec, cap, compiled=compiled)
+    if not fidelity(stream, base).reproduced:
+        return None
+    failed = base.oom is not None
+    before = base.peak_reserved
+    if not rec.expandable_segments:
+        sim = run_sim(stream, parse_conf(ADVICE_CONF), cap, compiled=compiled)
+        saving = before - sim.peak_reserved
+        if sim.oom is None and (failed or saving >= max(ADVICE_MIN_SAVING, int(ADVICE_MIN_FRACTION * before))):
+            return _advice_entry(f"PYTORCH_CUDA_ALLOC_CONF={ADVICE_CONF}", before, sim, failed, ADVICE_CONF)
+    alloc = (run.run_json or {}).get("allocator")
+    rec_cap = alloc.get("cap") if isinstance(alloc, dict) else None
+    total = _whole(rec_cap.get("device_total_bytes")) if isinstance(rec_cap, dict) else None
+    if failed and cap.limit is not None and total is not None and total > cap.limit:
+        sim = run_sim(stream, rec, Cap(total), compiled=compiled)
+        if sim.oom is None:
+            return _advice_entry(f"the whole {fmt_bytes(total)} card (no memory fraction)", before, sim, failed, None)
+    return None
+
+
+def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, conf: str | None) -> dict[str, Any]:
+    after = sim.peak_reserved
+    why = f"reserved peak {fmt_bytes(before)} → {fmt_bytes(after)} (simulated)"
+    if failed:
+        why += "; the failed request would have fit"
+    how = (
+        f"export PYTORCH_CUDA_ALLOC_CONF={conf}  (before the first CUDA allocation; "
+        f"`snapviz whatif` compares more settings and cards)"
+        if conf is not None
+        else "drop torch.cuda.set_per_process_memory_fraction (or run on a card that size)"
+    )
+    return {
+        "technique": f"{technique} (simulated)",
+        "why": why,
+        "saves_up_to_bytes": before - after if after < before else None,
+        "how": how,
+        "kind": "simulated",
+    }
