@@ -407,12 +407,12 @@ def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, con
         why += "; the failed request would have fit"
     how = (
         f"export PYTORCH_CUDA_ALLOC_CONF={conf}  (before the first CUDA allocation; "
-        f"`snapviz whatif` compares more settings and cards)"
+        "snapviz whatif compares more settings and cards)"
         if conf is not None
         else "drop torch.cuda.set_per_process_memory_fraction (or run on a card that size)"
     )
     return {
-        "technique": f"{technique} (simulated)",
+        "technique": technique,
         "why": why,
         "saves_up_to_bytes": before - after if after < before else None,
         "how": how,
