@@ -432,7 +432,9 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
     }
     advise_doc.extend(advise(doc, an.categories))
     if an.end_state is None or not an.end_state.only:
-        sim_advice = allocator_advice(an.run, rep)  # only where the simulator reproduced the run
+        sim_advice = allocator_advice(
+            an.run, rep, an.oom is not None and not an.oom.get("survived")
+        )  # only where the simulator reproduced the run
         if sim_advice is not None:
             advise_doc.append(sim_advice)
     if an.training is not None:

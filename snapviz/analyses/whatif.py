@@ -356,7 +356,7 @@ ADVICE_MIN_SAVING = 256 << 20  # and at least ADVICE_MIN_FRACTION of the reserve
 ADVICE_MIN_FRACTION = 0.05
 
 
-def allocator_advice(run: Run, rep: ReplayResult) -> dict[str, Any] | None:
+def allocator_advice(run: Run, rep: ReplayResult, fatal_oom: bool) -> dict[str, Any] | None:
     """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
 
     Only where the simulation under the recorded settings and cap reproduces the recording event
@@ -364,7 +364,8 @@ def allocator_advice(run: Run, rep: ReplayResult) -> dict[str, Any] | None:
     little. Simulated: ``expandable_segments:True`` under the recorded cap and, for a run that ran
     out of memory under a memory fraction, the recorded settings on the whole card. Kept: the
     setting when the run ran out of memory and it would not have, or when it lowers the reserved
-    peak by at least 5% and 256 MiB; else the whole card when that would have fit.
+    peak by at least 5% and 256 MiB; else the whole card when that would have fit. ``fatal_oom``:
+    the run ended on an OOM (one it survived, e.g. cuDNN's workspace retries, asks for no fix).
     """
     from snapviz.analyses.simulate_loop import use_compiled  # noqa: PLC0415 - the kernel loads lazily
 
@@ -383,20 +384,34 @@ def allocator_advice(run: Run, rep: ReplayResult) -> dict[str, Any] | None:
     base = run_sim(stream, rec, cap, compiled=compiled)
     if not fidelity(stream, base).reproduced:
         return None
-    failed = base.oom is not None
+    failed = fatal_oom and base.oom is not None  # an OOM the program caught and went on after is no failure
     before = base.peak_reserved
     if not rec.expandable_segments:
         sim = run_sim(stream, parse_conf(ADVICE_CONF), cap, compiled=compiled)
         saving = before - sim.peak_reserved
         if sim.oom is None and (failed or saving >= max(ADVICE_MIN_SAVING, int(ADVICE_MIN_FRACTION * before))):
             return _advice_entry(f"PYTORCH_CUDA_ALLOC_CONF={ADVICE_CONF}", before, sim, failed, ADVICE_CONF)
-    alloc = (run.run_json or {}).get("allocator")
-    rec_cap = alloc.get("cap") if isinstance(alloc, dict) else None
-    total = _whole(rec_cap.get("device_total_bytes")) if isinstance(rec_cap, dict) else None
+    total = _card_total(run)
     if failed and cap.limit is not None and total is not None and total > cap.limit:
-        sim = run_sim(stream, rec, Cap(total), compiled=compiled)
-        if sim.oom is None:
-            return _advice_entry(f"the whole {fmt_bytes(total)} card (no memory fraction)", before, sim, failed, None)
+        sim = run_sim(stream, rec, Cap(), compiled=compiled)  # the card's capacity is met only above its peak
+        if sim.oom is None and sim.peak_reserved <= total:
+            return _advice_entry("the whole card (no memory fraction)", before, sim, failed, None)
+    return None
+
+
+def _card_total(run: Run) -> int | None:
+    """The card's memory under a recorded memory fraction: ``allocator.cap.device_total_bytes``, else
+    the cap's bytes / fraction less 1% (the fraction is a rounded float: never claim the last bytes)."""
+    alloc = (run.run_json or {}).get("allocator")
+    cap = alloc.get("cap") if isinstance(alloc, dict) else None
+    if not isinstance(cap, dict):
+        return None
+    total = _whole(cap.get("device_total_bytes"))
+    if total is not None and total > 0:
+        return total
+    nbytes, frac = _whole(cap.get("bytes")), _number(cap.get("fraction"))
+    if nbytes is not None and frac is not None and 0 < frac < 1 and nbytes > 0:
+        return int(nbytes / frac * 0.99)
     return None
 
 

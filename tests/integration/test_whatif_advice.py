@@ -48,3 +48,22 @@ def test_a_run_already_on_expandable_segments_gets_no_setting() -> None:
     # nothing to suggest, whatever the simulator says
     doc = analyze_run(load(SAMPLES / "sd15-fp16-alloc-expandable")).summary()
     assert _simulated(doc) == []
+
+
+def test_capped_oom_where_no_setting_fits_names_the_whole_card() -> None:
+    run = load(SAMPLES / "sd15-fp16-alloc-cap-oom")
+    doc = analyze_run(run).summary()
+    assert doc["oom"] is not None and not doc["oom"]["survived"]
+    w = what_if(run, alloc_confs=[ADVICE_CONF], gpu_memories=[])
+    assert w.fidelity.reproduced
+    alt = next(r for r in w.results if r.scenario.alloc_conf == ADVICE_CONF and r.scenario.gpu_memory is None)
+    assert alt.sim.oom is not None  # the setting alone does not fit under the cap
+    (entry,) = _simulated(doc)
+    assert entry["technique"] == "the whole card (no memory fraction)"
+    assert entry["why"].endswith("(simulated); the failed request would have fit")
+
+
+def test_survived_ooms_ask_for_no_card() -> None:
+    doc = analyze_run(load(SAMPLES / "sd15-fp16-alloc-cap102")).summary()
+    assert doc["oom"] is not None and doc["oom"]["survived"]
+    assert not any(a.get("technique") == "the whole card (no memory fraction)" for a in _simulated(doc))
