@@ -13,7 +13,7 @@ from paths import SAMPLES
 
 from snapviz.analyses.allocator_rules import parse_alloc_conf, settings_from_record
 from snapviz.analyses.replay import replay_allocator
-from snapviz.analyses.whatif import recorded_cap
+from snapviz.analyses.whatif import recorded_cap, replay_stream
 from snapviz.analyses.simulate import (
     R_ALLOC,
     R_EMPTY_CACHE,
@@ -21,7 +21,6 @@ from snapviz.analyses.simulate import (
     Cap,
     RequestStream,
     fidelity,
-    request_stream,
     run,
 )
 from snapviz.load import load
@@ -35,20 +34,8 @@ SAMPLE_DIRS = sorted(p for p in SAMPLES.iterdir() if (p / "run.json").is_file())
 
 def _stream(snap, device, cap, rec=None):
     rep = replay_allocator(snap, device)
-    ev = rep.events
     settings = settings_from_record(snap.allocator_settings)
-    st = request_stream(
-        ev["action"].to_numpy(),
-        ev["addr"].to_numpy(),
-        ev["size"].to_numpy(),
-        ev["stream"].to_numpy(),
-        ev["reserved"].to_numpy(),
-        settings,
-        cap,
-        baseline_allocated=rep.baseline_allocated,
-        baseline_reserved=rep.baseline_reserved,
-        orphan_frees=rep.orphan_frees,
-    )
+    st = replay_stream(rep, settings, cap)  # the what-if driver's own stream of one device
     return rep, settings, st
 
 
