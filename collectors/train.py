@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import distributed
 from . import train_plan as tp
 from .pipelines import build_denoiser, default_resolution
 from .recorder import DEFAULT_MAX_ENTRIES, recording_args
@@ -170,10 +171,14 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
     """Record one fine-tuning run; returns the run directory."""
     p = p or validate(opts)
     device = torch.device(opts.resolved_device())
+    own_group = distributed.init_from_launcher(device.type)  # under torchrun: DDP, one dir a rank
+    if own_group:
+        device = distributed.local_device(device.type)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    out = Path(opts.out or Path("runs") / f"train-{opts.pipeline}-{opts.size}-"
-               f"{'-'.join(p.names())}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(distributed.agree(opts.out or str(
+        Path("runs") / f"train-{opts.pipeline}-{opts.size}-"
+        f"{'-'.join(p.names())}-{time.strftime('%Y%m%d-%H%M%S')}")))
     opts.out = str(out)
     torch.manual_seed(opts.seed)
     build_t0 = time.perf_counter()
@@ -186,9 +191,13 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         "ema": p.ema, "set_to_none": p.set_to_none, "attention": p.attention, "lr": opts.lr,
         "params": _param_stats(model),
     }
+    rank = distributed.rank_info()
+    if rank:
+        train["ddp"] = {"backend": rank.get("backend"), "world_size": rank.get("world_size"),
+                        "bucket_cap_mb": 25}
     meta: dict[str, Any] = {
         "pipeline": opts.pipeline, "size": opts.size, "mode": "train",
-        "techniques": p.names(), "height": opts.height, "width": opts.width,
+        "techniques": p.names() + (["ddp"] if rank else []), "height": opts.height, "width": opts.width,
         "steps": opts.steps, "batch": opts.batch, "dtype": str(p.weight_dtype).split(".")[-1],
         "seed": opts.seed, "command": opts.command(p), "build_s": round(build_s, 3),
         "profile": opts.profile, "profile_scope": opts.profile_scope if opts.profile else None,
@@ -209,6 +218,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
     with rec:
         # load: weights, conditioning, optimizer (its state is allocated by the first step)
         model.to(device)
+        net = distributed.wrap_ddp(model, device)  # gradients all-reduced in buckets under torchrun
         params = [q for q in model.parameters() if q.requires_grad]
         inputs = Batch(model, opts.pipeline, opts.batch, opts.height, opts.width, device,
                        p.weight_dtype)
@@ -220,13 +230,15 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
 
             ema = EMAModel(params)
         step_s: list[float] = []
+        if rank:  # the same weights on every rank (DDP broadcasts rank 0's), different data
+            torch.manual_seed(opts.seed + 1000 * (1 + int(rank.get("rank") or 0)))
         for step in range(opts.steps):
             t0 = time.perf_counter()
             for _ in range(p.accumulate):
                 with rec.phase("forward", chain=True):
                     with torch.autocast(device.type, dtype=p.autocast_dtype,
                                         enabled=p.autocast_dtype is not None):
-                        loss = inputs.loss(model) / p.accumulate
+                        loss = inputs.loss(net) / p.accumulate
                 rec.backward(scaler.scale(loss) if scaler else loss, chain=True)
                 del loss
             with rec.phase("optimizer", chain=True):
@@ -253,4 +265,5 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
                 on_step(step)
         rec.mark("other")
         train["step_wall_s"] = step_s
+    distributed.finish(own_group)
     return rec.out_dir  # OUT/rank<R>/ under torch.distributed, else OUT

@@ -1,7 +1,13 @@
-"""DDP training with the gloo backend, one snapshot per rank, laid out as torchtitan lays them out.
+"""DDP or FSDP2 training, one snapshot per rank, laid out as torchtitan lays them out.
 
     python sample_snapshots/record_ddp_ranks.py --out DIR [--world-size 4] [--iterations 4]
-        [--seq-lens 256,512,768,1024] [--device cuda]
+        [--seq-lens 256,512,768,1024] [--device cuda] [--backend gloo|nccl] [--parallel ddp|fsdp2]
+
+``--parallel fsdp2`` shards every GPT-2 block and then the root with ``fully_shard``
+(``torch.distributed.fsdp``, torch >= 2.6) under a bf16 ``MixedPrecisionPolicy`` (fp32
+reductions) instead of wrapping the model in DDP. NCCL needs one GPU per rank (it refuses two
+ranks on one device), so on a one-GPU machine it runs with ``--world-size 1``: a real NCCL
+communicator, FSDP2's all-gather and reduce-scatter buffers and DDP's buckets, one rank.
 
 Each rank is a process (``torch.multiprocessing.spawn``) training a transformers GPT-2 (random
 weights) under ``DistributedDataParallel`` with bf16 autocast and AdamW. gloo, unlike NCCL, lets
@@ -37,7 +43,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    ap.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp2"))
     return ap.parse_args()
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (FSDP2 parameters, gradients and state), else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def rank_main(rank: int, a: argparse.Namespace) -> None:
@@ -49,7 +62,7 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
     import record_sidecar as rs
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
-    dist.init_process_group("gloo", rank=rank, world_size=a.world_size)
+    dist.init_process_group(a.backend, rank=rank, world_size=a.world_size)
     cuda = a.device == "cuda"
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
@@ -65,21 +78,29 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
     ph = rs.Phases(device)
     ph.mark("load")
     model.to(device).train()
-    ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    if a.parallel == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=mp)
+        ddp = fully_shard(model, mp_policy=mp)
+    else:
+        ddp = DDP(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     grads: int = 0
     state: dict[str, int] = {}
     for it in range(a.iterations):
         ph.mark(f"forward/{it}", step=it)
         ids = torch.randint(0, 50257, (a.batch, seq), device=device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda and a.parallel == "ddp"):
             loss = ddp(input_ids=ids, labels=ids).loss
         ph.mark(f"backward/{it}", step=it)
         loss.backward()  # gradients all-reduced bucket by bucket through gloo
         ph.mark(f"optimizer/{it}", step=it)
         opt.step()
         if it == a.iterations - 1:
-            grads = rs.tensor_bytes(p.grad for p in model.parameters())
+            grads = rs.tensor_bytes(_local(p.grad) for p in model.parameters() if p.grad is not None)
             state = rs.optimizer_state_bytes(opt)
         ph.mark(f"zero_grad/{it}", step=it)
         opt.zero_grad(set_to_none=True)
@@ -91,19 +112,23 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
     snap = rs.dump_snapshot(folder / f"rank{rank}_memory_snapshot.pickle")
     if cuda:
         torch.cuda.memory._record_memory_history(enabled=None)
-    params = list(model.parameters())
+    params = [_local(p) for p in model.parameters()]
     info: dict[str, Any] = rs.sidecar(
         device, phases=ph.rows, labelled=False, cap=None, history=history, status="ok",
         record_start_us=record_start, pipeline="gpt2", mode="train", program="user",
-        size="custom", techniques=["amp-bf16", "adamw", "ddp"], height=None, width=None,
+        size="custom", techniques=["amp-bf16", "adamw", a.parallel], height=None, width=None,
         steps=a.iterations, batch=a.batch, dtype="float32", seed=0,
-        rank=rank, world_size=a.world_size, backend="gloo", iteration=a.iterations,
+        rank=rank, world_size=a.world_size, backend=a.backend, parallel=a.parallel,
+        iteration=a.iterations,
         model={"layers": a.layers, "embd": a.embd, "heads": a.heads, "seq_len": seq},
-        train={"optimizer": "adamw", "precision": "amp-bf16" if cuda else "fp32",
+        train={"optimizer": "adamw", "precision": ("fp32" if not cuda else "amp-bf16" if a.parallel == "ddp"
+                                                    else "fsdp2-bf16-params-fp32-reduce"),
                "params": {"trainable": sum(p.numel() for p in params),
                           "trainable_bytes": rs.tensor_bytes(params)},
                "gradient_bytes": grads, "optimizer_state_bytes": state,
-               "ddp_bucket_cap_mb": 25},
+               **({"ddp_bucket_cap_mb": 25} if a.parallel == "ddp" else
+                  {"fsdp": {"reshard_after_forward": True, "param_dtype": "bfloat16",
+                            "reduce_dtype": "float32"}})},
         files=[snap.name] if snap else [])
     rs.write_json(folder / f"rank{rank}_run.json", info)
     dist.barrier()

@@ -187,8 +187,13 @@ def dump_snapshot(path: Path) -> Path | None:
     return path
 
 
+def _local(t: Any) -> Any:
+    """A DTensor's local shard (FSDP2), else the tensor: the bytes this rank holds."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def tensor_bytes(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    return sum(_local(t).numel() * t.element_size() for t in tensors if t is not None)
 
 
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> dict[str, int]:
@@ -197,5 +202,5 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> dict[str, int]:
     for st in opt.state.values():
         for k, t in st.items():
             if torch.is_tensor(t) and t.device.type != "cpu":
-                out[k] = out.get(k, 0) + t.numel() * t.element_size()
+                out[k] = out.get(k, 0) + _local(t).numel() * t.element_size()
     return out

@@ -51,3 +51,44 @@ def test_outside_torch_distributed_nothing_changes(tmp_path: Path) -> None:
     from collectors.distributed import rank_info, rank_out_dir
 
     assert rank_info() == {} and rank_out_dir(tmp_path) == tmp_path
+
+
+def test_collect_train_under_torchrun_runs_ddp_one_folder_per_rank(tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 -m snapviz collect --train`` (no ``--out``): the collector
+    starts the gloo group itself, trains the denoiser under DDP, and both ranks write into the one
+    folder rank 0 named (the default name carries a time stamp, which could differ by rank)."""
+    import os
+    import subprocess
+    import sys
+
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(_free_port()), "-m", "snapviz",
+           "collect", "--train", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (job,) = list((tmp_path / "runs").iterdir())
+    assert sorted(p.name for p in job.iterdir()) == ["rank0", "rank1"]
+    for r in range(2):
+        info = json.loads((job / f"rank{r}" / "run.json").read_text())
+        assert (info["rank"], info["world_size"], info["backend"]) == (r, 2, "gloo")
+        assert "ddp" in info["techniques"]
+        assert info["train"]["ddp"] == {"backend": "gloo", "world_size": 2, "bucket_cap_mb": 25}
+
+
+def test_launcher_environment_without_a_group_still_names_the_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under torchrun, a program that never starts a process group still writes one folder per
+    rank: the launcher's RANK/WORLD_SIZE name it (backend unknown)."""
+    from collectors.distributed import rank_info, rank_out_dir
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert rank_info() == {"rank": 3, "world_size": 4, "local_rank": 1, "backend": None}
+    assert rank_out_dir(tmp_path) == tmp_path / "rank3"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert rank_info() == {} and rank_out_dir(tmp_path) == tmp_path
