@@ -92,7 +92,7 @@ def _digest_fleet(
 
 @click.command(cls=Command, epilog=epilog("docs/ranks.md", check=False), context_settings=CONTEXT_SETTINGS)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@output_options(report="ranks report", summary="per-rank summary", schema=RANKS_SCHEMA)
+@output_options(report="ranks report", summary="per-rank summary", schema=RANKS_SCHEMA, pictures=False)
 @stages_from_option("Where stage labels come from (every rank).")
 @engine_options
 @quiet_option()
@@ -143,7 +143,7 @@ def ranks(
 
 @click.command(cls=Command, epilog=epilog("docs/ranks.md", check=False), context_settings=CONTEXT_SETTINGS)
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
-@output_options(report="history report", summary="history summary", schema=HISTORY_SCHEMA)
+@output_options(report="history report", summary="history summary", schema=HISTORY_SCHEMA, pictures=False)
 @click.option(
     "--order-by",
     default="time",

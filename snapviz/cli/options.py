@@ -41,17 +41,18 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
     return apply
 
 
-def output_options(report: str, summary: str, schema: str) -> Callable[[F], F]:
+def output_options(report: str, summary: str, schema: str, pictures: bool = True) -> Callable[[F], F]:
     """``-o/--output`` (the format by its extension), ``--markdown`` and ``--json`` (either may be
-    ``-``), named ``html_out``/``md_out``/``json_out`` as :mod:`snapviz.cli.outputs` expects."""
+    ``-``), named ``html_out``/``md_out``/``json_out`` as :mod:`snapviz.cli.outputs` expects.
+    ``pictures``: whether the verb also writes .png/.svg (its help lists only what it writes)."""
+    formats = ".html (interactive, self-contained, opens offline), .md, .json" + (", .png, .svg" if pictures else "")
     return _stack(
         click.option(
             "-o",
             "--output",
             "html_out",
             type=click.Path(dir_okay=False),
-            help=f"Write the {report} here; the extension picks the format: .html (interactive, "
-            "self-contained, opens offline), .md, .json, .png, .svg; any other extension is refused.",
+            help=f"Write the {report} here; the extension picks the format: {formats}; any other extension is refused.",
         ),
         click.option(
             "--markdown",

@@ -37,7 +37,7 @@ from snapviz.vocab import WHATIF_SCHEMA
     metavar="SIZE",
     help="Memory the allocator may take on a card, e.g. 24GiB (repeat; default: 8, 12, 16, 24, 40, 48, 80 GiB).",
 )
-@output_options(report="what-if report", summary="what-if table", schema=WHATIF_SCHEMA)
+@output_options(report="what-if report", summary="what-if table", schema=WHATIF_SCHEMA, pictures=False)
 @device_option("GPU device index to simulate (default: the one with the highest peak).")
 @stages_from_option()
 @quiet_option()

@@ -103,6 +103,9 @@ def test_one_story_in_every_output(titan_doc: dict[str, Any]) -> None:
     cells = heatmap_columns(titan_doc)
     assert len(cells["stage"]) == sum(v is not None for r in titan_doc["ranks"] for v in r["stage_peak_allocated_bytes"])
     assert max(cells["bytes"]) == max(max(v for v in r["stage_peak_allocated_bytes"] if v) for r in titan_doc["ranks"])
+    # the heatmap's rows of the ranks that ran out of memory (2 and 6) say so, the others do not
+    oom_rows = sorted({y for y in cells["rank"] if y.endswith(" · OOM")})
+    assert oom_rows == ["rank 2 · OOM", "rank 6 · OOM"]
 
 
 def test_a_bad_file_is_one_row_not_the_end(tmp_path: Path, titan: Any) -> None:

@@ -52,6 +52,8 @@ def row_names(doc: dict[str, Any]) -> list[str]:
         n = who(r)
         if several and r["iteration"] is not None:
             n = f"it {r['iteration']} · {n}"
+        if (r.get("oom") or {}).get("count"):  # the rows of ranks that ran out of memory say so
+            n += " · OOM"
         while n in names:
             n += "′"
         names.append(n)
