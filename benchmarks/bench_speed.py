@@ -60,7 +60,7 @@ import gc, json, os, pickle, sys, time
 t0 = time.process_time()
 mode = sys.argv[2]
 if mode == "safe":  # snapviz's own load: the opcode safety scan, then the same restricted unpickle
-    from snapviz.load.safe_pickle import safe_load_pickle
+    from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 else:  # the floor: any tool that reads the pickle without running its code pays this
     class Restricted(pickle.Unpickler):
         def find_class(self, module, name):
@@ -82,8 +82,9 @@ os._exit(0)
 TRACE_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from snapviz.load import chrome_trace, trace_decode
-from snapviz.load.chrome_trace import load_chrome_trace
+from snapviz.load.trace import chrome_trace
+from snapviz.load.trace import decode as trace_decode
+from snapviz.load.trace.chrome_trace import load_chrome_trace
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
 if mode in ("dicts", "typed"):  # no compiled decode
     chrome_trace.COMPILED_MIN_BYTES = chrome_trace.COMPILED_COLD_MIN_BYTES = 1 << 62
@@ -135,7 +136,8 @@ def _child_phases(path: str, html: bool) -> None:
     (reading the file, the model from the tape, or unpickling where the tape does not apply)."""
     t0 = time.process_time()
     from snapviz.analyses import summary  # noqa: PLC0415 - importing is what is measured
-    from snapviz.load import Run, columnar, load_snapshot, safe_pickle  # noqa: PLC0415
+    from snapviz.load import Run, load_snapshot  # noqa: PLC0415
+    from snapviz.load.snapshot import columnar, safe_pickle  # noqa: PLC0415
     from snapviz.render.json_summary import render_json  # noqa: PLC0415
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
 

@@ -9,8 +9,8 @@ from itertools import repeat
 import pytest
 from paths import SAMPLES
 
-from snapviz.load.columns import _factorize, _Interner
-from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot.columns import _factorize, _Interner
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 
 def _one_by_one(lists: list) -> tuple[list[int], _Interner]:

@@ -1,4 +1,4 @@
-"""The typed trace decode (msgspec, ``snapviz/load/trace_decode.py``) gives exactly what the
+"""The typed trace decode (msgspec, ``snapviz/load/trace/decode.py``) gives exactly what the
 reference gives: the same batches parsed into dicts (by orjson, or by the stdlib's ``json``
 where orjson is absent) and copied one event at a time (``Columns.add``). Compared on every
 trace we have (bundled, hand-made, external) and on generated events full of odd values, so
@@ -15,11 +15,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import EXTERNAL, SAMPLES, TEST_DATA
 
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace, json_items, trace_decode
-from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace
-from paths import EXTERNAL, SAMPLES, TEST_DATA
+from snapviz.load.trace import chrome_trace, json_items
+from snapviz.load.trace import decode as trace_decode
+from snapviz.load.trace.chrome_trace import ChromeTrace, load_chrome_trace
 
 pytest.importorskip("msgspec")
 

@@ -1,4 +1,4 @@
-"""The compiled batch decode (``snapviz/load/trace_kernel.py``) against the reference, one
+"""The compiled batch decode (``snapviz/load/trace/trace_kernel.py``) against the reference, one
 batch at a time: every batch the kernel takes must give exactly the columns the reference
 (a plain parse into dicts, ``Columns.add``) gives, and every batch the reference refuses
 must be given back. Checked on real batches, on randomly damaged ones, and on hand-made
@@ -15,14 +15,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from paths import SAMPLES, TEST_DATA
 
 from snapviz.errors import InputError
-from snapviz.load import json_items, trace_decode
-from snapviz.load.json_items import array_item_docs, parse_items
-from snapviz.load.json_stream import TapReader, open_json, scan_top_level
 from snapviz.load.limits import ENV, Limits
-from snapviz.load.trace_columns import Columns
-from paths import SAMPLES, TEST_DATA
+from snapviz.load.trace import decode as trace_decode
+from snapviz.load.trace import json_items
+from snapviz.load.trace.columns import Columns
+from snapviz.load.trace.json_items import array_item_docs, parse_items
+from snapviz.load.trace.json_stream import TapReader, open_json, scan_top_level
 
 KERNEL = trace_decode.kernel_batches()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="numba absent")

@@ -1,11 +1,11 @@
 """torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
 
 The parser streams: the ``traceEvents`` array is read 1 MiB at a time through the bounding
-guard (:mod:`snapviz.load.json_stream`, :mod:`snapviz.load.json_items`), each read's complete
+guard (:mod:`snapviz.load.trace.json_stream`, :mod:`snapviz.load.trace.json_items`), each read's complete
 events decoded in one C call (typed structs with ``msgspec``, else dicts from ``orjson`` or
-the stdlib's ``json``; see :mod:`snapviz.load.trace_decode`; on large traces a numba kernel
-that goes straight to columns and spares the guard's scan, :mod:`snapviz.load.trace_kernel`),
-and the few fields we need are copied into ``array.array`` columns and interned string codes (:mod:`snapviz.load.trace_columns`). A 500 MB trace
+the stdlib's ``json``; see :mod:`snapviz.load.trace.decode`; on large traces a numba kernel
+that goes straight to columns and spares the guard's scan, :mod:`snapviz.load.trace.trace_kernel`),
+and the few fields we need are copied into ``array.array`` columns and interned string codes (:mod:`snapviz.load.trace.columns`). A 500 MB trace
 therefore never exists as a list of Python objects (``json.load`` would need several times
 its size in RSS); see ``benchmarks/bench_speed.py`` for the measured speed and peak RSS.
 
@@ -26,11 +26,11 @@ import pandas as pd
 
 from snapviz.errors import InputError
 from snapviz.load import paused_gc
-from snapviz.load.json_items import ItemDecoder, array_item_docs
-from snapviz.load.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.load.limits import Limits
-from snapviz.load.trace_columns import Columns
-from snapviz.load.trace_decode import add_batch, kernel_batches
+from snapviz.load.trace.columns import Columns
+from snapviz.load.trace.decode import add_batch, kernel_batches
+from snapviz.load.trace.json_items import ItemDecoder, array_item_docs
+from snapviz.load.trace.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.safe_text import short_repr
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]

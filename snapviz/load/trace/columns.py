@@ -3,7 +3,7 @@ scalars and interned string codes, never one Python object per event.
 
 Two ways in, with the same results: :meth:`Columns.add` takes parsed event dicts one by one
 (the reference, used with orjson or the stdlib's ``json``), and the ``extend_*`` methods take
-one batch's fields as lists (the typed decode in :mod:`snapviz.load.trace_decode`), converting
+one batch's fields as lists (the typed decode in :mod:`snapviz.load.trace.decode`), converting
 each column in a few C calls. Both go through the same interners, so a trace whose batches
 take different ways still gets one set of codes.
 """

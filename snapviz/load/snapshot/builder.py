@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.load.columns import (
+from snapviz.load.snapshot.columns import (
     ADDRESS_LIMIT,
     MAX_NAME_CHARS,
     _as_int,
@@ -45,7 +45,7 @@ def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) ->
 
 
 # Per-device event columns given the interner, the string interning function and the notes:
-# the unpickled entries' by default, or read from the pickle's tape (snapviz.load.columnar).
+# the unpickled entries' by default, or read from the pickle's tape (snapviz.load.snapshot.columnar).
 DeviceColumns = Callable[[_Interner, Callable[[Any], int], list[str]], Iterable[tuple[int, dict[str, np.ndarray]]]]
 
 
@@ -65,7 +65,7 @@ def _dict_device_columns(
 
 
 # The blocks' columns given the segment rows, frames and block lists and the interner:
-# block_columns by default, or read from the pickle's tape (snapviz.load.columnar).
+# block_columns by default, or read from the pickle's tape (snapviz.load.snapshot.columnar).
 BlockColumns = Callable[[list[tuple[Any, ...]], list[Any], list[list[Any]], _Interner], dict[str, Any]]
 
 

@@ -1,4 +1,4 @@
-"""One batch of ``traceEvents`` into :class:`~snapviz.load.trace_columns.Columns`.
+"""One batch of ``traceEvents`` into :class:`~snapviz.load.trace.columns.Columns`.
 
 With ``msgspec`` installed (the ``fast`` extra) a batch is decoded straight into small typed
 structs holding only the fields the loader reads: msgspec skips every other key in C
@@ -26,8 +26,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from snapviz.load.json_items import ItemDecoder, ItemsRead, load_value, parse_items
-from snapviz.load.trace_columns import MEMORY_EVENT_NAME, Columns, Interner
+from snapviz.load.trace.columns import MEMORY_EVENT_NAME, Columns, Interner
+from snapviz.load.trace.json_items import ItemDecoder, ItemsRead, load_value, parse_items
 
 try:
     import msgspec
@@ -161,9 +161,9 @@ def _json_codes(interner: Interner, raws: list[Any]) -> np.ndarray:
 
 @functools.cache
 def compiled_kernel() -> Any:
-    """The kernel module (:mod:`snapviz.load.trace_kernel`), or None without numba."""
+    """The kernel module (:mod:`snapviz.load.trace.trace_kernel`), or None without numba."""
     try:  # imported here: numba costs about 0.3 s and 100 MiB, paid only by long traces
-        from snapviz.load import trace_kernel  # noqa: PLC0415
+        from snapviz.load.trace import trace_kernel  # noqa: PLC0415
     except ImportError:
         return None
     return trace_kernel
@@ -193,7 +193,7 @@ class Decoded(NamedTuple):
 
 
 class KernelBatches:
-    """The compiled decode of a load's batches (:mod:`snapviz.load.trace_kernel`): its
+    """The compiled decode of a load's batches (:mod:`snapviz.load.trace.trace_kernel`): its
     output buffers, grown to the largest batch and reused, and the conversion of its rows
     into :class:`Columns` (per distinct string and per kind, never per event)."""
 
@@ -227,7 +227,7 @@ class KernelBatches:
         return True
 
     def items(self, cols: Columns) -> ItemDecoder:
-        """The decoder :func:`~snapviz.load.json_items.array_item_docs` takes, into ``cols``."""
+        """The decoder :func:`~snapviz.load.trace.json_items.array_item_docs` takes, into ``cols``."""
 
         def read(text: bytes, first: bool, base: int) -> ItemsRead | None:
             got = self.decode(text, first, base)

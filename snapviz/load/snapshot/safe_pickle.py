@@ -21,7 +21,7 @@ from typing import IO, Any
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.opener import open_regular
-from snapviz.load.pickle_scan import scan_pickle
+from snapviz.load.snapshot.pickle_scan import scan_pickle
 
 _GZIP = b"\x1f\x8b"
 _XZ = b"\xfd7zXZ\x00"

@@ -19,7 +19,7 @@ import numpy as np
 
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.safe_pickle import open_decompressed
+from snapviz.load.snapshot.safe_pickle import open_decompressed
 
 CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
 

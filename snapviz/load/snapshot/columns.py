@@ -1,6 +1,6 @@
 """Untrusted snapshot values to columns: the interning of frames and strings, the coercion of
 every value a hostile file could hold (huge ints, nested names, wrong types) and the one pass
-from the unpickled trace entries to the event columns. :mod:`snapviz.load.snapshot` builds the
+from the unpickled trace entries to the event columns. :mod:`snapviz.load.snapshot.builder` builds the
 model from these."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The field readers of the compiled trace decode (:mod:`snapviz.load.trace_kernel`): ids,
+"""The field readers of the compiled trace decode (:mod:`snapviz.load.trace.trace_kernel`): ids,
 times, interned string spans, keys, the ``args`` object, and the test that tells an item cut
 by the end of a read from one that is whole. Compiled inside the decode kernel (inline).
 
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from snapviz.load.json_kernel import eq, inline, number, scalar_end, string_end, value_end, ws
+from snapviz.load.trace.json_kernel import eq, inline, number, scalar_end, string_end, value_end, ws
 
 _POW10 = np.array([10.0**k for k in range(23)])  # exact doubles
 _K_DIMS = np.frombuffer(b"Input Dims", np.uint8)

@@ -2,7 +2,7 @@
 rows of numbers and string ids: no Python object per event.
 
 The kernel walks the text of the array's items, one read at a time with the unread end of
-the last (:func:`snapviz.load.json_items.array_item_docs`), byte by byte, validating the
+the last (:func:`snapviz.load.trace.json_items.array_item_docs`), byte by byte, validating the
 whole grammar (strings as strict UTF-8, numbers, literals, nesting within the guard's depth
 limit) and keeping, per kept event, what :meth:`Columns.add` keeps. It stops where the
 stream guard would cut the read (after the last whole container item) and counts the values
@@ -19,7 +19,7 @@ give the read back (``DEFER``) to the guard, the typed msgspec decode and, behin
 reference. ``tests/unit/test_trace_kernel.py`` compares it with the reference on every trace
 we have, generated events and damaged texts, and the guard's state at every read.
 
-Its helpers (:mod:`snapviz.load.json_kernel`, :mod:`snapviz.load.trace_kernel_fields`) are
+Its helpers (:mod:`snapviz.load.trace.json_kernel`, :mod:`snapviz.load.trace.trace_kernel_fields`) are
 compiled into it: numba's on-disk cache is keyed by this file only, so a change to them
 must come with a change here (a fresh install rewrites every file).
 
@@ -30,8 +30,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from snapviz.load.json_kernel import eq, jit, string_end, unescaped_eq, value_end, ws
-from snapviz.load.trace_kernel_fields import intern, member_key, next_member, read_args, read_time, small_int, truncated
+from snapviz.load.trace.json_kernel import eq, jit, string_end, unescaped_eq, value_end, ws
+from snapviz.load.trace.trace_kernel_fields import (
+    intern,
+    member_key,
+    next_member,
+    read_args,
+    read_time,
+    small_int,
+    truncated,
+)
 
 OK, DEFER, FULL = 0, 1, 2  # FULL: an output array is too small; grow it and decode the batch again
 # Row layout of the integer output (``ints[field, row]``) and the float output.

@@ -1,5 +1,5 @@
 """The items of a JSON document's top-level array (a Chrome trace's ``traceEvents``), read
-through the bounding guard of :mod:`snapviz.load.json_stream` one read at a time: as one
+through the bounding guard of :mod:`snapviz.load.trace.json_stream` one read at a time: as one
 JSON array text per read for a C parser, or, where a compiled decoder is given, decoded
 straight from the read without the guard scanning what the decoder read whole.
 """
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from snapviz.errors import InputError
-from snapviz.load.json_stream import TapReader, one_line
+from snapviz.load.trace.json_stream import TapReader, one_line
 
 try:  # a C parser faster than the stdlib's on event arrays; optional
     import orjson
