@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.load.snapshot.builder import BlockColumns
-from snapviz.load.snapshot.columns import MAX_NAME_CHARS, _Interner
+from snapviz.load.snapshot.columns import MAX_NAME_CHARS, StackInterner
 from snapviz.load.snapshot.pickle_vm import K_DICT, K_INT, K_LIST, K_NONE, K_STR
 from snapviz.load.snapshot.tape_read import Objects, key_values, stack_ids
 
@@ -105,7 +105,7 @@ def _block_columns(
     walk[~is_seg] = np.where(bk[f["frames"]] == K_LIST, bp[f["frames"]], -1)
 
     def columns(
-        seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: _Interner
+        seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: StackInterner
     ) -> dict[str, Any]:
         base = np.array([r[1] for r in seg_rows], np.int64)
         dev = np.array([r[0] for r in seg_rows], np.int64)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.compiled import njit_cached
-from snapviz.load.snapshot.columns import _Interner
+from snapviz.load.snapshot.columns import StackInterner
 from snapviz.load.snapshot.pickle_vm import (
     K_BIG,
     K_DICT,
@@ -75,7 +75,7 @@ def group_spans(
     return None if status != OK else (gcode, first)
 
 
-def stack_ids(m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: _Interner) -> np.ndarray:
+def stack_ids(m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: StackInterner) -> np.ndarray:
     """Stack ids of the entries' frame lists: lists holding the same frame objects are one
     group, and each group's first list is interned by value in the order the groups first
     occur, as the interner would meet them one by one. A frame list over more than one
@@ -180,7 +180,7 @@ class Objects:
             out.append(self.value(k, p, depth + 1) if v is None else v)
         return out
 
-    def frame_ids(self, interner: _Interner, c: int) -> tuple[int, ...]:
+    def frame_ids(self, interner: StackInterner, c: int) -> tuple[int, ...]:
         """The frame ids of frame list ``c`` (every item a frame dict: the grouping checked)."""
         out = []
         for _, f in self.items(c):

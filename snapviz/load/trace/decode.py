@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from snapviz.load.trace.columns import MEMORY_EVENT_NAME, Columns, Interner
+from snapviz.interning import Interner
+from snapviz.load.trace.columns import MEMORY_EVENT_NAME, Columns
 from snapviz.load.trace.json_items import load_value, parse_items
 
 try:
