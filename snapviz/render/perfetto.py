@@ -350,7 +350,7 @@ def splice_events(trace_path: str, events: list[dict[str, Any]]) -> bytes:
     Streamed, not parsed: the user's events are never made into objects (50M tiny events took
     4.5 GiB through ``json.loads``). Only the JSON before the list is scanned, token by token, for
     the top-level ``traceEvents`` key; the decompressed bytes are bounded by the input limits."""
-    from snapviz.load.snapshot.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     with open_decompressed(trace_path, what="Chrome trace file") as f:
         data = read_all(f)

@@ -112,7 +112,7 @@ def test_real_pickles_fit_the_defaults_with_margin() -> None:
     found += glob.glob(str(hostile.ROOT.parent / "shared" / "external" / "*.pickle"))
     if not found:
         pytest.skip("no real snapshots here")
-    from snapviz.load.snapshot.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     lim = Limits()
     for f in sorted(found, key=lambda p: Path(p).stat().st_size)[-3:]:
@@ -217,7 +217,7 @@ def test_gzip_members_and_zero_padding_read_as_gzip_does(tmp_path_factory: pytes
     what ``gzip.decompress`` gives (which skips the padding one byte per Python call)."""
     import gzip
 
-    from snapviz.load.snapshot.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     blob = b"".join(gzip.compress(p) + b"\0" * pad for p, pad in zip(parts, pads))
     path = tmp_path_factory.mktemp("gz") / "x.gz"

@@ -20,7 +20,8 @@ import pytest
 
 from snapviz.errors import InputError
 from snapviz.load import load, load_snapshot
-from snapviz.load.snapshot.safe_pickle import open_decompressed, read_all, safe_load_pickle
+from snapviz.load.decompress import open_decompressed, read_all
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 LOADERS: dict[str, Callable[[str], Any]] = {
     "safe_load_pickle": safe_load_pickle, "load_snapshot": load_snapshot, "load": load,

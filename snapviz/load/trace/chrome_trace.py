@@ -27,7 +27,7 @@ from snapviz.errors import InputError
 from snapviz.load import paused_gc
 from snapviz.load.limits import Limits
 from snapviz.load.trace.columns import Columns
-from snapviz.load.trace.decode import add_batch
+from snapviz.load.trace.decode import add_batch, trace_reader
 from snapviz.load.trace.json_items import array_item_docs
 from snapviz.load.trace.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.safe_text import short_repr
@@ -71,6 +71,7 @@ class ChromeTrace:
     python_functions: pd.DataFrame
     event_count: int = 0
     notes: list[str] = field(default_factory=list)
+    reader: str = ""  # the decoder (snapviz.load.trace.decode.READERS); the same columns either way
 
     def __repr__(self) -> str:
         mem = self.memory
@@ -160,4 +161,6 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     # int / 1000 rounds once, correctly; float(base_ns) first could round twice.
     base_us = base_ns / 1000 if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0.0
     tables = cols.frames(base_us)
-    return ChromeTrace(source=p, meta=meta, base_us=base_us, event_count=cols.count, notes=notes, **tables)
+    return ChromeTrace(
+        source=p, meta=meta, base_us=base_us, event_count=cols.count, notes=notes, reader=trace_reader(), **tables
+    )

@@ -71,6 +71,17 @@ else:  # pragma: no cover
     _DECODER = None
     _REFUSED = ()
 
+TYPED = "msgspec typed decode"
+DICTS = "orjson/json dicts"
+READERS = (DICTS, TYPED)
+
+
+def trace_reader() -> str:
+    """The one choice of trace decoder: msgspec's typed decode where msgspec is installed
+    (a batch its types refuse still goes the dicts way), else dicts from orjson or the stdlib."""
+    return TYPED if _DECODER is not None else DICTS
+
+
 _KIND = {"cpu_op": 1, "Operator": 1, "python_function": 2, "user_annotation": 3}  # Operator: cpu_op of 2021
 _CAT, _NAME, _TS, _DUR, _TID, _PID, _ARGS = map(attrgetter, ("cat", "name", "ts", "dur", "tid", "pid", "args"))
 _DIMS, _TYPES = attrgetter("input_dims"), attrgetter("input_type")

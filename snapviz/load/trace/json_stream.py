@@ -18,8 +18,8 @@ import ijson
 import numpy as np
 
 from snapviz.errors import InputError
+from snapviz.load.decompress import open_decompressed
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.snapshot.safe_pickle import open_decompressed
 
 CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
 
