@@ -10,7 +10,7 @@ each repetition is one more pipeline call and the peak is known exactly).
 
 Then, each in its own process (peak RSS per process from ``os.wait4``):
 
-  (a) ``snapviz.load.safe_pickle.safe_load_pickle(FILE)``: the restricted ``pickle.load``
+  (a) ``snapviz.load.snapshot.safe_pickle.safe_load_pickle(FILE)``: the restricted ``pickle.load``
       with the interpreter's defaults, the floor any tool that reads the pickle pays
       (snapviz's own loader pauses the cyclic GC, see ``snapviz.load.paused_gc``; the
       in-process line below shows that figure too);
@@ -62,7 +62,7 @@ def load_base(path: str | None, n_ops: int, seed: int) -> tuple[dict[str, Any], 
     path = path or _largest_sample()
     if path:
         sys.path.insert(0, str(ROOT))
-        from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415
+        from snapviz.load.snapshot.safe_pickle import safe_load_pickle  # noqa: PLC0415
 
         data = safe_load_pickle(path)
         if isinstance(data, list):
@@ -144,7 +144,7 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
 def _child_load(path: str, paused: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
     from snapviz.load import paused_gc  # noqa: PLC0415
-    from snapviz.load.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
+    from snapviz.load.snapshot.safe_pickle import safe_load_pickle  # noqa: PLC0415 (imports snapviz: numpy, pandas)
 
     if paused:
         gc_ctx = paused_gc()

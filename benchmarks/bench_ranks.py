@@ -36,7 +36,7 @@ from snapviz.analyses.ranks import FleetRow, analyse_ranks, ranks_dict  # noqa: 
 from snapviz.cli.inputs import fleet_digest  # noqa: E402
 from snapviz.engine import TaskFailed, run_tasks  # noqa: E402
 from snapviz.load.fleet import expand_inputs  # noqa: E402
-from snapviz.load.safe_pickle import safe_load_pickle  # noqa: E402
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle  # noqa: E402
 
 GiB = 1 << 30
 

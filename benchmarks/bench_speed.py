@@ -60,7 +60,7 @@ import gc, json, os, pickle, sys, time
 t0 = time.process_time()
 mode = sys.argv[2]
 if mode == "safe":  # snapviz's own load: the opcode safety scan, then the same restricted unpickle
-    from snapviz.load.safe_pickle import safe_load_pickle
+    from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 else:  # the floor: any tool that reads the pickle without running its code pays this
     class Restricted(pickle.Unpickler):
         def find_class(self, module, name):
@@ -82,15 +82,11 @@ os._exit(0)
 TRACE_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from snapviz.load import chrome_trace, trace_decode
-from snapviz.load.chrome_trace import load_chrome_trace
+from snapviz.load.trace import decode as trace_decode
+from snapviz.load.trace.chrome_trace import load_chrome_trace
 mode = sys.argv[2] if len(sys.argv) > 2 else ""
-if mode in ("dicts", "typed"):  # no compiled decode
-    chrome_trace.COMPILED_MIN_BYTES = chrome_trace.COMPILED_COLD_MIN_BYTES = 1 << 62
 if mode == "dicts":  # the reference: every batch as dicts, as without msgspec
     trace_decode._DECODER = None
-if mode == "compiled":  # the numba kernel from the first byte, whatever the size
-    chrome_trace.COMPILED_MIN_BYTES = chrome_trace.COMPILED_COLD_MIN_BYTES = 0
 t1 = time.perf_counter()
 tr = load_chrome_trace(sys.argv[1])
 t2 = time.perf_counter()
@@ -135,7 +131,8 @@ def _child_phases(path: str, html: bool) -> None:
     (reading the file, the model from the tape, or unpickling where the tape does not apply)."""
     t0 = time.process_time()
     from snapviz.analyses import summary  # noqa: PLC0415 - importing is what is measured
-    from snapviz.load import Run, columnar, load_snapshot, safe_pickle  # noqa: PLC0415
+    from snapviz.load import Run, load_snapshot  # noqa: PLC0415
+    from snapviz.load.snapshot import columnar, safe_pickle  # noqa: PLC0415
     from snapviz.render.json_summary import render_json  # noqa: PLC0415
     from snapviz.safe_text import bounded_doc  # noqa: PLC0415
 
@@ -278,11 +275,8 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
         info.write_text(json.dumps(reps))
     size = plain.stat().st_size
     py = sys.executable
-    res = [("load_chrome_trace, plain", _best([py, "-c", TRACE_CHILD, str(plain)], env, args.repeat)),
-           ("load_chrome_trace, plain, msgspec typed decode", _best([py, "-c", TRACE_CHILD, str(plain), "typed"], env,
-                                                                    args.repeat)),
-           ("load_chrome_trace, plain, compiled decode (numba)", _best([py, "-c", TRACE_CHILD, str(plain), "compiled"],
-                                                                       env, args.repeat)),
+    res = [("load_chrome_trace, plain (msgspec typed decode)", _best([py, "-c", TRACE_CHILD, str(plain)], env,
+                                                                     args.repeat)),
            ("load_chrome_trace, gzip", _best([py, "-c", TRACE_CHILD, str(gz)], env, args.repeat)),
            ("load_chrome_trace, plain, dicts (no msgspec)", _best([py, "-c", TRACE_CHILD, str(plain), "dicts"], env,
                                                                   args.repeat)),

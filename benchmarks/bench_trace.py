@@ -7,7 +7,7 @@
 2. Synthesizes a big trace by repeating its events with shifted ``ts``, adding what a
    CUDA run has on top (``kernel`` / ``cuda_runtime`` events, flow events, CUDA
    ``[memory]`` events), written in torch's own indented layout.
-3. Parses it with ``snapviz.load.chrome_trace.load_chrome_trace`` in a separate
+3. Parses it with ``snapviz.load.trace.chrome_trace.load_chrome_trace`` in a separate
    process, and prints wall time, events/s and that process's peak RSS
    (``getrusage(RUSAGE_CHILDREN).ru_maxrss``).
 
@@ -52,7 +52,7 @@ TS_MARK = "__TS__"
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from snapviz.load.chrome_trace import load_chrome_trace
+from snapviz.load.trace.chrome_trace import load_chrome_trace
 t1 = time.perf_counter()
 tr = load_chrome_trace(sys.argv[1])
 t2 = time.perf_counter()

@@ -70,8 +70,8 @@ def fast_path(data: bytes) -> None:
 
     from snapviz.errors import InputError
     from snapviz.load.limits import Limits
-    from snapviz.load.pickle_scan import fast_scan
-    from snapviz.load.safe_pickle import _RefuseGlobals
+    from snapviz.load.snapshot.pickle_scan import fast_scan
+    from snapviz.load.snapshot.safe_pickle import _RefuseGlobals
 
     try:
         accepted = fast_scan(data, "input", Limits())
@@ -90,8 +90,8 @@ def run_atheris(seconds: int, corpus: Path, timeout: int, rss_mb: int) -> int:
 
     with atheris.instrument_imports(include=["snapviz"]):
         import snapviz.load  # noqa: F401
-        import snapviz.load.chrome_trace  # noqa: F401
-        import snapviz.load.pickle_scan  # noqa: F401
+        import snapviz.load.snapshot.pickle_scan  # noqa: F401
+        import snapviz.load.trace.chrome_trace  # noqa: F401
     corpus.mkdir(parents=True, exist_ok=True)
     for i, s in enumerate(seeds()):
         (corpus / f"seed{i}").write_bytes(s)

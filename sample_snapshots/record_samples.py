@@ -110,7 +110,7 @@ def check_sample(run_dir: Path) -> dict[str, Any]:
                                       for s in info["stages"]]}
     snap = run_dir / "snapshot.pickle"
     if snap.exists():
-        from snapviz.load.safe_pickle import safe_load_pickle  # never plain pickle.load
+        from snapviz.load.snapshot.safe_pickle import safe_load_pickle  # never plain pickle.load
 
         data = safe_load_pickle(snap)
         traces = data.get("device_traces", [])

@@ -79,6 +79,8 @@ class Snapshot:
     annotations: pd.DataFrame
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     format_notes: list[str] = field(default_factory=list)
+    # Which reader made it (:data:`snapviz.load.snapshot.reader.READERS`); the same columns either way.
+    reader: str = ""
 
     def __repr__(self) -> str:
         devices = sorted({int(d) for d in unique(self.events["device"].to_numpy())}) if len(self.events) else []

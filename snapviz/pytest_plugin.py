@@ -213,7 +213,7 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     from snapviz.analyses.gate import describe_stages, evaluate_gates, stage_peaks
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import Run
-    from snapviz.load.snapshot import snapshot_from_dict
+    from snapviz.load.snapshot.builder import snapshot_from_dict
     from snapviz.render.markdown import render_markdown
     from snapviz.units import fmt_bytes
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.decimate import decimate_minmax
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.score_evidence import ATTENTION_CATEGORY, score_alloc_mask
@@ -209,24 +210,6 @@ def categorize_live(
     return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def sample_rows(allocated: np.ndarray, max_points: int) -> np.ndarray:
-    """Rows to plot: all of them, or per bucket the min and the max of ``allocated``
-    (so the peak and the troughs survive), plus the first, last and global-peak rows."""
-    n = len(allocated)
-    if n <= max(max_points, 2):
-        return np.arange(n, dtype=np.int64)
-    nb = max(1, max_points // 2)
-    starts = unique(np.linspace(0, n, nb + 1).astype(np.int64)[:-1])
-    counts = np.diff(np.r_[starts, n])
-    idx = np.arange(n, dtype=np.int64)
-    mx = np.repeat(np.maximum.reduceat(allocated, starts), counts)
-    mn = np.repeat(np.minimum.reduceat(allocated, starts), counts)
-    arg_mx = np.minimum.reduceat(np.where(allocated == mx, idx, n), starts)
-    arg_mn = np.minimum.reduceat(np.where(allocated == mn, idx, n), starts)
-    keep = np.r_[arg_mx, arg_mn, 0, n - 1, int(np.argmax(allocated))]
-    return unique(keep[keep < n])
-
-
 def category_timeline(
     snap: Snapshot,
     rep: ReplayResult,
@@ -250,7 +233,7 @@ def category_timeline(
     if not n:
         return pd.DataFrame(columns=["row", "time_us", "stage", "allocated", *CATEGORIES, BEFORE_RECORDING])
     allocated = ev["allocated"].to_numpy().astype(np.int64)
-    rows_out = sample_rows(allocated, max_points)
+    rows_out = decimate_minmax(np.arange(n), allocated, max_points=max_points)
     arows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
     codes = _category_codes(snap, rep, labels, arows, rules, tables)
     # a rule's own category (weights: T5, rotary embeddings, a user's) is a column only where it occurs

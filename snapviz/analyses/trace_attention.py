@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.attention import FUSED, NOT_DETERMINED, fused_label
-from snapviz.load.chrome_trace import ChromeTrace
+from snapviz.load.trace.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
 ITEMSIZE: dict[str, int] = {

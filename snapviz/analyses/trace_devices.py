@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.load.chrome_trace import ChromeTrace
+from snapviz.load.trace.chrome_trace import ChromeTrace
 
 __all__ = [
     "DEVICE_TYPES",

@@ -1,6 +1,6 @@
 """Analyses over a loaded Chrome trace: memory timeline, stages, stage peaks, attention.
 
-Pure functions from :class:`snapviz.load.chrome_trace.ChromeTrace` to DataFrames.
+Pure functions from :class:`snapviz.load.trace.chrome_trace.ChromeTrace` to DataFrames.
 
 Time axes (docs/design.md, "Format facts"): every ``*_us`` column of a ``ChromeTrace`` is
 already absolute Unix µs (``ts + baseTimeNanoseconds / 1000``), the clock of a
@@ -18,7 +18,7 @@ import pandas as pd
 from snapviz.analyses.stages import CANONICAL, range_labels, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
-from snapviz.load.chrome_trace import ChromeTrace
+from snapviz.load.trace.chrome_trace import ChromeTrace
 
 __all__ = [
     "devices",

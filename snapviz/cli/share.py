@@ -106,7 +106,7 @@ def _trace_only(path: str | None) -> bool:
     """True when ``path`` holds no snapshot: a Chrome trace file, or a run directory with a trace
     and no snapshot (found by names and the file's first keys, before any loading)."""
     from snapviz.load import SNAPSHOT_NAMES, TRACE_NAMES
-    from snapviz.load.chrome_trace import looks_like_chrome_trace
+    from snapviz.load.trace.chrome_trace import looks_like_chrome_trace
 
     if not path:
         return False

@@ -87,8 +87,8 @@ def trim(
     from snapviz.analyses.summary import analyze_run
     from snapviz.analyses.trim import trim_snapshot, window_from_stage, window_from_times, window_from_top
     from snapviz.load import Run, _read_run_json, paused_gc
-    from snapviz.load.safe_pickle import safe_load_pickle
-    from snapviz.load.snapshot import snapshot_from_dict
+    from snapviz.load.snapshot.builder import snapshot_from_dict
+    from snapviz.load.snapshot.safe_pickle import safe_load_pickle
     from snapviz.render.output import write_outputs
     from snapviz.units import fmt_bytes
 

@@ -6,20 +6,20 @@ import gc
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from snapviz.errors import InputError
-from snapviz.load.json_stream import scan_top_level
+from snapviz.load.decompress import open_decompressed
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.opener import check_regular_file, read_bounded
-from snapviz.load.safe_pickle import open_decompressed, safe_load_pickle
+from snapviz.load.trace.json_stream import scan_top_level
 from snapviz.safe_text import printable, short_repr
 
 if TYPE_CHECKING:
-    from snapviz.load.chrome_trace import ChromeTrace
+    from snapviz.load.trace.chrome_trace import ChromeTrace
     from snapviz.model import Snapshot
 
 # The table builders (snapshot, chrome_trace) need pandas, about a third of a second to
@@ -152,17 +152,10 @@ def paused_gc() -> Iterator[None]:
 
 
 def load_snapshot(path: str) -> Snapshot:
-    """A snapshot pickle (any compression) as the columnar model."""
-    from snapviz.load.columnar import COLUMNAR_MIN_BYTES, columnar_snapshot  # pandas: see the imports above
-    from snapviz.load.snapshot import snapshot_from_dict
-    from snapviz.model import Snapshot
+    """A snapshot pickle (any compression) as the columnar model (:mod:`snapviz.load.snapshot.reader`)."""
+    from snapviz.load.snapshot.reader import read_snapshot  # pandas: see the imports above
 
-    def columnar(data: bytes) -> Callable[[], Snapshot | None] | None:
-        return columnar_snapshot(data, path) if len(data) >= COLUMNAR_MIN_BYTES else None
-
-    with paused_gc():
-        raw = safe_load_pickle(path, build=columnar)
-        return raw if isinstance(raw, Snapshot) else snapshot_from_dict(raw, source=path)
+    return read_snapshot(path)
 
 
 def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
@@ -206,7 +199,7 @@ def load(path: str | os.PathLike[str], label: str | None = None) -> Run:
     snapshot = load_snapshot(snap_path) if snap_path else None
     trace = None
     if trace_path:
-        from snapviz.load.chrome_trace import load_chrome_trace  # pandas: see the imports above
+        from snapviz.load.trace.chrome_trace import load_chrome_trace  # pandas: see the imports above
 
         trace = load_chrome_trace(trace_path)
     name = label or (os.path.basename(os.path.normpath(p)) if os.path.isdir(p) else os.path.basename(p))

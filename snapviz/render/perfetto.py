@@ -318,7 +318,7 @@ def render_perfetto(
     if merge_into is None:
         return _encode(out_path, json.dumps(standalone_trace(an, top_n), separators=(",", ":")).encode())
     from snapviz.analyses.join import MAX_CLOCK_GAP_US, clock_gap_us, snapshot_trace_offset
-    from snapviz.load.chrome_trace import load_chrome_trace
+    from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     times = an.replay.events["time_us"].to_numpy()
     if len(times) and not _has_time(times):
@@ -350,7 +350,7 @@ def splice_events(trace_path: str, events: list[dict[str, Any]]) -> bytes:
     Streamed, not parsed: the user's events are never made into objects (50M tiny events took
     4.5 GiB through ``json.loads``). Only the JSON before the list is scanned, token by token, for
     the top-level ``traceEvents`` key; the decompressed bytes are bounded by the input limits."""
-    from snapviz.load.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     with open_decompressed(trace_path, what="Chrome trace file") as f:
         data = read_all(f)

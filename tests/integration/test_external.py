@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from placeholders import placeholder_lines, placeholder_strings
-from snapviz.cli import main
 from paths import EXTERNAL
+from placeholders import placeholder_lines, placeholder_strings
+
+from snapviz.cli import main
 
 FILES = sorted(p.name for p in EXTERNAL.glob("*") if p.suffix in (".pickle", ".gz")) if EXTERNAL.is_dir() else []
 pytestmark = pytest.mark.skipif(not FILES, reason=f"{EXTERNAL} absent (real third-party corpus)")
@@ -154,7 +154,7 @@ def test_trace_peak_through_the_trace_loader(name: str) -> None:
     now."""
     from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
     from snapviz.load import Run
-    from snapviz.load.chrome_trace import load_chrome_trace
+    from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     path = str(EXTERNAL / name)
     doc = trace_summary_dict(analyze_trace_run(Run(source=path, label=name, snapshot=None,

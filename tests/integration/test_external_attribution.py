@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from paths import EXTERNAL
 
 from snapviz.analyses import trace_ops
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.stages import annotation_intervals, stage_group
-from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
+from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.load import load
-from snapviz.load.chrome_trace import load_chrome_trace
-from paths import EXTERNAL
+from snapviz.load.trace.chrome_trace import load_chrome_trace
 
 SNAPSHOTS = ["cs336_kk_ctx128_fullstep.pickle", "selectn_llama_snapshot.pickle", "mosaic_test_output.pickle"]
 GiB = 1 << 30

@@ -9,8 +9,8 @@ from strip import strip_labels
 
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run, load
-from snapviz.load.safe_pickle import safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 NAMES = ("flux-dev-bf16", "flux-dev-bf16-group-offload", "flux-dev-bf16-nf4-transformer",
          "sd35-large-bf16", "sd35-large-bf16-no-t5")

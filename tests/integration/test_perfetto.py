@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from snapviz.errors import InputError
+from paths import ROOT
 
 from snapviz.analyses.summary import analyze_run
+from snapviz.errors import InputError
 from snapviz.load import load
-from snapviz.load.chrome_trace import load_chrome_trace
+from snapviz.load.trace.chrome_trace import load_chrome_trace
 from snapviz.model import A_OOM
 from snapviz.render.perfetto import PID_BASE, render_perfetto
-from paths import ROOT
 
 SAMPLES = ROOT / "sample_snapshots"
 PROFILED = SAMPLES / "sd15-fp16-profile-1step"

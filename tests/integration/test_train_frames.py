@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from paths import EXTERNAL, SAMPLES
+from strip import strip_labels
 
 from snapviz.analyses.stages import annotation_intervals
 from snapviz.analyses.summary import Analysis, analyze_run
 from snapviz.load import Run
-from snapviz.load.safe_pickle import safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC
-from paths import EXTERNAL, SAMPLES
-from strip import strip_labels
 
 TRAIN = sorted(p.parent for p in SAMPLES.glob("train-*/snapshot.pickle*"))
 PHASES = ("forward", "backward", "optimizer", "zero_grad")

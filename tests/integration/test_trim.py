@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.trim import Window, trim_snapshot, window_from_stage, window_from_times, window_from_top
 from snapviz.cli.trim import encode_snapshot
 from snapviz.load import load
-from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC
-from paths import ROOT
 
 SAMPLES = ROOT / "sample_snapshots"
 EXTERNAL = ROOT.parent / "shared" / "external"

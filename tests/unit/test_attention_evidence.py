@@ -16,9 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
+
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
@@ -124,7 +124,7 @@ def test_fused_kernels_are_named_for_what_they_are(ops: list[str], verdict: str,
 
     from snapviz.analyses import trace_ops
     from snapviz.analyses.trace_attention import attention_verdict
-    from snapviz.load.chrome_trace import load_chrome_trace
+    from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     t0 = 1_700_000_000_000_000
     events = [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": t0 + i, "dur": 100 - 2 * i,

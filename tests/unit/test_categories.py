@@ -14,11 +14,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from synth import MiB, Sim
 from test_frame_rules import SP, diffusion_run, frames_labels, load_dict
-from snapviz.analyses.categories import (BEFORE_RECORDING, CATEGORIES, categorize_allocs, categorize_live,
-                                         category_names, category_timeline, sample_rows)
+
+from snapviz.analyses.categories import (
+    BEFORE_RECORDING,
+    CATEGORIES,
+    categorize_allocs,
+    categorize_live,
+    category_names,
+    category_timeline,
+)
+from snapviz.analyses.decimate import decimate_minmax
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.replay import live_at, replay_allocator
@@ -101,15 +108,13 @@ def test_category_timeline_decimates_and_keeps_the_peak() -> None:
     pr = diffusion_run("sd15", steps=6)
     snap, rep, labels = frames_labels(pr)
     tl = category_timeline(snap, rep, labels, max_points=200)
-    assert len(tl) <= 203
+    assert len(tl) <= 200
     assert rep.peak_index in set(tl["row"].tolist())
     assert int(tl["allocated"].max()) == rep.peak_allocated
     assert tl["row"].is_monotonic_increasing
-    # the min/max sampler on its own
-    rng = np.random.default_rng(0)
-    series = np.cumsum(rng.integers(-5, 6, 100_000))
-    keep = sample_rows(series, 1000)
-    assert len(keep) <= 1003 and int(np.argmax(series)) in keep and int(np.argmin(series)) in keep
+    # the timeline samples with the one min/max decimator
+    assert tl["row"].tolist() == decimate_minmax(np.arange(len(rep.events)), rep.events["allocated"].to_numpy(),
+                                                 max_points=200).tolist()
 
 
 def test_memory_from_before_the_recording() -> None:

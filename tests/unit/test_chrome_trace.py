@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from paths import ROOT, TEST_DATA
 
 from snapviz.analyses import trace_ops
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace, json_items
-from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace, looks_like_chrome_trace
-from paths import ROOT, TEST_DATA
+from snapviz.load.trace import chrome_trace, json_items
+from snapviz.load.trace.chrome_trace import ChromeTrace, load_chrome_trace, looks_like_chrome_trace
 
 DATA = TEST_DATA / "traces"
 EDGE = DATA / "edge_cases.json.gz"
@@ -147,7 +147,7 @@ def test_analyzer_never_imports_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from snapviz.load.chrome_trace import load_chrome_trace; from snapviz.analyses import trace_ops; "
+    code = ("import sys; from snapviz.load.trace.chrome_trace import load_chrome_trace; from snapviz.analyses import trace_ops; "
             f"trace_ops.analyze_trace(load_chrome_trace({str(EDGE)!r})); assert 'torch' not in sys.modules")
     root = str(ROOT)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -1,5 +1,5 @@
-"""The snapshot read off the pickle's tape (snapviz.load.columnar) equals the one built from
-the unpickled objects (snapviz.load.snapshot), or the tape path declines and the file is
+"""The snapshot read off the pickle's tape (snapviz.load.snapshot.columnar) equals the one built from
+the unpickled objects (snapviz.load.snapshot.builder), or the tape path declines and the file is
 unpickled: on every bundled sample, the external snapshots, drifted synthetic snapshots
 (old layouts, missing and extra keys, broken entries, every pickle protocol that has the
 opcodes) and odd values. The tape itself gives back the objects the unpickler makes."""
@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from paths import EXTERNAL, SAMPLES
 
 from snapviz.errors import InputError
-from snapviz.load.columnar import columnar_snapshot
-from snapviz.load.safe_pickle import safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
-from snapviz.load.tape import available, run_tape
-from snapviz.load.tape_read import Objects
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.columnar import columnar_snapshot
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot.tape import available, run_tape
+from snapviz.load.snapshot.tape_read import Objects
 from snapviz.model import Snapshot
 
 pytestmark = pytest.mark.skipif(not available(), reason="numba not installed (the fast extra)")

@@ -13,15 +13,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from paths import ROOT
 from synth import GiB, MiB, Sim, make_frames
 
 from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders
 from snapviz.analyses.digest import digest_run, stage_normalised_timeline
 from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
-from snapviz.load.snapshot import snapshot_from_dict
-from paths import ROOT
+from snapviz.load.snapshot.builder import snapshot_from_dict
 
 REPO = ROOT
 SP = "/usr/lib/python3/site-packages/"

@@ -6,10 +6,10 @@ import copy
 from typing import Any
 
 import pytest
-
 import synth
+
 from snapviz.analyses.replay import replay_allocator
-from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.snapshot.builder import snapshot_from_dict
 
 
 def _replay(d: dict[str, Any]):  # type: ignore[no-untyped-def]

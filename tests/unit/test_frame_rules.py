@@ -16,17 +16,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from paths import ROOT
 from synth import MiB, Sim
+
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import label_events, stage_group
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.model import A_ALLOC, A_FREE_DONE, A_FREE_REQ, Snapshot
-from paths import ROOT
 
 SP = "/opt/conda/lib/python3.11/site-packages/"
 _STACKS: dict[tuple[Any, ...], list[dict[str, Any]]] = {}

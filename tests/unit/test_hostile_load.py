@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import hostile
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hostile
 from snapviz.errors import InputError
 from snapviz.load import _sniff, load
 from snapviz.load.limits import ENV, LimitExceeded, Limits
-from snapviz.load.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_pickle
+from snapviz.load.snapshot.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_pickle
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, rlimits and wait4 are POSIX")
 
@@ -112,7 +112,7 @@ def test_real_pickles_fit_the_defaults_with_margin() -> None:
     found += glob.glob(str(hostile.ROOT.parent / "shared" / "external" / "*.pickle"))
     if not found:
         pytest.skip("no real snapshots here")
-    from snapviz.load.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     lim = Limits()
     for f in sorted(found, key=lambda p: Path(p).stat().st_size)[-3:]:
@@ -217,7 +217,7 @@ def test_gzip_members_and_zero_padding_read_as_gzip_does(tmp_path_factory: pytes
     what ``gzip.decompress`` gives (which skips the padding one byte per Python call)."""
     import gzip
 
-    from snapviz.load.safe_pickle import open_decompressed, read_all
+    from snapviz.load.decompress import open_decompressed, read_all
 
     blob = b"".join(gzip.compress(p) + b"\0" * pad for p, pad in zip(parts, pads))
     path = tmp_path_factory.mktemp("gz") / "x.gz"
@@ -287,8 +287,8 @@ def test_an_environment_limit_with_thousands_of_digits_is_one_error() -> None:
 def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) -> None:
     """SNAPVIZ_MAX_INPUT_STRING=100 refuses a 200-byte label on the exact scan (small pickles),
     the regex grammar check and the compiled one (big pickles: short strings inline)."""
-    from snapviz.load import pickle_scan
-    from snapviz.load.pickle_scan_fast import compiled_kernel, fast_scan, fast_scan_compiled
+    from snapviz.load.snapshot import pickle_scan
+    from snapviz.load.snapshot.pickle_scan_fast import compiled_kernel, fast_scan, fast_scan_compiled
 
     n = 10 if path_kind == "exact" else 9000
     trace = [{"action": "alloc", "addr": 512 * i, "size": 512,

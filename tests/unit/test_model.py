@@ -8,12 +8,12 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-
 import synth
 from synth import MiB, Sim, make_frames, random_workload
+
 from snapviz.load import load, load_snapshot
-from snapviz.load.snapshot import snapshot_from_dict
-from snapviz.model import ACTION_CODE, ACTIONS, A_FREE, A_OOM, A_OTHER, Snapshot
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.model import A_FREE, A_OOM, A_OTHER, ACTION_CODE, ACTIONS, Snapshot
 
 
 def model(d: Any) -> Snapshot:

@@ -7,9 +7,9 @@ its own (allocated, reserved, device free), never snapviz's.
 from __future__ import annotations
 
 import pytest
-
 import synth
 from sdrun import _analyse
+
 from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, oom_lines
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
@@ -104,7 +104,7 @@ def test_another_devices_oom_is_pointed_at() -> None:
         a.alloc(200 * MiB, device=1)
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import Run
-    from snapviz.load.snapshot import snapshot_from_dict
+    from snapviz.load.snapshot.builder import snapshot_from_dict
 
     sn = snapshot_from_dict(a.snapshot(), "snap")
     doc = summary_dict(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))

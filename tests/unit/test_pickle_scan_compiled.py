@@ -16,14 +16,14 @@ import random
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import hostile
+import pytest
 from paths import EXTERNAL, ROOT
-from snapviz.load import pickle_scan
+
+from snapviz.load.decompress import open_decompressed, read_all
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.pickle_scan_fast import FULL_SCAN_BYTES, fast_scan, fast_scan_compiled
-from snapviz.load.safe_pickle import open_decompressed, read_all
+from snapviz.load.snapshot import pickle_scan
+from snapviz.load.snapshot.pickle_scan_fast import FULL_SCAN_BYTES, fast_scan, fast_scan_compiled
 
 pytest.importorskip("numba")
 

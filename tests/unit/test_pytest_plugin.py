@@ -13,7 +13,6 @@ import types
 from typing import Any
 
 import pytest
-
 from synth import GiB, MiB, Sim, make_frames
 
 from snapviz.pytest_plugin import CudaRecorder, Recording, evaluate_recording
@@ -39,7 +38,7 @@ def recorded_test_snapshot() -> tuple[dict[str, Any], dict[str, int]]:
 
 CONFTEST = """
 import pytest
-from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.pytest_plugin import Recording
 
 class FakeRecorder:

@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import synth
-from synth import GiB, MiB, Sim, random_workload, round_size
-from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
-from snapviz.load.safe_pickle import safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
-from snapviz.model import A_ALLOC, A_FREE_REQ, A_SNAPSHOT, Snapshot
 from paths import ROOT
+from synth import GiB, MiB, Sim, random_workload, round_size
+
+from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
+from snapviz.model import A_ALLOC, A_FREE_REQ, A_SNAPSHOT, Snapshot
 
 
 def load(d: Any) -> Snapshot:

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-
+from paths import EXTERNAL, ROOT
 from synth import GiB, MiB, random_workload
+
 from snapviz.analyses import replay as replay_mod
 from snapviz.analyses.replay_loop import LoopInput, LoopResult, block_loop_compiled, block_loop_reference
-from snapviz.load.safe_pickle import safe_load_pickle
-from snapviz.load.snapshot import snapshot_from_dict
-from paths import EXTERNAL, ROOT
+from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 pytest.importorskip("numba")
 

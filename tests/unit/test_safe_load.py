@@ -5,8 +5,8 @@ with a single-line message that names the file.
 """
 from __future__ import annotations
 
-import bz2
 import builtins
+import bz2
 import gzip
 import lzma
 import os
@@ -20,7 +20,8 @@ import pytest
 
 from snapviz.errors import InputError
 from snapviz.load import load, load_snapshot
-from snapviz.load.safe_pickle import open_decompressed, read_all, safe_load_pickle
+from snapviz.load.decompress import open_decompressed, read_all
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 LOADERS: dict[str, Callable[[str], Any]] = {
     "safe_load_pickle": safe_load_pickle, "load_snapshot": load_snapshot, "load": load,

@@ -13,7 +13,6 @@ from paths import SAMPLES
 
 from snapviz.analyses.allocator_rules import parse_alloc_conf, settings_from_record
 from snapviz.analyses.replay import replay_allocator
-from snapviz.analyses.whatif import recorded_cap, replay_stream
 from snapviz.analyses.simulate import (
     R_ALLOC,
     R_EMPTY_CACHE,
@@ -23,8 +22,9 @@ from snapviz.analyses.simulate import (
     fidelity,
     run,
 )
+from snapviz.analyses.whatif import recorded_cap, replay_stream
 from snapviz.load import load
-from snapviz.load.snapshot import snapshot_from_dict
+from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.model import A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
 
 MiB = 1 << 20

@@ -1,4 +1,4 @@
-"""The bulk stack interning (``_Interner.stack_ids``) against one ``stack_id`` call per list:
+"""The bulk stack interning (``StackInterner.stack_ids``) against one ``stack_id`` call per list:
 same ids, same stack table, same frame table, on real samples and on adversarial lists."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ from itertools import repeat
 import pytest
 from paths import SAMPLES
 
-from snapviz.load.columns import _factorize, _Interner
-from snapviz.load.safe_pickle import safe_load_pickle
+from snapviz.load.snapshot.columns import _factorize, StackInterner
+from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 
-def _one_by_one(lists: list) -> tuple[list[int], _Interner]:
-    it = _Interner()
+def _one_by_one(lists: list) -> tuple[list[int], StackInterner]:
+    it = StackInterner()
     return [it.stack_id(fl) for fl in lists], it
 
 
-def _bulk(lists: list) -> tuple[list[int], _Interner]:
-    it = _Interner()
+def _bulk(lists: list) -> tuple[list[int], StackInterner]:
+    it = StackInterner()
     return it.stack_ids(lists), it
 
 

@@ -1,4 +1,4 @@
-"""The typed trace decode (msgspec, ``snapviz/load/trace_decode.py``) gives exactly what the
+"""The typed trace decode (msgspec, ``snapviz/load/trace/decode.py``) gives exactly what the
 reference gives: the same batches parsed into dicts (by orjson, or by the stdlib's ``json``
 where orjson is absent) and copied one event at a time (``Columns.add``). Compared on every
 trace we have (bundled, hand-made, external) and on generated events full of odd values, so
@@ -15,11 +15,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paths import EXTERNAL, SAMPLES, TEST_DATA
 
 from snapviz.errors import InputError
-from snapviz.load import chrome_trace, json_items, trace_decode
-from snapviz.load.chrome_trace import ChromeTrace, load_chrome_trace
-from paths import EXTERNAL, SAMPLES, TEST_DATA
+from snapviz.load.trace import decode as trace_decode
+from snapviz.load.trace import json_items
+from snapviz.load.trace.chrome_trace import ChromeTrace, load_chrome_trace
 
 pytest.importorskip("msgspec")
 
@@ -27,14 +28,6 @@ TABLES = ("memory", "annotations", "ops", "python_functions")
 BUNDLED = sorted(SAMPLES.glob("*/trace.json.gz")) + [TEST_DATA / "traces" / "edge_cases.json.gz"]
 EXTERNAL_TRACES = ["kineto_resnet50_v100_2021.pt.trace.json.gz", "hta_df_index_resolver_rank1.json.gz",
                    "tracelens_h100_qwen05b.json.gz", "tracelens_mi300_vllm_decode.pt.trace.json.gz"]
-
-
-@pytest.fixture(params=["typed", "compiled"])
-def way(request: pytest.FixtureRequest) -> str:
-    """The fast path under test: msgspec's typed decode, or the numba kernel (trace_kernel)."""
-    if request.param == "compiled" and trace_decode.compiled_kernel() is None:
-        pytest.skip("numba absent")
-    return str(request.param)
 
 
 @pytest.fixture(params=["orjson", "json"])
@@ -51,36 +44,21 @@ def _reference(path: Path, monkeypatch: pytest.MonkeyPatch) -> ChromeTrace | str
     """The dict path: no typed decode."""
     with monkeypatch.context() as m:
         m.setattr(trace_decode, "_DECODER", None)
-        m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 1 << 62)
-        m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 1 << 62)
         return _load(path)
 
 
-def _typed(path: Path, monkeypatch: pytest.MonkeyPatch, way: str = "typed") -> tuple[ChromeTrace | str, int]:
-    """The fast path ``way`` ("typed": msgspec structs, "compiled": the numba kernel from the
-    first byte), and how many batches it took (the rest went the reference way)."""
+def _typed(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ChromeTrace | str, int]:
+    """The fast path (msgspec's typed decode), and how many batches it took (the rest went
+    the reference way)."""
     taken = [0]
     with monkeypatch.context() as m:
-        if way == "compiled":
-            commit = trace_decode.KernelBatches.commit
+        add_events = trace_decode.add_events
 
-            def counted_kernel(self: Any, cols: Any, got: Any, skip: int = 0) -> None:
-                commit(self, cols, got, skip)
-                taken[0] += 1
+        def counted(cols: Any, events: list[Any]) -> None:
+            add_events(cols, events)
+            taken[0] += 1
 
-            m.setattr(trace_decode.KernelBatches, "commit", counted_kernel)
-            m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 0)
-            m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 0)
-        else:
-            add_events = trace_decode.add_events
-
-            def counted(cols: Any, events: list[Any]) -> None:
-                add_events(cols, events)
-                taken[0] += 1
-
-            m.setattr(trace_decode, "add_events", counted)
-            m.setattr(chrome_trace, "COMPILED_MIN_BYTES", 1 << 62)
-            m.setattr(chrome_trace, "COMPILED_COLD_MIN_BYTES", 1 << 62)
+        m.setattr(trace_decode, "add_events", counted)
         return _load(path), taken[0]
 
 
@@ -101,24 +79,24 @@ def _assert_same(got: ChromeTrace | str, want: ChromeTrace | str) -> None:
 
 
 @pytest.mark.parametrize("path", BUNDLED, ids=lambda p: p.parent.name + "/" + p.name)
-def test_bundled_traces_equal_the_reference(path: Path, plain_parser: str, way: str,
+def test_bundled_traces_equal_the_reference(path: Path, plain_parser: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    got, _ = _typed(path, monkeypatch, way)
+    got, _ = _typed(path, monkeypatch)
     _assert_same(got, _reference(path, monkeypatch))
     # Small reads: batches with and without the edge trace's null items, so one trace
     # mixes typed and reference batches through the same interners.
     monkeypatch.setattr(json_items, "BATCH_READ_BYTES", 700)
-    mixed, typed_batches = _typed(path, monkeypatch, way)
+    mixed, typed_batches = _typed(path, monkeypatch)
     assert typed_batches > 0
     _assert_same(mixed, got)
 
 
 @pytest.mark.parametrize("name", EXTERNAL_TRACES)
-def test_external_traces_equal_the_reference(name: str, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_external_traces_equal_the_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     path = EXTERNAL / name
     if not path.exists():
         pytest.skip("external corpus absent")
-    got, typed_batches = _typed(path, monkeypatch, way)
+    got, typed_batches = _typed(path, monkeypatch)
     assert typed_batches > 0  # real traces take the typed decode
     _assert_same(got, _reference(path, monkeypatch))
 
@@ -150,21 +128,20 @@ _item = st.tuples(_rare, _event, _odd).map(lambda t: t[2] if t[0] else t[1])
 
 
 @settings(max_examples=150, deadline=None)
-@given(events=st.lists(_item, max_size=40), read=st.sampled_from([60, 1 << 20]), stdlib=st.booleans(),
-       way=st.sampled_from(["typed", "compiled"] if trace_decode.compiled_kernel() else ["typed"]))
+@given(events=st.lists(_item, max_size=40), read=st.sampled_from([60, 1 << 20]), stdlib=st.booleans())
 def test_generated_events_equal_the_reference(tmp_path_factory: pytest.TempPathFactory, events: list[Any],
-                                              read: int, stdlib: bool, way: str) -> None:
+                                              read: int, stdlib: bool) -> None:
     path = tmp_path_factory.mktemp("gen") / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": 1_700_000_000_000_000_123, "traceEvents": events}))
     with pytest.MonkeyPatch.context() as m:
         m.setattr(json_items, "BATCH_READ_BYTES", read)
         if stdlib:
             m.setattr(json_items, "_fast_loads", json.loads)
-        got, _ = _typed(path, m, way)
+        got, _ = _typed(path, m)
         _assert_same(got, _reference(path, m))
 
 
-def test_refused_batches_go_the_reference_way(tmp_path: Path, plain_parser: str, way: str,
+def test_refused_batches_go_the_reference_way(tmp_path: Path, plain_parser: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     # Values the typed decode refuses (a bool ts, a numeric name, args null) are still read
     # as the reference reads them; a string ts is still refused with one line.
@@ -172,7 +149,7 @@ def test_refused_batches_go_the_reference_way(tmp_path: Path, plain_parser: str,
     odd = [{**ok, "ts": True}, {**ok, "name": 12}, {**ok, "cat": "cpu_op", "args": None}, None]
     path = tmp_path / "odd.json"
     path.write_text(json.dumps({"traceEvents": [ok, *odd]}))
-    got, typed_batches = _typed(path, monkeypatch, way)
+    got, typed_batches = _typed(path, monkeypatch)
     assert typed_batches == 0 and not isinstance(got, str)
     assert got.python_functions["start_us"].tolist() == [1.5, 1.0, 1.5]
     assert got.python_functions["name"].astype(str).tolist() == ["f", "f", "12"]
@@ -184,7 +161,7 @@ def test_refused_batches_go_the_reference_way(tmp_path: Path, plain_parser: str,
 
 
 @pytest.mark.parametrize("only_int64", [False, True])
-def test_edge_values_equal_the_reference(tmp_path: Path, plain_parser: str, way: str, monkeypatch: pytest.MonkeyPatch,
+def test_edge_values_equal_the_reference(tmp_path: Path, plain_parser: str, monkeypatch: pytest.MonkeyPatch,
                                          only_int64: bool) -> None:
     # Every boundary of the id conversion (int64 ends, the uint64 wrap, beyond 64 bits,
     # strings, floats, bools, null) in every kept kind, all in typed batches; with int64s
@@ -202,9 +179,7 @@ def test_edge_values_equal_the_reference(tmp_path: Path, plain_parser: str, way:
                    {**base, "cat": "cpu_instant_event", "name": "[memory]", "ph": "i", "args": mem}]
     path = tmp_path / "edges.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    if way == "compiled":  # it gives back any batch with an id beyond 18 digits: small reads, some plain
-        monkeypatch.setattr(json_items, "BATCH_READ_BYTES", 300)
-    got, typed_batches = _typed(path, monkeypatch, way)
+    got, typed_batches = _typed(path, monkeypatch)
     assert typed_batches > 0 and not isinstance(got, str)
     _assert_same(got, _reference(path, monkeypatch))
     assert len(got.memory) == len(got.python_functions) == len(values)

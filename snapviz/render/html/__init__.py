@@ -1,6 +1,7 @@
 """HTML reports: self-contained pages (Bokeh INLINE, no network).
 
-* :mod:`.page` — the page kit (template, cards, tables; CSS/JS/template in ``assets/``);
+* :mod:`.page` — the page kit (page template; cards, headers and tables as Jinja2 macros with
+  autoescape, ``assets/chrome.html``; CSS/JS/templates in ``assets/``);
 * :mod:`.bokeh_kit` — sources, figures, axes and formatters shared by the reports;
 * :mod:`.palette` — stage, category and series colors;
 * view-models (plain columns, what tests assert on): :mod:`.snapshot_data`,
@@ -20,7 +21,7 @@ from snapviz.load import paused_gc
 # after a 1M-event load). The few cycles it leaves go at the next collection.
 with paused_gc():
     from snapviz.render.html.compare import render_compare_html, render_compare_report_data
-    from snapviz.render.html.page import build_page, esc
+    from snapviz.render.html.page import build_page, chrome
     from snapviz.render.html.snapshot import render_html, render_report_data
     from snapviz.render.html.trace import render_trace_html, render_trace_report_data
 
@@ -32,5 +33,5 @@ __all__ = [
     "render_compare_html",
     "render_compare_report_data",
     "build_page",
-    "esc",
+    "chrome",
 ]

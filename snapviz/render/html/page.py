@@ -1,13 +1,14 @@
 """The page kit: one self-contained HTML page (Bokeh INLINE, no network) made of raw HTML
 blocks and Bokeh roots, plus the cards, tables and headers every report shares.
 
-The stylesheet, the byte-formatting JavaScript and the page template are package data
-(``assets/``), read once. Blocks given as strings are HTML the caller has already escaped.
+The stylesheet, the byte-formatting JavaScript, the page template and the HTML around the
+plots (``assets/chrome.html``: Jinja2 macros, rendered with autoescape on by :func:`chrome`)
+are package data (``assets/``), read once. Blocks given as strings are HTML: :func:`chrome`'s
+markup, never text pasted in.
 """
 
 from __future__ import annotations
 
-import html as _html
 import json
 from collections.abc import Sequence
 from functools import cache
@@ -19,6 +20,8 @@ from bokeh.embed.elements import html_page_for_render_items
 from bokeh.model import Model
 from bokeh.models import PreText, UIElement
 from bokeh.resources import INLINE
+from jinja2 import Environment, StrictUndefined
+from markupsafe import Markup
 
 from snapviz import __version__
 from snapviz.render.html.bokeh_json import documents_json
@@ -26,16 +29,30 @@ from snapviz.render.html.view_models import SingleRunReport
 from snapviz.safe_text import clean
 
 
-def esc(text: str, quote: bool = True) -> str:
-    """HTML text of a string: control characters, bidi controls and lone surrogates shown as
-    escapes (the one policy of snapviz.safe_text), then HTML-escaped."""
-    return _html.escape(clean(text), quote=quote)
-
-
 @cache
 def load_asset(name: str) -> str:
     """The text of ``assets/<name>`` (CSS, JS or the page template)."""
     return files(__package__).joinpath("assets").joinpath(name).read_text(encoding="utf-8")
+
+
+def _text(value: Any) -> Any:
+    """Every value a macro prints, before autoescape: markup as it is, anything else as text
+    with control characters, bidi controls and lone surrogates shown as escapes (the one
+    policy of snapviz.safe_text)."""
+    return value if isinstance(value, Markup) else clean(str(value))
+
+
+@cache
+def _macros() -> Any:
+    env = Environment(autoescape=True, finalize=_text, undefined=StrictUndefined, keep_trailing_newline=False)
+    env.filters["thousands"] = lambda n: f"{int(n):,}"
+    return env.from_string(load_asset("chrome.html")).module
+
+
+def chrome(macro: str, /, **values: Any) -> Markup:
+    """The markup of one macro of ``assets/chrome.html`` (a card, a header, a table...): every
+    value autoescaped unless it is itself such markup."""
+    return cast(Markup, getattr(_macros(), macro)(**values))
 
 
 PAGE_CSS = load_asset("page.css")
@@ -146,54 +163,50 @@ def build_page(title: str, blocks: Sequence[str | UIElement], eager_roots: int =
     )
 
 
-def card_open(title: str, hint: str = "", ident: str = "") -> str:
+def card_open(title: str, hint: str = "", ident: str = "") -> Markup:
     """The opening of a card (``<section>``); the caller closes it with ``</section>``."""
-    ident_attr = f' id="{esc(ident)}"' if ident else ""
-    return f'<section class="sv-card"{ident_attr}><h2>{esc(title)}</h2>' + (
-        f'<p class="sv-hint">{esc(hint)}</p>' if hint else ""
-    )
+    return chrome("card_open", title=title, hint=hint, ident=ident)
 
 
-def report_hero(data: SingleRunReport, kicker: str) -> str:
+def card(title: str, body: Markup, hint: str = "", ident: str = "") -> Markup:
+    """A whole card: title, hint and ``body`` (markup)."""
+    return chrome("card", title=title, body=body, hint=hint, ident=ident)
+
+
+def report_hero(data: SingleRunReport, kicker: str) -> Markup:
     """The header of a single-run report: title, verdict, lines and the allocator-truth badge."""
     h = data.headline
     truth = h.truth
-    badge = f'<div class="sv-badge {esc(truth.status)}">{esc(truth.text)}</div>' if truth else ""
-    lines = "".join(f"<li>{esc(x)}</li>" for x in h.lines)
-    return (
-        f'<header class="sv-hero"><p class="sv-kicker">{esc(kicker)}</p>'
-        f'<p class="sv-title">{esc(h.title)}</p>'
-        f'<h1 class="sv-verdict" id="sv-verdict">{esc(h.verdict)}</h1>'
-        f"{'<ul class=sv-lines>' + lines + '</ul>' if lines else ''}{badge}</header>"
-    )
+    badge = chrome("badge", status=truth.status, text=truth.text) if truth else ""
+    return chrome("hero", kicker=kicker, title=h.title, verdict=h.verdict, lines=list(h.lines), extra=badge)
 
 
-def warnings_html(warnings: Sequence[str], title: str | None = None) -> str:
+def warnings_html(warnings: Sequence[str], title: str | None = None) -> Markup:
     if not warnings:
-        return ""
-    items = "".join(f"<li>{esc(w)}</li>" for w in warnings)
+        return Markup("")
     head = title or f"⚠ {len(warnings)} warning{'s' if len(warnings) > 1 else ''}"
-    return f'<div class="sv-warn" id="sv-warnings"><h3>{esc(head)}</h3><ul>{items}</ul></div>'
+    return chrome("warnings", head=head, items=list(warnings))
 
 
-def metadata_html(rows: Sequence[tuple[str, str]]) -> str:
-    body = "".join(f'<div class="k">{esc(k)}</div><div class="v">{esc(v)}</div>' for k, v in rows)
-    return card_open("Run", ident="sv-metadata") + f'<div class="sv-meta">{body}</div></section>'
+def metadata_html(rows: Sequence[tuple[str, str]]) -> Markup:
+    return card("Run", chrome("metadata", rows=list(rows)), ident="sv-metadata")
 
 
-def report_footer(note: str) -> str:
-    return (
-        f'<footer class="sv-foot" id="sv-footer">Timeline {esc(note)}. '
-        f"Generated by snapviz {esc(__version__)} — self-contained, works offline.</footer>"
+def report_footer(note: str) -> Markup:
+    return chrome(
+        "footer", text=f"Timeline {note}. Generated by snapviz {__version__} — self-contained, works offline."
     )
 
 
-def html_table(head: list[str], rows: list[list[str]], ident: str) -> str:
+def html_table(head: list[str], rows: list[list[str]], ident: str) -> Markup:
     """A plain HTML table (class ``sv-cmp``, styled by ``assets/compare.css``): readable
     without JavaScript, for small tables of text."""
-    th = "".join(f"<th>{esc(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="sv-cmp" id="{esc(ident)}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return chrome("table", head=head, rows=rows, ident=ident)
+
+
+def wide_table(head: list[str], rows: list[list[str]], ident: str) -> Markup:
+    """:func:`html_table` in a box that scrolls sideways on narrow screens."""
+    return chrome("wide_table", head=head, rows=rows, ident=ident)
 
 
 def table_css() -> str:

@@ -16,7 +16,7 @@ from bokeh.models import ColumnDataSource, UIElement
 
 from snapviz.analyses.report_view import report_view
 from snapviz.render.html.bokeh_kit import table_block
-from snapviz.render.html.page import card_open, esc
+from snapviz.render.html.page import card_open, chrome
 from snapviz.render.html.single_run import single_run_page
 from snapviz.render.html.snapshot_data import report_data
 from snapviz.render.html.stage_plots import category_block, stage_breakdown_block
@@ -30,36 +30,23 @@ def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _advice_html(data: SnapshotReport) -> str:
-    advice = data.advice
-    if not advice:
-        return (
-            '<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-none">Nothing from '
-            "the standard toolbox (SDPA, VAE tiling, fp16, offload, expandable segments) stands out for this "
-            "run's peak.</p></section>"
-        )
     tiles = []
-    for a in advice[:4]:
+    for a in data.advice[:4]:
         share = a.share
-        save_cls = "sv-fix-save" if a.saves_up_to_bytes else "sv-fix-save unknown"
         if share and share > 1:  # e.g. cached memory beyond the peak: no share of it to show
             share = None
-        meter = (
-            f'<div class="sv-meter" title="{share:.0%} of the peak"><span style="width:{share * 100:.1f}%">'
-            "</span></div>"
-            if share
-            else ""
-        )
-        save = esc(a.saves) + (f" · {share:.0%} of the peak" if share else "")
         tiles.append(
-            f'<div class="sv-fix"><div class="sv-fix-head"><span class="sv-fix-name">{esc(a.technique)}'
-            f'</span><span class="{save_cls}">{save}</span></div>{meter}'
-            f'<div class="sv-fix-why">{esc(a.why)}</div><code>{esc(a.how)}</code></div>'
+            {
+                "technique": a.technique,
+                "save_class": "sv-fix-save" if a.saves_up_to_bytes else "sv-fix-save unknown",
+                "saves": a.saves,
+                "share": f"{share:.0%}" if share else "",
+                "width": f"{share * 100:.1f}" if share else "",
+                "why": a.why,
+                "how": a.how,
+            }
         )
-    return (
-        '<section class="sv-advice" id="sv-advice"><h2>What would help</h2><p class="sv-hint">Fixes from the '
-        "standard toolbox, ranked by what this run's own live set at the peak says they can remove.</p>"
-        f'<div class="sv-fixes">{"".join(tiles)}</div></section>'
-    )
+    return chrome("advice", tiles=tiles)
 
 
 def _oom_html(data: SnapshotReport) -> str:
@@ -68,11 +55,7 @@ def _oom_html(data: SnapshotReport) -> str:
     if not oom.lines:
         return ""
     head, *rest = oom.lines
-    items = "".join(f"<li>{esc(x)}</li>" for x in [*rest, *oom.live])
-    return (
-        f'<section class="sv-card sv-oom" id="sv-oom"><h2>Why it ran out of memory</h2>'
-        f'<p class="sv-oom-head"><strong>{esc(head)}</strong></p><ul>{items}</ul></section>'
-    )
+    return chrome("oom", head=head, items=[*rest, *oom.live])
 
 
 def render_report_data(data: SnapshotReport) -> str:
@@ -205,11 +188,8 @@ def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
     out: list[str | UIElement] = [card_open("Attention score matrices", ident="sv-attention")]
     if att.rows is None:
         impl = s.get("implementation") or "unknown"
-        out += [
-            f'<p class="sv-none" id="sv-attention-none">No attention score matrices were materialized. '
-            f"Implementation: {esc(impl)}.</p>",
-            "</section>",
-        ]
+        text = f"No attention score matrices were materialized. Implementation: {impl}."
+        out += [chrome("note", text=text, ident="sv-attention-none"), "</section>"]
         return out
     lg = s.get("largest") or {}
     summary = (
@@ -219,7 +199,7 @@ def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
     )
     if att.note:
         summary += f" ({att.note})"
-    out.append(f'<p class="sv-hint">{esc(summary)}</p>')
+    out.append(chrome("note", text=summary, kind="sv-hint"))
     out.append(
         table_block(
             _columns(

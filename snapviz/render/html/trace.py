@@ -8,7 +8,7 @@ from typing import Any
 from bokeh.models import UIElement
 
 from snapviz.render.html.bokeh_kit import table_block
-from snapviz.render.html.page import card_open, esc
+from snapviz.render.html.page import card_open, chrome
 from snapviz.render.html.single_run import single_run_page
 from snapviz.render.html.stage_plots import stage_bar_block
 from snapviz.render.html.trace_data import trace_report_data
@@ -44,10 +44,8 @@ def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler tr
         cards.append(_text_table(ops, (120,), "sv-attention-table", 300))
     else:
         impl = data.attention_summary.get("implementation")
-        cards.append(
-            f'<p class="sv-none" id="sv-attention-none">No attention ops found in the trace.'
-            f"{' Implementation: ' + esc(impl) + '.' if impl else ''}</p>"
-        )
+        text = "No attention ops found in the trace." + (f" Implementation: {impl}." if impl else "")
+        cards.append(chrome("note", text=text, ident="sv-attention-none"))
     cards.append("</section>")
     return single_run_page(
         data,

@@ -10,9 +10,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.interning import Interner
 from snapviz.render.html.view_models import Decimation, Stacks, Truth
 from snapviz.units import fmt_bytes
 
@@ -20,8 +20,10 @@ STACK_FRAME_LIMIT = 12
 
 
 def intern_stages(labels: np.ndarray) -> tuple[list[str], np.ndarray]:
-    codes, names = pd.factorize(pd.Series(labels, dtype=object).astype(str), sort=False)
-    return [str(n) for n in names], codes.astype(np.int32)
+    """The distinct stage labels (as text, in order of first appearance) and each row's code."""
+    stages: Interner[str] = Interner()
+    codes = stages.many(list(map(str, np.asarray(labels, dtype=object).tolist())))
+    return stages.values, codes
 
 
 class StackTable:

@@ -11,7 +11,7 @@ from bokeh.models import HoverTool, Legend, LegendItem
 
 from snapviz.analyses.decimate import decimate_minmax
 from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_hover_formatter, make_source
-from snapviz.render.html.page import build_page, card_open, esc, html_table, table_css, warnings_html
+from snapviz.render.html.page import build_page, card, card_open, chrome, table_css, warnings_html, wide_table
 from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.whatif import (
     DETAIL_HEAD,
@@ -93,11 +93,12 @@ def _plot(c: WhatIfCurves) -> Any:
 
 def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> str:
     """The page: hero lines, the reserved curves, the recorded-card table and the card grid."""
-    hero = (
-        '<header class="sv-hero"><p class="sv-kicker">snapviz whatif</p>'
-        f'<p class="sv-title">{esc(doc["source"])} (cuda:{int(doc["device"])})</p>'
-        f'<h1 class="sv-verdict" id="sv-verdict">{esc(fidelity_line(doc))}</h1>'
-        f'<ul class="sv-lines"><li>{esc(recorded_line(doc))}</li></ul></header>'
+    hero = chrome(
+        "hero",
+        kicker="snapviz whatif",
+        title=f"{doc['source']} (cuda:{int(doc['device'])})",
+        verdict=fidelity_line(doc),
+        lines=[recorded_line(doc)],
     )
     rows = recorded_card_rows(doc)
     detail = [[*detail_cells(s), outcome(s)] for s in rows]
@@ -112,13 +113,13 @@ def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> s
     )
     blocks.append(_plot(whatif_curves(w, max_points)))
     blocks.append("</section>")
-    blocks.append(
-        card_open(f"On {card_title(doc)}")
-        + f'<div class="sv-cmp-wrap">{html_table([*DETAIL_HEAD, "result"], detail, "sv-whatif-table")}</div></section>'
-    )
+    blocks.append(card(f"On {card_title(doc)}", wide_table([*DETAIL_HEAD, "result"], detail, "sv-whatif-table")))
     if len(head) > 2:
         blocks.append(
-            card_open("Reserved peak by card", "OOM: the run would have died on that card.")
-            + f'<div class="sv-cmp-wrap">{html_table(head, grid, "sv-whatif-cards")}</div></section>'
+            card(
+                "Reserved peak by card",
+                wide_table(head, grid, "sv-whatif-cards"),
+                "OOM: the run would have died on that card.",
+            )
         )
     return build_page(f"snapviz whatif: {doc['source']}", blocks)

@@ -5,7 +5,7 @@ Unpickling a 1M-event snapshot makes ~30M Python objects (a dict per trace entry
 frame references per entry), and reading them back into columns costs more than making
 them. The tape holds the same values as numbers: every value is a (kind, payload) pair,
 containers are numbered, and each ``APPENDS``/``SETITEMS`` (a *batch*) appends its items to
-one row array, chained per container. :mod:`snapviz.load.columnar` reads the trace entries
+one row array, chained per container. :mod:`snapviz.load.snapshot.columnar` reads the trace entries
 straight from it and makes Python objects only for the small rest of the file.
 
 Only the opcodes ``pickle.dump`` writes for plain data (protocols 2-5: dicts, lists, tuples,
@@ -53,7 +53,7 @@ def vm_py(
     ints: np.ndarray,
     sbuf: np.ndarray,
 ) -> tuple[int, int, int, np.ndarray]:  # pragma: no cover - compiled
-    """Run the opcodes of ``buf`` from ``start`` to STOP into the arrays (see :class:`snapviz.load.tape.Tape`):
+    """Run the opcodes of ``buf`` from ``start`` to STOP into the arrays (see :class:`snapviz.load.snapshot.tape.Tape`):
     (status, root kind, root payload, counts). Counts: the greatest stack and mark depths,
     memo slots, rows, batches, containers, strings. ``dry``: count only, store nothing (the
     arrays but the marks may be of length 1); a dry run's counts bound the real run's."""

@@ -1,10 +1,6 @@
-"""Load untrusted snapshot pickles without ever executing code.
-
-Snapshots from ``torch.cuda.memory._dump_snapshot`` hold only builtins (dict, list,
-str, int, float, bool, tuple, None): no GLOBAL/STACK_GLOBAL opcode is needed, so an
-unpickler whose ``find_class`` always refuses loads every real snapshot and blocks
-every ``__reduce__`` payload before it can run.
-"""
+"""Decompression for every input: gzip, xz, bz2 and zstd undone by magic bytes (not by the
+name), bounded by the decompression limits (size and CPU time, :mod:`snapviz.load.limits`),
+with decompressor errors as one line. Shared by the snapshot and trace readers."""
 
 from __future__ import annotations
 
@@ -12,7 +8,6 @@ import bz2
 import io
 import lzma
 import os
-import pickle
 import time
 import zlib
 from collections.abc import Callable
@@ -21,25 +16,11 @@ from typing import IO, Any
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.opener import open_regular
-from snapviz.load.pickle_scan import scan_pickle
 
 _GZIP = b"\x1f\x8b"
 _XZ = b"\xfd7zXZ\x00"
 _BZ2 = b"BZh"
 _ZSTD = b"\x28\xb5\x2f\xfd"
-
-
-class _RefuseGlobals(pickle.Unpickler):
-    """C-speed unpickler (subclass of ``_pickle.Unpickler``) that refuses every global."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise InputError(
-            f"refusing to load: the pickle asks for {module}.{name}; "
-            "memory snapshots contain plain data only (this file may be malicious)"
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise InputError("refusing to load: the pickle uses persistent ids, which snapshots never do")
 
 
 def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
@@ -255,71 +236,3 @@ def read_all(f: IO[bytes]) -> bytes:
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)
-
-
-def safe_load_pickle(
-    path: str | os.PathLike[str], build: Callable[[bytes], Callable[[], Any] | None] | None = None
-) -> Any:
-    """Unpickle ``path`` (protocols 0-5, optionally compressed) with globals refused.
-
-    ``build``, when given, is offered the bytes once they passed the safety scan. It may
-    return a function that finishes the job without them (the bytes are let go before it
-    runs); what that returns, unless None, is returned instead of unpickling the file.
-    Every failure becomes an :class:`InputError` carrying one readable line.
-    """
-    p = os.fspath(path)
-    limits = Limits.from_env()
-    f = open_decompressed(p, limits=limits)
-    try:
-        with f:
-            data = read_all(f)
-            if not data:
-                raise InputError(f"{p}: empty file")
-            # Every structural limit is checked on the opcodes before one object is built.
-            scan_pickle(data, p, limits)
-            finish = build(data) if build is not None else None
-            if finish is not None:
-                del data
-                built = finish()
-                if built is not None:
-                    return built
-                if not isinstance(getattr(f, "raw", None), io.FileIO):  # the bytes are gone: decompress again
-                    with open_decompressed(p, limits=limits) as again:
-                        return _RefuseGlobals(again).load()
-            if isinstance(getattr(f, "raw", None), io.FileIO):
-                # An uncompressed file is unpickled from the file, read again (from the page
-                # cache), so the checked bytes are not held beside the objects they become:
-                # the load's peak is the objects', as for any reader of the file.
-                data = b""
-                f.seek(0)
-                return _RefuseGlobals(f).load()
-        return _RefuseGlobals(io.BytesIO(data)).load()
-    except InputError as exc:
-        msg = str(exc)
-        raise InputError(msg if msg.startswith(p) else f"{p}: {msg}") from None
-    except RecursionError:
-        raise InputError(f"{p}: pickle nests too deeply to be a snapshot") from None
-    except MemoryError:
-        # FIX (tests/unit/test_safe_load.py): a corrupt length field asks for exabytes
-        raise InputError(
-            f"{p}: not a readable snapshot pickle (a length field asks for more memory "
-            "than there is: corrupt, or too big for this machine)"
-        ) from None
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        ValueError,
-        TypeError,
-        IndexError,
-        KeyError,
-        AttributeError,
-        lzma.LZMAError,
-        OSError,
-        UnicodeDecodeError,
-        OverflowError,
-        zlib.error,
-    ) as exc:  # FIX: OverflowError from FRAME/BINBYTES8 lengths
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if isinstance(exc, EOFError) or "truncated" in detail.lower() or "ran out of input" in detail.lower():
-            raise InputError(f"{p}: truncated or incomplete snapshot pickle ({detail})") from None
-        raise InputError(f"{p}: not a readable snapshot pickle ({detail})") from None

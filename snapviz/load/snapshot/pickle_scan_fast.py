@@ -1,6 +1,6 @@
 """The pickle scan's fast path: a grammar check for big pickles, in Python and compiled.
 
-The exact scan (:mod:`snapviz.load.pickle_scan`) costs about 1 µs per opcode in Python, ten
+The exact scan (:mod:`snapviz.load.snapshot.pickle_scan`) costs about 1 µs per opcode in Python, ten
 times the unpickler. Big pickles (over FULL_SCAN_BYTES) first try a grammar check instead:
 the opcodes ``pickle.dump`` writes for plain data with protocol 4/5 (memo by MEMOIZE only,
 strings under 256 bytes inline). On that grammar the unpickler cannot be hurt: no sets, no

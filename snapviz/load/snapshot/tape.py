@@ -1,4 +1,4 @@
-"""The tape of a pickle: :func:`run_tape` runs :mod:`snapviz.load.pickle_vm`'s machine over
+"""The tape of a pickle: :func:`run_tape` runs :mod:`snapviz.load.snapshot.pickle_vm`'s machine over
 a file's bytes into arrays sized from the file's length and gives back a :class:`Tape`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.compiled import njit_cached
-from snapviz.load.pickle_vm import FULL, OK, vm_py
+from snapviz.load.snapshot.pickle_vm import FULL, OK, vm_py
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Untrusted snapshot values to columns: the interning of frames and strings, the coercion of
 every value a hostile file could hold (huge ints, nested names, wrong types) and the one pass
-from the unpickled trace entries to the event columns. :mod:`snapviz.load.snapshot` builds the
+from the unpickled trace entries to the event columns. :mod:`snapviz.load.snapshot.builder` builds the
 model from these."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from snapviz.interning import Interner
 from snapviz.model import A_OTHER, ACTION_CODE
 from snapviz.safe_text import clip
 
 
-class _Interner:
+class StackInterner:
     """Frames and stacks interned once. Frame lists, and the frame dicts in them, are shared
     objects in the pickle (c10 symbolizes each distinct frame once), so stacks and frames are
     first looked up by identity (cheap) and only then by value."""
@@ -26,21 +27,25 @@ class _Interner:
         self.by_identity: dict[int, int] = {}
         self.frame_by_identity: dict[int, int] = {}
         self.keep_alive: list[Any] = []
-        self.stack_by_value: dict[tuple[int, ...], int] = {}
-        self.stacks: list[tuple[int, ...]] = []
-        self.frame_by_value: dict[tuple[str, str, int], int] = {}
-        self.frame_rows: list[tuple[str, str, int]] = []
+        self.frames: Interner[tuple[str, str, int]] = Interner()
+        self.stack_codes: Interner[tuple[int, ...]] = Interner()
+
+    @property
+    def frame_rows(self) -> list[tuple[str, str, int]]:
+        """The distinct frames (name, filename, line), in frame-id order."""
+        return self.frames.values
+
+    @property
+    def stacks(self) -> list[tuple[int, ...]]:
+        """The distinct stacks (tuples of frame ids), in stack-id order."""
+        return self.stack_codes.values
 
     def frame_id(self, fr: Any) -> int:
         """The frame's id by value (-1: not a frame dict, skipped), remembered by identity."""
         fid = -1
         if isinstance(fr, dict):
-            fv = (_name(fr.get("name", "?")), _name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
-            fid = self.frame_by_value.get(fv, -1)
-            if fid < 0:
-                fid = len(self.frame_rows)
-                self.frame_by_value[fv] = fid
-                self.frame_rows.append(fv)
+            fv = (bounded_name(fr.get("name", "?")), bounded_name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
+            fid = self.frames(fv)
         self.frame_by_identity[id(fr)] = fid  # alive as long as its list, kept below
         return fid
 
@@ -64,12 +69,7 @@ class _Interner:
 
     def stack_of(self, frame_ids: tuple[int, ...]) -> int:
         """The id of the stack of these frames, a new one where no stack had them yet."""
-        sid = self.stack_by_value.get(frame_ids)
-        if sid is None:
-            sid = len(self.stacks)
-            self.stack_by_value[frame_ids] = sid
-            self.stacks.append(frame_ids)
-        return sid
+        return self.stack_codes(frame_ids)
 
     def stack_ids(self, lists: list[Any]) -> list[int]:
         """:meth:`stack_id` of many distinct frame lists. torch writes one list object per
@@ -128,15 +128,15 @@ def _block_frames(block: dict[str, Any]) -> Any:
 
 def _block_requested(block: dict[str, Any], size: int) -> int:
     if "requested_size" in block:
-        return _as_int(block.get("requested_size"), size)
+        return as_int(block.get("requested_size"), size)
     hist = block.get("history")  # FIX: pre-2.1 blocks keep the request as history[0]["real_size"]
     if isinstance(hist, list) and hist and isinstance(hist[0], dict) and "real_size" in hist[0]:
-        return _as_int(hist[0].get("real_size"), size)
+        return as_int(hist[0].get("real_size"), size)
     return size
 
 
 def block_columns(
-    seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: _Interner
+    seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: StackInterner
 ) -> dict[str, Any]:
     """The blocks of every segment as columns, plus ``segment_stack_id`` (one per segment).
 
@@ -162,15 +162,15 @@ def block_columns(
             get = b.get
             size = get("size", 0)
             if type(size) is not int:
-                size = _as_int(size)
+                size = as_int(size)
             addr = get("address", baddr)
             req = get("requested_size")
             state = get("state", "inactive")
             if type(state) is not str or len(state) > MAX_NAME_CHARS:
-                state = _text(state)
+                state = value_text(state)
             seg_col.append(k)
             dev_col.append(dev)
-            addr_col.append(addr if type(addr) is int else _as_int(addr))
+            addr_col.append(addr if type(addr) is int else as_int(addr))
             size_col.append(size)
             req_col.append(req if type(req) is int else _block_requested(b, size))
             # the docstring's spelling of the C++ state
@@ -198,7 +198,7 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxstring, _REPR.maxother = 3, 16, 16, 16, 1000, 200
 
 
-def _text(v: Any) -> str:
+def value_text(v: Any) -> str:
     """A file value as text without walking it: strings as they are, scalars by ``str``,
     containers by a depth- and length-bounded repr (a list shared a billion times over
     must not turn into gigabytes of text)."""
@@ -217,13 +217,13 @@ def _text(v: Any) -> str:
 MAX_NAME_CHARS = 4096
 
 
-def _name(v: Any) -> str:
-    """:func:`_text`, cut to :data:`MAX_NAME_CHARS` with the full length stated."""
-    t = _text(v)
+def bounded_name(v: Any) -> str:
+    """:func:`value_text`, cut to :data:`MAX_NAME_CHARS` with the full length stated."""
+    t = value_text(v)
     return clip(t, MAX_NAME_CHARS)
 
 
-def _as_int(v: Any, default: int = 0) -> int:
+def as_int(v: Any, default: int = 0) -> int:
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
@@ -234,12 +234,12 @@ def _as_int(v: Any, default: int = 0) -> int:
         return default
 
 
-def _settings(v: Any) -> dict[str, Any]:
+def settings_dict(v: Any) -> dict[str, Any]:
     """allocator_settings with scalar values kept and anything nested shown as bounded text
     (it reaches every report; a shared, deeply nested value must not)."""
     if not isinstance(v, dict):
         return {}
-    return {_text(k): _flat(x) for k, x in list(v.items())[:200]}
+    return {value_text(k): _flat(x) for k, x in list(v.items())[:200]}
 
 
 _SCALARS = (str, int, float, bool, type(None))
@@ -254,34 +254,34 @@ def _flat(x: Any) -> Any:
         return dict(x)
     if type(x) in (list, tuple) and len(x) <= 1000 and all(type(y) in _SCALARS for y in x):
         return list(x)
-    return _text(x)
+    return value_text(x)
 
 
-def _pool_str(v: Any) -> str:
+def pool_str(v: Any) -> str:
     if isinstance(v, (tuple, list)) and len(v) == 2:
-        return f"{_as_int(v[0])},{_as_int(v[1])}"
+        return f"{as_int(v[0])},{as_int(v[1])}"
     return "0,0"
 
 
 _FAST_KEYS = ("action", "addr", "size", "stream", "time_us")
 
 
-def _action_code(a: Any, missing: int | None = None) -> int:
+def action_code(a: Any, missing: int | None = None) -> int:
     if type(a) is not str:
         if a is None and missing is not None:
             return missing
-        raise TypeError(f"a trace action that is not a string ({_text(a)[:40]})")
+        raise TypeError(f"a trace action that is not a string ({value_text(a)[:40]})")
     return ACTION_CODE.get(a, A_OTHER)
 
 
-def _metadata_str(v: Any) -> str:
+def metadata_str(v: Any) -> str:
     """user_metadata is a str up to 2.13; newer torch may stamp dicts (unhashable)."""
-    return ("" if v is None else _name(v)) if type(v) is not str or len(v) > MAX_NAME_CHARS else v
+    return ("" if v is None else bounded_name(v)) if type(v) is not str or len(v) > MAX_NAME_CHARS else v
 
 
 # Entries the replay cannot do without: an allocation or free with no address or size
 # would silently become a 0-byte event and every figure after it would be wrong.
-_NEEDS_ADDR_AND_SIZE = frozenset(a for a in ACTION_CODE if a not in ("oom", "snapshot", "other"))
+NEEDS_ADDR_AND_SIZE = frozenset(a for a in ACTION_CODE if a not in ("oom", "snapshot", "other"))
 
 
 def _require_replay_keys(entries: list[dict[str, Any]]) -> None:
@@ -290,7 +290,7 @@ def _require_replay_keys(entries: list[dict[str, Any]]) -> None:
         act = e.get("action")
         if act is None:
             raise ValueError(f"trace entry {i} has no 'action'")
-        if act in _NEEDS_ADDR_AND_SIZE:
+        if act in NEEDS_ADDR_AND_SIZE:
             for key in ("addr", "size"):
                 if e.get(key) is None:
                     raise ValueError(f"trace entry {i} ({act!r}) has no {key!r}")
@@ -327,8 +327,8 @@ def _factorize(values: list[Any], by_value: bool = True) -> tuple[np.ndarray, li
     return codes, [values[j] for j in _first_positions(codes).tolist()]
 
 
-def _entry_columns(
-    entries: list[dict[str, Any]], interner: _Interner, sid: Any, notes: list[str]
+def entry_columns(
+    entries: list[dict[str, Any]], interner: StackInterner, sid: Any, notes: list[str]
 ) -> dict[str, np.ndarray]:
     """Columns of one device's trace entries.
 
@@ -341,7 +341,7 @@ def _entry_columns(
     get = dict.get
     try:
         acodes, acts = _factorize(list(map(get, entries, repeat("action"))))
-        action = np.array([_action_code(a) for a in acts], dtype=np.int8)[acodes] if n else np.empty(0, np.int8)
+        action = np.array([action_code(a) for a in acts], dtype=np.int8)[acodes] if n else np.empty(0, np.int8)
         del acodes
         addr_v, size_v = list(map(itemgetter("addr"), entries)), list(map(itemgetter("size"), entries))
         if not set(map(type, addr_v)) | set(map(type, size_v)) <= {int}:
@@ -353,16 +353,16 @@ def _entry_columns(
         time_a = np.fromiter(map(itemgetter("time_us"), entries), np.int64, n)
     except (KeyError, TypeError, ValueError, OverflowError):
         _require_replay_keys(entries)
-        action = np.fromiter((_action_code(e.get("action"), A_OTHER) for e in entries), np.int8, n)
-        addr_a = np.fromiter((_as_int(e.get("addr", 0)) for e in entries), np.int64, n)
-        size_a = np.fromiter((_as_int(e.get("size", 0)) for e in entries), np.int64, n)
+        action = np.fromiter((action_code(e.get("action"), A_OTHER) for e in entries), np.int8, n)
+        addr_a = np.fromiter((as_int(e.get("addr", 0)) for e in entries), np.int64, n)
+        size_a = np.fromiter((as_int(e.get("size", 0)) for e in entries), np.int64, n)
         odd = sum(1 for e in entries for k in ("addr", "size") if k in e and type(e[k]) is not int)
         if odd:
             notes.append(
                 f"{odd:,} trace sizes/addresses are not integers (bool, float, text or missing): read as integers"
             )
-        stream_a = np.fromiter((_as_int(e.get("stream", 0)) for e in entries), np.int64, n)
-        time_a = np.fromiter((_as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
+        stream_a = np.fromiter((as_int(e.get("stream", 0)) for e in entries), np.int64, n)
+        time_a = np.fromiter((as_int(e.get("time_us", -1), -1) for e in entries), np.int64, n)
     # Frames: lists are factorized by identity (map over dict.get with repeated arguments
     # stays in C), then each distinct list is interned by the interner's bulk path.
     fcodes, flists = _factorize(list(map(get, entries, repeat("frames"))), by_value=False)
@@ -371,11 +371,11 @@ def _entry_columns(
 
     def interned(key: str) -> np.ndarray:
         codes, distinct = _factorize(list(map(get, entries, repeat(key))))
-        ids = np.array([sid(_metadata_str(v)) for v in distinct], dtype=np.int32)
+        ids = np.array([sid(metadata_str(v)) for v in distinct], dtype=np.int32)
         return ids[codes] if n else np.empty(0, np.int32)
 
     device_free = (
-        np.fromiter((_as_int(get(e, "device_free", -1), -1) for e in entries), np.int64, n)
+        np.fromiter((as_int(get(e, "device_free", -1), -1) for e in entries), np.int64, n)
         if (action == ACTION_CODE["oom"]).any()
         else np.full(n, -1, np.int64)
     )

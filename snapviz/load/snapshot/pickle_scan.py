@@ -11,7 +11,7 @@ refuses what a memory snapshot never contains (sets, dict keys that are not scal
 containers modified after they were referenced, out-of-order memo indices) before the
 real unpickler sees the first byte. Linear time, constant work per opcode; it does not
 recurse. Pickles over FULL_SCAN_BYTES first try a much faster grammar check
-(:mod:`snapviz.load.pickle_scan_fast`) and come here only when it cannot decide.
+(:mod:`snapviz.load.snapshot.pickle_scan_fast`) and come here only when it cannot decide.
 
 Opcodes and their argument layouts: ``pickletools`` (Lib/pickletools.py), protocol 0-5.
 """
@@ -24,7 +24,7 @@ from struct import error as struct_error
 
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.pickle_scan_fast import (
+from snapviz.load.snapshot.pickle_scan_fast import (
     COMPILED_MIN_BYTES,
     FULL_SCAN_BYTES,
     compiled_kernel,
@@ -68,7 +68,7 @@ def scan_pickle(data: bytes, path: str, limits: Limits, exact: bool = False) -> 
     pickle of plain data within ``limits``; return when the C unpickler may run: the
     exact scan's counts (objects, string_bytes, depth, expansion), None after the fast path."""
     if not exact and len(data) > FULL_SCAN_BYTES:
-        # The grammar check (snapviz.load.pickle_scan_fast), compiled for big pickles when numba is there.
+        # The grammar check (snapviz.load.snapshot.pickle_scan_fast), compiled for big pickles when numba is there.
         fast = fast_scan_compiled if len(data) >= COMPILED_MIN_BYTES and compiled_kernel() is not None else fast_scan
         try:
             if fast(data, path, limits):

@@ -1,9 +1,9 @@
 """The trace entries of a snapshot read straight from the pickle's tape into columns.
 
-:mod:`snapviz.load.pickle_vm` runs the pickle into arrays without making Python objects;
+:mod:`snapviz.load.snapshot.pickle_vm` runs the pickle into arrays without making Python objects;
 here the trace entries (a dict per event, ~97% of a big file) become the event columns
 with compiled loops, and only the rest of the file (segments, blocks, settings, the
-distinct frames) becomes Python objects, which :func:`snapviz.load.snapshot.snapshot_from_dict`
+distinct frames) becomes Python objects, which :func:`snapviz.load.snapshot.builder.snapshot_from_dict`
 reads as it reads any unpickled snapshot. The result equals the unpickled route's exactly
 (``tests/unit/test_columnar.py`` compares every frame on every sample and external file).
 
@@ -23,19 +23,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.load.columnar_segments import segments
-from snapviz.load.columns import _NEEDS_ADDR_AND_SIZE, _action_code, _Interner, _metadata_str
-from snapviz.load.pickle_scan_fast import COMPILED_MIN_BYTES
-from snapviz.load.pickle_vm import (
+from snapviz.load.snapshot.builder import BlockColumns, snapshot_from_dict
+from snapviz.load.snapshot.columnar_segments import segments
+from snapviz.load.snapshot.columns import NEEDS_ADDR_AND_SIZE, StackInterner, action_code, metadata_str
+from snapviz.load.snapshot.pickle_scan_fast import COMPILED_MIN_BYTES
+from snapviz.load.snapshot.pickle_vm import (
     K_DICT,
     K_INT,
     K_LIST,
     K_NONE,
     K_STR,
 )
-from snapviz.load.snapshot import BlockColumns, snapshot_from_dict
-from snapviz.load.tape import Tape, run_tape
-from snapviz.load.tape_read import Fallback, Objects, compiled, field_index, group_spans, stack_ids
+from snapviz.load.snapshot.tape import Tape, run_tape
+from snapviz.load.snapshot.tape_read import Fallback, Objects, compiled, field_index, group_spans, stack_ids
 from snapviz.model import ACTION_CODE, Snapshot
 
 FIELDS = ("action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context", "device_free")
@@ -86,7 +86,7 @@ def _build(tape: Tape, source: str) -> Snapshot:
     devices = m.items(traces[1])
 
     def device_columns(
-        interner: _Interner, sid: Callable[[Any], int], notes: list[str]
+        interner: StackInterner, sid: Callable[[Any], int], notes: list[str]
     ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         for dev, (k, c) in enumerate(devices):
             if k == K_NONE:
@@ -104,9 +104,9 @@ def _build(tape: Tape, source: str) -> Snapshot:
 
 
 def _device_columns(
-    m: Objects, entries: np.ndarray, field_of: np.ndarray, interner: _Interner, sid: Callable[[Any], int]
+    m: Objects, entries: np.ndarray, field_of: np.ndarray, interner: StackInterner, sid: Callable[[Any], int]
 ) -> dict[str, np.ndarray] | None:
-    """One device's event columns, as :func:`snapviz.load.columns._entry_columns` makes them."""
+    """One device's event columns, as :func:`snapviz.load.snapshot.columns.entry_columns` makes them."""
     n = len(entries)
     if n == 0:
         return None
@@ -122,10 +122,10 @@ def _device_columns(
         raise Fallback
     acodes, astr = pd.factorize(fp[F_ACTION])
     names = [m.text(s) for s in astr.tolist()]
-    action = np.array([_action_code(a) for a in names], np.int8)[acodes]
+    action = np.array([action_code(a) for a in names], np.int8)[acodes]
     for f in (F_ADDR, F_SIZE, F_STREAM, F_TIME):
         if not (fk[f] == K_INT).all():
-            _defaults(fk, fp, f, np.array([a in _NEEDS_ADDR_AND_SIZE for a in names])[acodes])
+            _defaults(fk, fp, f, np.array([a in NEEDS_ADDR_AND_SIZE for a in names])[acodes])
     return {
         "time_us": fp[F_TIME],  # views: the model's concatenation copies them
         "action": action,
@@ -168,7 +168,7 @@ def _interned(m: Objects, kinds: np.ndarray, pays: np.ndarray, sid: Callable[[An
     assert got is not None
     texts, first = got
     values = [m.text(s) for s in objs[first].tolist()] + [None]  # a None object: group -1, the last
-    ids = np.array([sid(_metadata_str(v)) for v in values], np.int32)
+    ids = np.array([sid(metadata_str(v)) for v in values], np.int32)
     return ids[texts[codes]]
 
 

@@ -1,11 +1,11 @@
 """torch.profiler Chrome traces (plain or gzip JSON) as columnar tables.
 
 The parser streams: the ``traceEvents`` array is read 1 MiB at a time through the bounding
-guard (:mod:`snapviz.load.json_stream`, :mod:`snapviz.load.json_items`), each read's complete
+guard (:mod:`snapviz.load.trace.json_stream`, :mod:`snapviz.load.trace.json_items`), each read's complete
 events decoded in one C call (typed structs with ``msgspec``, else dicts from ``orjson`` or
-the stdlib's ``json``; see :mod:`snapviz.load.trace_decode`; on large traces a numba kernel
-that goes straight to columns and spares the guard's scan, :mod:`snapviz.load.trace_kernel`),
-and the few fields we need are copied into ``array.array`` columns and interned string codes (:mod:`snapviz.load.trace_columns`). A 500 MB trace
+the stdlib's ``json``; see :mod:`snapviz.load.trace.decode`), and the few fields we need are
+copied into ``array.array`` columns and interned string codes
+(:mod:`snapviz.load.trace.columns`). A 500 MB trace
 therefore never exists as a list of Python objects (``json.load`` would need several times
 its size in RSS); see ``benchmarks/bench_speed.py`` for the measured speed and peak RSS.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,25 +25,16 @@ import pandas as pd
 
 from snapviz.errors import InputError
 from snapviz.load import paused_gc
-from snapviz.load.json_items import ItemDecoder, array_item_docs
-from snapviz.load.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.load.limits import Limits
-from snapviz.load.trace_columns import Columns
-from snapviz.load.trace_decode import add_batch, kernel_batches
+from snapviz.load.trace.columns import Columns
+from snapviz.load.trace.decode import add_batch, trace_reader
+from snapviz.load.trace.json_items import array_item_docs
+from snapviz.load.trace.json_stream import TapReader, TopLevel, one_line, open_json, scan_top_level
 from snapviz.safe_text import short_repr
 
 __all__ = ["ChromeTrace", "TopLevel", "load_chrome_trace", "looks_like_chrome_trace", "scan_top_level"]
 
 TAIL_WINDOW_BYTES = 4 << 20  # keys after the events array must fit in this window
-# From this much raw JSON on, the events go to the compiled decode (trace_decode.KernelBatches,
-# numba: the ``fast`` extra), which also spares the guard's scan of what it reads. Measured
-# on the 2-core dev box (docs/benchmarks.md, issue 14), whole process: it streams ~1.6x as
-# fast as msgspec's typed decode, but a process that has not loaded numba yet pays ~0.8 s of
-# CPU and ~110 MiB for it (numba's import and CPU target), so alone it breaks even at about
-# 110 MB of JSON. Where numba is already loaded (a large snapshot in the same run), loading
-# the cached kernel costs a few hundredths of a second.
-COMPILED_MIN_BYTES = 16 << 20  # numba already imported
-COMPILED_COLD_MIN_BYTES = 128 << 20  # numba not imported yet
 
 
 @dataclass
@@ -81,6 +71,7 @@ class ChromeTrace:
     python_functions: pd.DataFrame
     event_count: int = 0
     notes: list[str] = field(default_factory=list)
+    reader: str = ""  # the decoder (snapviz.load.trace.decode.READERS); the same columns either way
 
     def __repr__(self) -> str:
         mem = self.memory
@@ -149,22 +140,11 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
         raise InputError(f"{p}: not a Chrome trace (traceEvents is not a list)")
     reader = TapReader(p, open_json(p, limits), limits, watch=top.events_index, keep_tail=TAIL_WINDOW_BYTES)
     cols = Columns()
-    # The file's size is a lower bound of the JSON's (a compressed one says so on the way).
-    start = COMPILED_MIN_BYTES if "numba" in sys.modules else COMPILED_COLD_MIN_BYTES
-    size = os.path.getsize(p)
-    compiled: list[ItemDecoder | None] = []  # the compiled decoder, once wanted (None: no numba)
-
-    def decoder(offset: int) -> ItemDecoder | None:
-        if not compiled and max(offset, size) >= start:
-            kernel = kernel_batches(limits.depth)
-            compiled.append(None if kernel is None else kernel.items(cols))
-        return compiled[0] if compiled else None
-
     try:
         # The cyclic GC paused (see paused_gc): each batch is thousands of fresh objects,
         # which would trigger collections over everything parsed so far; events hold no cycles.
         with reader.stream, paused_gc():
-            for doc, skip in array_item_docs(reader, p, decoder):
+            for doc, skip in array_item_docs(reader, p):
                 add_batch(cols, doc, skip, p)
     except (TypeError, ValueError, OverflowError) as exc:  # e.g. a string where ts should be a number
         raise InputError(f"{p}: malformed trace event ({one_line(exc)})") from None
@@ -181,4 +161,6 @@ def load_chrome_trace(path: str | os.PathLike[str]) -> ChromeTrace:
     # int / 1000 rounds once, correctly; float(base_ns) first could round twice.
     base_us = base_ns / 1000 if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) else 0.0
     tables = cols.frames(base_us)
-    return ChromeTrace(source=p, meta=meta, base_us=base_us, event_count=cols.count, notes=notes, **tables)
+    return ChromeTrace(
+        source=p, meta=meta, base_us=base_us, event_count=cols.count, notes=notes, reader=trace_reader(), **tables
+    )

@@ -1,6 +1,6 @@
-"""Segments and blocks read off a pickle's tape for :mod:`snapviz.load.columnar`: segments as
+"""Segments and blocks read off a pickle's tape for :mod:`snapviz.load.snapshot.columnar`: segments as
 dicts of only the keys the snapshot reader looks up, and the blocks straight into the columns
-:func:`snapviz.load.columns.block_columns` makes, where they are in torch's shape."""
+:func:`snapviz.load.snapshot.columns.block_columns` makes, where they are in torch's shape."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.load.columns import MAX_NAME_CHARS, _Interner
-from snapviz.load.pickle_vm import K_DICT, K_INT, K_LIST, K_NONE, K_STR
-from snapviz.load.snapshot import BlockColumns
-from snapviz.load.tape_read import Objects, key_values, stack_ids
+from snapviz.load.snapshot.builder import BlockColumns
+from snapviz.load.snapshot.columns import MAX_NAME_CHARS, StackInterner
+from snapviz.load.snapshot.pickle_vm import K_DICT, K_INT, K_LIST, K_NONE, K_STR
+from snapviz.load.snapshot.tape_read import Objects, key_values, stack_ids
 
-# The keys the snapshot reader looks up in segments and blocks (snapviz.load.snapshot,
-# snapviz.load.columns.block_columns): it reads nothing else from them.
+# The keys the snapshot reader looks up in segments and blocks (snapviz.load.snapshot.builder,
+# snapviz.load.snapshot.columns.block_columns): it reads nothing else from them.
 SEG_FIELDS = (
     "device",
     "address",
@@ -71,7 +71,7 @@ def segments(m: Objects, kind: int, pay: int) -> tuple[Any, BlockColumns | None]
 def _block_columns(
     m: Objects, sk: np.ndarray, sp: np.ndarray, per_seg: np.ndarray, bk: np.ndarray, bp: np.ndarray
 ) -> BlockColumns | None:
-    """:func:`snapviz.load.columns.block_columns` from the tape, for blocks in torch's shape
+    """:func:`snapviz.load.snapshot.columns.block_columns` from the tape, for blocks in torch's shape
     (int size, address and requested size, a state string, a frame list or none, no pre-2.1
     history); None for anything else, which the dict reader handles."""
     f = {name: i for i, name in enumerate(BLOCK_FIELDS)}
@@ -105,7 +105,7 @@ def _block_columns(
     walk[~is_seg] = np.where(bk[f["frames"]] == K_LIST, bp[f["frames"]], -1)
 
     def columns(
-        seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: _Interner
+        seg_rows: list[tuple[Any, ...]], seg_frames: list[Any], seg_blocks: list[list[Any]], interner: StackInterner
     ) -> dict[str, Any]:
         base = np.array([r[1] for r in seg_rows], np.int64)
         dev = np.array([r[0] for r in seg_rows], np.int64)

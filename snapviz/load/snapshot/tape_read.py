@@ -1,7 +1,7 @@
-"""Reading values off a pickle's tape (:mod:`snapviz.load.pickle_vm`): Python objects for the
+"""Reading values off a pickle's tape (:mod:`snapviz.load.snapshot.pickle_vm`): Python objects for the
 few values that need to be objects (each container made once, shared as in the file), the
 values of named keys across many dicts at once, and the grouping of frame lists and strings
-by content, compiled. :mod:`snapviz.load.columnar` builds the snapshot with these."""
+by content, compiled. :mod:`snapviz.load.snapshot.columnar` builds the snapshot with these."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from snapviz.compiled import njit_cached
-from snapviz.load.columns import _Interner
-from snapviz.load.pickle_vm import (
+from snapviz.load.snapshot.columns import StackInterner
+from snapviz.load.snapshot.pickle_vm import (
     K_BIG,
     K_DICT,
     K_FALSE,
@@ -28,7 +28,7 @@ from snapviz.load.pickle_vm import (
     K_TUPLE,
     OK,
 )
-from snapviz.load.tape import Tape
+from snapviz.load.snapshot.tape import Tape
 
 MAX_KEY_STRINGS = 100_000  # more distinct key strings than this: keys are not memoized, not torch's layout
 MAX_DEPTH = 64  # values nested deeper than this (outside the entries) go the unpickler's way
@@ -75,7 +75,7 @@ def group_spans(
     return None if status != OK else (gcode, first)
 
 
-def stack_ids(m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: _Interner) -> np.ndarray:
+def stack_ids(m: Objects, kinds: np.ndarray, pays: np.ndarray, interner: StackInterner) -> np.ndarray:
     """Stack ids of the entries' frame lists: lists holding the same frame objects are one
     group, and each group's first list is interned by value in the order the groups first
     occur, as the interner would meet them one by one. A frame list over more than one
@@ -180,7 +180,7 @@ class Objects:
             out.append(self.value(k, p, depth + 1) if v is None else v)
         return out
 
-    def frame_ids(self, interner: _Interner, c: int) -> tuple[int, ...]:
+    def frame_ids(self, interner: StackInterner, c: int) -> tuple[int, ...]:
         """The frame ids of frame list ``c`` (every item a frame dict: the grouping checked)."""
         out = []
         for _, f in self.items(c):

@@ -18,8 +18,8 @@ import ijson
 import numpy as np
 
 from snapviz.errors import InputError
+from snapviz.load.decompress import open_decompressed
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.safe_pickle import open_decompressed
 
 CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
 
@@ -129,18 +129,6 @@ class _JsonGuard:
             raise LimitExceeded(self.path, "objects", self.values, self.limits.objects)
         self.offset += len(chunk)
 
-    def skip(self, n: int, values: int, last_item_end: int) -> None:
-        """Take the next ``n`` bytes as read without scanning them: a validating decoder read
-        them as whole items of the watched array (every string shorter than the limit, every
-        item nested within it, ``values`` counted as :meth:`feed` counts), ending between two
-        items. The state is the one :meth:`feed` would leave; the caller checks the value limit."""
-        self.offset += n
-        self.values += values
-        self.depth = 2
-        self.in_string = self.pending_escape = False
-        if last_item_end >= 0:
-            self.last_item_end = last_item_end
-
     def _string_ends(self, chunk: bytes, n_quotes: int) -> None:
         """Open-string state and the length of strings that cross this chunk's edges."""
         longest = 0
@@ -225,9 +213,8 @@ class TapReader:
         self.tail: list[bytes] = []  # the last chunks, >= keep_tail bytes of them
         self.tail_bytes = 0
 
-    def read(self, size: int = -1, guarded: bool = True) -> bytes:
-        """The next bytes, fed to the guard unless ``guarded`` is False (then the caller
-        feeds them, or has a validating decoder vouch for them: :meth:`_JsonGuard.skip`)."""
+    def read(self, size: int = -1) -> bytes:
+        """The next bytes, fed to the guard."""
         try:
             chunk = self.stream.read1(size) if hasattr(self.stream, "read1") else self.stream.read(size)
         except EOFError:  # gzip stream cut short
@@ -252,8 +239,7 @@ class TapReader:
                 raise InputError(f"{self.path}: a JSON array, not a Chrome trace object with a traceEvents list")
             if first != b"{":
                 raise InputError(f"{self.path}: not JSON (does not start with '{{')")
-        if guarded:
-            self.guard.feed(chunk)
+        self.guard.feed(chunk)
         if self.keep_tail:
             self.tail.append(chunk)
             self.tail_bytes += len(chunk)

@@ -16,17 +16,18 @@ import numpy as np
 import pandas as pd
 
 from snapviz.errors import InputError
-from snapviz.load.columns import (
+from snapviz.interning import Interner
+from snapviz.load.snapshot.columns import (
     ADDRESS_LIMIT,
     MAX_NAME_CHARS,
-    _as_int,
-    _entry_columns,
-    _Interner,
-    _name,
-    _pool_str,
-    _settings,
-    _text,
+    StackInterner,
+    as_int,
     block_columns,
+    bounded_name,
+    entry_columns,
+    pool_str,
+    settings_dict,
+    value_text,
 )
 from snapviz.model import Snapshot
 from snapviz.safe_text import clip
@@ -45,12 +46,12 @@ def _check_range(source: str, where: str, addr: np.ndarray, size: np.ndarray) ->
 
 
 # Per-device event columns given the interner, the string interning function and the notes:
-# the unpickled entries' by default, or read from the pickle's tape (snapviz.load.columnar).
-DeviceColumns = Callable[[_Interner, Callable[[Any], int], list[str]], Iterable[tuple[int, dict[str, np.ndarray]]]]
+# the unpickled entries' by default, or read from the pickle's tape (snapviz.load.snapshot.columnar).
+DeviceColumns = Callable[[StackInterner, Callable[[Any], int], list[str]], Iterable[tuple[int, dict[str, np.ndarray]]]]
 
 
 def _dict_device_columns(
-    traces_raw: list[Any], source: str, interner: _Interner, sid: Callable[[Any], int], notes: list[str]
+    traces_raw: list[Any], source: str, interner: StackInterner, sid: Callable[[Any], int], notes: list[str]
 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """The columns of each device's unpickled trace entries (devices with none skipped)."""
     for dev, entries in enumerate(traces_raw):
@@ -61,12 +62,12 @@ def _dict_device_columns(
         if set(map(type, entries)) != {dict}:  # one C-level pass; a copy only when needed
             entries = [e for e in entries if isinstance(e, dict)]
         if entries:
-            yield dev, _entry_columns(entries, interner, sid, notes)
+            yield dev, entry_columns(entries, interner, sid, notes)
 
 
 # The blocks' columns given the segment rows, frames and block lists and the interner:
-# block_columns by default, or read from the pickle's tape (snapviz.load.columnar).
-BlockColumns = Callable[[list[tuple[Any, ...]], list[Any], list[list[Any]], _Interner], dict[str, Any]]
+# block_columns by default, or read from the pickle's tape (snapviz.load.snapshot.columnar).
+BlockColumns = Callable[[list[tuple[Any, ...]], list[Any], list[list[Any]], StackInterner], dict[str, Any]]
 
 
 def snapshot_from_dict(
@@ -104,7 +105,7 @@ def _snapshot_from_dict(
             f"{source}: a valid pickle, but not a CUDA memory snapshot (top level is {type(data).__name__})"
         )
     if "segments" not in data and "device_traces" not in data:
-        keys = ", ".join(sorted(map(_text, list(data.keys())[:50]))[:6]) or "no keys"
+        keys = ", ".join(sorted(map(value_text, list(data.keys())[:50]))[:6]) or "no keys"
         raise InputError(f"{source}: a valid pickle, but not a CUDA memory snapshot (keys: {keys})")
     segments_raw = data.get("segments") or []
     traces_raw = data.get("device_traces")
@@ -113,21 +114,15 @@ def _snapshot_from_dict(
     if not isinstance(segments_raw, list) or not isinstance(traces_raw, list):
         raise InputError(f"{source}: malformed snapshot ('segments' and 'device_traces' must be lists)")
 
-    interner = _Interner()
-    strings: list[str] = [""]
-    string_ids: dict[str, int] = {"": 0}
+    interner = StackInterner()
+    string_codes: Interner[str] = Interner([""])  # code 0: no string
 
     def sid(s: Any) -> int:
         if s is None:
             return 0
         if type(s) is not str or len(s) > MAX_NAME_CHARS:
-            s = _name(s)
-        i = string_ids.get(s)
-        if i is None:
-            i = len(strings)
-            string_ids[s] = i
-            strings.append(s)
-        return i
+            s = bounded_name(s)
+        return string_codes(s)
 
     ev_cols: dict[str, list[np.ndarray]] = {
         k: []
@@ -181,14 +176,14 @@ def _snapshot_from_dict(
             continue
         seg_rows.append(
             (
-                _as_int(seg.get("device", 0)),
-                _as_int(seg.get("address", 0)),
-                _as_int(seg.get("total_size", 0)),
-                _as_int(seg.get("allocated_size", 0)),
-                _as_int(seg.get("requested_size", 0)),
-                _as_int(seg.get("stream", 0)),
-                _text(seg.get("segment_type", "large")),
-                _pool_str(seg.get("segment_pool_id")),
+                as_int(seg.get("device", 0)),
+                as_int(seg.get("address", 0)),
+                as_int(seg.get("total_size", 0)),
+                as_int(seg.get("allocated_size", 0)),
+                as_int(seg.get("requested_size", 0)),
+                as_int(seg.get("stream", 0)),
+                value_text(seg.get("segment_type", "large")),
+                pool_str(seg.get("segment_pool_id")),
                 bool(seg.get("is_expandable", False)),
             )
         )
@@ -230,10 +225,10 @@ def _snapshot_from_dict(
         if isinstance(a, dict) and "name" in a:
             ann_rows.append(
                 (
-                    _as_int(a.get("device", 0)),
-                    _as_int(a.get("time_us", -1), -1),
-                    _name(a["name"]),
-                    _name(a.get("stage", "")),
+                    as_int(a.get("device", 0)),
+                    as_int(a.get("time_us", -1), -1),
+                    bounded_name(a["name"]),
+                    bounded_name(a.get("stage", "")),
                 )
             )
     annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
@@ -241,23 +236,24 @@ def _snapshot_from_dict(
 
     frames = pd.DataFrame(interner.frame_rows, columns=["name", "filename", "line"])
     frames.insert(0, "frame_id", np.arange(len(frames), dtype=np.int32))
-    lens = [len(s) for s in interner.stacks]
+    stacks = interner.stacks
+    lens = [len(s) for s in stacks]
     stack_frames = pd.DataFrame(
         {
-            "stack_id": np.repeat(np.arange(len(interner.stacks), dtype=np.int32), lens),
+            "stack_id": np.repeat(np.arange(len(stacks), dtype=np.int32), lens),
             "depth": np.concatenate([np.arange(n, dtype=np.int32) for n in lens]) if lens else np.empty(0, np.int32),
-            "frame_id": np.fromiter((f for s in interner.stacks for f in s), np.int32, sum(lens)),
+            "frame_id": np.fromiter((f for s in stacks for f in s), np.int32, sum(lens)),
         }
     )
     interner.keep_alive.clear()  # identities are no longer looked up
-    settings = _settings(data.get("allocator_settings"))
+    settings = settings_dict(data.get("allocator_settings"))
     return Snapshot(
         source=source,
         events=events,
         frames=frames,
         stack_frames=stack_frames,
-        stacks=interner.stacks,
-        strings=strings,
+        stacks=stacks,
+        strings=string_codes.values,
         segments=segments,
         blocks=blocks,
         annotations=annotations,

@@ -3,7 +3,7 @@ scalars and interned string codes, never one Python object per event.
 
 Two ways in, with the same results: :meth:`Columns.add` takes parsed event dicts one by one
 (the reference, used with orjson or the stdlib's ``json``), and the ``extend_*`` methods take
-one batch's fields as lists (the typed decode in :mod:`snapviz.load.trace_decode`), converting
+one batch's fields as lists (the typed decode in :mod:`snapviz.load.trace.decode`), converting
 each column in a few C calls. Both go through the same interners, so a trace whose batches
 take different ways still gets one set of codes.
 """
@@ -13,11 +13,13 @@ from __future__ import annotations
 import ast
 import json
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from snapviz.interning import Interner
 
 MEMORY_EVENT_NAME = "[memory]"  # torch.autograd.profiler_util.MEMORY_EVENT_NAME
 _INT64_MAX = (1 << 63) - 1
@@ -29,37 +31,6 @@ def _args(ev: dict[str, Any]) -> dict[str, Any]:
     reads as no arguments rather than failing the whole trace."""
     args = ev.get("args")
     return args if type(args) is dict else {}
-
-
-class Interner:
-    """String -> dense int code; the strings become a categorical's categories."""
-
-    __slots__ = ("codes", "raw")
-
-    def __init__(self) -> None:
-        self.codes: dict[str, int] = {}
-        # Source bytes -> code: JSON texts of values interned by their parse (shapes), or the
-        # raw spans of strings (names, in the compiled decode).
-        self.raw: dict[bytes, int] = {}
-
-    def __call__(self, s: str) -> int:
-        code = self.codes.get(s)
-        if code is None:
-            code = self.codes[s] = len(self.codes)
-        return code
-
-    def many(self, values: Sequence[str]) -> np.ndarray:
-        """Codes of a batch (int32): new strings get codes in order of first appearance, as
-        one :meth:`__call__` per value would give them, with a Python step per distinct value only."""
-        codes = self.codes
-        for s in dict.fromkeys(values):
-            if s not in codes:
-                codes[s] = len(codes)
-        return np.fromiter(map(codes.__getitem__, values), np.int32, len(values))
-
-    def categorical(self, codes: np.ndarray, to_text: Callable[[str], str] | None = None) -> pd.Categorical:
-        cats = [to_text(c) for c in self.codes] if to_text else list(self.codes)
-        return pd.Categorical.from_codes(codes, categories=pd.Index(cats, dtype=object))
 
 
 def to_int(v: Any, default: int = -1) -> int:
@@ -118,16 +89,16 @@ class Columns:
             array("q"),
             array("q"),
         )
-        self.a_names = Interner()
+        self.a_names: Interner[str] = Interner()
         # ops
         self.o_name, self.o_ts, self.o_dur, self.o_tid = array("i"), array("d"), array("d"), array("q")
         self.o_dims, self.o_types = array("i"), array("i")
-        self.o_names, self.o_dims_s, self.o_types_s = Interner(), Interner(), Interner()
-        self.o_dims_s("")
-        self.o_types_s("")
+        self.o_names: Interner[str] = Interner()
+        self.o_dims_s: Interner[str] = Interner([""])  # code 0: shapes not recorded
+        self.o_types_s: Interner[str] = Interner([""])
         # python functions
         self.p_name, self.p_ts, self.p_dur, self.p_tid = array("i"), array("d"), array("d"), array("q")
-        self.p_names = Interner()
+        self.p_names: Interner[str] = Interner()
         self.count = 0
 
     # ----------------------------------------------------------------- reference: one dict at a time

@@ -1,0 +1,1 @@
+"""Chrome traces: the bounded JSON stream, the decode into columns."""
