@@ -29,13 +29,14 @@ from typing import Any
 
 import pandas as pd
 
-from snapviz.analyses.training import live_by_category
+from snapviz.analyses.categories import live_by_category
+from snapviz.category_vocab import ACTIVATION, AUTOCAST_COPIES, GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
 TRAIN_PHASES = ("forward", "backward", "optimizer", "zero_grad")
-PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
-SAVED, CASTS, TEMPS = "saved activations", "autocast weight copies", "temporaries"
+PARAMS, GRADS, STATE = PARAMETER, GRADIENT, OPTIMIZER_STATE
+SAVED, CASTS, TEMPS = ACTIVATION, AUTOCAST_COPIES, TEMPORARY
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,13 @@ class PhasePeak:
 
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
     """Training phase intervals of ``stages`` (in order) with the categories live at each one's
-    peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it)."""
+    peak (``allocs``: the allocation table, :func:`snapviz.analyses.categories.allocation_table`)."""
     return [
         PhasePeak(
             str(st.name),
             str(st.group),
             int(st.peak_allocated_bytes),
-            live_by_category(allocs, int(st.peak_row), "block_size"),
+            live_by_category(allocs, int(st.peak_row)),
         )
         for st in stages.itertuples(index=False)
         if st.group in TRAIN_PHASES
