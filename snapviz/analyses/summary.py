@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -76,6 +76,11 @@ class Analysis:
     training: TrainingView | None = None  # phases, steps and categories of a training run
     oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
     end_state: EndState | None = None  # the live blocks at the end, named by their frames
+
+    @property
+    def kind(self) -> Literal["snapshot"]:
+        """A replayed snapshot: exact blocks, reserved memory recorded (see pipeline.RunAnalysis)."""
+        return "snapshot"
 
     @property
     def end_state_only(self) -> bool:
