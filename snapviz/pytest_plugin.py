@@ -211,14 +211,14 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     summary), so a test and a CI gate on the same recording agree; only the wording is the plugin's.
     """
     from snapviz.analyses.gate import describe_stages, evaluate_gates, stage_peaks
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import analyze_input, summary_of
     from snapviz.load import Run
     from snapviz.load.snapshot import snapshot_from_dict
     from snapviz.render.markdown import render_markdown
     from snapviz.units import fmt_bytes
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
-    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
+    doc = summary_of(analyze_input(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
     if stage is not None and stage not in (peaks := stage_peaks(doc)):
         # the gate would refuse it as bad input; a test gets the stages it has and how to label them
         return {

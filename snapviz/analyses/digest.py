@@ -307,7 +307,7 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
 def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
     """A trace-only run's digest: :func:`digest_summary` plus its memory timeline, each memory
     event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
-    from snapviz.analyses.trace_ops import stage_at
+    from snapviz.analyses.stages import label_by_intervals
 
     doc = an.summary()
     d = digest_summary(doc, label)
@@ -316,7 +316,7 @@ def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) 
     tl = an.timeline
     if not len(tl) or not len(an.stages):
         return d
-    names = stage_at(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
+    names = label_by_intervals(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
     timeline = stage_normalised_timeline(
         np.asarray(names, dtype=object),
         tl["allocated"].to_numpy(np.int64),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -79,6 +79,11 @@ class Analysis:
     # one row per recorded allocation, classified once (categories.allocation_table): every
     # category view is a group-by of its ``category`` column
     allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def kind(self) -> Literal["snapshot"]:
+        """A replayed snapshot: exact blocks, reserved memory recorded (see pipeline.RunAnalysis)."""
+        return "snapshot"
 
     @property
     def end_state_only(self) -> bool:

@@ -8,16 +8,17 @@ directory's stage timeline), attention from op shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.not_recorded import GPU_NOT_RECORDED, gpu_not_recorded_note
+from snapviz.analyses.stages import label_by_intervals
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
-from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
+from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_peaks
 from snapviz.load import Run
 from snapviz.safe_text import short_repr
 from snapviz.units import fmt_bytes
@@ -52,6 +53,11 @@ class TraceRunAnalysis:
             f"{len(self.warnings)} warning(s)",
             "summary() for the full document",
         )
+
+    @property
+    def kind(self) -> Literal["trace"]:
+        """A profiler trace: the allocator's totals per event, no blocks (see pipeline.RunAnalysis)."""
+        return "trace"
 
     @property
     def timeline(self) -> pd.DataFrame:
@@ -167,7 +173,9 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         a = tl["allocated"].to_numpy()
         pi = int(np.argmax(a))
         t_peak = float(tl["time_us"].iat[pi])
-        peak_stage = str(stage_at(np.array([t_peak]), st, default="unlabelled")[0]) if len(st) else "unlabelled"
+        peak_stage = (
+            str(label_by_intervals(np.array([t_peak]), st, default="unlabelled")[0]) if len(st) else "unlabelled"
+        )
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
         peak = {
             "allocated_bytes": int(a[pi]),
@@ -232,7 +240,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     if peak["stage"] == "unlabelled" and len(tl):
         # The peak lies outside every range: the stage table says so rather than omit it.
         t = tl["time_us"].to_numpy()
-        out = stage_at(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
+        out = label_by_intervals(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
         a = tl["allocated"].to_numpy()
         stages_out.append(
             {
@@ -287,7 +295,9 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "top_allocations": [
             {
                 "bytes": int(t.bytes),
-                "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
+                "stage": str(label_by_intervals(np.array([t.time_us]), st, default="unlabelled")[0])
+                if len(st)
+                else "unlabelled",
                 "site": t.site,
                 "address": int(t.addr),
                 "time_us": int(t.time_us),

@@ -70,7 +70,7 @@ def analyze(
 
     with paused_gc():  # pandas and the analyses: objects that live as long as the process (see paused_gc)
         from snapviz.analyses.frame_rules import load_rules
-        from snapviz.analyses.summary import analyze_run, summary_dict
+        from snapviz.analyses.pipeline import analyze_input, summary_of
 
     rules = load_rules(rules_path)  # resolved (and validated) once, before any work
     with reading(_input_files(input), "snapviz: loading", enabled=not quiet) as bar:
@@ -78,24 +78,13 @@ def analyze(
     steps = Steps(show=bar is not None)  # the status line follows the bar of a big input
     steps.step("replaying the allocator and attributing stages")
     html_builder: Callable[[], str] | None = None
-    if run.snapshot is None:
-        from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
+    an = analyze_input(run, device=device, stage_source=stage_source, rules=rules)
+    doc = summary_of(an)
+    if html_out:
+        from snapviz.render.html import render_analysis_html
 
-        tan = analyze_trace_run(run, device=device)
-        doc = trace_summary_dict(tan)
-        if html_out:
-            from snapviz.render.html import render_trace_html
-
-            html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
-        extra = share_outputs(None, doc, tan)
-    else:
-        an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
-        doc = summary_dict(an)
-        if html_out:
-            from snapviz.render.html import render_html
-
-            html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
-        extra = share_outputs(an, doc)
+        html_builder = lambda: render_analysis_html(an, doc, max_points=max_points)  # noqa: E731
+    extra = share_outputs(an, doc)
     steps.step("writing reports")
     # Every renderer gets the bounded document (strings clipped, non-finite numbers null, with warnings).
     bounded = bounded_doc(doc)

@@ -41,13 +41,9 @@ def summarize_input(
 
 def digest_input(path: str, label: str, stage_source: str = "auto", points_per_label: int = 200) -> RunDigest:
     """One input reduced to a :class:`~snapviz.analyses.digest.RunDigest` (the analysis is dropped)."""
-    from snapviz.analyses.digest import digest_run, digest_trace
-    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.pipeline import digest_of
 
-    an = _analyze_input(path, label, stage_source)
-    if isinstance(an, Analysis):
-        return digest_run(an, label, points_per_label=points_per_label)
-    return digest_trace(an, label, points_per_label=points_per_label)
+    return digest_of(_analyze_input(path, label, stage_source), label, points_per_label=points_per_label)
 
 
 def digest_inputs(
