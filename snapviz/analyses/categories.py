@@ -23,8 +23,8 @@ Each allocation's category is decided by one ordered chain, the first that decid
    run that shows ``backward`` or ``torch/optim`` frames is the autograd engine thread's ->
    ``autograd detail``; otherwise ``load`` long -> parameter (built or loaded and alive across
    stages), short -> temporary; ``text_encode``/``denoise`` short -> activation, long ->
-   latents & embeddings; ``vae_decode`` -> vae buffers; ``forward`` -> activation; anything
-   else -> unknown.
+   latents & embeddings; ``vae_decode`` -> vae buffers; ``forward`` -> activation (not in a
+   training run, whose phases step 3 has judged); anything else -> unknown.
 
 Memory allocated before the recorded window is ``before recording`` (the baseline: no row).
 """
@@ -117,10 +117,13 @@ def training_evidence(rules: RuleSet, tables: StackTables) -> bool:
     return bool(tables.rules_mask(probe).any())
 
 
-def _stage_fallback(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(short, long) category code of each event's stage of birth (one call per distinct label)."""
+def _stage_fallback(labels: np.ndarray, training: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(short, long) category code of each event's stage of birth (one call per distinct label).
+    In a training run the lifetime classifier has already judged the training phases: what it
+    leaves undecided there is unknown, not an activation by default."""
+    by_stage = {k: v for k, v in _BY_STAGE.items() if not (training and k == "forward")}
     lab_codes, uniq = pd.factorize(pd.Series(labels, dtype=object))
-    picks = [_BY_STAGE.get(stage_group(str(u)), (UNKNOWN, UNKNOWN)) for u in uniq]
+    picks = [by_stage.get(stage_group(str(u)), (UNKNOWN, UNKNOWN)) for u in uniq]
     fb_short = np.array([_CODE[p[0]] for p in picks] + [_CODE[UNKNOWN]], np.int64)
     fb_long = np.array([_CODE[p[1]] for p in picks] + [_CODE[UNKNOWN]], np.int64)
     return fb_short[lab_codes], fb_long[lab_codes]
@@ -208,7 +211,8 @@ def _classify(
         return np.empty(0, np.int64)
     iv = _intervals(labels)
     short = (free < n) & (iv[np.minimum(free, n - 1)] == iv[rows])
-    fb_short, fb_long = _stage_fallback(np.asarray(labels, dtype=object)[rows])
+    training = is_training_run(labels)
+    fb_short, fb_long = _stage_fallback(np.asarray(labels, dtype=object)[rows], training)
     out = np.where(short, fb_short, fb_long)
     ns = len(snap.stacks)
     sc = np.clip(stack, 0, max(ns - 1, 0))
@@ -221,7 +225,7 @@ def _classify(
     if ns:
         out = _apply_rules(out, rules, tables, tuple(r for r in cat_rules if r in builtin), sc, python, short, names)
     # 3. training lifetime
-    if is_training_run(labels):
+    if training:
         train = classify_allocations(snap, rep, labels)
         got = train["category"].to_numpy()
         lookup = {old: (_CODE[new] if new is not None else -1) for old, new in FROM_TRAINING.items()}

@@ -272,7 +272,7 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     if cats:
         tail.append(
             f"By category {at_moment}: "
-            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7])
+            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats if c["bytes"])
         )
         tail.append("")
     settings = doc.get("allocator_settings") or {}

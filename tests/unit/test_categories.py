@@ -232,3 +232,31 @@ def test_user_category_rule(tmp_path: Path) -> None:
     assert list(got) == ["lora adapters"]
     tl = category_timeline(rep, labels, allocation_table(snap, rep, labels, rs))
     assert int(tl["lora adapters"].iat[-1]) == 4 * MiB
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_training_lifetime_in_the_one_column(set_to_none: bool) -> None:
+    """A training run's allocation table: the lifetime classifier's verdicts in the vocabulary's
+    words, what it leaves undecided judged by frames (the autograd thread's never-freed cuBLAS
+    workspace is autograd's), and every phase's categories add up to its peak."""
+    from test_training_categories import _train
+    from snapviz.analyses.categories import is_training_run, live_by_category
+    from snapviz.analyses.stages import stage_intervals, stage_table
+
+    snap, rep, labels = _train(set_to_none, amp=True)
+    assert is_training_run(labels)
+    t = allocation_table(snap, rep, labels)
+    ev = rep.events
+    stages = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
+                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
+    opt = stages[stages["name"] == "optimizer/1"].iloc[0]
+    live = {c: b for c, b in live_by_category(t, int(opt["peak_row"])).items() if b}
+    assert live == {"parameter": 24 * MiB, "gradient": 24 * MiB, "optimizer state": 48 * MiB,
+                    "temporary": 24 * MiB, "autograd detail": 32 * MiB}
+    fwd = stages[stages["name"] == "forward/1"].iloc[0]
+    at_fwd = live_by_category(t, int(fwd["peak_row"]))
+    assert at_fwd["activation"] == 12 * MiB and at_fwd["autocast weight copies"] == 12 * MiB
+    for st in stages.itertuples(index=False):
+        got = live_categories(t, int(st.peak_row), rep.baseline_allocated)
+        assert int(got["bytes"].sum()) == st.peak_allocated_bytes, st.name
+    assert not {"gradients & optimizer", "weights", "parameters", "other"} & set(t["category"].astype(str))
