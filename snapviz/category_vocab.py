@@ -63,11 +63,9 @@ CATEGORY_COLORS: dict[str, str] = {c.name: c.color for c in VOCABULARY}
 # What an allocation recorded in the history can be (before recording is the baseline's)
 CATEGORIES: tuple[str, ...] = tuple(c for c in CATEGORY_ORDER if c != BEFORE_RECORDING)
 
-# The inference set's lump, split by the training classifier: an old document's bytes of it
-# compare as their own name (they cannot be split after the fact).
-OLD_LUMP = "gradients & optimizer"
 # Old name -> its name now (snapviz.summary/1 documents written before the one vocabulary).
-# "other" (the old training set's rest) is not mapped: a user rule may name a category "other".
+# "other" (the old training set's rest) is not mapped: a user rule may name a category "other";
+# nor is the old lump "gradients & optimizer" (split now, it cannot be split after the fact).
 OLD_NAMES: dict[str, str] = {o: c.name for c in VOCABULARY for o in c.old if o != c.name and o != "other"}
 
 # What training.classify_allocations says -> the vocabulary ("other": it does not decide).

@@ -1,8 +1,8 @@
 """Advice for training runs, each with the saving estimated from this run's own categories.
 
 Every phase interval's peak (``forward/<i>``, ``backward/<i>``, ``optimizer/<i>``, ``zero_grad/<i>``)
-is split into the training categories live at that instant (:func:`snapviz.analyses.training.
-phase_categories`). A technique removes (or adds) bytes of some categories in some phases; the run's
+is split into the categories live at that instant (the allocation table's one column,
+:func:`snapviz.analyses.categories.live_by_category`). A technique removes (or adds) bytes of some categories in some phases; the run's
 new peak is the highest phase peak after that, so an estimate knows when the peak moves to another
 phase (8-bit AdamW moves it from the optimizer step to the forward) or does not move at all
 (checkpointing under full fine-tuning, whose peak is the optimizer step). What each technique does
@@ -41,7 +41,7 @@ SAVED, CASTS, TEMPS = ACTIVATION, AUTOCAST_COPIES, TEMPORARY
 
 @dataclass(frozen=True)
 class PhasePeak:
-    """One phase interval's peak and the training categories live at it (allocator blocks)."""
+    """One phase interval's peak and the categories live at it (allocator blocks)."""
 
     name: str
     group: str

@@ -123,7 +123,7 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
 
 
 def _training_table(doc: dict[str, Any]) -> list[str]:
-    """Training runs: per optimizer step, its peak and the training categories live at it."""
+    """Training runs: per optimizer step, its peak and the categories live at it (before recording included)."""
     steps = (doc.get("training") or {}).get("steps") or []
     if not steps:
         return []
