@@ -148,6 +148,12 @@ def _apply_rules(
     return np.where(rule >= 0, name_code[np.clip(rule, 0, None)], out)
 
 
+def _groups(labels: np.ndarray) -> np.ndarray:
+    """The stage group of each label (one call per distinct label)."""
+    codes, uniq = pd.factorize(pd.Series(labels, dtype=object))
+    return np.array([stage_group(u) for u in uniq] + [""], dtype=object)[codes]
+
+
 def is_training_run(labels: np.ndarray) -> bool:
     """The stages are training phases: a ``backward`` or ``optimizer`` stage."""
     if not len(labels):
@@ -186,7 +192,7 @@ def allocation_table(
             "stack_id": stack,
             "stream": stream,
             "stage": born,
-            "phase": np.array([stage_group(s) for s in born], dtype=object) if len(born) else born,
+            "phase": _groups(born),
             "category": pd.Categorical.from_codes(codes, categories=list(names)),
         },
         columns=list(ALLOCATION_COLUMNS),
@@ -227,9 +233,9 @@ def _classify(
     # 3. training lifetime
     if training:
         train = classify_allocations(snap, rep, labels)
-        got = train["category"].to_numpy()
-        lookup = {old: (_CODE[new] if new is not None else -1) for old, new in FROM_TRAINING.items()}
-        code = np.array([lookup.get(str(c), -1) for c in got], np.int64)
+        tc, tu = pd.factorize(train["category"])
+        lookup = np.array([_CODE[new] if (new := FROM_TRAINING.get(str(u))) else -1 for u in tu] + [-1], np.int64)
+        code = lookup[tc]
         out = np.where(code >= 0, code, out)
     # 2. score matrices
     att = score_alloc_mask(snap, rep.events, rules, tables, rows)
