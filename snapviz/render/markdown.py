@@ -124,7 +124,7 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
 
 
 def _training_table(doc: dict[str, Any]) -> list[str]:
-    """Training runs: per optimizer step, its peak and the training categories live at it."""
+    """Training runs: per optimizer step, its peak and the categories live at it (before recording included)."""
     steps = (doc.get("training") or {}).get("steps") or []
     if not steps:
         return []
@@ -273,7 +273,7 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
     if cats:
         tail.append(
             f"By category {at_moment}: "
-            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7])
+            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats if c["bytes"])
         )
         tail.append("")
     settings = doc.get("allocator_settings") or {}

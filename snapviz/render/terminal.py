@@ -67,13 +67,11 @@ def render_terminal(summary: Summary) -> str:
         lines.append(
             "  stages: " + "  ".join(f"{s['name']} {fmt_bytes(s['peak_allocated_bytes'])}" for s in stages[:8])
         )
-    steps = (doc.get("training") or {}).get("steps") or []
-    if steps:
-        worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
-        parts = sorted(worst["categories_at_peak"].items(), key=lambda kv: -kv[1])
+    cats = [c for c in doc.get("categories") or [] if c["bytes"]]
+    if cats:  # the same list as the JSON's and the Markdown's (they add up to the peak)
         lines.append(
-            f"  training peak in {worst['peak_phase']}: "
-            + clip(", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b), 400)
+            f"  by category {'at the end state' if es.get('only') else 'at the peak'}: "
+            + clip(", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats), 600)
         )
     top = doc.get("top_allocations") or []
     if top:

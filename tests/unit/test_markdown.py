@@ -78,7 +78,7 @@ def test_stage_table_agrees_with_the_doc(md: str, fifty: dict[str, Any]) -> None
         big = max(pk["top_allocations"], key=lambda t: t["bytes"])
         assert r[5] == f"{fmt_bytes(big['bytes'])} `{big['site']}`"
     by = {r[0].strip("`"): r for r in rows}
-    assert by["vae_decode"][4].split(",")[0].startswith(("vae buffers", "weights"))
+    assert by["vae_decode"][4].split(",")[0].startswith(("vae buffers", "parameter"))
     assert "vae buffers" in by["vae_decode"][4]
     assert "get_attention_scores" in by["denoise"][5], "attention is the largest block a step allocates"
 
@@ -90,7 +90,7 @@ def test_stage_rows_group_steps(fifty: dict[str, Any]) -> None:
     assert den["range"][1] == den["peak_allocated_bytes"] and den["range"][0] <= den["range"][1]
     assert den["top"][0][1] + sum(b for _, b, _ in den["top"][1:]) == den["peak_allocated_bytes"]
     assert rows["load"]["steps"] == 0 and rows["load"]["range"] is None
-    assert rows["load"]["top"][0][0] == "weights"
+    assert rows["load"]["top"][0][0] == "parameter"
 
 
 def test_live_table_shrinks_before_anything_is_cut(fifty: dict[str, Any]) -> None:
