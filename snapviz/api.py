@@ -16,7 +16,7 @@ from snapviz.analyses.compare import Comparison, compare_runs
 from snapviz.analyses.digest import RunDigest
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.gate import CheckResult, check_summary
-from snapviz.analyses.pipeline import analyze_input, digest_of
+from snapviz.analyses.pipeline import analyze_input, digest_of, document_of
 from snapviz.analyses.stages import SOURCES
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
@@ -139,14 +139,18 @@ def check(
     increase = parse_percent(max_increase, "max_increase") if max_increase is not None else None
     if peak_limit is None and reserved_limit is None and not stage_limits and baseline is None:
         raise InputError("nothing to check: give max_peak, max_reserved, max_stage_peak or baseline with max_increase")
-    doc = _analysis(source, device, rules, stages_from).summary()
-    base_doc = _analysis(baseline, None, rules, stages_from).summary() if baseline is not None else None
+    doc = document_of(_analysis(source, device, rules, stages_from))
+    base_peak = (
+        document_of(_analysis(baseline, None, rules, stages_from)).peak.allocated_bytes
+        if baseline is not None
+        else None
+    )
     return check_summary(
         doc,
         max_peak=peak_limit,
         max_reserved=reserved_limit,
         stage_limits=stage_limits,
-        baseline=base_doc,
+        baseline_peak=base_peak,
         max_increase_pct=increase,
     )
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from snapviz.analyses.compare import Comparison, compare_dict
-from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.document import to_json
+from snapviz.analyses.pipeline import document_of
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.api import analyze, compare
@@ -88,8 +89,11 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
     from snapviz.render.markdown import render_markdown
 
     if isinstance(obj, (Analysis, TraceRunAnalysis)):
-        doc = summary_of(obj)
-        return Report(obj.run.label, render_analysis_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
+        document = document_of(obj)
+        doc = to_json(document)
+        return Report(
+            obj.run.label, render_analysis_html(obj, doc, max_points=max_points), render_markdown(document), doc
+        )
     if isinstance(obj, Comparison):
         doc = compare_dict(obj)
         return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)

@@ -21,6 +21,7 @@ from snapviz.load import Run
 
 if TYPE_CHECKING:
     from snapviz.analyses.digest import RunDigest
+    from snapviz.analyses.document import Summary
     from snapviz.analyses.summary import Analysis
     from snapviz.analyses.trace_summary import TraceRunAnalysis
 
@@ -88,6 +89,19 @@ def summary_of(an: Analysis | TraceRunAnalysis) -> dict[str, Any]:
     from snapviz.analyses.trace_summary import trace_summary_dict
 
     return summary_dict(an) if isinstance(an, Analysis) else trace_summary_dict(an)
+
+
+def document_of(an: Analysis | TraceRunAnalysis) -> Summary:
+    """The typed ``snapviz.summary/1`` document of any analysis: what the gate and the JSON,
+    Markdown and terminal renderers take. Built through :func:`summary_of` and checked field
+    by field by the same loader that reads old documents back, so a builder that drifts from
+    the types fails here, not in a reader."""
+    from snapviz.analyses.document import Summary, from_json
+
+    try:
+        return from_json(summary_of(an), Summary)
+    except InputError as e:  # the builder's output, not the user's input: a bug to report
+        raise RuntimeError(f"snapviz built a {Summary.__name__} that does not match its types: {e}") from None
 
 
 def digest_of(an: Analysis | TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:

@@ -146,14 +146,11 @@ def _exact(ta: TraceAnalysis) -> bool:
     return bool(row["exact"].all()) if len(row) else True
 
 
-def _nan_to_none(v: Any) -> Any:
-    if isinstance(v, float) and np.isnan(v):
+def _bytes_or_none(v: Any) -> int | None:
+    """A byte figure of the stage table (float64 where NaN marks "not known") as an int, or None."""
+    if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)):
         return None
-    if isinstance(v, (np.floating,)):
-        return None if np.isnan(v) else float(v)
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
+    return int(v)
 
 
 def _max_known(a: int | None, b: int | None) -> int | None:
@@ -206,10 +203,10 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     for r in st.itertuples(index=False):
         name = str(r.name)
         g = groups.get(stage_group(name))
-        item = {
+        item: dict[str, Any] = {
             "name": name,
-            "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
-            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if has_reserved else None,
+            "peak_allocated_bytes": _bytes_or_none(r.peak_allocated_bytes),
+            "peak_reserved_bytes": _bytes_or_none(r.peak_reserved_bytes) if has_reserved else None,
             "start_us": int(r.start_us),
             "end_us": int(r.end_us),
         }
@@ -269,6 +266,14 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "kind": "trace",
         "device": device_label(*dev) if dev else None,
         "device_kind": device_kind(dev[0]) if dev else None,
+        "stage_source": "annotations" if len(st) else "none",
+        "peak": peak,
+        "history": {
+            "events": int(len(tl)),
+            "truncated": False,
+            "baseline_allocated_bytes": None if cpu else baseline,
+            "baseline_exact": exact and not cpu,
+        },
         "devices": [
             {
                 "device": device_label(t, i),
@@ -282,14 +287,6 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
                 strict=True,
             )
         ],
-        "stage_source": "annotations" if len(st) else "none",
-        "peak": peak,
-        "history": {
-            "events": int(len(tl)),
-            "truncated": False,
-            "baseline_allocated_bytes": None if cpu else baseline,
-            "baseline_exact": exact and not cpu,
-        },
         "stages": stages_out,
         "attention": att,
         "top_allocations": [

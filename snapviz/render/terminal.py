@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from snapviz.analyses.document import Summary, to_json
 from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import bounded_doc, clip, printable
 
 
-def render_terminal(doc: dict[str, Any]) -> str:
+def render_terminal(summary: Summary) -> str:
     """Strings from the input are clipped (:func:`bounded_doc`) and every line has its control
     characters escaped: nothing in a snapshot can move the cursor, retitle the window or add
     a line."""
-    doc = bounded_doc(doc)
+    doc: dict[str, Any] = bounded_doc(to_json(summary))  # the body still reads the JSON form
     p, h = doc["peak"], doc["history"]
     oom = doc.get("oom")
     # OOM first: the failed request is the headline, the peak before it comes after.
