@@ -22,6 +22,7 @@ from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, canonical_ca
 from snapviz.load import load
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html.snapshot_data import report_data
+from snapviz.analyses.document import from_json
 from snapviz.render.markdown import render_markdown
 from snapviz.render.picture import picture_data
 from snapviz.render.terminal import render_terminal
@@ -63,9 +64,9 @@ def test_every_output_tells_the_same_categories(name: str) -> None:
     assert all(canonical_category(c) == c for c in js), "only the vocabulary's names (and a rule's own)"
     shown = {c: fmt_bytes(b) for c, b in js.items()}
     # Markdown and terminal: the same names, the same bytes (as each prints them)
-    md = re.sub(r"\\(.)", r"\1", _line(render_markdown(doc), "By category at the peak: "))  # as rendered
+    md = re.sub(r"\\(.)", r"\1", _line(render_markdown(from_json(doc)), "By category at the peak: "))  # as rendered
     assert _words(md) == shown
-    assert _words(_line(render_terminal(doc), "by category at the peak: ")) == shown
+    assert _words(_line(render_terminal(from_json(doc)), "by category at the peak: ")) == shown
     # HTML view model: the categories table and the stacked area at the peak's sample
     data = report_data(an, doc, report_view(an, 20000))
     assert dict(zip(data.categories.category, map(int, data.categories.bytes), strict=True)) == js
