@@ -27,9 +27,12 @@ class Category:
 
 
 PARAMETER = "parameter"
+FSDP_FLAT = "FSDP flat parameters"
+FSDP_GATHER = "FSDP all-gather buffers"
 AUTOCAST_COPIES = "autocast weight copies"
 OPTIMIZER_STATE = "optimizer state"
 GRADIENT = "gradient"
+DDP_BUCKETS = "DDP gradient buckets"
 INPUT = "input"
 LATENTS = "latents & embeddings"
 KV_CACHE = "kv cache"
@@ -43,9 +46,12 @@ UNKNOWN = "unknown"
 VOCABULARY: tuple[Category, ...] = (
     Category(BEFORE_RECORDING, "#c7c7c7", None),
     Category(PARAMETER, "#7f7f7f", "PARAMETER", ("weights", "parameters")),
+    Category(FSDP_FLAT, "#c49c94", "PARAMETER"),
+    Category(FSDP_GATHER, "#dbdb8d", "PARAMETER"),
     Category(AUTOCAST_COPIES, "#aec7e8", "TEMPORARY", ("autocast weight copies",)),
     Category(OPTIMIZER_STATE, "#8c564b", "OPTIMIZER_STATE", ("optimizer state",)),
     Category(GRADIENT, "#ff7f0e", "GRADIENT", ("gradients",)),
+    Category(DDP_BUCKETS, "#ffbb78", "GRADIENT"),
     Category(INPUT, "#c5b0d5", "INPUT"),
     Category(LATENTS, "#9467bd", "INPUT", ("latents & embeddings",)),
     Category(KV_CACHE, "#e377c2", "ACTIVATION"),
@@ -76,6 +82,9 @@ FROM_TRAINING: dict[str, str | None] = {
     "saved activations": ACTIVATION,
     "autocast weight copies": AUTOCAST_COPIES,
     "temporaries": TEMPORARY,
+    DDP_BUCKETS: DDP_BUCKETS,
+    FSDP_FLAT: FSDP_FLAT,
+    FSDP_GATHER: FSDP_GATHER,
     "other": None,
 }
 

@@ -290,11 +290,11 @@ def live_categories(allocs: pd.DataFrame, row: int, baseline: int = 0) -> pd.Dat
     return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def live_by_category(allocs: pd.DataFrame, row: int) -> dict[str, int]:
-    """Allocator bytes of each category live just after ``row`` (every category of the table's
-    vocabulary, zero where none is live)."""
+def live_by_category(allocs: pd.DataFrame, row: int, column: str = "block_size") -> dict[str, int]:
+    """Bytes (allocator ``block_size``, or ``size`` requested) of each category live just after
+    ``row`` (every category of the table's vocabulary, zero where none is live)."""
     live = allocs[live_mask(allocs, row)]
-    sums = live.groupby("category", sort=False, observed=False)["block_size"].sum()
+    sums = live.groupby("category", sort=False, observed=False)[column].sum()
     return {str(c): int(sums.get(c, 0)) for c in allocs["category"].cat.categories}
 
 

@@ -260,3 +260,18 @@ def test_training_lifetime_in_the_one_column(set_to_none: bool) -> None:
         got = live_categories(t, int(st.peak_row), rep.baseline_allocated)
         assert int(got["bytes"].sum()) == st.peak_allocated_bytes, st.name
     assert not {"gradients & optimizer", "weights", "parameters", "other"} & set(t["category"].astype(str))
+
+
+def test_the_vocabulary_is_one() -> None:
+    """Every name the training classifier can give maps into the vocabulary (a new one must be
+    added there, with its colour), every category has one colour of its own, and an old name
+    said the new way is a category of the vocabulary."""
+    from snapviz.analyses.training import TRAINING_CATEGORIES
+    from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, FROM_TRAINING, OLD_NAMES
+
+    assert set(TRAINING_CATEGORIES) <= set(FROM_TRAINING)
+    assert {v for v in FROM_TRAINING.values() if v} <= set(CATEGORIES)
+    assert list(CATEGORY_COLORS) == list(CATEGORY_ORDER) and len(set(CATEGORY_COLORS.values())) == len(CATEGORY_ORDER)
+    assert set(OLD_NAMES.values()) <= set(CATEGORY_ORDER)
+    assert {"parameter", "gradient", "optimizer state", "activation", "temporary", "input",
+            "autograd detail"} <= set(CATEGORIES), "PyTorch's memory-profiler categories"

@@ -34,7 +34,7 @@ _EXTRA_COLORS = (
     "#7b4173",
 )
 # categories: one colour each, defined with their names (snapviz.category_vocab)
-_EXTRA_CATEGORY_COLORS = ("#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5", "#dbdb8d", "#f7b6d2", "#c49c94")
+_EXTRA_CATEGORY_COLORS = ("#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5", "#f7b6d2", "#843c39", "#5254a3")
 SERIES_COLORS: dict[str, str] = {
     "allocated": "#1f3b73",
     "reserved": "#e8710a",
