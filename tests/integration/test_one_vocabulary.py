@@ -23,7 +23,6 @@ from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, canonical_ca
 from snapviz.load import load
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html.snapshot_data import report_data
-from snapviz.analyses.document import from_json
 from snapviz.render.markdown import render_markdown
 from snapviz.render.picture import picture_data
 from snapviz.render.terminal import render_terminal
