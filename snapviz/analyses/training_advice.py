@@ -1,8 +1,8 @@
 """Advice for training runs, each with the saving estimated from this run's own categories.
 
 Every phase interval's peak (``forward/<i>``, ``backward/<i>``, ``optimizer/<i>``, ``zero_grad/<i>``)
-is split into the training categories live at that instant (:func:`snapviz.analyses.training.
-phase_categories`). A technique removes (or adds) bytes of some categories in some phases; the run's
+is split into the categories live at that instant (the allocation table's one column,
+:func:`snapviz.analyses.categories.live_by_category`). A technique removes (or adds) bytes of some categories in some phases; the run's
 new peak is the highest phase peak after that, so an estimate knows when the peak moves to another
 phase (8-bit AdamW moves it from the optimizer step to the forward) or does not move at all
 (checkpointing under full fine-tuning, whose peak is the optimizer step). What each technique does
@@ -29,18 +29,19 @@ from typing import Any
 
 import pandas as pd
 
-from snapviz.analyses.training import live_by_category
+from snapviz.analyses.categories import live_by_category
+from snapviz.category_vocab import ACTIVATION, AUTOCAST_COPIES, GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
 TRAIN_PHASES = ("forward", "backward", "optimizer", "zero_grad")
-PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
-SAVED, CASTS, TEMPS = "saved activations", "autocast weight copies", "temporaries"
+PARAMS, GRADS, STATE = PARAMETER, GRADIENT, OPTIMIZER_STATE
+SAVED, CASTS, TEMPS = ACTIVATION, AUTOCAST_COPIES, TEMPORARY
 
 
 @dataclass(frozen=True)
 class PhasePeak:
-    """One phase interval's peak and the training categories live at it (allocator blocks)."""
+    """One phase interval's peak and the categories live at it (allocator blocks)."""
 
     name: str
     group: str
@@ -53,13 +54,13 @@ class PhasePeak:
 
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
     """Training phase intervals of ``stages`` (in order) with the categories live at each one's
-    peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it)."""
+    peak (``allocs``: the allocation table, :func:`snapviz.analyses.categories.allocation_table`)."""
     return [
         PhasePeak(
             str(st.name),
             str(st.group),
             int(st.peak_allocated_bytes),
-            live_by_category(allocs, int(st.peak_row), "block_size"),
+            live_by_category(allocs, int(st.peak_row)),
         )
         for st in stages.itertuples(index=False)
         if st.group in TRAIN_PHASES

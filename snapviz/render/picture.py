@@ -25,7 +25,7 @@ import numpy as np
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
-from snapviz.render.fmt import fmt_peak_bound
+from snapviz.render.fmt import fmt_peak_bound_plain
 from snapviz.safe_text import bound, clip
 from snapviz.units import fmt_bytes
 from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
@@ -125,13 +125,13 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     """Series, stage spans and peak of one analysis, on the stage axis (:func:`stage_axis`)."""
     from snapviz.analyses.categories import category_timeline
     from snapviz.analyses.oom import oom_short
-    from snapviz.analyses.report_view import order_categories
+    from snapviz.category_vocab import order_categories
     from snapviz.render.html.palette import category_palette, stage_palette
 
     rep = an.replay
     ev = rep.events
     n = len(ev)
-    ct = category_timeline(an.snapshot, rep, an.labels.labels, max_points=max_points, rules=an.rules, tables=an.tables)
+    ct = category_timeline(rep, an.labels.labels, an.allocations, max_points)  # the allocation table's group-by
     rows = ct["row"].to_numpy(np.int64) if len(ct) else np.empty(0, np.int64)
     cat_cols = [c for c in ct.columns if c not in ("row", "time_us", "stage", "allocated")]
     cats = [c for c in order_categories(cat_cols) if len(ct) and ct[c].to_numpy().any()]
@@ -154,7 +154,7 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
         else f"{_short(an.run.source)}: {fmt_bytes(peak['allocated_bytes'])} live when the snapshot was taken "
         f"({END_STATE_ONLY.split(':', 1)[0]}, not a peak)"
         if peak.get("stage") == END_STATE
-        else f"{_short(an.run.source)}: peak {fmt_peak_bound(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
+        else f"{_short(an.run.source)}: peak {fmt_peak_bound_plain(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
         f"{fmt_bytes(peak['reserved_bytes'])} reserved"
     )
     return {
