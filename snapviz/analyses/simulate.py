@@ -617,10 +617,10 @@ def loop_reference(stream: RequestStream, settings: AllocatorSettings, cap: Cap)
                 if k != R_OOM:  # the program would have died here
                     done = r
                     break
-            elif k == R_ALLOC:
-                live[addrs[r]] = b
-            elif survived is None:  # the recording ran out of memory here; this scenario does not
-                survived = events[r]
+            else:
+                live[addrs[r]] = b  # a recorded OOM's block too: freed after it when the program went on
+                if k == R_OOM and survived is None:  # the recording ran out of memory here; this scenario does not
+                    survived = events[r]
         elif k == R_FREE_REQ or k == R_FREE:
             b = live.pop(addrs[r], None)
             if b is not None:
@@ -807,16 +807,34 @@ def request_stream(
                 calls += 1
     rows = np.flatnonzero(kind >= 0)
     seg = np.flatnonzero(is_free_seg | is_new_seg)
+    addr_col = np.asarray(addrs, np.int64)[rows]
+    size_col = np.asarray(sizes, np.int64)[rows]
+    stream_col = np.asarray(streams, np.int64)[rows]
+    kind_col, event_col = kind[rows], rows.astype(np.int64)
+    oom_at = np.flatnonzero(kind_col == R_OOM)
+    # each recorded OOM's block gets an address of its own (the oom entry's is no block's)
+    addr_col[oom_at] = -1 - np.arange(len(oom_at), dtype=np.int64)
+    allocs = np.flatnonzero(actions == A_ALLOC)
+    caught = oom_at[event_col[oom_at] < (allocs[-1] if len(allocs) else -1)]
+    if len(caught):
+        # an OOM the program went on after (cuDNN's workspace retries): where a scenario serves
+        # the request, the program used the memory and gave it back; freed right after it
+        at = caught + 1
+        kind_col = np.insert(kind_col, at, R_FREE)
+        event_col = np.insert(event_col, at, event_col[caught])
+        addr_col = np.insert(addr_col, at, addr_col[caught])
+        size_col = np.insert(size_col, at, size_col[caught])
+        stream_col = np.insert(stream_col, at, stream_col[caught])
     if baseline_reserved == 0 and orphan_frees == 0:
         # nothing was reserved when the recording began, so nothing was allocated either (a
         # non-zero allocated baseline is then the replay's estimate of block sizes it cannot know)
         baseline_allocated = 0
     return RequestStream(
-        kind=kind[rows],
-        event=rows.astype(np.int64),
-        addr=np.asarray(addrs, np.int64)[rows],
-        size=np.asarray(sizes, np.int64)[rows],
-        stream=np.asarray(streams, np.int64)[rows],
+        kind=kind_col,
+        event=event_col,
+        addr=addr_col,
+        size=size_col,
+        stream=stream_col,
         n_events=n,
         seg_event=seg.astype(np.int64),
         seg_action=actions[seg].astype(np.int8),

@@ -708,9 +708,8 @@ def _kernel_py(
                     b = nb2
                 blk[BUSY, b] = 1
                 st[ALLOCATED] += blk[SIZE, b]
-                if k == R_ALLOC:
-                    live[code[r]] = b
-                elif survived < 0:
+                live[code[r]] = b  # a recorded OOM's block too: freed after it when the program went on
+                if k == R_OOM and survived < 0:
                     survived = event[r]
         elif k == R_FREE_REQ or k == R_FREE:
             c = code[r]

@@ -18,6 +18,7 @@ from snapviz.analyses.simulate import (
     R_ALLOC,
     R_EMPTY_CACHE,
     R_FREE,
+    R_OOM,
     Cap,
     RequestStream,
     fidelity,
@@ -198,7 +199,9 @@ def test_incomplete_history_is_said_not_checked():
     assert not f.reproduced and f.diverged_at is None and "predates the recording" in f.reason
 
 
-@pytest.mark.parametrize("sample", ["sdxl-fp16-oom-10gb", "sd15-fp16-classic-expandable", "train-sd15-amp-fp16"])
+@pytest.mark.parametrize(
+    "sample", ["sdxl-fp16-oom-10gb", "sd15-fp16-classic-expandable", "train-sd15-amp-fp16", "sd15-fp16-alloc-cap-oom"]
+)
 def test_compiled_kernel_equals_the_reference(sample):
     """The numba kernel (or, without numba, the kernel's code run by Python) gives the reference's
     per-request figures, segment log and counters under every setting family and cap."""
@@ -240,3 +243,25 @@ def test_entry_to_request_map_matches_its_definition(seed):
             before = not at or i < events[0]  # before the first request's entry: the baseline
             want.append(-1 if before else max(r for r in range(done) if events[r] == max(at)))
         assert _request_at(st, done).tolist() == want, (seed, done)
+
+
+def test_a_caught_oom_is_given_back_where_a_scenario_serves_it():
+    """sd15-fp16-alloc-cap-oom: cuDNN caught 80 OOMs (workspace retries) before the one that ended
+    the run. A scenario that serves such a request gives the block back right after it (the program
+    used it and went on); the request that ended the run keeps its block. Without that, 80 workspaces
+    of ~100 MiB would stay allocated for ever on a card that has room for them."""
+    r = load(str(SAMPLES / "sd15-fp16-alloc-cap-oom"))
+    rep, settings, st = _stream(r.snapshot, 0, recorded_cap(r))
+    oom = np.flatnonzero(st.kind == R_OOM)
+    caught, last = oom[:-1], oom[-1]
+    assert len(caught) == 80 and (st.addr[oom] < 0).all() and len(np.unique(st.addr[oom])) == len(oom)
+    assert (st.kind[caught + 1] == R_FREE).all() and (st.addr[caught + 1] == st.addr[caught]).all()
+    assert (st.event[caught + 1] == st.event[caught]).all()
+    assert not (st.addr[last + 1 :] == st.addr[last]).any()  # the fatal one is never given back
+    assert fidelity(st, run(st, settings, recorded_cap(r))).reproduced  # the recording is unchanged
+    free = run(st, settings, Cap())
+    assert free.oom is None and free.survived_recorded_oom == st.event[caught[0]]
+    ev = st.event[caught]
+    assert (free.allocated[ev] == free.allocated[ev - 1]).all()  # served and given back at once
+    # what is left allocated at the end is the recording's plus only the last request's block
+    assert free.allocated[-1] - rep.final_allocated == free.allocated[st.event[last]] - free.allocated[st.event[last] - 1]
