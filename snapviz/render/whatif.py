@@ -28,7 +28,14 @@ def fidelity_line(doc: dict[str, Any]) -> str:
 def recorded_line(doc: dict[str, Any]) -> str:
     r = doc["recorded"]
     conf = r["alloc_conf"] or "defaults"
-    cap = f"a {fmt_bytes(r['gpu_memory_bytes'])} memory fraction" if r["gpu_memory_bytes"] else "no recorded limit"
+    lim = r["gpu_memory_bytes"]
+    cap = (
+        "no recorded limit"
+        if not lim
+        else f"a {fmt_bytes(lim)} memory fraction"
+        if r.get("memory_fraction")
+        else f"a {fmt_bytes(lim)} limit (reserved + free device memory at the OOM)"
+    )
     oom = f"; ran out of memory at event {r['oom_event_index']:,}" if r["oom_event_index"] is not None else ""
     return (
         f"Recorded: settings {conf}, {cap}; reserved peak {fmt_bytes(r['peak_reserved_bytes'])}, "
