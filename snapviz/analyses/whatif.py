@@ -90,6 +90,7 @@ class WhatIf:
     recorded_reserved: np.ndarray  # per event
     results: list[ScenarioResult]
     notes: list[str] = field(default_factory=list)
+    cards: list[CardFit] = field(default_factory=list)  # on a run with an OOM: the smallest card it fits on
 
 
 def parse_conf(text: str) -> AllocatorSettings:
@@ -244,6 +245,9 @@ def what_if(
         results.append(ScenarioResult(sc, sim, stage, simulated))
     assert fid is not None
     oom_rows = np.flatnonzero(actions == A_OOM)
+    cards = (
+        card_fits(must_fit(stream, int(oom_rows[-1])), rec_settings, compiled, uncapped) if len(oom_rows) else []
+    )  # the OOM an analysis explains: the last (oom.explained_oom); a caught one fails no card
     return WhatIf(
         source=run.source,
         device=dev,
@@ -257,6 +261,7 @@ def what_if(
         recorded_reserved=ev["reserved"].to_numpy(),
         results=results,
         notes=notes,
+        cards=cards,
     )
 
 
@@ -363,6 +368,7 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         },
         "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
         "scenarios": rows,
+        "smallest_card": [card_fit_dict(c) for c in w.cards],
         "notes": list(w.notes),
     }
 

@@ -57,6 +57,18 @@ def outcome(row: dict[str, Any], with_stage: Callable[[str], str] = printable) -
     )
 
 
+def card_line(doc: dict[str, Any]) -> str | None:
+    """On a run that ran out of memory: the smallest card it fits on (analyze's OOM words)."""
+    from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415
+
+    cards = doc.get("smallest_card") or []
+    if not cards:
+        return None
+    approx = "" if doc["fidelity"]["reproduced"] else " (approximate: the simulation did not reproduce this run)"
+    text = card_fit_text(cards)
+    return text[:1].upper() + text[1:] + approx + "."
+
+
 def recorded_card_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in doc["scenarios"] if s["gpu_memory_bytes"] is None]
 
@@ -111,6 +123,7 @@ def render_whatif_terminal(doc: dict[str, Any]) -> str:
         f"snapviz whatif: {printable(doc['source'])} (cuda:{doc['device']})",
         recorded_line(doc),
         fidelity_line(doc),
+        *([c] if (c := card_line(doc)) else []),
         "",
         f"On {card_title(doc)}:",
     ]
@@ -146,6 +159,7 @@ def render_whatif_markdown(doc: dict[str, Any]) -> str:
         "",
         f"**{md_text(fidelity_line(doc))}**",
         "",
+        *([md_text(c), ""] if (c := card_line(doc)) else []),
         f"On {md_text(card_title(doc))}:",
         "",
         "| " + " | ".join([*DETAIL_HEAD, "result"]) + " |",

@@ -70,6 +70,16 @@ def test_whatif_on_the_oom_sample_one_story(tmp_path: Path) -> None:
         assert gib in p.stdout and gib in md and gib in html
     assert "reproduced this run exactly" in p.stdout and "reproduced this run exactly" in md
     assert "reproduced this run exactly" in html
+    # the smallest card, as analyze's OOM line says it (one simulation, one story): fits there
+    # and not 1 GiB below, by whatif's own scenarios
+    an = json.loads(_snapviz("analyze", str(OOM), "--json", "-").stdout)["oom"]
+    assert doc["smallest_card"] == an["simulation"]["cards"] and len(doc["smallest_card"]) == 2
+    g = doc["smallest_card"][0]["smallest_bytes"]
+    q = _snapviz("whatif", str(OOM), "--gpu-memory", str(g), "--gpu-memory", str(g - (1 << 30)), "--json", "-")
+    by = {s["gpu_memory_bytes"]: s for s in json.loads(q.stdout)["scenarios"] if s["alloc_conf"] is None}
+    assert by[g]["oom"] is None and by[g - (1 << 30)]["oom"] is not None
+    line = an["card"][:1].upper() + an["card"][1:]
+    assert line in p.stdout and line in md and line in html
 
 
 def test_whatif_default_sweep_lists_every_setting_and_card(tmp_path: Path) -> None:
@@ -84,6 +94,7 @@ def test_whatif_default_sweep_lists_every_setting_and_card(tmp_path: Path) -> No
     by = {(s["alloc_conf"], s["gpu_memory_bytes"]): s for s in doc["scenarios"]}
     assert by[(None, 8 << 30)]["peak_reserved_bytes"] == by[(None, None)]["peak_reserved_bytes"]
     assert by[(None, 8 << 30)]["oom"] is None
+    assert doc["smallest_card"] == []  # no OOM: no smallest-card answer
 
 
 def test_whatif_small_card_reports_the_oom_where_it_happens(tmp_path: Path) -> None:

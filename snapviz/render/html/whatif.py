@@ -16,6 +16,7 @@ from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.whatif import (
     DETAIL_HEAD,
     card_grid,
+    card_line,
     card_title,
     detail_cells,
     fidelity_line,
@@ -97,7 +98,9 @@ def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> s
         '<header class="sv-hero"><p class="sv-kicker">snapviz whatif</p>'
         f'<p class="sv-title">{esc(doc["source"])} (cuda:{int(doc["device"])})</p>'
         f'<h1 class="sv-verdict" id="sv-verdict">{esc(fidelity_line(doc))}</h1>'
-        f'<ul class="sv-lines"><li>{esc(recorded_line(doc))}</li></ul></header>'
+        f'<ul class="sv-lines"><li>{esc(recorded_line(doc))}</li>'
+        + (f"<li>{esc(c)}</li>" if (c := card_line(doc)) else "")
+        + "</ul></header>"
     )
     rows = recorded_card_rows(doc)
     detail = [[*detail_cells(s), outcome(s)] for s in rows]
