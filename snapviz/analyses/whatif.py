@@ -33,7 +33,7 @@ from snapviz.analyses.simulate import (
 from snapviz.analyses.simulate import run as run_sim
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_OOM
+from snapviz.model import A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
 from snapviz.units import fmt_bytes
 from snapviz.vocab import WHATIF_SCHEMA
 
@@ -91,6 +91,7 @@ class WhatIf:
     results: list[ScenarioResult]
     notes: list[str] = field(default_factory=list)
     cards: list[CardFit] = field(default_factory=list)  # on a run with an OOM: the smallest card it fits on
+    recorded_fragmentation: int = 0  # reserved - allocated at the recorded reserved peak
 
 
 def parse_conf(text: str) -> AllocatorSettings:
@@ -259,10 +260,22 @@ def what_if(
         recorded_peak_allocated=rep.peak_allocated,
         recorded_oom_event=int(oom_rows[0]) if len(oom_rows) else None,
         recorded_reserved=ev["reserved"].to_numpy(),
+        recorded_fragmentation=_fragmentation(ev, stream.event),
         results=results,
         notes=notes,
         cards=cards,
     )
+
+
+def _fragmentation(ev: Any, requests: np.ndarray) -> int:
+    """Reserved - allocated at the recorded reserved peak, measured after requests (the trace
+    entries ``requests``) as the simulation measures it: a ``segment_alloc`` entry, between the
+    cudaMalloc and the block it is for, is no moment of its own."""
+    if not len(requests):
+        return 0
+    res = ev["reserved"].to_numpy()[requests]
+    i = int(np.argmax(res))
+    return int(res[i]) - int(ev["allocated"].to_numpy()[requests][i])
 
 
 def replay_stream(rep: ReplayResult, settings: AllocatorSettings, cap: Cap) -> RequestStream:
@@ -396,6 +409,80 @@ def _settings_text(s: AllocatorSettings) -> str:
     if s.max_non_split_rounding_size != DEFAULT_SETTINGS.max_non_split_rounding_size:
         parts.append(f"max_non_split_rounding_mb:{s.max_non_split_rounding_size >> 20}")
     return ",".join(parts)
+
+
+# --------------------------------------------------------------------------- compare --whatif
+
+
+def twin_dict(w: WhatIf, label: str, recorded_retries: int | None = None) -> dict[str, Any]:
+    """The recorded run beside its simulated twins (``compare --whatif``; the compare document's
+    ``whatif``): one row of the recording's own figures (replayed from the trace, not simulated),
+    then one per setting on the recorded card, ``simulated`` and ``approximate`` where the
+    simulation did not reproduce the recording, with differences to the recorded row."""
+    acts = w.stream.seg_action
+    rec_oom = None
+    if w.recorded_oom_event is not None:
+        i = w.recorded_oom_event
+        rec_oom = {
+            "event_index": i,
+            "stage": None,
+            "requested_bytes": None,
+            "allocated_bytes": None,
+            "reserved_bytes": int(w.recorded_reserved[i]),
+            "recorded": True,
+        }
+    recorded: dict[str, Any] = {
+        "label": "recorded",
+        "alloc_conf": None,
+        "simulated": False,
+        "approximate": False,
+        "peak_reserved_bytes": w.recorded_peak_reserved,
+        "peak_allocated_bytes": w.recorded_peak_allocated,
+        "fragmentation_bytes": w.recorded_fragmentation,
+        "device_mallocs": int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
+        "device_frees": int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
+        "retries": recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
+        "oom": rec_oom,
+        "survives_recorded_oom": False,
+    }
+    doc = whatif_dict(w)
+    rows: list[dict[str, Any]] = [recorded]
+    for sc in doc["scenarios"]:
+        if sc["gpu_memory_bytes"] is not None or sc["alloc_conf"] is None:
+            continue  # the twins: other settings on the recorded card
+        rows.append(
+            {
+                "label": f"{sc['alloc_conf']} (simulated)",
+                "simulated": True,
+                **{
+                    k: sc[k]
+                    for k in (
+                        "alloc_conf",
+                        "approximate",
+                        "peak_reserved_bytes",
+                        "peak_allocated_bytes",
+                        "fragmentation_bytes",
+                        "device_mallocs",
+                        "device_frees",
+                        "retries",
+                        "oom",
+                        "survives_recorded_oom",
+                    )
+                },
+            }
+        )
+    for r in rows:
+        r["peak_reserved_delta_bytes"] = r["peak_reserved_bytes"] - recorded["peak_reserved_bytes"]
+    return {
+        "label": label,
+        "source": w.source,
+        "device": w.device,
+        "recorded": doc["recorded"],
+        "fidelity": doc["fidelity"],
+        "rows": rows,
+        "smallest_card": doc["smallest_card"],
+        "notes": doc["notes"],
+    }
 
 
 # --------------------------------------------------------------------------- analyze's advice

@@ -183,3 +183,63 @@ def render_whatif_markdown(doc: dict[str, Any]) -> str:
         out += [f"- {md_text(n)}" for n in notes]
     out += ["", "_Simulated by snapviz from the recorded requests (docs/whatif.md)._"]
     return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- compare --whatif
+
+TWIN_HEAD = [
+    "run",
+    "reserved peak",
+    "vs recorded",
+    "allocated peak",
+    "fragmentation",
+    "cudaMalloc",
+    "cudaFree",
+    "retries",
+    "result",
+]
+
+
+def _twin_outcome(row: dict[str, Any]) -> str:
+    oom = row["oom"]
+    if row["simulated"] or oom is None:
+        return outcome(row)
+    return f"OOM at event {oom['event_index']:,} (as recorded)"
+
+
+def twin_cells(row: dict[str, Any]) -> list[str]:
+    d = row["peak_reserved_delta_bytes"]
+    return [
+        row["label"],
+        fmt_bytes(row["peak_reserved_bytes"]),
+        "" if not row["simulated"] else ("±0" if d == 0 else ("+" if d > 0 else "−") + fmt_bytes(abs(d))),
+        fmt_bytes(row["peak_allocated_bytes"]),
+        fmt_bytes(row["fragmentation_bytes"]),
+        f"{row['device_mallocs']:,}",
+        f"{row['device_frees']:,}",
+        "n/a" if row["retries"] is None else f"{row['retries']:,}",
+        _twin_outcome(row),
+    ]
+
+
+def twin_title(tw: dict[str, Any]) -> str:
+    return f"What if: {tw['label']} beside its simulated twins (same requests, other allocator settings, same card)"
+
+
+def render_twin_terminal(tw: dict[str, Any]) -> list[str]:
+    """``compare --whatif``'s section as terminal lines."""
+    out = [twin_title(tw), "  " + fidelity_line(tw)]
+    out += ["  " + line for line in _aligned(TWIN_HEAD, [twin_cells(r) for r in tw["rows"]])]
+    return [printable(x) for x in out]
+
+
+def render_twin_markdown(tw: dict[str, Any]) -> list[str]:
+    """``compare --whatif``'s section as Markdown lines."""
+    out = [f"### {md_text(twin_title(tw))}", "", f"**{md_text(fidelity_line(tw))}**", ""]
+    out.append("| " + " | ".join(TWIN_HEAD) + " |")
+    out.append("|" + "---|" * len(TWIN_HEAD))
+    for r in tw["rows"]:
+        cells = twin_cells(r)
+        name = md_code(r["alloc_conf"]) + " (simulated)" if r["simulated"] else md_text(cells[0])
+        out.append("| " + " | ".join([name, *(md_text(c) for c in cells[1:])]) + " |")
+    return out + ["", "_Simulated rows: snapviz's allocator simulator on the recorded requests (docs/whatif.md)._", ""]

@@ -142,3 +142,46 @@ def test_check_fits_gates_on_a_simulated_card(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     p = _snapviz("check", str(SD15), "--fits", "12 G")
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_compare_whatif_shows_the_run_beside_its_simulated_twin(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    p = _snapviz("compare", str(OOM), "--whatif", "expandable_segments:True", "--whatif", "max_split_size_mb:128",
+                 "--json", f"{out}.json", "--markdown", f"{out}.md")
+    assert p.returncode == 0, p.stderr
+    tw = json.loads(Path(f"{out}.json").read_text())["whatif"]
+    rec, *twins = tw["rows"]
+    run_json = json.loads((OOM / "run.json").read_text())
+    # the recorded row is the recording's own figures; the twins are whatif's scenarios, marked simulated
+    assert not rec["simulated"] and rec["peak_reserved_bytes"] == run_json["allocator"]["max_memory_reserved"]
+    assert rec["peak_allocated_bytes"] == run_json["allocator"]["max_memory_allocated"]
+    assert rec["oom"]["event_index"] == tw["recorded"]["oom_event_index"]
+    w = json.loads(_snapviz("whatif", str(OOM), "--alloc-conf", "expandable_segments:True", "--alloc-conf",
+                            "max_split_size_mb:128", "--gpu-memory", "80GiB", "--json", "-").stdout)
+    by = {s["alloc_conf"]: s for s in w["scenarios"] if s["gpu_memory_bytes"] is None}
+    # the recording's fragmentation and segment counts are what the reproduced simulation says
+    for k in ("fragmentation_bytes", "device_mallocs", "device_frees"):
+        assert rec[k] == by[None][k], k
+    assert [t["alloc_conf"] for t in twins] == ["expandable_segments:True", "max_split_size_mb:128"]
+    for t in twins:
+        s = by[t["alloc_conf"]]
+        assert t["simulated"] and t["label"].endswith("(simulated)")
+        for k in ("peak_reserved_bytes", "fragmentation_bytes", "device_mallocs", "device_frees", "retries", "oom"):
+            assert t[k] == s[k], k
+        assert t["peak_reserved_delta_bytes"] == s["peak_reserved_bytes"] - rec["peak_reserved_bytes"]
+    md = Path(f"{out}.md").read_text()
+    for t in tw["rows"]:
+        gib = f"{t['peak_reserved_bytes'] / 2**30:.2f} GiB"
+        assert gib in p.stdout and gib in md
+    assert "reproduced this run exactly" in p.stdout and "`expandable_segments:True` (simulated)" in md
+
+
+def test_compare_whatif_with_two_runs_and_bad_uses(tmp_path: Path) -> None:
+    p = _snapviz("compare", str(SD15), str(OOM), "--whatif", "expandable_segments:True", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert len(doc["runs"]) == 2 and doc["whatif"]["label"] == doc["runs"][0]["label"]  # BASE's twin
+    for args in (["--whatif", "bogus:1"], ["--whatif", "expandable_segments:True", "-o", str(tmp_path / "c.html")], []):
+        q = _snapviz("compare", str(SD15), *args, "--json", str(tmp_path / "c.json"))
+        assert q.returncode == 2, (args, q.stderr)
+        assert q.stderr.count("\n") == 1 and "Traceback" not in q.stderr and not (tmp_path / "c.json").exists()
