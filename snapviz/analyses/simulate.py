@@ -79,8 +79,12 @@ R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_FREE, R_EMPTY_CACHE, R_OOM = range(6)
 # Segment actions the simulator logs, with the model's action codes.
 SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP)
 _SMALL_MAX = 1 << 20
-# Virtual range of one expandable segment when the card is not known (torch reserves 1 1/8 of
-# the card): only the size of the unmapped tail depends on it, which is never a best fit.
+# Virtual range of one expandable segment when the card is not known. torch reserves 1 1/8 of the
+# card's memory (``ExpandableSegment``: ``prop.totalGlobalMem + totalGlobalMem / 8``), whatever
+# the memory fraction: the range decides where the unmapped tail ends, and a request that fits no
+# hole is mapped at that tail, or, where the tail is too short, in a new segment. Too short a range
+# (1 1/8 of a fraction's cap instead of the card) put gpt2-train-varlen-cap-expandable's 785 MiB
+# request elsewhere than torch did.
 _DEFAULT_VA = 1 << 40
 _SYNTHETIC_BASE = 1 << 52  # cudaMalloc addresses the simulator makes up, above any real one
 
@@ -93,6 +97,14 @@ class Cap:
 
     limit: int | None = None
     fraction: bool = False
+    card: int | None = None  # the card's memory, when known (an expandable segment's range is 9/8 of it)
+
+    @property
+    def virtual_range(self) -> int:
+        """Bytes of virtual address space one expandable segment reserves: 9/8 of the card (the
+        card is the limit itself when it is a card's capacity, not a memory fraction)."""
+        total = self.card if self.card is not None else self.limit if not self.fraction else None
+        return total + total // 8 if total else _DEFAULT_VA
 
 
 @dataclass
@@ -494,7 +506,7 @@ class Allocator:
                 return c
             i += 1
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
-        va = self.cap.limit + self.cap.limit // 8 if self.cap.limit else _DEFAULT_VA
+        va = self.cap.virtual_range
         va = -(-va // page) * page
         es = _Segment(self._next_va, page, va)
         self._next_va += va + (1 << 30)
@@ -583,7 +595,11 @@ class LoopOut:
 
 def _limit(stream: RequestStream, cap: Cap) -> Cap:
     """The cap left to the simulated requests: memory that predates the recording keeps its share."""
-    return cap if cap.limit is None else Cap(max(cap.limit - stream.baseline_reserved, 0), cap.fraction)
+    if cap.limit is None:
+        return cap
+    # the range an expandable segment reserves is the card's, whatever was in use before the recording
+    card = cap.card if cap.card is not None or cap.fraction else cap.limit
+    return Cap(max(cap.limit - stream.baseline_reserved, 0), cap.fraction, card)
 
 
 def _recorded_addresses(stream: RequestStream) -> tuple[np.ndarray, np.ndarray]:

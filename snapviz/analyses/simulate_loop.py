@@ -37,7 +37,6 @@ from snapviz.analyses.allocator_rules import (
     round_sizes,
 )
 from snapviz.analyses.simulate import (
-    _DEFAULT_VA,
     _SYNTHETIC_BASE,
     R_ALLOC,
     R_EMPTY_CACHE,
@@ -157,7 +156,7 @@ def _call(kernel: Callable[..., Any], stream: RequestStream, settings: Allocator
     codes, s_rank = stream.derived["codes"], stream.derived["ranks"]
     n_codes = int(codes.max()) + 1 if len(codes) else 0
     rec_addr, rec_size = _recorded_addresses(stream)
-    va = (lim.limit + lim.limit // 8) if lim.limit else _DEFAULT_VA
+    va = lim.virtual_range
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = kernel(

@@ -142,7 +142,7 @@ def cap_from_run_json(run_json: dict[str, Any] | None) -> Cap:
             _whole(cap.get("bytes")),
         )
         if frac is not None and total is not None and 0 < frac <= 1:
-            return Cap(int(frac * total), True)
+            return Cap(int(frac * total), True, total)
         if nbytes is not None and nbytes > 0:
             return Cap(nbytes, True)
     lim = _whole(rj.get("memory_limit_bytes"))
@@ -183,7 +183,7 @@ def card_scenario(conf: str | None, settings: AllocatorSettings, gpu: int) -> Sc
     """``settings`` on a card of ``gpu`` bytes: the card's capacity meets cudaMalloc, and under
     ``garbage_collection_threshold`` (which acts only under a memory fraction) the card is
     ``set_per_process_memory_fraction(1.0)`` of itself."""
-    return Scenario(conf, gpu, settings, Cap(gpu, settings.garbage_collection_threshold > 0.0))
+    return Scenario(conf, gpu, settings, Cap(gpu, settings.garbage_collection_threshold > 0.0, gpu))
 
 
 def what_if(
