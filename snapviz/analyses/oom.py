@@ -370,7 +370,7 @@ def _simulated_clauses(oom: dict[str, Any]) -> list[str]:
             if sim.get("settings_tried"):
                 out.append("no allocator setting fits it under this cap (simulated)")
     elif advice == RULE_OF_THUMB and oom["verdict"] == FRAGMENTED:
-        why = "the simulator did not reproduce this run" if sim is not None else "no allocation history to simulate"
+        why = str(sim.get("why_not") or "the simulator did not reproduce this run") if sim else "no history to simulate"
         out.append(f"try: {advice} (the rule of thumb for fragmentation; not simulated: {why})")
     elif advice:
         out.append(f"try: {advice}")

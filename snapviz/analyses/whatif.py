@@ -676,14 +676,16 @@ def card_fit_text(cards: list[dict[str, Any]]) -> str:
     return "smallest card it fits on (simulated, 1 GiB steps): " + ", ".join(parts)
 
 
+OOM_FIX_MAX_REQUESTS = 500_000  # above this analyze's OOM line does not search settings and cards (~30 simulations)
 FIT_CONFS: tuple[str, ...] = (ADVICE_CONF, *(c for c in DEFAULT_CONFS if c != ADVICE_CONF))
 
 
 def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
     """What would have let an OOM's failed request fit, simulated: the summary's ``oom.simulation``.
 
-    ``simulated`` false (with ``reason``) where the simulator does not reproduce the recording or
-    the failed request is not in the history; else ``setting``: the first of :data:`FIT_CONFS`
+    ``simulated`` false (with ``why_not`` in a few words and ``reason``) where the simulator does
+    not reproduce the recording, the failed request is not in the history, or the stream has over
+    :data:`OOM_FIX_MAX_REQUESTS` requests; else ``setting``: the first of :data:`FIT_CONFS`
     (expandable segments first) under which the run goes to its end under the recorded cap, the
     failed request fitting (:func:`must_fit`; None: none; not tried when no cap is recorded), with
     its reserved peak; and ``cards``: :func:`card_fits`. None: not simulated at all (no history,
@@ -691,15 +693,25 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
     """
     if rs is None:
         return None
+    n = len(rs.stream.kind)
     why_not = (
-        rs.fidelity.reason
+        ("the simulator did not reproduce this run", rs.fidelity.reason)
         if not rs.fidelity.reproduced
-        else "the failed request is not in the allocation history"
+        else ("the failed request is not in the allocation history",) * 2
         if rs.fit_stream is None
+        else (f"over {OOM_FIX_MAX_REQUESTS:,} requests: snapviz whatif answers it",) * 2
+        if n > OOM_FIX_MAX_REQUESTS
         else None
     )
     if why_not is not None:
-        return {"simulated": False, "reason": why_not, "setting": None, "settings_tried": [], "cards": []}
+        return {
+            "simulated": False,
+            "why_not": why_not[0],
+            "reason": why_not[1],
+            "setting": None,
+            "settings_tried": [],
+            "cards": [],
+        }
     stream = rs.fit_stream
     assert stream is not None
     setting = None
@@ -717,6 +729,7 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
     cards = card_fits(stream, rs.settings, rs.compiled)
     return {
         "simulated": True,
+        "why_not": None,
         "reason": rs.fidelity.reason,
         "setting": setting,
         "settings_tried": tried,

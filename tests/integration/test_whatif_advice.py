@@ -161,3 +161,14 @@ def test_oom_not_reproduced_keeps_the_rule_of_thumb_and_says_not_simulated() -> 
     fix = oom_fix(oom)
     assert fix is not None and "not simulated: the simulator did not reproduce this run" in fix
     assert oom_card(oom) is None and "(not simulated)" in str(oom_fix_short(oom))
+
+
+def test_oom_line_on_a_large_stream_is_not_simulated_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import snapviz.analyses.whatif as whatif_mod
+
+    monkeypatch.setattr(whatif_mod, "OOM_FIX_MAX_REQUESTS", 1000)  # gpt2-train-varlen-cap-oom has 5,673
+    oom = analyze_run(load(SAMPLES / "gpt2-train-varlen-cap-oom")).summary()["oom"]
+    sim = oom["simulation"]
+    assert sim["simulated"] is False and sim["why_not"] == "over 1,000 requests: snapviz whatif answers it"
+    assert oom["verdict"] == FRAGMENTED and oom["card"] is None
+    assert "not simulated: over 1,000 requests" in oom["fix"]
