@@ -360,8 +360,9 @@ def _simulated_clauses(oom: dict[str, Any]) -> list[str]:
     if sim is not None and sim.get("simulated"):
         setting = sim.get("setting")
         if advice and setting and advice.endswith(f"={setting['alloc_conf']}"):
+            who = "the run fits" if oom.get("survived") else "the recorded requests fit"  # after a fatal OOM: unknown
             out.append(
-                f"try: {advice} (simulated: the run fits under the same cap, reserved peak "
+                f"try: {advice} (simulated: {who} under the same cap, reserved peak "
                 f"{fmt_bytes(setting['peak_reserved_bytes'])})"
             )
         else:
@@ -469,7 +470,7 @@ def oom_card(oom: dict[str, Any]) -> str | None:
         return None
     from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415 - the words whatif uses too
 
-    return card_fit_text(sim["cards"])
+    return card_fit_text(sim["cards"], ended=not oom.get("survived"))
 
 
 def oom_lines(oom: dict[str, Any]) -> list[str]:

@@ -33,7 +33,7 @@ from snapviz.analyses.simulate import (
 from snapviz.analyses.simulate import run as run_sim
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
+from snapviz.model import A_ALLOC, A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
 from snapviz.units import fmt_bytes
 from snapviz.vocab import WHATIF_SCHEMA
 
@@ -92,6 +92,7 @@ class WhatIf:
     notes: list[str] = field(default_factory=list)
     cards: list[CardFit] = field(default_factory=list)  # on a run with an OOM: the smallest card it fits on
     recorded_fragmentation: int = 0  # reserved - allocated at the recorded reserved peak
+    oom_ended_run: bool = False  # the last recorded OOM came after the last allocation
 
 
 def parse_conf(text: str) -> AllocatorSettings:
@@ -261,6 +262,7 @@ def what_if(
         recorded_oom_event=int(oom_rows[0]) if len(oom_rows) else None,
         recorded_reserved=ev["reserved"].to_numpy(),
         recorded_fragmentation=_fragmentation(ev, stream.event),
+        oom_ended_run=bool(len(oom_rows)) and not bool((actions[int(oom_rows[-1]) :] == A_ALLOC).any()),
         results=results,
         notes=notes,
         cards=cards,
@@ -375,6 +377,7 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
             "peak_reserved_bytes": w.recorded_peak_reserved,
             "peak_allocated_bytes": w.recorded_peak_allocated,
             "oom_event_index": w.recorded_oom_event,
+            "oom_ended_run": w.oom_ended_run,
             "events": w.stream.n_events,
             "requests": int(len(w.stream.kind)),
             "empty_cache_calls": w.stream.empty_cache_calls,
@@ -659,8 +662,9 @@ def card_fit_dict(c: CardFit) -> dict[str, Any]:
     }
 
 
-def card_fit_text(cards: list[dict[str, Any]]) -> str:
-    """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report)."""
+def card_fit_text(cards: list[dict[str, Any]], ended: bool = False) -> str:
+    """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report).
+    ``ended``: the OOM ended the run, so what the program would have done after it is unknown."""
     parts = []
     for c in cards:
         who = "the recorded settings" if c["alloc_conf"] is None else c["alloc_conf"]
@@ -673,7 +677,9 @@ def card_fit_text(cards: list[dict[str, Any]]) -> str:
             else "larger than the common cards"
         )
         parts.append(f"{fmt_bytes(c['smallest_bytes'])} with {who} ({common})")
-    return "smallest card it fits on (simulated, 1 GiB steps): " + ", ".join(parts)
+    what = "smallest card the recorded requests fit on" if ended else "smallest card it fits on"
+    after = "; the program after the OOM was not recorded" if ended else ""
+    return f"{what} (simulated, 1 GiB steps{after}): " + ", ".join(parts)
 
 
 OOM_FIX_MAX_REQUESTS = 500_000  # above this analyze's OOM line does not search settings and cards (~30 simulations)

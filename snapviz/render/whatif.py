@@ -65,7 +65,7 @@ def card_line(doc: dict[str, Any]) -> str | None:
     if not cards:
         return None
     approx = "" if doc["fidelity"]["reproduced"] else " (approximate: the simulation did not reproduce this run)"
-    text = card_fit_text(cards)
+    text = card_fit_text(cards, ended=bool(doc["recorded"].get("oom_ended_run")))
     return text[:1].upper() + text[1:] + approx + "."
 
 

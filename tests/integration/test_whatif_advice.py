@@ -118,7 +118,9 @@ def test_oom_fix_line_names_the_setting_and_the_card_the_simulation_fits(tmp_pat
         assert by[g].peak_reserved == c["peak_reserved_bytes"]
         assert common == min(k for k in FIT_CARDS if k >= g and by[k].oom is None)
         assert fmt_bytes(g) in oom["card"]
-    assert oom["card"].startswith("smallest card it fits on (simulated")
+    # the OOM ended the run: the answer is about the recorded requests, and says so
+    assert oom["card"].startswith("smallest card the recorded requests fit on (simulated, 1 GiB steps; the program")
+    assert "(simulated: the recorded requests fit under the same cap" in oom["fix"]
     # every sink says the same lines: terminal, Markdown, JSON, HTML; the picture its short form
     js, md, html = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "r.html"
     with pytest.raises(SystemExit) as exc:
