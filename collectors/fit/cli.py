@@ -20,6 +20,7 @@ from snapviz.cli.errors import CollectorCommand
 from .plan import DEFAULT_CANDIDATES, DEFAULT_CARDS, Card, default_candidates, parse_cards
 from .report import card_dir, fit_dict, render_fit_html, render_fit_markdown
 from .search import FitRow, plan_rows, run_fit
+from .simulated import simulate_card
 
 FIT_EPILOG = f"""\b
 Default cards: {' '.join(DEFAULT_CARDS)}. Default candidates (baseline bf16):
@@ -92,7 +93,10 @@ def _candidates(pipeline: str, variants: tuple[str, ...], known: tuple[str, ...]
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1), help="Images per prompt.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=None,
               help="Kill a run after this many seconds and record it as timed out.")
-@click.option("--history", is_flag=True, help="Record memory history (snapshots; times include its cost).")
+@click.option("--history", is_flag=True, help="Record memory history (snapshots; times include its cost). A "
+              "combination that fits a larger card is then simulated on the smaller ones from its snapshot "
+              "(snapviz whatif's allocator simulator) instead of run, where the simulator reproduces the run; "
+              "the report marks each cell simulated or measured.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Directory for the run directories and logs [runs/fit-<pipeline>-<size>-<time>].")
@@ -164,7 +168,9 @@ def fit(pipeline: str, size: str, cards: tuple[str, ...], variants: tuple[str, .
         click.echo(f"  skip {s['label']}: {printable(s['reason'])}", err=True)
 
     def progress(row: FitRow) -> None:
-        if row.result is None:
+        if row.simulated is not None:
+            what = ("fits" if row.simulated.fits else "out of memory") + f" ({row.simulated.reason})"
+        elif row.result is None:
             what = f"pruned: {row.pruned}"
         elif row.result.ok and row.result.measure:
             m = row.result.measure
@@ -173,7 +179,9 @@ def fit(pipeline: str, size: str, cards: tuple[str, ...], variants: tuple[str, .
             what = f"{row.result.status}: {row.result.reason or ''}"
         click.echo(f"  {row.card.label:<8} {row.variant.label:<40} {printable(what)}", err=True)
 
-    rows = run_fit(card_list, chosen, lambda v, c: run_variant(opts, v, c, gpu), progress)
+    # with memory history, a smaller card is simulated from a larger card's snapshot before it is run
+    rows = run_fit(card_list, chosen, lambda v, c: run_variant(opts, v, c, gpu), progress,
+                   simulate=simulate_card if history else None)
     _write(opts, card_list, rows, skipped, out_dir, html_out, md_out, json_out)
 
 

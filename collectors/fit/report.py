@@ -35,7 +35,13 @@ STATUS_TEXT = {"ok": "fits", "oom": "out of memory", "unsupported": "unsupported
 
 
 def _row_dict(row: FitRow, batch: int) -> dict[str, Any]:
-    base = {"label": row.variant.label, "techniques": list(row.variant.techniques)}
+    base = {"label": row.variant.label, "techniques": list(row.variant.techniques), "decided_by": row.decided_by}
+    if row.simulated is not None:  # no run of its own: peaks from the simulator, no times
+        sim = row.simulated
+        return {**base, "status": "fits" if sim.fits else "oom", "reason": sim.reason, "inferred": False,
+                "peak_allocated_bytes": sim.peak_allocated_bytes, "peak_reserved_bytes": sim.peak_reserved_bytes,
+                "stages": {}, "call_s": None, "time_per_image_s": None, "step_median_s": None,
+                "run_dir": sim.source_run_dir}
     if row.result is None:
         return {**base, "status": "pruned", "reason": row.pruned, "peak_allocated_bytes": None,
                 "peak_reserved_bytes": None, "stages": {}, "call_s": None, "time_per_image_s": None,
@@ -97,6 +103,8 @@ def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow],
         "pruned": sum(1 for r in rows if r.pruned is not None),
         # fits shown without a run of their own: a larger cap's run that never reserved this much
         "inferred": sum(1 for r in rows if r.inferred is not None),
+        # cells the allocator simulator decided from a larger card's recording (--history)
+        "simulated": sum(1 for r in rows if r.simulated is not None),
         "cards": out_cards, "skipped": skipped, "notes": notes,
     }
 
@@ -112,13 +120,16 @@ def fit_table(card: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     head = ["variant", "fits?", "peak allocated", "peak reserved", *STAGE_GROUPS, "s per image", "step s"]
     rows = []
     for r in card["rows"]:
+        sim = r.get("decided_by") == "simulated"
         if r["status"] == "fits":
             t, s = r["time_per_image_s"], r["step_median_s"]
-            rows.append([r["label"], "yes", _gib(r["peak_allocated_bytes"]), _gib(r["peak_reserved_bytes"]),
+            rows.append([r["label"], "yes (simulated)" if sim else "yes", _gib(r["peak_allocated_bytes"]),
+                         _gib(r["peak_reserved_bytes"]),
                          *(_gib(r["stages"].get(g)) for g in STAGE_GROUPS),
                          f"{t:.2f}" if t is not None else "", f"{s:.3f}" if s is not None else ""])
         else:
             what = "pruned" if r["status"] == "pruned" else STATUS_TEXT.get(r["status"], r["status"])
+            what += " (simulated)" if sim else ""
             rows.append([r["label"], f"no: {what}: {r['reason'] or ''}".rstrip(": ")] + [""] * (len(head) - 2))
     return head, rows
 
@@ -142,7 +153,9 @@ def render_fit_markdown(doc: dict[str, Any]) -> str:
     out = [f"## {md_text(_title(doc))}", "",
            f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. "
            f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}, {doc['pruned']} pruned, "
-           f"{doc.get('inferred', 0)} fit{'s' if doc.get('inferred', 0) != 1 else ''} inferred from a larger cap's run.", ""]
+           f"{doc.get('inferred', 0)} fit{'s' if doc.get('inferred', 0) != 1 else ''} inferred from a larger cap's run, "
+           f"{doc.get('simulated', 0)} cell{'s' if doc.get('simulated', 0) != 1 else ''} simulated from a larger "
+           "card's snapshot (the rest measured).", ""]
     for card in doc["cards"]:
         out += [f"### {md_text(card['label'])} card", "", _fastest_line(doc, card, md_code), ""]
         head, rows = fit_table(card)

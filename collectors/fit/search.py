@@ -15,6 +15,7 @@ from collectors.matrix.runner import VariantResult
 from collectors.matrix.variants import Variant
 
 from .plan import Card, Measured, fits_without_running, measured_from, measuring_order, prune_reason
+from .simulated import Simulated
 
 
 @dataclass
@@ -27,14 +28,25 @@ class FitRow:
     result: VariantResult | None = None
     pruned: str | None = None
     inferred: str | None = None
+    simulated: Simulated | None = None  # decided by the allocator simulator from a larger card's run
 
     @property
     def fits(self) -> bool:
+        if self.simulated is not None:
+            return self.simulated.fits
         return self.result is not None and self.result.ok
+
+    @property
+    def decided_by(self) -> str:
+        """``measured`` (a run of its own, or a larger cap's run that never met this cap),
+        ``simulated``, or ``pruned``."""
+        return "simulated" if self.simulated is not None else "pruned" if self.pruned is not None else "measured"
 
 
 RunOne = Callable[[Variant, Card], VariantResult]
 OnDone = Callable[[FitRow], None]
+# (a completed run, the card it ran under, a smaller card) -> the simulator's verdict, or None
+Simulate = Callable[[VariantResult, Card, Card], Simulated | None]
 
 
 def plan_rows(cards: Sequence[Card], variants: Sequence[Variant]) -> list[tuple[Card, Variant]]:
@@ -45,9 +57,11 @@ def plan_rows(cards: Sequence[Card], variants: Sequence[Variant]) -> list[tuple[
 
 
 def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
-            on_done: OnDone | None = None) -> list[FitRow]:
+            on_done: OnDone | None = None, simulate: Simulate | None = None) -> list[FitRow]:
     """Run (or prune) every candidate on every card, one at a time: the pruning of the next
-    candidate depends on what the previous ones measured."""
+    candidate depends on what the previous ones measured. ``simulate``: a candidate that completed
+    under a larger card is simulated on this one (:mod:`.simulated`) before it is run; where the
+    simulator decides, the cell is ``simulated``, not run. Simulated cells prune nothing."""
     measured: list[Measured] = []
     rows: list[FitRow] = []
     refused: dict[str, VariantResult] = {}   # the collector's refusal does not depend on the cap
@@ -64,6 +78,8 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
                                    "met: the run under it would be the same"))
         elif v.label in refused:
             row = FitRow(card, v, result=refused[v.label])
+        elif simulate is not None and (sim := _simulated(v, card, measured, results, simulate)) is not None:
+            row = FitRow(card, v, simulated=sim)
         else:
             res = run_one(v, card)
             measured.append(measured_from(v.label, v.techniques, card, res.status, res.run))
@@ -75,3 +91,15 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
         if on_done is not None:
             on_done(row)
     return rows
+
+
+def _simulated(v: Variant, card: Card, measured: Sequence[Measured],
+               results: dict[tuple[str, int], VariantResult], simulate: Simulate) -> Simulated | None:
+    """The simulator's verdict on ``card`` from the smallest larger card ``v`` completed on."""
+    done = sorted((m for m in measured if m.label == v.label and m.status == "ok" and m.card.bytes > card.bytes),
+                  key=lambda m: m.card.bytes)
+    for m in done:
+        sim = simulate(results[(m.label, m.card.bytes)], m.card, card)
+        if sim is not None:
+            return sim
+    return None

@@ -210,8 +210,10 @@ def largest_free_block(
 
 
 def _cap(run_json: dict[str, Any] | None, reserved: int, device_free: int | None) -> tuple[int | None, str | None]:
-    limit = (run_json or {}).get("memory_limit_bytes")
-    if isinstance(limit, int) and limit > 0:
+    from snapviz.analyses.whatif import cap_from_run_json  # noqa: PLC0415 - one reader of the recorded cap
+
+    limit = cap_from_run_json(run_json).limit  # memory_limit_bytes, or allocator.cap (a memory fraction)
+    if limit is not None:
         return limit, "the run's memory limit"
     if device_free is not None and device_free >= 0:
         return reserved + device_free, "reserved + free on the device"
@@ -322,16 +324,77 @@ def oom_report(
     }
 
 
+RULE_OF_THUMB = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
 def pick_advice(oom: dict[str, Any], advice: list[dict[str, Any]]) -> str | None:
-    """For an ``out of memory`` verdict, the technique of the first advice entry that saves at
-    least ``bytes_short`` (None: none does); expandable segments for a fragmented one."""
-    if oom["verdict"] == FRAGMENTED:
-        return "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-    if oom["verdict"] != OUT_OF_MEMORY:
+    """What the fix line suggests trying. Where the simulator reproduced the run
+    (``oom["simulation"]``, :func:`snapviz.analyses.whatif.oom_simulation`), the allocator setting
+    under which it fits, simulated; else, for a ``fragmented`` verdict the simulation did not
+    check, expandable segments as the rule of thumb; for ``out of memory`` (or a fragmented one no
+    setting fixes), the first advice entry that saves at least ``bytes_short`` (None: none does)."""
+    sim = oom.get("simulation") or {}
+    if sim.get("simulated") and sim.get("setting"):
+        return f"PYTORCH_CUDA_ALLOC_CONF={sim['setting']['alloc_conf']}"
+    if oom["verdict"] == FRAGMENTED and not sim.get("simulated"):
+        return RULE_OF_THUMB
+    if oom["verdict"] not in (OUT_OF_MEMORY, FRAGMENTED):
         return None
     short = oom["bytes_short"] or 0
-    fits = [a for a in advice if (a.get("saves_up_to_bytes") or 0) >= short]
+    # allocator settings: the simulation's answer where there is one, never the rule of thumb beside it
+    fits = [
+        a
+        for a in advice
+        if a.get("kind") != "simulated"
+        and not (sim.get("simulated") and a.get("technique") == "expandable segments")
+        and (a.get("saves_up_to_bytes") or 0) >= short
+    ]
     return str(fits[0]["technique"]) if fits else None
+
+
+def _simulated_clauses(oom: dict[str, Any]) -> list[str]:
+    """The fix line's ``try:`` and what the simulation says would have fit (setting, card)."""
+    sim = oom.get("simulation")
+    advice = oom.get("advice")
+    out = []
+    if sim is not None and sim.get("simulated"):
+        setting = sim.get("setting")
+        if advice and setting and advice.endswith(f"={setting['alloc_conf']}"):
+            who = "the run fits" if oom.get("survived") else "the recorded requests fit"  # after a fatal OOM: unknown
+            out.append(
+                f"try: {advice} (simulated: {who} under the same cap, reserved peak "
+                f"{fmt_bytes(setting['peak_reserved_bytes'])})"
+            )
+        else:
+            if advice:
+                out.append(f"try: {advice}")
+            if sim.get("settings_tried"):
+                out.append("no allocator setting fits it under this cap (simulated)")
+    elif advice == RULE_OF_THUMB and oom["verdict"] == FRAGMENTED:
+        why = str(sim.get("why_not") or "the simulator did not reproduce this run") if sim else "no history to simulate"
+        out.append(f"try: {advice} (the rule of thumb for fragmentation; not simulated: {why})")
+    elif advice:
+        out.append(f"try: {advice}")
+    return out
+
+
+def oom_fix_short(oom: dict[str, Any]) -> str | None:
+    """The fix and card lines in a few words, for a picture's title (None: nothing to suggest)."""
+    sim = oom.get("simulation") or {}
+    advice = oom.get("advice")
+    parts = []
+    if sim.get("simulated"):
+        setting = sim.get("setting")
+        if setting:
+            parts.append(f"fits with {setting['alloc_conf']} (simulated)")
+        elif sim.get("settings_tried"):
+            parts.append("no allocator setting fits under this cap (simulated)")
+        first = (sim.get("cards") or [{}])[0]
+        if first.get("smallest_bytes") is not None:
+            parts.append(f"smallest card {fmt_bytes(first['smallest_bytes'])} (simulated)")
+    elif advice:
+        parts.append(f"try: {advice}" + (" (not simulated)" if advice == RULE_OF_THUMB else ""))
+    return "; ".join(parts) or None
 
 
 def oom_headline(oom: dict[str, Any]) -> str:
@@ -378,27 +441,47 @@ def oom_verdict(oom: dict[str, Any]) -> str:
     if v == FRAGMENTED and short is not None:
         cap = oom.get("cap_bytes")
         free = cap - oom["allocated_bytes"] if cap is not None else oom["free_reserved_bytes"]
+        # under a cap, "free" is the free reserved memory plus the room not yet reserved: say both,
+        # so the figure reads with the line before it (free in reserved segments)
+        where = (
+            f" under the cap ({fmt_bytes(oom['free_reserved_bytes'])} in reserved segments, "
+            f"{fmt_bytes(cap - oom['reserved_bytes'])} not yet reserved)"
+            if cap is not None and oom.get("free_reserved_bytes") is not None and oom.get("reserved_bytes") is not None
+            else ""
+        )
         return (
-            f"verdict: fragmented: {fmt_bytes(free)} was free, enough for the {req} request, but no free piece "
-            f"was large enough (the largest was {fmt_bytes(oom['requested_bytes'] - short)})"
+            f"verdict: fragmented: {fmt_bytes(free)} was free{where}, enough for the {req} request, but no free "
+            f"piece was large enough (the largest was {fmt_bytes(oom['requested_bytes'] - short)})"
         )
     return "verdict: not determined (fragmented or out of memory: the file does not show the cap)"
 
 
 def oom_fix(oom: dict[str, Any]) -> str | None:
-    """What would have made it fit, in words (None: not known)."""
+    """What would have made it fit, in words (None: not known): the shortfall, then what to try
+    and what the simulation says would have fit (:func:`_simulated_clauses`)."""
     short = oom.get("bytes_short")
-    if short is None:
+    parts = []
+    if short is not None and oom["verdict"] == FRAGMENTED:
+        parts.append(f"to fit, the largest free piece had to be {fmt_bytes(short)} ({short:,} B) larger")
+    elif short is not None:
+        shrink = oom.get("shrink")
+        what = f" (the largest part then: {shrink['category']}, {fmt_bytes(shrink['bytes'])})" if shrink else ""
+        parts.append(f"to fit, live memory in {oom['stage']} had to be {fmt_bytes(short)} ({short:,} B) smaller{what}")
+    parts += _simulated_clauses(oom)
+    return "; ".join(parts) if parts else None
+
+
+def oom_card(oom: dict[str, Any]) -> str | None:
+    """The smallest card the run fits on, simulated (None: not simulated)."""
+    sim = oom.get("simulation") or {}
+    if not sim.get("simulated") or not sim.get("cards"):
         return None
-    advice = f"; try: {oom['advice']}" if oom.get("advice") else ""
-    if oom["verdict"] == FRAGMENTED:
-        return f"to fit, the largest free piece had to be {fmt_bytes(short)} ({short:,} B) larger{advice}"
-    shrink = oom.get("shrink")
-    what = f" (the largest part then: {shrink['category']}, {fmt_bytes(shrink['bytes'])})" if shrink else ""
-    return f"to fit, live memory in {oom['stage']} had to be {fmt_bytes(short)} ({short:,} B) smaller{what}{advice}"
+    from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415 - the words whatif uses too
+
+    return card_fit_text(sim["cards"], ended=not oom.get("survived"))
 
 
 def oom_lines(oom: dict[str, Any]) -> list[str]:
-    """The OOM story in the words every sink uses: headline, state, verdict, fix."""
-    fix = oom_fix(oom)
-    return [oom_headline(oom), oom_state(oom), oom_verdict(oom), *([fix] if fix else [])]
+    """The OOM story in the words every sink uses: headline, state, verdict, fix, card."""
+    extra = [x for x in (oom_fix(oom), oom_card(oom)) if x]
+    return [oom_headline(oom), oom_state(oom), oom_verdict(oom), *extra]

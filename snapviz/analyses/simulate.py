@@ -79,8 +79,12 @@ R_ALLOC, R_FREE_REQ, R_FREE_DONE, R_FREE, R_EMPTY_CACHE, R_OOM = range(6)
 # Segment actions the simulator logs, with the model's action codes.
 SEGMENT_ACTIONS = (A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP)
 _SMALL_MAX = 1 << 20
-# Virtual range of one expandable segment when the card is not known (torch reserves 1 1/8 of
-# the card): only the size of the unmapped tail depends on it, which is never a best fit.
+# Virtual range of one expandable segment when the card is not known. torch reserves 1 1/8 of the
+# card's memory (``ExpandableSegment``: ``prop.totalGlobalMem + totalGlobalMem / 8``), whatever
+# the memory fraction: the range decides where the unmapped tail ends, and a request that fits no
+# hole is mapped at that tail, or, where the tail is too short, in a new segment. Too short a range
+# (1 1/8 of a fraction's cap instead of the card) put gpt2-train-varlen-cap-expandable's 785 MiB
+# request elsewhere than torch did.
 _DEFAULT_VA = 1 << 40
 _SYNTHETIC_BASE = 1 << 52  # cudaMalloc addresses the simulator makes up, above any real one
 
@@ -93,6 +97,14 @@ class Cap:
 
     limit: int | None = None
     fraction: bool = False
+    card: int | None = None  # the card's memory, when known (an expandable segment's range is 9/8 of it)
+
+    @property
+    def virtual_range(self) -> int:
+        """Bytes of virtual address space one expandable segment reserves: 9/8 of the card (the
+        card is the limit itself when it is a card's capacity, not a memory fraction)."""
+        total = self.card if self.card is not None else self.limit if not self.fraction else None
+        return total + total // 8 if total else _DEFAULT_VA
 
 
 @dataclass
@@ -494,7 +506,7 @@ class Allocator:
                 return c
             i += 1
         page = SMALL_BUFFER if pool.small else LARGE_BUFFER
-        va = self.cap.limit + self.cap.limit // 8 if self.cap.limit else _DEFAULT_VA
+        va = self.cap.virtual_range
         va = -(-va // page) * page
         es = _Segment(self._next_va, page, va)
         self._next_va += va + (1 << 30)
@@ -583,7 +595,11 @@ class LoopOut:
 
 def _limit(stream: RequestStream, cap: Cap) -> Cap:
     """The cap left to the simulated requests: memory that predates the recording keeps its share."""
-    return cap if cap.limit is None else Cap(max(cap.limit - stream.baseline_reserved, 0), cap.fraction)
+    if cap.limit is None:
+        return cap
+    # the range an expandable segment reserves is the card's, whatever was in use before the recording
+    card = cap.card if cap.card is not None or cap.fraction else cap.limit
+    return Cap(max(cap.limit - stream.baseline_reserved, 0), cap.fraction, card)
 
 
 def _recorded_addresses(stream: RequestStream) -> tuple[np.ndarray, np.ndarray]:
@@ -617,10 +633,10 @@ def loop_reference(stream: RequestStream, settings: AllocatorSettings, cap: Cap)
                 if k != R_OOM:  # the program would have died here
                     done = r
                     break
-            elif k == R_ALLOC:
-                live[addrs[r]] = b
-            elif survived is None:  # the recording ran out of memory here; this scenario does not
-                survived = events[r]
+            else:
+                live[addrs[r]] = b  # a recorded OOM's block too: freed after it when the program went on
+                if k == R_OOM and survived is None:  # the recording ran out of memory here; this scenario does not
+                    survived = events[r]
         elif k == R_FREE_REQ or k == R_FREE:
             b = live.pop(addrs[r], None)
             if b is not None:
@@ -807,16 +823,34 @@ def request_stream(
                 calls += 1
     rows = np.flatnonzero(kind >= 0)
     seg = np.flatnonzero(is_free_seg | is_new_seg)
+    addr_col = np.asarray(addrs, np.int64)[rows]
+    size_col = np.asarray(sizes, np.int64)[rows]
+    stream_col = np.asarray(streams, np.int64)[rows]
+    kind_col, event_col = kind[rows], rows.astype(np.int64)
+    oom_at = np.flatnonzero(kind_col == R_OOM)
+    # each recorded OOM's block gets an address of its own (the oom entry's is no block's)
+    addr_col[oom_at] = -1 - np.arange(len(oom_at), dtype=np.int64)
+    allocs = np.flatnonzero(actions == A_ALLOC)
+    caught = oom_at[event_col[oom_at] < (allocs[-1] if len(allocs) else -1)]
+    if len(caught):
+        # an OOM the program went on after (cuDNN's workspace retries): where a scenario serves
+        # the request, the program used the memory and gave it back; freed right after it
+        at = caught + 1
+        kind_col = np.insert(kind_col, at, R_FREE)
+        event_col = np.insert(event_col, at, event_col[caught])
+        addr_col = np.insert(addr_col, at, addr_col[caught])
+        size_col = np.insert(size_col, at, size_col[caught])
+        stream_col = np.insert(stream_col, at, stream_col[caught])
     if baseline_reserved == 0 and orphan_frees == 0:
         # nothing was reserved when the recording began, so nothing was allocated either (a
         # non-zero allocated baseline is then the replay's estimate of block sizes it cannot know)
         baseline_allocated = 0
     return RequestStream(
-        kind=kind[rows],
-        event=rows.astype(np.int64),
-        addr=np.asarray(addrs, np.int64)[rows],
-        size=np.asarray(sizes, np.int64)[rows],
-        stream=np.asarray(streams, np.int64)[rows],
+        kind=kind_col,
+        event=event_col,
+        addr=addr_col,
+        size=size_col,
+        stream=stream_col,
         n_events=n,
         seg_event=seg.astype(np.int64),
         seg_action=actions[seg].astype(np.int8),

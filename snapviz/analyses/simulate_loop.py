@@ -37,7 +37,6 @@ from snapviz.analyses.allocator_rules import (
     round_sizes,
 )
 from snapviz.analyses.simulate import (
-    _DEFAULT_VA,
     _SYNTHETIC_BASE,
     R_ALLOC,
     R_EMPTY_CACHE,
@@ -157,7 +156,7 @@ def _call(kernel: Callable[..., Any], stream: RequestStream, settings: Allocator
     codes, s_rank = stream.derived["codes"], stream.derived["ranks"]
     n_codes = int(codes.max()) + 1 if len(codes) else 0
     rec_addr, rec_size = _recorded_addresses(stream)
-    va = (lim.limit + lim.limit // 8) if lim.limit else _DEFAULT_VA
+    va = lim.virtual_range
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out = kernel(
@@ -708,9 +707,8 @@ def _kernel_py(
                     b = nb2
                 blk[BUSY, b] = 1
                 st[ALLOCATED] += blk[SIZE, b]
-                if k == R_ALLOC:
-                    live[code[r]] = b
-                elif survived < 0:
+                live[code[r]] = b  # a recorded OOM's block too: freed after it when the program went on
+                if k == R_OOM and survived < 0:
                     survived = event[r]
         elif k == R_FREE_REQ or k == R_FREE:
             c = code[r]

@@ -25,7 +25,9 @@ from snapviz.analyses.live_sets import stage_live_sets, top_live
 from snapviz.analyses.not_recorded import empty_snapshot_note
 from snapviz.analyses.oom import (
     explained_oom,
+    oom_card,
     oom_devices,
+    oom_fix,
     oom_lines,
     oom_note,
     oom_report,
@@ -39,7 +41,7 @@ from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
 from snapviz.analyses.training_advice import advise_training
 from snapviz.analyses.training_view import TrainingView, training_dict, training_view
-from snapviz.analyses.whatif import allocator_advice
+from snapviz.analyses.whatif import allocator_advice, oom_simulation, simulate_recorded
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import Snapshot
@@ -439,12 +441,13 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
     advise_doc.extend(advise(doc, an.categories))
-    if an.end_state is None or not an.end_state.only:
-        sim_advice = allocator_advice(
-            an.run, rep, an.oom is not None and not an.oom.get("survived")
-        )  # only where the simulator reproduced the run
-        if sim_advice is not None:
-            advise_doc.append(sim_advice)
+    oom_event = an.oom.get("event_index") if an.oom is not None else None
+    only = an.end_state is not None and an.end_state.only
+    recorded_sim = None if only else simulate_recorded(an.run, rep, oom_event)
+    # only where the simulator reproduced the run
+    sim_advice = allocator_advice(an.run, recorded_sim, an.oom is not None and not an.oom.get("survived"))
+    if sim_advice is not None:
+        advise_doc.append(sim_advice)
     if an.training is not None:
         doc["training"] = training_dict(an.training)
         advise_doc.extend(advise_training(an.training.phases, run or None))
@@ -453,8 +456,9 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         doc["peak"]["stage"] = None
     if an.oom is not None:
         oom = dict(an.oom)
+        oom["simulation"] = oom_simulation(recorded_sim)  # what would have fit, where the simulator reproduced it
         oom["advice"] = pick_advice(oom, advise_doc)
-        oom["headline"], oom["state"], oom["verdict_text"], *fix = oom_lines(oom)
-        oom["fix"] = fix[0] if fix else None
+        oom["headline"], oom["state"], oom["verdict_text"] = oom_lines(oom)[:3]
+        oom["fix"], oom["card"] = oom_fix(oom), oom_card(oom)
         doc["oom"] = oom
     return doc

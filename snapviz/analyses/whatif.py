@@ -19,11 +19,21 @@ import numpy as np
 
 from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
 from snapviz.analyses.replay import ReplayResult
-from snapviz.analyses.simulate import Cap, Fidelity, RequestStream, SimResult, fidelity, request_stream, run
+from snapviz.analyses.simulate import (
+    R_ALLOC,
+    R_OOM,
+    Cap,
+    Fidelity,
+    RequestStream,
+    SimResult,
+    fidelity,
+    request_stream,
+    run,
+)
 from snapviz.analyses.simulate import run as run_sim
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import A_OOM
+from snapviz.model import A_ALLOC, A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
 from snapviz.units import fmt_bytes
 from snapviz.vocab import WHATIF_SCHEMA
 
@@ -41,6 +51,9 @@ DEFAULT_CONFS: tuple[str, ...] = (
     "garbage_collection_threshold:0.8",
 )
 COMMON_CARDS: tuple[int, ...] = tuple(g * GiB for g in (8, 12, 16, 24, 40, 48, 80))
+# The cards the smallest-card answer names (an H200's 141 GiB included); caps are searched in 1 GiB steps.
+FIT_CARDS: tuple[int, ...] = (*COMMON_CARDS, 141 * GiB)
+CARD_SEARCH_MAX = 4096 * GiB  # a run that does not fit under 4 TiB is answered "not found"
 
 
 @dataclass(frozen=True)
@@ -77,6 +90,9 @@ class WhatIf:
     recorded_reserved: np.ndarray  # per event
     results: list[ScenarioResult]
     notes: list[str] = field(default_factory=list)
+    cards: list[CardFit] = field(default_factory=list)  # on a run with an OOM: the smallest card it fits on
+    recorded_fragmentation: int = 0  # reserved - allocated at the recorded reserved peak
+    oom_ended_run: bool = False  # the last recorded OOM came after the last allocation
 
 
 def parse_conf(text: str) -> AllocatorSettings:
@@ -91,10 +107,33 @@ def parse_conf(text: str) -> AllocatorSettings:
 
 
 def recorded_cap(run: Run) -> Cap:
-    """The limit the recorded run had (``set_per_process_memory_fraction``), from run.json:
+    """The limit the recorded run had: :func:`cap_from_run_json` of its run.json."""
+    return cap_from_run_json(run.run_json)
+
+
+def simulation_cap(run: Run, rep: ReplayResult) -> Cap:
+    """The limit the simulation of the recorded run meets: the recorded cap (:func:`recorded_cap`),
+    else, for a history with an ``oom`` entry that says how much the device had free, reserved
+    then plus that free memory (what cudaMalloc could still have had: the card's memory left to
+    this process; the same cap the OOM report uses). The fidelity check then says whether the
+    simulation under it reproduces the recording."""
+    cap = recorded_cap(run)
+    ev = rep.events
+    if cap.limit is not None or not len(ev):
+        return cap
+    rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM)
+    if not len(rows):
+        return cap
+    row = int(rows[-1])  # the OOM the report explains (oom.explained_oom)
+    free = int(ev["device_free"].iat[row])
+    return Cap(int(ev["reserved"].iat[row]) + free) if free >= 0 else cap
+
+
+def cap_from_run_json(run_json: dict[str, Any] | None) -> Cap:
+    """The limit a run had (``set_per_process_memory_fraction``), from its run.json:
     ``allocator.cap`` (``fraction`` x ``device_total_bytes`` is the allocator's own
     ``allowed_memory_maximum``; else ``bytes``) or ``memory_limit_bytes``. None: no limit recorded."""
-    rj = run.run_json or {}
+    rj = run_json or {}
     alloc = rj.get("allocator")
     cap = alloc.get("cap") if isinstance(alloc, dict) else None
     if isinstance(cap, dict):
@@ -104,7 +143,7 @@ def recorded_cap(run: Run) -> Cap:
             _whole(cap.get("bytes")),
         )
         if frac is not None and total is not None and 0 < frac <= 1:
-            return Cap(int(frac * total), True)
+            return Cap(int(frac * total), True, total)
         if nbytes is not None and nbytes > 0:
             return Cap(nbytes, True)
     lim = _whole(rj.get("memory_limit_bytes"))
@@ -136,10 +175,16 @@ def scenarios(
     settings += [(c, parse_conf(c)) for c in conf_list]
     out = []
     for conf, s in settings:
-        gc = s.garbage_collection_threshold > 0.0
         out.append(Scenario(conf, None, s, cap))
-        out.extend(Scenario(conf, g, s, Cap(g, gc)) for g in card_list)
+        out.extend(card_scenario(conf, s, g) for g in card_list)
     return out
+
+
+def card_scenario(conf: str | None, settings: AllocatorSettings, gpu: int) -> Scenario:
+    """``settings`` on a card of ``gpu`` bytes: the card's capacity meets cudaMalloc, and under
+    ``garbage_collection_threshold`` (which acts only under a memory fraction) the card is
+    ``set_per_process_memory_fraction(1.0)`` of itself."""
+    return Scenario(conf, gpu, settings, Cap(gpu, settings.garbage_collection_threshold > 0.0, gpu))
 
 
 def what_if(
@@ -168,7 +213,8 @@ def what_if(
     ev = rep.events
     if not len(ev):
         raise InputError(f"{run.source}: the snapshot has no allocation history to simulate")
-    cap = recorded_cap(run)
+    cap = simulation_cap(run, rep)
+    grid = scenarios(rec_settings, cap, alloc_confs, gpu_memories)
     actions = ev["action"].to_numpy()
     stream = replay_stream(rep, rec_settings, cap)
     labels = label_events(
@@ -201,6 +247,9 @@ def what_if(
         results.append(ScenarioResult(sc, sim, stage, simulated))
     assert fid is not None
     oom_rows = np.flatnonzero(actions == A_OOM)
+    cards = (
+        card_fits(must_fit(stream, int(oom_rows[-1])), rec_settings, compiled, uncapped) if len(oom_rows) else []
+    )  # the OOM an analysis explains: the last (oom.explained_oom); a caught one fails no card
     return WhatIf(
         source=run.source,
         device=dev,
@@ -212,9 +261,23 @@ def what_if(
         recorded_peak_allocated=rep.peak_allocated,
         recorded_oom_event=int(oom_rows[0]) if len(oom_rows) else None,
         recorded_reserved=ev["reserved"].to_numpy(),
+        recorded_fragmentation=_fragmentation(ev, stream.event),
+        oom_ended_run=bool(len(oom_rows)) and not bool((actions[int(oom_rows[-1]) :] == A_ALLOC).any()),
         results=results,
         notes=notes,
+        cards=cards,
     )
+
+
+def _fragmentation(ev: Any, requests: np.ndarray) -> int:
+    """Reserved - allocated at the recorded reserved peak, measured after requests (the trace
+    entries ``requests``) as the simulation measures it: a ``segment_alloc`` entry, between the
+    cudaMalloc and the block it is for, is no moment of its own."""
+    if not len(requests):
+        return 0
+    res = ev["reserved"].to_numpy()[requests]
+    i = int(np.argmax(res))
+    return int(res[i]) - int(ev["allocated"].to_numpy()[requests][i])
 
 
 def replay_stream(rep: ReplayResult, settings: AllocatorSettings, cap: Cap) -> RequestStream:
@@ -310,15 +373,18 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         "recorded": {
             "alloc_conf": _settings_text(w.recorded_settings),
             "gpu_memory_bytes": w.recorded_cap.limit,
+            "memory_fraction": bool(w.recorded_cap.fraction and w.recorded_cap.limit is not None),
             "peak_reserved_bytes": w.recorded_peak_reserved,
             "peak_allocated_bytes": w.recorded_peak_allocated,
             "oom_event_index": w.recorded_oom_event,
+            "oom_ended_run": w.oom_ended_run,
             "events": w.stream.n_events,
             "requests": int(len(w.stream.kind)),
             "empty_cache_calls": w.stream.empty_cache_calls,
         },
         "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
         "scenarios": rows,
+        "smallest_card": [card_fit_dict(c) for c in w.cards],
         "notes": list(w.notes),
     }
 
@@ -348,6 +414,80 @@ def _settings_text(s: AllocatorSettings) -> str:
     return ",".join(parts)
 
 
+# --------------------------------------------------------------------------- compare --whatif
+
+
+def twin_dict(w: WhatIf, label: str, recorded_retries: int | None = None) -> dict[str, Any]:
+    """The recorded run beside its simulated twins (``compare --whatif``; the compare document's
+    ``whatif``): one row of the recording's own figures (replayed from the trace, not simulated),
+    then one per setting on the recorded card, ``simulated`` and ``approximate`` where the
+    simulation did not reproduce the recording, with differences to the recorded row."""
+    acts = w.stream.seg_action
+    rec_oom = None
+    if w.recorded_oom_event is not None:
+        i = w.recorded_oom_event
+        rec_oom = {
+            "event_index": i,
+            "stage": None,
+            "requested_bytes": None,
+            "allocated_bytes": None,
+            "reserved_bytes": int(w.recorded_reserved[i]),
+            "recorded": True,
+        }
+    recorded: dict[str, Any] = {
+        "label": "recorded",
+        "alloc_conf": None,
+        "simulated": False,
+        "approximate": False,
+        "peak_reserved_bytes": w.recorded_peak_reserved,
+        "peak_allocated_bytes": w.recorded_peak_allocated,
+        "fragmentation_bytes": w.recorded_fragmentation,
+        "device_mallocs": int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
+        "device_frees": int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
+        "retries": recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
+        "oom": rec_oom,
+        "survives_recorded_oom": False,
+    }
+    doc = whatif_dict(w)
+    rows: list[dict[str, Any]] = [recorded]
+    for sc in doc["scenarios"]:
+        if sc["gpu_memory_bytes"] is not None or sc["alloc_conf"] is None:
+            continue  # the twins: other settings on the recorded card
+        rows.append(
+            {
+                "label": f"{sc['alloc_conf']} (simulated)",
+                "simulated": True,
+                **{
+                    k: sc[k]
+                    for k in (
+                        "alloc_conf",
+                        "approximate",
+                        "peak_reserved_bytes",
+                        "peak_allocated_bytes",
+                        "fragmentation_bytes",
+                        "device_mallocs",
+                        "device_frees",
+                        "retries",
+                        "oom",
+                        "survives_recorded_oom",
+                    )
+                },
+            }
+        )
+    for r in rows:
+        r["peak_reserved_delta_bytes"] = r["peak_reserved_bytes"] - recorded["peak_reserved_bytes"]
+    return {
+        "label": label,
+        "source": w.source,
+        "device": w.device,
+        "recorded": doc["recorded"],
+        "fidelity": doc["fidelity"],
+        "rows": rows,
+        "smallest_card": doc["smallest_card"],
+        "notes": doc["notes"],
+    }
+
+
 # --------------------------------------------------------------------------- analyze's advice
 
 ADVICE_CONF = "expandable_segments:True"
@@ -356,17 +496,26 @@ ADVICE_MIN_SAVING = 256 << 20  # and at least ADVICE_MIN_FRACTION of the reserve
 ADVICE_MIN_FRACTION = 0.05
 
 
-def allocator_advice(run: Run, rep: ReplayResult, fatal_oom: bool) -> dict[str, Any] | None:
-    """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
+@dataclass
+class RecordedSim:
+    """The recorded scenario simulated once, for ``analyze``: every simulated claim it makes
+    starts here, and only where ``fidelity.reproduced``."""
 
-    Only where the simulation under the recorded settings and cap reproduces the recording event
-    by event (:func:`~snapviz.analyses.simulate.fidelity`) and the stream is small enough to cost
-    little. Simulated: ``expandable_segments:True`` under the recorded cap and, for a run that ran
-    out of memory under a memory fraction, the recorded settings on the whole card. Kept: the
-    setting when the run ran out of memory and it would not have, or when it lowers the reserved
-    peak by at least 5% and 256 MiB; else the whole card when that would have fit. ``fatal_oom``:
-    the run ended on an OOM (one it survived, e.g. cuDNN's workspace retries, asks for no fix).
-    """
+    stream: RequestStream
+    settings: AllocatorSettings
+    cap: Cap
+    base: SimResult
+    fidelity: Fidelity
+    compiled: bool
+    oom_event: int | None = None  # the explained OOM's trace entry (None: no OOM in the history)
+    fit_stream: RequestStream | None = None  # :func:`must_fit` of it (None: no OOM)
+
+
+def simulate_recorded(run: Run, rep: ReplayResult, oom_event: int | None = None) -> RecordedSim | None:
+    """The recorded settings and cap simulated on ``rep``'s requests, with the fidelity check;
+    None where analyze does not simulate (no history, another backend, over
+    :data:`ADVICE_MAX_REQUESTS` requests). ``oom_event``: the trace entry of the OOM the report
+    explains, whose request a fix has to fit (:func:`must_fit`)."""
     from snapviz.analyses.simulate_loop import use_compiled  # noqa: PLC0415 - the kernel loads lazily
 
     snap = run.snapshot
@@ -375,21 +524,55 @@ def allocator_advice(run: Run, rep: ReplayResult, fatal_oom: bool) -> dict[str, 
     rec = settings_from_record(snap.allocator_settings)
     if rec.backend != "native":
         return None
-    cap = recorded_cap(run)
+    cap = simulation_cap(run, rep)
     stream = replay_stream(rep, rec, cap)
     n = len(stream.kind)
     if not n or n > ADVICE_MAX_REQUESTS:
         return None
     compiled = use_compiled(2 * n)
     base = run_sim(stream, rec, cap, compiled=compiled)
-    if not fidelity(stream, base).reproduced:
+    fit = must_fit(stream, oom_event) if oom_event is not None else None
+    return RecordedSim(stream, rec, cap, base, fidelity(stream, base), compiled, oom_event, fit)
+
+
+def must_fit(stream: RequestStream, oom_event: int) -> RequestStream:
+    """``stream`` with the recorded OOM at ``oom_event`` as a request the program needs: it stops
+    the simulation where it fails (``SimResult.stopped_at``). Every other recorded OOM stays what
+    it was, a request the program went on after when it failed (cuDNN's workspace retries), so a
+    fix is judged by the request that failed, not by ones the program already tolerated."""
+    kind = stream.kind.copy()
+    kind[(stream.event == oom_event) & (kind == R_OOM)] = R_ALLOC
+    return replace(stream, kind=kind)  # the settings-free columns (``derived``) do not depend on kind
+
+
+def fits(sim: SimResult) -> bool:
+    """The simulated program ran to its end: no request it needed failed."""
+    return sim.stopped_at is None
+
+
+def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> dict[str, Any] | None:
+    """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
+
+    Only where the simulation under the recorded settings and cap reproduces the recording event
+    by event (:func:`~snapviz.analyses.simulate.fidelity`) and the stream is small enough to cost
+    little (:func:`simulate_recorded`). Simulated: ``expandable_segments:True`` under the recorded
+    cap and, for a run that ran out of memory under a memory fraction, the recorded settings on the
+    whole card. Kept: the setting when the run ran out of memory and it would not have, or when it
+    lowers the reserved peak by at least 5% and 256 MiB; else the whole card when that would have
+    fit. ``fatal_oom``: the run ended on an OOM (one it survived, e.g. cuDNN's workspace retries,
+    asks for no fix).
+    """
+    if rs is None or not rs.fidelity.reproduced:
         return None
+    stream, rec, cap, base, compiled = rs.stream, rs.settings, rs.cap, rs.base, rs.compiled
     failed = fatal_oom and base.oom is not None  # an OOM the program caught and went on after is no failure
     before = base.peak_reserved
     if not rec.expandable_segments:
-        sim = run_sim(stream, parse_conf(ADVICE_CONF), cap, compiled=compiled)
+        target = rs.fit_stream if failed and rs.fit_stream is not None else stream
+        sim = run_sim(target, parse_conf(ADVICE_CONF), cap, compiled=compiled)
         saving = before - sim.peak_reserved
-        if sim.oom is None and (failed or saving >= max(ADVICE_MIN_SAVING, int(ADVICE_MIN_FRACTION * before))):
+        ok = fits(sim) if target is not stream else sim.oom is None
+        if ok and (failed or saving >= max(ADVICE_MIN_SAVING, int(ADVICE_MIN_FRACTION * before))):
             return _advice_entry(f"PYTORCH_CUDA_ALLOC_CONF={ADVICE_CONF}", before, sim, failed, ADVICE_CONF)
     total = _card_total(run)
     if failed and cap.limit is not None and total is not None and total > cap.limit:
@@ -397,6 +580,167 @@ def allocator_advice(run: Run, rep: ReplayResult, fatal_oom: bool) -> dict[str, 
         if sim.oom is None and sim.peak_reserved <= total:
             return _advice_entry("the whole card (no memory fraction)", before, sim, failed, None)
     return None
+
+
+# --------------------------------------------------------------------------- what would have fit
+
+
+@dataclass(frozen=True)
+class CardFit:
+    """The smallest card one setting runs on without running out of memory (simulated)."""
+
+    alloc_conf: str | None  # None: the recorded settings
+    smallest_bytes: int | None  # whole GiB: fits there, not 1 GiB below (None: not under CARD_SEARCH_MAX)
+    common_card_bytes: int | None  # the smallest of FIT_CARDS it fits on (None: none)
+    peak_reserved_bytes: int | None  # on the smallest
+
+
+def smallest_card(
+    stream: RequestStream,
+    conf: str | None,
+    settings: AllocatorSettings,
+    compiled: bool,
+    uncapped: SimResult | None = None,
+) -> CardFit:
+    """The smallest cap, in steps of 1 GiB, on which ``settings`` run ``stream`` to its end
+    (:func:`fits`; pass :func:`must_fit` of it so that a recorded OOM's request has to fit), and
+    the smallest of :data:`FIT_CARDS` they fit on.
+
+    Bisection between 0 and a cap known to fit (the uncapped reserved peak, rounded up, doubled
+    until it fits): the answer fits and 1 GiB less does not, both simulated. A card at or above
+    what the uncapped run reserves behaves as no limit and is not simulated again.
+    """
+    free = uncapped if uncapped is not None else run_sim(stream, settings, Cap(), compiled=compiled)
+    seen: dict[int, SimResult] = {}
+
+    def at(gib: int) -> SimResult:
+        if gib not in seen:
+            sc = card_scenario(conf, settings, gib * GiB)
+            seen[gib] = free if _same_as_uncapped(sc, free) else run_scenario(stream, sc, compiled)
+        return seen[gib]
+
+    if not fits(free):  # fails with no limit at all: no card helps
+        return CardFit(conf, None, None, None)
+    hi = max(1, -(-free.peak_reserved // GiB))
+    while not fits(at(hi)):
+        if hi * GiB >= CARD_SEARCH_MAX:
+            return CardFit(conf, None, None, None)
+        hi *= 2
+    lo = 0  # no memory at all fails (the run allocates)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(at(mid)):
+            hi = mid
+        else:
+            lo = mid
+    common = next((c for c in FIT_CARDS if c >= hi * GiB and fits(at(c // GiB))), None)
+    return CardFit(conf, hi * GiB, common, at(hi).peak_reserved)
+
+
+def card_fits(
+    stream: RequestStream,
+    recorded: AllocatorSettings,
+    compiled: bool,
+    uncapped: dict[str | None, SimResult] | None = None,
+) -> list[CardFit]:
+    """The smallest card under the recorded settings and under ``expandable_segments:True``
+    (one entry when the recorded settings already are that). ``uncapped``: results the caller
+    already has, by ``alloc_conf``."""
+    have = uncapped or {}
+    out = [smallest_card(stream, None, recorded, compiled, have.get(None))]
+    if not recorded.expandable_segments:
+        out.append(smallest_card(stream, ADVICE_CONF, parse_conf(ADVICE_CONF), compiled, have.get(ADVICE_CONF)))
+    return out
+
+
+def card_fit_dict(c: CardFit) -> dict[str, Any]:
+    return {
+        "alloc_conf": c.alloc_conf,
+        "smallest_bytes": c.smallest_bytes,
+        "common_card_bytes": c.common_card_bytes,
+        "peak_reserved_bytes": c.peak_reserved_bytes,
+    }
+
+
+def card_fit_text(cards: list[dict[str, Any]], ended: bool = False) -> str:
+    """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report).
+    ``ended``: the OOM ended the run, so what the program would have done after it is unknown."""
+    parts = []
+    for c in cards:
+        who = "the recorded settings" if c["alloc_conf"] is None else c["alloc_conf"]
+        if c["smallest_bytes"] is None:
+            parts.append(f"none with {who}")
+            continue
+        common = (
+            f"common card {fmt_bytes(c['common_card_bytes'])}"
+            if c["common_card_bytes"] is not None
+            else "larger than the common cards"
+        )
+        parts.append(f"{fmt_bytes(c['smallest_bytes'])} with {who} ({common})")
+    what = "smallest card the recorded requests fit on" if ended else "smallest card it fits on"
+    after = "; the program after the OOM was not recorded" if ended else ""
+    return f"{what} (simulated, 1 GiB steps{after}): " + ", ".join(parts)
+
+
+OOM_FIX_MAX_REQUESTS = 500_000  # above this analyze's OOM line does not search settings and cards (~30 simulations)
+FIT_CONFS: tuple[str, ...] = (ADVICE_CONF, *(c for c in DEFAULT_CONFS if c != ADVICE_CONF))
+
+
+def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
+    """What would have let an OOM's failed request fit, simulated: the summary's ``oom.simulation``.
+
+    ``simulated`` false (with ``why_not`` in a few words and ``reason``) where the simulator does
+    not reproduce the recording, the failed request is not in the history, or the stream has over
+    :data:`OOM_FIX_MAX_REQUESTS` requests; else ``setting``: the first of :data:`FIT_CONFS`
+    (expandable segments first) under which the run goes to its end under the recorded cap, the
+    failed request fitting (:func:`must_fit`; None: none; not tried when no cap is recorded), with
+    its reserved peak; and ``cards``: :func:`card_fits`. None: not simulated at all (no history,
+    too large a stream).
+    """
+    if rs is None:
+        return None
+    n = len(rs.stream.kind)
+    why_not = (
+        ("the simulator did not reproduce this run", rs.fidelity.reason)
+        if not rs.fidelity.reproduced
+        else ("the failed request is not in the allocation history",) * 2
+        if rs.fit_stream is None
+        else (f"over {OOM_FIX_MAX_REQUESTS:,} requests: snapviz whatif answers it",) * 2
+        if n > OOM_FIX_MAX_REQUESTS
+        else None
+    )
+    if why_not is not None:
+        return {
+            "simulated": False,
+            "why_not": why_not[0],
+            "reason": why_not[1],
+            "setting": None,
+            "settings_tried": [],
+            "cards": [],
+        }
+    stream = rs.fit_stream
+    assert stream is not None
+    setting = None
+    tried: list[str] = []
+    if rs.cap.limit is not None:
+        for conf in FIT_CONFS:
+            s = parse_conf(conf)
+            if _settings_text(s) == _settings_text(rs.settings):  # the recorded settings: already failed
+                continue
+            tried.append(conf)
+            sim = run_sim(stream, s, rs.cap, compiled=rs.compiled)
+            if fits(sim):
+                setting = {"alloc_conf": conf, "peak_reserved_bytes": sim.peak_reserved}
+                break
+    cards = card_fits(stream, rs.settings, rs.compiled)
+    return {
+        "simulated": True,
+        "why_not": None,
+        "reason": rs.fidelity.reason,
+        "setting": setting,
+        "settings_tried": tried,
+        "cards": [card_fit_dict(c) for c in cards],
+    }
 
 
 def _card_total(run: Run) -> int | None:

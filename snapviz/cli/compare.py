@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from snapviz.cli import outputs
@@ -34,6 +36,16 @@ from snapviz.vocab import COMPARE_SCHEMA
     help="Name of each input, in order (repeat); default: file or directory name.",
 )
 @click.option(
+    "--whatif",
+    "whatifs",
+    multiple=True,
+    metavar="CONF",
+    help="Also show BASE beside its simulated twin under this PYTORCH_CUDA_ALLOC_CONF, e.g. "
+    "expandable_segments:True (repeat): reserved peak, fragmentation, cudaMalloc/cudaFree, retries and OOM, "
+    "simulated from BASE's own requests (snapviz whatif). With --whatif one input is enough. "
+    "Terminal, Markdown and JSON only.",
+)
+@click.option(
     "--fail-over",
     "fail_over",
     metavar="PCT",
@@ -56,6 +68,7 @@ def compare(
     md_out: str | None,
     json_out: str | None,
     labels: tuple[str, ...],
+    whatifs: tuple[str, ...],
     fail_over: str | None,
     stage_source: str,
     max_points: int,
@@ -76,35 +89,70 @@ def compare(
       snapviz compare base.pickle new.pickle --markdown - > comment.md
       snapviz compare base/ a/ b/ c/ --label base --label sdpa --label slicing --label tiling --json cmp.json
       snapviz compare main.pickle pr.pickle --fail-over 5%    # CI: exit 1 on a >5% regression
+      snapviz compare run.pickle --whatif expandable_segments:True   # the run beside its simulated twin
     """
     from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
     from snapviz.render.compare_md import render_compare_markdown, render_compare_terminal
     from snapviz.render.json_summary import render_json
     from snapviz.units import parse_percent
 
-    if len(inputs) < 2:
-        raise InputError("compare needs at least two inputs: BASE OTHER [MORE]...")
+    if len(inputs) < 2 and not whatifs:
+        raise InputError("compare needs at least two inputs: BASE OTHER [MORE]... (or one with --whatif CONF)")
     if max_points < 2:
         raise InputError("--max-points must be at least 2")
     pct = parse_percent(fail_over, "--fail-over") if fail_over is not None else None
-    names = unique_labels(inputs, labels)
-    digests = digest_inputs(
-        list(zip(inputs, names, strict=True)), stage_source, max_points, jobs, show_progress=not quiet
-    )
-    cmp = compare_runs(digests)
-    doc = bounded_doc(compare_dict(cmp, fail_over=pct))
+    if whatifs:
+        from snapviz.analyses.whatif import parse_conf
+        from snapviz.cli.share import _opts
 
-    rendered: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc))
+        for conf in whatifs:
+            parse_conf(conf)  # a bad value fails before any work
+        if html_out or any(_opts().values()):
+            raise InputError("compare --whatif writes terminal, Markdown and JSON (no HTML or picture yet)")
+        if pct is not None and len(inputs) < 2:
+            raise InputError("--fail-over needs a second run to compare with BASE")
+    names = unique_labels(inputs, labels)
+    twin = _twin(inputs[0], names[0], whatifs, stage_source, quiet) if whatifs else None
+    if len(inputs) < 2:
+        assert twin is not None
+        doc = bounded_doc({"schema": COMPARE_SCHEMA, "runs": [], "whatif": twin})
+        cmp = None
+    else:
+        digests = digest_inputs(
+            list(zip(inputs, names, strict=True)), stage_source, max_points, jobs, show_progress=not quiet
+        )
+        cmp = compare_runs(digests)
+        doc = bounded_doc({**compare_dict(cmp, fail_over=pct), **({"whatif": twin} if twin else {})})
+
+    rendered: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc)) if cmp is not None else []
     if json_out:
         rendered.append((json_out, render_json(doc)))
     if md_out:
         rendered.append((md_out, render_compare_markdown(doc)))
-    if html_out:
+    if html_out and cmp is not None:
         from snapviz.render.html import render_compare_html
 
         rendered.append((html_out, render_compare_html(cmp, doc)))
     outputs.emit(rendered, lambda: render_compare_terminal(doc), quiet)
+    if cmp is None:
+        return
     if pct is not None:
         failures = over_limit(cmp, pct)
         if failures:
             raise CheckFailed("\n".join(failures))
+
+
+def _twin(path: str, label: str, confs: tuple[str, ...], stage_source: str, quiet: bool) -> dict[str, Any]:
+    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_dict``)."""
+    from snapviz.analyses.whatif import twin_dict, what_if
+    from snapviz.cli.analyze import _input_files
+    from snapviz.load import load
+    from snapviz.progress import reading
+
+    with reading(_input_files(path), "snapviz: loading", enabled=not quiet):
+        run = load(path)
+    alloc = (run.run_json or {}).get("allocator")
+    stats = alloc.get("stats") if isinstance(alloc, dict) else None
+    retries = stats.get("num_alloc_retries") if isinstance(stats, dict) else None
+    w = what_if(run, alloc_confs=list(confs), gpu_memories=[], stage_source=stage_source)
+    return twin_dict(w, label, retries if isinstance(retries, int) and not isinstance(retries, bool) else None)

@@ -59,6 +59,8 @@ def whatif(
     and where each setting would run out of memory. It first checks that the simulation of the
     recorded settings reproduces the recording event by event, and says so; when it does not,
     every figure is marked approximate. The recorded settings and card are always included.
+    On a run that ran out of memory it also names the smallest card the run fits on (1 GiB
+    steps, and the smallest common card) under the recorded settings and expandable segments.
 
     \b
     Examples:

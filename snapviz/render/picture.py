@@ -124,7 +124,7 @@ def _labelled_oom(oom_rows: np.ndarray, oom: dict[str, Any] | None) -> int:
 def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
     """Series, stage spans and peak of one analysis, on the stage axis (:func:`stage_axis`)."""
     from snapviz.analyses.categories import category_timeline
-    from snapviz.analyses.oom import oom_short
+    from snapviz.analyses.oom import oom_fix_short, oom_short
     from snapviz.category_vocab import order_categories
     from snapviz.render.html.palette import category_palette, stage_palette
 
@@ -159,7 +159,13 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     )
     return {
         # OOM first: the failed request leads the title, the marker is labelled with it
-        "title": [f"{_short(an.run.source)}: {oom_short(oom)}", title.split(": ", 1)[1]] if oom else title,
+        "title": [
+            f"{_short(an.run.source)}: {oom_short(oom)}",
+            title.split(": ", 1)[1],
+            *([fix] if (fix := oom_fix_short(oom)) else []),  # the fix line, in a few words
+        ]
+        if oom
+        else title,
         "ooms": {
             "x": x_all[oom_rows],
             "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0),
@@ -370,6 +376,8 @@ def _title(fig: Any, text: str | list[str]) -> None:
     """The picture's title: one line, or a list of lines (an OOM's request above the peak), each
     cut between words to the picture's width."""
     lines = [text] if isinstance(text, str) else text
+    if len(lines) > 2:  # an OOM's fix line as well: the plot starts one title line lower
+        fig.subplots_adjust(top=MARGINS["top"] - 0.05 * (len(lines) - 2))
     fig.suptitle("\n".join(clip(t, TITLE_CHARS) for t in lines), fontsize=10.5, x=0.01, y=0.985, ha="left", va="top")
 
 

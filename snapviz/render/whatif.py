@@ -28,7 +28,14 @@ def fidelity_line(doc: dict[str, Any]) -> str:
 def recorded_line(doc: dict[str, Any]) -> str:
     r = doc["recorded"]
     conf = r["alloc_conf"] or "defaults"
-    cap = f"a {fmt_bytes(r['gpu_memory_bytes'])} memory fraction" if r["gpu_memory_bytes"] else "no recorded limit"
+    lim = r["gpu_memory_bytes"]
+    cap = (
+        "no recorded limit"
+        if not lim
+        else f"a {fmt_bytes(lim)} memory fraction"
+        if r.get("memory_fraction")
+        else f"a {fmt_bytes(lim)} limit (reserved + free device memory at the OOM)"
+    )
     oom = f"; ran out of memory at event {r['oom_event_index']:,}" if r["oom_event_index"] is not None else ""
     return (
         f"Recorded: settings {conf}, {cap}; reserved peak {fmt_bytes(r['peak_reserved_bytes'])}, "
@@ -48,6 +55,18 @@ def outcome(row: dict[str, Any], with_stage: Callable[[str], str] = printable) -
         f"OOM at event {oom['event_index']:,}{stage}{rec}: a {fmt_bytes(oom['requested_bytes'])} request "
         f"with {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
     )
+
+
+def card_line(doc: dict[str, Any]) -> str | None:
+    """On a run that ran out of memory: the smallest card it fits on (analyze's OOM words)."""
+    from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415
+
+    cards = doc.get("smallest_card") or []
+    if not cards:
+        return None
+    approx = "" if doc["fidelity"]["reproduced"] else " (approximate: the simulation did not reproduce this run)"
+    text = card_fit_text(cards, ended=bool(doc["recorded"].get("oom_ended_run")))
+    return text[:1].upper() + text[1:] + approx + "."
 
 
 def recorded_card_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,6 +123,7 @@ def render_whatif_terminal(doc: dict[str, Any]) -> str:
         f"snapviz whatif: {printable(doc['source'])} (cuda:{doc['device']})",
         recorded_line(doc),
         fidelity_line(doc),
+        *([c] if (c := card_line(doc)) else []),
         "",
         f"On {card_title(doc)}:",
     ]
@@ -139,6 +159,7 @@ def render_whatif_markdown(doc: dict[str, Any]) -> str:
         "",
         f"**{md_text(fidelity_line(doc))}**",
         "",
+        *([md_text(c), ""] if (c := card_line(doc)) else []),
         f"On {md_text(card_title(doc))}:",
         "",
         "| " + " | ".join([*DETAIL_HEAD, "result"]) + " |",
@@ -162,3 +183,63 @@ def render_whatif_markdown(doc: dict[str, Any]) -> str:
         out += [f"- {md_text(n)}" for n in notes]
     out += ["", "_Simulated by snapviz from the recorded requests (docs/whatif.md)._"]
     return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------- compare --whatif
+
+TWIN_HEAD = [
+    "run",
+    "reserved peak",
+    "vs recorded",
+    "allocated peak",
+    "fragmentation",
+    "cudaMalloc",
+    "cudaFree",
+    "retries",
+    "result",
+]
+
+
+def _twin_outcome(row: dict[str, Any]) -> str:
+    oom = row["oom"]
+    if row["simulated"] or oom is None:
+        return outcome(row)
+    return f"OOM at event {oom['event_index']:,} (as recorded)"
+
+
+def twin_cells(row: dict[str, Any]) -> list[str]:
+    d = row["peak_reserved_delta_bytes"]
+    return [
+        row["label"],
+        fmt_bytes(row["peak_reserved_bytes"]),
+        "" if not row["simulated"] else ("±0" if d == 0 else ("+" if d > 0 else "−") + fmt_bytes(abs(d))),
+        fmt_bytes(row["peak_allocated_bytes"]),
+        fmt_bytes(row["fragmentation_bytes"]),
+        f"{row['device_mallocs']:,}",
+        f"{row['device_frees']:,}",
+        "n/a" if row["retries"] is None else f"{row['retries']:,}",
+        _twin_outcome(row),
+    ]
+
+
+def twin_title(tw: dict[str, Any]) -> str:
+    return f"What if: {tw['label']} beside its simulated twins (same requests, other allocator settings, same card)"
+
+
+def render_twin_terminal(tw: dict[str, Any]) -> list[str]:
+    """``compare --whatif``'s section as terminal lines."""
+    out = [twin_title(tw), "  " + fidelity_line(tw)]
+    out += ["  " + line for line in _aligned(TWIN_HEAD, [twin_cells(r) for r in tw["rows"]])]
+    return [printable(x) for x in out]
+
+
+def render_twin_markdown(tw: dict[str, Any]) -> list[str]:
+    """``compare --whatif``'s section as Markdown lines."""
+    out = [f"### {md_text(twin_title(tw))}", "", f"**{md_text(fidelity_line(tw))}**", ""]
+    out.append("| " + " | ".join(TWIN_HEAD) + " |")
+    out.append("|" + "---|" * len(TWIN_HEAD))
+    for r in tw["rows"]:
+        cells = twin_cells(r)
+        name = md_code(r["alloc_conf"]) + " (simulated)" if r["simulated"] else md_text(cells[0])
+        out.append("| " + " | ".join([name, *(md_text(c) for c in cells[1:])]) + " |")
+    return out + ["", "_Simulated rows: snapviz's allocator simulator on the recorded requests (docs/whatif.md)._", ""]

@@ -70,6 +70,16 @@ def test_whatif_on_the_oom_sample_one_story(tmp_path: Path) -> None:
         assert gib in p.stdout and gib in md and gib in html
     assert "reproduced this run exactly" in p.stdout and "reproduced this run exactly" in md
     assert "reproduced this run exactly" in html
+    # the smallest card, as analyze's OOM line says it (one simulation, one story): fits there
+    # and not 1 GiB below, by whatif's own scenarios
+    an = json.loads(_snapviz("analyze", str(OOM), "--json", "-").stdout)["oom"]
+    assert doc["smallest_card"] == an["simulation"]["cards"] and len(doc["smallest_card"]) == 2
+    g = doc["smallest_card"][0]["smallest_bytes"]
+    q = _snapviz("whatif", str(OOM), "--gpu-memory", str(g), "--gpu-memory", str(g - (1 << 30)), "--json", "-")
+    by = {s["gpu_memory_bytes"]: s for s in json.loads(q.stdout)["scenarios"] if s["alloc_conf"] is None}
+    assert by[g]["oom"] is None and by[g - (1 << 30)]["oom"] is not None
+    line = an["card"][:1].upper() + an["card"][1:]
+    assert line in p.stdout and line in md and line in html
 
 
 def test_whatif_default_sweep_lists_every_setting_and_card(tmp_path: Path) -> None:
@@ -84,6 +94,7 @@ def test_whatif_default_sweep_lists_every_setting_and_card(tmp_path: Path) -> No
     by = {(s["alloc_conf"], s["gpu_memory_bytes"]): s for s in doc["scenarios"]}
     assert by[(None, 8 << 30)]["peak_reserved_bytes"] == by[(None, None)]["peak_reserved_bytes"]
     assert by[(None, 8 << 30)]["oom"] is None
+    assert doc["smallest_card"] == []  # no OOM: no smallest-card answer
 
 
 def test_whatif_small_card_reports_the_oom_where_it_happens(tmp_path: Path) -> None:
@@ -131,3 +142,46 @@ def test_check_fits_gates_on_a_simulated_card(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stdout + p.stderr
     p = _snapviz("check", str(SD15), "--fits", "12 G")
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_compare_whatif_shows_the_run_beside_its_simulated_twin(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    p = _snapviz("compare", str(OOM), "--whatif", "expandable_segments:True", "--whatif", "max_split_size_mb:128",
+                 "--json", f"{out}.json", "--markdown", f"{out}.md")
+    assert p.returncode == 0, p.stderr
+    tw = json.loads(Path(f"{out}.json").read_text())["whatif"]
+    rec, *twins = tw["rows"]
+    run_json = json.loads((OOM / "run.json").read_text())
+    # the recorded row is the recording's own figures; the twins are whatif's scenarios, marked simulated
+    assert not rec["simulated"] and rec["peak_reserved_bytes"] == run_json["allocator"]["max_memory_reserved"]
+    assert rec["peak_allocated_bytes"] == run_json["allocator"]["max_memory_allocated"]
+    assert rec["oom"]["event_index"] == tw["recorded"]["oom_event_index"]
+    w = json.loads(_snapviz("whatif", str(OOM), "--alloc-conf", "expandable_segments:True", "--alloc-conf",
+                            "max_split_size_mb:128", "--gpu-memory", "80GiB", "--json", "-").stdout)
+    by = {s["alloc_conf"]: s for s in w["scenarios"] if s["gpu_memory_bytes"] is None}
+    # the recording's fragmentation and segment counts are what the reproduced simulation says
+    for k in ("fragmentation_bytes", "device_mallocs", "device_frees"):
+        assert rec[k] == by[None][k], k
+    assert [t["alloc_conf"] for t in twins] == ["expandable_segments:True", "max_split_size_mb:128"]
+    for t in twins:
+        s = by[t["alloc_conf"]]
+        assert t["simulated"] and t["label"].endswith("(simulated)")
+        for k in ("peak_reserved_bytes", "fragmentation_bytes", "device_mallocs", "device_frees", "retries", "oom"):
+            assert t[k] == s[k], k
+        assert t["peak_reserved_delta_bytes"] == s["peak_reserved_bytes"] - rec["peak_reserved_bytes"]
+    md = Path(f"{out}.md").read_text()
+    for t in tw["rows"]:
+        gib = f"{t['peak_reserved_bytes'] / 2**30:.2f} GiB"
+        assert gib in p.stdout and gib in md
+    assert "reproduced this run exactly" in p.stdout and "`expandable_segments:True` (simulated)" in md
+
+
+def test_compare_whatif_with_two_runs_and_bad_uses(tmp_path: Path) -> None:
+    p = _snapviz("compare", str(SD15), str(OOM), "--whatif", "expandable_segments:True", "--json", "-")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert len(doc["runs"]) == 2 and doc["whatif"]["label"] == doc["runs"][0]["label"]  # BASE's twin
+    for args in (["--whatif", "bogus:1"], ["--whatif", "expandable_segments:True", "-o", str(tmp_path / "c.html")], []):
+        q = _snapviz("compare", str(SD15), *args, "--json", str(tmp_path / "c.json"))
+        assert q.returncode == 2, (args, q.stderr)
+        assert q.stderr.count("\n") == 1 and "Traceback" not in q.stderr and not (tmp_path / "c.json").exists()

@@ -30,7 +30,7 @@ from collectors.fit import (
     run_fit,
 )
 from collectors.fit.search import plan_rows
-from collectors.matrix.runner import MatrixOptions
+from collectors.matrix.runner import MatrixOptions, VariantResult
 from collectors.matrix.variants import parse_variant
 
 G = 2**30
@@ -202,3 +202,62 @@ def test_a_refused_combination_runs_once(tmp_path: Path) -> None:
 
     rows = run_fit(parse_cards(["24GiB", "16GiB", "12GiB"]), [parse_variant("bf16,nf4-transformer,nf4-t5")], run_one)
     assert [r.result.status for r in rows if r.result] == ["unsupported"] * 3 and len(fake.calls) == 1
+
+
+# ----------------------------------------------------------------------------- cells the simulator decides
+
+def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path) -> None:
+    """A combination that completed under a larger cap with history (a snapshot) is simulated on the
+    smaller cards instead of run, and each cell says simulated or measured. The recording is a real
+    one (sd15-fp16-alloc-default: 2.64 GiB allocated, 3.19 GiB reserved at peak, no cap); the verdicts
+    are checked against snapviz whatif's driver on the same file."""
+    import shutil
+
+    from paths import SAMPLES
+
+    from collectors.fit.simulated import simulate_card
+    from collectors.matrix.ranking import measure
+    from snapviz.analyses.whatif import what_if
+    from snapviz.load import load
+
+    sample = SAMPLES / "sd15-fp16-alloc-default"
+    run = json.loads((sample / "run.json").read_text())
+    calls: list[tuple[str, str]] = []
+
+    def run_one(v: Any, c: Card) -> Any:
+        calls.append((c.label, v.label))
+        rd = tmp_path / c.label.replace(" ", "") / v.label
+        shutil.copytree(sample, rd)
+        import lzma
+
+        (rd / "snapshot.pickle").write_bytes(lzma.decompress((rd / "snapshot.pickle.xz").read_bytes()))
+        (rd / "snapshot.pickle.xz").unlink()
+        res = VariantResult(v, "ok", None, rd, rd.with_suffix(".log"), 0, 1.0, "0", run=run)
+        res.measure = measure(run)
+        return res
+
+    # 8 GiB: measured; 3.1 GiB: above the allocated peak, below the reserved one: simulated;
+    # 3.0 GiB: the same; 2.5 GiB: pruned (its measured allocated peak exceeds it)
+    cards = parse_cards(["8GiB", f"{3.1}GiB", "3GiB", "2.5GiB"])
+    rows = run_fit(cards, [parse_variant("bf16")], run_one, simulate=simulate_card)
+    assert calls == [("8 GiB", "bf16")]
+    by = {r.card.label: r for r in rows}
+    assert by["8 GiB"].decided_by == "measured" and by["2.5 GiB"].decided_by == "pruned"
+    w = what_if(load(str(tmp_path / "8GiB" / "bf16")), alloc_confs=[], gpu_memories=[c.bytes for c in cards[1:3]])
+    assert w.fidelity.reproduced
+    for c in cards[1:3]:
+        row = by[c.label]
+        assert row.decided_by == "simulated" and row.result is None and "simulated from the 8 GiB run" in row.simulated.reason
+        sim = next(r.sim for r in w.results if r.scenario.gpu_memory == c.bytes and r.scenario.alloc_conf is None)
+        assert row.fits == (sim.stopped_at is None) and row.simulated.peak_reserved_bytes == sim.peak_reserved
+        assert row.simulated.peak_reserved_bytes <= c.bytes
+    opts = MatrixOptions(pipeline="sd15", size="full", device="cuda", steps=2, out=tmp_path)
+    doc = fit_dict(opts, cards, rows, [], [], run)
+    assert doc["simulated"] == 2 and doc["runs"] == 1
+    cells = {c["label"]: c["rows"][0] for c in doc["cards"]}
+    assert [cells[c.label]["decided_by"] for c in cards] == ["measured", "simulated", "simulated", "pruned"]
+    md = render_fit_markdown(doc)
+    assert "(simulated)" in md and "2 cells simulated from a larger card's snapshot" in md
+    # without a snapshot (no --history) nothing is simulated: the cells are run
+    (tmp_path / "8GiB" / "bf16" / "snapshot.pickle").unlink()
+    assert simulate_card(by["8 GiB"].result, cards[0], cards[1]) is None

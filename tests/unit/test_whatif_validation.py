@@ -18,9 +18,6 @@ RUNS = sorted(p for w in ("gpt2-train-varlen", "sd15-fp16-alloc") for p in SAMPL
 KNOWN = {
     # cuDNN catches its workspace OOMs and retries with less: a request that fails is not always fatal
     "sd15-fp16-alloc-cap102": "cuDNN catches the OOM of its workspace request; the simulator cannot know",
-    # expandable segments under a fraction: the real run survives an 785 MiB request the simulation refuses
-    # (a 20 MiB higher cap reproduces the run to the byte and its 3 retries)
-    "gpt2-train-varlen-cap-expandable": "expandable segments under a memory fraction: not yet resolved",
 }
 
 

@@ -16,6 +16,7 @@ from snapviz.render.html.palette import SERIES_COLORS
 from snapviz.render.whatif import (
     DETAIL_HEAD,
     card_grid,
+    card_line,
     card_title,
     detail_cells,
     fidelity_line,
@@ -98,7 +99,7 @@ def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> s
         kicker="snapviz whatif",
         title=f"{doc['source']} (cuda:{int(doc['device'])})",
         verdict=fidelity_line(doc),
-        lines=[recorded_line(doc)],
+        lines=[recorded_line(doc), *([c] if (c := card_line(doc)) else [])],
     )
     rows = recorded_card_rows(doc)
     detail = [[*detail_cells(s), outcome(s)] for s in rows]
