@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from snapviz.load.columns import MAX_NAME_CHARS, _Interner
+from snapviz.load.limits import SharedRows
 from snapviz.load.pickle_vm import K_DICT, K_INT, K_LIST, K_NONE, K_STR
 from snapviz.load.snapshot import BlockColumns
 from snapviz.load.tape_read import Objects, key_values, stack_ids
@@ -33,17 +34,19 @@ BLOCK_FIELDS = ("address", "size", "requested_size", "state", "frames", "history
 _ABSENT = object()
 
 
-def segments(m: Objects, kind: int, pay: int) -> tuple[Any, BlockColumns | None]:
+def segments(m: Objects, kind: int, pay: int, rows: SharedRows) -> tuple[Any, BlockColumns | None]:
     """The segments as dicts of only the keys the reader looks up (the same values it would
     get from the unpickled ones), read a field at a time, and where every block is in
     torch's shape, the blocks' columns read straight from the tape (``block_columns``'s
     result, without ~100k block dicts): the second item, None where the blocks are dicts.
-    Anything but a list of dicts is made as it is."""
+    Anything but a list of dicts is made as it is. Segments and blocks are counted in
+    ``rows`` (by container number, as negative ids) before any is made."""
     if kind != K_LIST:
         return m.value(kind, pay, 0), None
     kinds, segs = m.item_arrays(pay)
     if not (kinds == K_DICT).all():
         return m.value(kind, pay, 0), None
+    rows.add((-1 - segs).tolist(), len(segs))
     sk, sp = key_values(m, segs, SEG_FIELDS)
     f_blocks = SEG_FIELDS.index("blocks")
     per_seg: list[Any] = []
@@ -51,6 +54,7 @@ def segments(m: Objects, kind: int, pay: int) -> tuple[Any, BlockColumns | None]
     for k, p in zip(sk[f_blocks].tolist(), sp[f_blocks].tolist(), strict=True):
         items = m.item_arrays(p) if k == K_LIST else None
         if items is not None and (items[0] == K_DICT).all():
+            rows.add((-1 - items[1]).tolist(), len(items[1]))
             per_seg.append(len(items[1]))
             block_ids.append(items[1])
         else:  # absent, None or an odd value: made as it is (the reader copes)

@@ -28,6 +28,7 @@ from snapviz.load.columns import (
     _text,
     block_columns,
 )
+from snapviz.load.limits import SharedRows
 from snapviz.model import Snapshot
 from snapviz.safe_text import clip
 
@@ -50,7 +51,12 @@ DeviceColumns = Callable[[_Interner, Callable[[Any], int], list[str]], Iterable[
 
 
 def _dict_device_columns(
-    traces_raw: list[Any], source: str, interner: _Interner, sid: Callable[[Any], int], notes: list[str]
+    traces_raw: list[Any],
+    source: str,
+    rows: SharedRows,
+    interner: _Interner,
+    sid: Callable[[Any], int],
+    notes: list[str],
 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """The columns of each device's unpickled trace entries (devices with none skipped)."""
     for dev, entries in enumerate(traces_raw):
@@ -60,8 +66,15 @@ def _dict_device_columns(
             raise InputError(f"{source}: malformed snapshot (device_traces[{dev}] is not a list)")
         if set(map(type, entries)) != {dict}:  # one C-level pass; a copy only when needed
             entries = [e for e in entries if isinstance(e, dict)]
+        rows.add(map(id, entries), len(entries))  # before the columns: shared entries are refused
         if entries:
             yield dev, _entry_columns(entries, interner, sid, notes)
+
+
+def _add_dicts(rows: SharedRows, items: list[Any]) -> None:
+    """Count the dicts of ``items`` (the rows the reader builds; it skips anything else)."""
+    ids = [id(x) for x in items if type(x) is dict]
+    rows.add(ids, len(ids))
 
 
 # The blocks' columns given the segment rows, frames and block lists and the interner:
@@ -70,17 +83,21 @@ BlockColumns = Callable[[list[tuple[Any, ...]], list[Any], list[list[Any]], _Int
 
 
 def snapshot_from_dict(
-    data: Any, source: str, device_columns: DeviceColumns | None = None, blocks: BlockColumns | None = None
+    data: Any,
+    source: str,
+    device_columns: DeviceColumns | None = None,
+    blocks: BlockColumns | None = None,
+    rows: SharedRows | None = None,
 ) -> Snapshot:
     """Build the model from an unpickled object. Raises InputError if it is not a snapshot.
     ``device_columns``, ``blocks``: the trace entries' and the blocks' columns where they
     were read already (the ``device_traces`` and the segments' blocks in ``data`` are then
-    not read)."""
+    not read). ``rows``: the shared-row count those were checked against, if they were."""
     # FIX (tests/unit/test_safe_load.py): hostile or corrupt values (an address beyond 64 bits,
     # a frame name nested 100k deep, a list where a string belongs) crashed with
     # OverflowError / RecursionError / TypeError; they are input errors (exit 2).
     try:
-        return _snapshot_from_dict(data, source, device_columns, blocks)
+        return _snapshot_from_dict(data, source, device_columns, blocks, rows or SharedRows(source))
     except InputError:
         raise
     except (OverflowError, RecursionError, MemoryError, TypeError, ValueError, RuntimeError) as exc:
@@ -89,7 +106,7 @@ def snapshot_from_dict(
 
 
 def _snapshot_from_dict(
-    data: Any, source: str, device_columns: DeviceColumns | None, blocks_fn: BlockColumns | None
+    data: Any, source: str, device_columns: DeviceColumns | None, blocks_fn: BlockColumns | None, rows: SharedRows
 ) -> Snapshot:
     notes: list[str] = []
     if isinstance(data, list):
@@ -145,7 +162,7 @@ def _snapshot_from_dict(
             "device_free",
         )
     }
-    columns = device_columns or functools.partial(_dict_device_columns, traces_raw, source)
+    columns = device_columns or functools.partial(_dict_device_columns, traces_raw, source, rows)
     for dev, cols in columns(interner, sid, notes):
         n = len(cols["addr"])
         _check_range(source, f"device_traces[{dev}]", cols["addr"], cols["size"])
@@ -176,6 +193,7 @@ def _snapshot_from_dict(
     seg_rows: list[tuple[Any, ...]] = []
     seg_frames: list[Any] = []
     seg_blocks: list[list[Any]] = []
+    _add_dicts(rows, segments_raw)
     for seg in segments_raw:
         if not isinstance(seg, dict):
             continue
@@ -194,7 +212,10 @@ def _snapshot_from_dict(
         )
         seg_frames.append(seg.get("frames"))
         blocks_raw = seg.get("blocks") or []
-        seg_blocks.append(blocks_raw if type(blocks_raw) is list else list(blocks_raw))
+        if type(blocks_raw) is not list:
+            blocks_raw = list(blocks_raw)
+        _add_dicts(rows, blocks_raw)
+        seg_blocks.append(blocks_raw)
     blk_cols = (blocks_fn or block_columns)(seg_rows, seg_frames, seg_blocks, interner)
     seg_stack = blk_cols.pop("segment_stack_id")
     segments = pd.DataFrame(
@@ -226,7 +247,10 @@ def _snapshot_from_dict(
     )
 
     ann_rows = []
-    for a in data.get("external_annotations") or []:
+    ann_raw = data.get("external_annotations") or []
+    if isinstance(ann_raw, list):
+        _add_dicts(rows, ann_raw)
+    for a in ann_raw:
         if isinstance(a, dict) and "name" in a:
             ann_rows.append(
                 (
