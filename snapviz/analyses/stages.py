@@ -260,7 +260,12 @@ def range_labels(names: list[str]) -> dict[str, str]:
     Names the profiler gives a meaning (optimizer, ProfilerStep, compiled graphs) and
     names already holding ``/`` keep their :func:`range_stage` label.
     """
-    labels = {n: range_stage(n) for n in dict.fromkeys(names)}
+    distinct = list(dict.fromkeys(names))
+    # Each name costs a few regex matches (~80 us): past 10x the stage limit the rest are
+    # 'other stages' at once (bound_labels / the trace's bound then say how many stages were grouped).
+    cap = 10 * Limits.from_env().stages
+    labels = {n: range_stage(n) for n in distinct[:cap]}
+    extra = {n: OTHER_STAGES for n in distinct[cap:]}
     free = [n for n, lab in labels.items() if lab == (_HASHES.sub("", n) or n) and STAGE_SEP not in lab]
     keys = {n: _repeated_key(labels[n]) for n in free}
     count: dict[str, int] = {}
@@ -280,7 +285,7 @@ def range_labels(names: list[str]) -> dict[str, str]:
             m = _PREFIX.match(stage_group(labels[n]))
             if m and len(heads[m["head"]]) > 1:
                 labels[n] = f"{m['head']}{STAGE_SEP}{_HASHES.sub('', n) or n}"
-    return labels
+    return {**labels, **extra}
 
 
 COMPILE = "compile"

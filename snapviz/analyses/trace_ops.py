@@ -15,10 +15,11 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, range_labels, stage_group
+from snapviz.analyses.stages import CANONICAL, OTHER_STAGES, range_labels, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
+from snapviz.load.limits import ENV, Limits
 
 __all__ = [
     "devices",
@@ -252,8 +253,55 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
         }
     )
     out = out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    out, note = _bound_ranges(out)
     out["depth"] = _containment_depth(out["start_us"].to_numpy(), out["end_us"].to_numpy())
-    return out[cols]
+    out = out[cols]
+    if note is not None:
+        out.attrs["note"] = note  # analyze_trace puts it in the report's warnings
+    return out
+
+
+def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """The trace's stage ranges (sorted by start) within the snapshot's stage bounds
+    (:func:`snapviz.analyses.stages.bound_labels`): names after the first
+    ``limits.stages`` distinct ones are :data:`OTHER_STAGES`, and past
+    ``limits.stage_intervals`` ranges the rest become one ``other stages`` range from the
+    first of them to the last end; the note says so (None: nothing grouped)."""
+    lim = Limits.from_env()
+    if len(out) <= min(lim.stages, lim.stage_intervals):
+        return out, None
+    notes = []
+    codes, distinct = pd.factorize(out["name"])
+    keep = max(lim.stages, 1)
+    if len(distinct) > keep:
+        out = out.assign(
+            name=np.where(codes < keep, out["name"].to_numpy(), OTHER_STAGES),
+            group=np.where(codes < keep, out["group"].to_numpy(), OTHER_STAGES),
+        )
+        notes.append(
+            f"{len(distinct):,} distinct stage names in the trace's ranges, over the limit of {keep:,} "
+            f"({ENV['stages']}): the first {keep:,} are shown, and {len(distinct) - keep:,} more stages are "
+            f"grouped as '{OTHER_STAGES}'"
+        )
+    most = max(lim.stage_intervals, 1)
+    if len(out) > most:
+        rest = out.iloc[most - 1 :]
+        other = pd.DataFrame(
+            {
+                "name": [OTHER_STAGES],
+                "start_us": [rest["start_us"].iloc[0]],
+                "end_us": [rest["end_us"].max()],
+                "group": [OTHER_STAGES],
+                "tid": [rest["tid"].iloc[0]],
+            }
+        )
+        notes.append(
+            f"{len(out):,} stage ranges in the trace, over the limit of {most:,} ({ENV['stage_intervals']}): "
+            f"the {len(rest):,} from {float(rest['start_us'].iloc[0]):,.0f} us on are grouped as one "
+            f"'{OTHER_STAGES}' range"
+        )
+        out = pd.concat([out.iloc[: most - 1], other], ignore_index=True)
+    return out, "; ".join(notes) + " (docs/security.md)"
 
 
 def stage_at(times: np.ndarray, stages: pd.DataFrame, default: str = "") -> np.ndarray:
@@ -355,6 +403,7 @@ class TraceAnalysis:
     timeline: pd.DataFrame  # memory_timeline()
     stages: pd.DataFrame  # annotation_stages() joined with stage_peaks()
     attention_ops: pd.DataFrame  # attention_ops()
+    notes: tuple[str, ...] = ()  # what the analyses grouped (the stage bounds), for the warnings
 
 
 def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id: int | None = None) -> TraceAnalysis:
@@ -367,6 +416,7 @@ def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id:
         timeline=memory_timeline(trace, device_type, device_id),
         stages=pd.concat([stages, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1),
         attention_ops=attention_ops(trace),
+        notes=(stages.attrs["note"],) if "note" in stages.attrs else (),
     )
 
 
