@@ -136,19 +136,58 @@ def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None 
 
 
 def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFrame:
-    """Pair START/END annotations (a stack per name, so nesting and repeats work)."""
+    """Pair START/END annotations (a stack per name, so nesting and repeats work): an END
+    closes the latest open START of its name (an END with none open is dropped, as is a
+    START never closed).
+
+    Vectorized (a loop per annotation cost ~4 us, 1M annotations 2 x 4 s): per name, in file
+    order, the open count is the running sum of +1 (START) / -1 (END) reflected at zero (an
+    END that would go below is dropped); an END at level L closes the START that last rose
+    to L, so within one (name, level) STARTs and ENDs alternate and pair in order."""
     ann = snap.annotations
     if device is not None and len(ann):
         ann = ann[(ann["device"] == device) | (ann["device"] < 0)]
-    rows = []
-    open_: dict[str, list[int]] = {}
-    for t, name, stage in zip(ann["time_us"].tolist(), ann["name"].tolist(), ann["stage"].tolist(), strict=True):
-        if stage == "START":
-            open_.setdefault(name, []).append(t)
-        elif stage == "END" and open_.get(name):
-            rows.append((name, open_[name].pop(), t))
-    out = pd.DataFrame(rows, columns=["name", "start_us", "end_us"])
+    cols = ["name", "start_us", "end_us"]
+    stage = ann["stage"].to_numpy() if len(ann) else np.empty(0, object)
+    step = np.where(stage == "START", 1, np.where(stage == "END", -1, 0)).astype(np.int64)
+    keep = np.flatnonzero(step != 0)
+    if not len(keep):
+        return pd.DataFrame([], columns=cols)
+    names = ann["name"].to_numpy()[keep]
+    times = ann["time_us"].to_numpy()[keep]
+    step = step[keep]
+    codes, _ = pd.factorize(names)
+    order = np.argsort(codes, kind="stable")  # each name's annotations together, in file order
+    c, st = codes[order], step[order]
+    first = np.r_[True, c[1:] != c[:-1]]
+    csum = np.cumsum(st)
+    base = np.maximum.accumulate(np.where(first, np.arange(len(c)), 0))  # each row's group start
+    prefix = csum - (csum[base] - st[base])  # running sum within the name
+    low = np.minimum(_group_running_min(prefix, first), 0)
+    prev_low = np.r_[0, low[:-1]]
+    prev_low[first] = 0
+    valid = ~((st < 0) & (prefix < prev_low))  # an END that would take the open count below zero
+    depth = prefix - low  # the reflected open count after each row
+    level = np.where(st > 0, depth, depth + 1)
+    v = np.flatnonzero(valid)
+    o2 = v[np.lexsort((v, level[v], c[v]))]  # by name, level, then file order
+    is_start = st[o2] > 0
+    pair = is_start[:-1] & ~is_start[1:] & (c[o2][:-1] == c[o2][1:]) & (level[o2][:-1] == level[o2][1:])
+    s_rows, e_rows = o2[:-1][pair], o2[1:][pair]
+    if not len(s_rows):
+        return pd.DataFrame([], columns=cols)
+    out = pd.DataFrame({"name": names[order][s_rows], "start_us": times[order][s_rows], "end_us": times[order][e_rows]})
+    out = out.iloc[np.argsort(order[e_rows], kind="stable")]  # in the order the ENDs come, as the loop made them
     return out.sort_values(["start_us", "end_us"], ascending=[True, False]).reset_index(drop=True)
+
+
+def _group_running_min(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Running minimum of ``values`` restarting where ``first`` is True (groups contiguous):
+    each group is shifted below every earlier one, so one running minimum never looks back
+    across a group start."""
+    span = int(values.max() - values.min()) + 1
+    offset = (np.cumsum(first) - 1) * span
+    return np.minimum.accumulate(values - offset) + offset
 
 
 def label_by_intervals(times: np.ndarray, intervals: pd.DataFrame, default: str = UNLABELLED) -> np.ndarray:
