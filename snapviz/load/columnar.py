@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.load.columnar_segments import annotations, segments
+from snapviz.load.columnar_segments import annotation_dicts, segments
 from snapviz.load.columns import _NEEDS_ADDR_AND_SIZE, _action_code, _Interner, _metadata_str
 from snapviz.load.limits import SharedRows
 from snapviz.load.pickle_scan_fast import COMPILED_MIN_BYTES
@@ -81,7 +81,7 @@ def _build(tape: Tape, source: str) -> Snapshot:
         elif key == "segments":
             data[key], blocks = segments(m, vk, vp, rows)
         elif key == "external_annotations":
-            data[key] = annotations(m, vk, vp, rows)
+            data[key] = annotation_dicts(m, vk, vp, rows)
         else:
             data[key] = m.value(vk, vp, 0)
     if traces is None or traces[0] != K_LIST:

@@ -73,7 +73,7 @@ def segments(m: Objects, kind: int, pay: int, rows: SharedRows) -> tuple[Any, Bl
     return slim_dicts(m, SEG_FIELDS, sk, sp, {f_blocks: col}), None
 
 
-def annotations(m: Objects, kind: int, pay: int, rows: SharedRows) -> Any:
+def annotation_dicts(m: Objects, kind: int, pay: int, rows: SharedRows) -> Any:
     """``external_annotations`` as dicts of only the keys the reader looks up, read a field at
     a time (made one by one, 500,000 annotations took 34 s); counted in ``rows`` first.
     Anything but a list of dicts is made as it is."""
