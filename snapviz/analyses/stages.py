@@ -53,15 +53,15 @@ class StageLabels:
 
     labels: np.ndarray  # object array of str, one per event
     source: str  # user_metadata | annotations | run.json | frames | phases | none
-    note: str | None = None  # what bound_labels grouped, if anything (a warning of the report)
+    notes: tuple[str, ...] = ()  # what bound_labels grouped, if anything (warnings of the report)
 
 
 OTHER_STAGES = "other stages"
 
 
-def bound_labels(labels: np.ndarray, limits: Limits | None = None) -> tuple[np.ndarray, str | None]:
+def bound_labels(labels: np.ndarray, limits: Limits | None = None) -> tuple[np.ndarray, list[str]]:
     """``labels`` with at most ``limits.stages`` distinct labels and ``limits.stage_intervals``
-    intervals (runs of one label), and the note saying what was grouped (None: nothing).
+    intervals (runs of one label), and the warnings saying what was grouped (none: nothing).
 
     Every stage costs a table row, a chart band and a summary entry in every output
     (~1 ms each): a file naming 300,000 stages (distinct user_metadata, steps or ranges)
@@ -71,19 +71,16 @@ def bound_labels(labels: np.ndarray, limits: Limits | None = None) -> tuple[np.n
     lim = limits or Limits.from_env()
     n = len(labels)
     if n < 2:
-        return labels, None
+        return labels, []
     change = np.flatnonzero(labels[1:] != labels[:-1]) + 1
+    notes = [range_names_note()] if bool((labels == OTHER_STAGES).any()) else []  # range_labels' cap
     if len(change) + 1 <= min(lim.stages, lim.stage_intervals):
-        return labels, None  # no more labels than intervals: within both bounds
-    notes = []
+        return labels, notes  # no more labels than intervals: within both bounds
     codes, distinct = pd.factorize(labels)  # in order of first appearance
     keep = max(lim.stages, 1)
     if len(distinct) > keep:
         labels = np.where(codes < keep, labels, OTHER_STAGES).astype(object)
-        notes.append(
-            f"{len(distinct):,} distinct stage labels, over the limit of {keep:,} ({ENV['stages']}): "
-            f"the first {keep:,} are shown, and {len(distinct) - keep:,} more stages are grouped as '{OTHER_STAGES}'"
-        )
+        notes.append(stages_note(len(distinct), keep))
         change = np.flatnonzero(labels[1:] != labels[:-1]) + 1
     most = max(lim.stage_intervals, 1)
     if len(change) + 1 > most:
@@ -91,10 +88,26 @@ def bound_labels(labels: np.ndarray, limits: Limits | None = None) -> tuple[np.n
         labels = labels.copy()
         labels[cut:] = OTHER_STAGES
         notes.append(
-            f"{len(change) + 1:,} stage intervals, over the limit of {most:,} ({ENV['stage_intervals']}): "
-            f"the events from #{cut:,} on ({len(change) + 2 - most:,} more intervals) are grouped as '{OTHER_STAGES}'"
+            f"{len(change) + 1:,} stage intervals: from event #{cut:,} on, {len(change) + 2 - most:,} "
+            f"grouped as '{OTHER_STAGES}' ({ENV['stage_intervals']}={most:,}; docs/security.md)"
         )
-    return labels, "; ".join(notes) + " (docs/security.md)"
+    return labels, notes
+
+
+def stages_note(found: int, keep: int) -> str:
+    """The warning for distinct stage names past the bound (snapshots and traces)."""
+    return (
+        f"{found:,} distinct stage labels: the first {keep:,} are shown, {found - keep:,} more grouped "
+        f"as '{OTHER_STAGES}' ({ENV['stages']}={keep:,}; docs/security.md)"
+    )
+
+
+def range_names_note() -> str:
+    """The warning for record_function range names past :func:`range_labels`' cap."""
+    return (
+        f"record_function range names past the first {10 * Limits.from_env().stages:,} distinct ones "
+        f"are grouped as '{OTHER_STAGES}' (10 x {ENV['stages']})"
+    )
 
 
 def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None = None) -> np.ndarray | None:
@@ -416,10 +429,10 @@ def label_events(
     run_json: dict[str, Any] | None = None,
 ) -> StageLabels:
     """Stage label of every event of one device, from the best source present
-    (:func:`_label_events`), bounded by :func:`bound_labels` (its note in ``note``)."""
+    (:func:`_label_events`), bounded by :func:`bound_labels` (its warnings in ``notes``)."""
     got = _label_events(snap, ev, device, use, rules, tables, run_json)
-    labels, note = bound_labels(got.labels)
-    return StageLabels(labels, got.source, note)
+    labels, notes = bound_labels(got.labels)
+    return StageLabels(labels, got.source, tuple(notes))
 
 
 def _label_events(

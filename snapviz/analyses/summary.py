@@ -200,8 +200,7 @@ def analyze_run(
 
     stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
     warnings = list(snap.format_notes) + list(rep.warnings)
-    if labels.note is not None:
-        warnings.append(labels.note)
+    warnings.extend(labels.notes)
     if (nothing := empty_snapshot_note(snap)) is not None:
         warnings.insert(0, nothing)
     if only:

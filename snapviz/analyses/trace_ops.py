@@ -15,7 +15,14 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, OTHER_STAGES, range_labels, stage_group
+from snapviz.analyses.stages import (
+    CANONICAL,
+    OTHER_STAGES,
+    range_labels,
+    range_names_note,
+    stage_group,
+    stages_note,
+)
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
@@ -253,24 +260,24 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
         }
     )
     out = out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
-    out, note = _bound_ranges(out)
+    out, notes = _bound_ranges(out)
     out["depth"] = _containment_depth(out["start_us"].to_numpy(), out["end_us"].to_numpy())
     out = out[cols]
-    if note is not None:
-        out.attrs["note"] = note  # analyze_trace puts it in the report's warnings
+    if notes:
+        out.attrs["notes"] = notes  # analyze_trace puts them in the report's warnings
     return out
 
 
-def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """The trace's stage ranges (sorted by start) within the snapshot's stage bounds
     (:func:`snapviz.analyses.stages.bound_labels`): names after the first
     ``limits.stages`` distinct ones are :data:`OTHER_STAGES`, and past
     ``limits.stage_intervals`` ranges the rest become one ``other stages`` range from the
-    first of them to the last end; the note says so (None: nothing grouped)."""
+    first of them to the last end; the warnings say so (none: nothing grouped)."""
     lim = Limits.from_env()
+    notes = [range_names_note()] if bool((out["name"] == OTHER_STAGES).any()) else []  # range_labels' cap
     if len(out) <= min(lim.stages, lim.stage_intervals):
-        return out, None
-    notes = []
+        return out, notes
     codes, distinct = pd.factorize(out["name"])
     keep = max(lim.stages, 1)
     if len(distinct) > keep:
@@ -278,11 +285,7 @@ def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
             name=np.where(codes < keep, out["name"].to_numpy(), OTHER_STAGES),
             group=np.where(codes < keep, out["group"].to_numpy(), OTHER_STAGES),
         )
-        notes.append(
-            f"{len(distinct):,} distinct stage names in the trace's ranges, over the limit of {keep:,} "
-            f"({ENV['stages']}): the first {keep:,} are shown, and {len(distinct) - keep:,} more stages are "
-            f"grouped as '{OTHER_STAGES}'"
-        )
+        notes.append(stages_note(len(distinct), keep))
     most = max(lim.stage_intervals, 1)
     if len(out) > most:
         rest = out.iloc[most - 1 :]
@@ -296,12 +299,11 @@ def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
             }
         )
         notes.append(
-            f"{len(out):,} stage ranges in the trace, over the limit of {most:,} ({ENV['stage_intervals']}): "
-            f"the {len(rest):,} from {float(rest['start_us'].iloc[0]):,.0f} us on are grouped as one "
-            f"'{OTHER_STAGES}' range"
+            f"{len(out):,} stage ranges in the trace: the {len(rest):,} from {float(rest['start_us'].iloc[0]):,.0f} us "
+            f"on are one '{OTHER_STAGES}' range ({ENV['stage_intervals']}={most:,}; docs/security.md)"
         )
         out = pd.concat([out.iloc[: most - 1], other], ignore_index=True)
-    return out, "; ".join(notes) + " (docs/security.md)"
+    return out, notes
 
 
 def stage_at(times: np.ndarray, stages: pd.DataFrame, default: str = "") -> np.ndarray:
@@ -416,7 +418,7 @@ def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id:
         timeline=memory_timeline(trace, device_type, device_id),
         stages=pd.concat([stages, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1),
         attention_ops=attention_ops(trace),
-        notes=(stages.attrs["note"],) if "note" in stages.attrs else (),
+        notes=tuple(stages.attrs.get("notes", ())),
     )
 
 
