@@ -161,6 +161,21 @@ def shared_row_pickles(scale: int) -> dict[str, bytes]:
     }
 
 
+def many_stages(kind: str, n: int) -> dict:
+    """A snapshot of ``n`` alloc/free pairs, each pair its own stage (issue 26): distinct
+    ``user_metadata`` names, denoising steps, or START/END annotations of distinct names."""
+    ev, ann = [], []
+    for i in range(n):
+        meta = {"names": f"stage{i}", "steps": f"denoise/{i}"}.get(kind, "")
+        a = (1 << 20) + 512 * i
+        ev.append(_entry(addr=a, time_us=2 * i, user_metadata=meta, frames=[]))
+        ev.append(_entry(addr=a, time_us=2 * i + 1, user_metadata=meta, frames=[], action="free_completed"))
+        if kind == "annotations":
+            ann += [{"device": 0, "time_us": 2 * i, "name": f"range{i}", "stage": "START"},
+                    {"device": 0, "time_us": 2 * i + 1, "name": f"range{i}", "stage": "END"}]
+    return {"segments": [], "device_traces": [ev], **({"external_annotations": ann} if ann else {})}
+
+
 def empty_containers(token: bytes, n: int) -> bytes:
     """A list of ``n`` empty dicts (``}``) or lists (``]``): one object per byte of pickle."""
     return b"\x80\x04](" + token * n + b"e."
@@ -205,6 +220,10 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     # ... and on the compiled tape's: the issue's 8-device file (25 MiB of pickle, 0.9 MB of xz)
     c["shared_trace_8_devices_25MiB_xz"] = (lzma.compress(pickle.dumps(
         {"segments": [], "device_traces": [_trace(375_000)] * 8}, protocol=4), preset=1), "shared references")
+    # issue 26: 300,000 stage names ran > 180 s, 300,000 steps 47 s, 500,000 annotation names > 180 s;
+    # scaled to 50,000 each (linear now: 300,000 names or steps take 18 s): grouped, exit 0
+    for kind in ("names", "steps", "annotations"):
+        c[f"stage_{kind}_50k"] = (pickle.dumps(many_stages(kind, 50_000), protocol=4), "")
     # one object per byte: 63M empty dicts, 60M empty lists in a few KB of xz
     c["empty_dicts_63M_xz"] = (lzma.compress(empty_containers(b"}", 63_000_000), preset=1), "number of objects")
     c["empty_lists_60M_xz"] = (lzma.compress(empty_containers(b"]", 60_000_000), preset=1), "number of objects")
@@ -254,6 +273,10 @@ def trace_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c["metadata_26KB_first"] = (('{"metadata": {' + ", ".join(f'"k{i}": "{"v" * 40}"' for i in range(500))
                                  + '}, "traceEvents": [' + memory_events() + "]}").encode(), "")
     c["leading_whitespace"] = ((" \n\t" * 40_000 + '{"traceEvents": [' + memory_events() + "]}").encode(), "")
+    # issue 26: a trace with 50,000 distinct record_function ranges (grouped, exit 0)
+    ranges = ", ".join(f'{{"ph": "X", "cat": "user_annotation", "name": "range{i}", "pid": 1, "tid": 1, '
+                       f'"ts": {2 * i}, "dur": 1}}' for i in range(50_000))
+    c["range_names_50k"] = (('{"traceEvents": [' + ranges + ", " + memory_events() + "]}").encode(), "")
     out = {}
     for name, (data, word) in c.items():
         p = d / f"{name}.json"

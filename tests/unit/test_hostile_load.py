@@ -44,9 +44,10 @@ CASES = [f"pickle:{n}" for n in (
     "binunicode8_length_2_62", "string_32MiB_plain", "size_2_63_minus_1", "size_negative", "addr_2_62",
     "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz",
     "shared_trace_8_devices", "same_entry_repeated", "shared_segment_blocks", "same_annotation_repeated",
-    "shared_trace_8_devices_25MiB_xz", "empty_dicts_63M_xz", "empty_lists_60M_xz")] + [f"trace:{n}" for n in (
+    "shared_trace_8_devices_25MiB_xz", "empty_dicts_63M_xz", "empty_lists_60M_xz", "stage_names_50k",
+    "stage_steps_50k", "stage_annotations_50k")] + [f"trace:{n}" for n in (
     "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
-    "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace")] + [f"special:{n}" for n in (
+    "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace", "range_names_50k")] + [f"special:{n}" for n in (
     "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo", "run_snapshot_proc_mem", "run_trace_proc_mem",
     "gzip_zero_padding_100MiB")]
 
