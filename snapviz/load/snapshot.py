@@ -250,14 +250,16 @@ def _snapshot_from_dict(
     ann_raw = data.get("external_annotations") or []
     if isinstance(ann_raw, list):
         _add_dicts(rows, ann_raw)
-    for a in ann_raw:
+    for a in ann_raw:  # the common types tested inline (the helpers only for an odd value): ~2x faster
         if isinstance(a, dict) and "name" in a:
+            get = a.get
+            dev, t, name, stage = get("device", 0), get("time_us", -1), a["name"], get("stage", "")
             ann_rows.append(
                 (
-                    _as_int(a.get("device", 0)),
-                    _as_int(a.get("time_us", -1), -1),
-                    _name(a["name"]),
-                    _name(a.get("stage", "")),
+                    dev if type(dev) is int else _as_int(dev),
+                    t if type(t) is int else _as_int(t, -1),
+                    name if type(name) is str and len(name) <= MAX_NAME_CHARS else _name(name),
+                    stage if type(stage) is str and len(stage) <= MAX_NAME_CHARS else _name(stage),
                 )
             )
     annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
