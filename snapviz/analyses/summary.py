@@ -209,6 +209,7 @@ def analyze_run(
 
     stage_live, stage_top = stage_live_sets(allocs, stages, sites)
     warnings = list(snap.format_notes) + list(rep.warnings)
+    warnings.extend(labels.notes)
     if (nothing := empty_snapshot_note(snap)) is not None:
         warnings.insert(0, nothing)
     if only:

@@ -15,9 +15,18 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, label_by_intervals, range_labels, stage_group
+from snapviz.analyses.stages import (
+    CANONICAL,
+    OTHER_STAGES,
+    label_by_intervals,
+    range_labels,
+    range_names_note,
+    stage_group,
+    stages_note,
+)
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
+from snapviz.load.limits import ENV, Limits
 from snapviz.load.trace.chrome_trace import ChromeTrace
 
 __all__ = [
@@ -251,8 +260,50 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
         }
     )
     out = out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    out, notes = _bound_ranges(out)
     out["depth"] = _containment_depth(out["start_us"].to_numpy(), out["end_us"].to_numpy())
-    return out[cols]
+    out = out[cols]
+    if notes:
+        out.attrs["notes"] = notes  # analyze_trace puts them in the report's warnings
+    return out
+
+
+def _bound_ranges(out: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The trace's stage ranges (sorted by start) within the snapshot's stage bounds
+    (:func:`snapviz.analyses.stages.bound_labels`): names after the first
+    ``limits.stages`` distinct ones are :data:`OTHER_STAGES`, and past
+    ``limits.stage_intervals`` ranges the rest become one ``other stages`` range from the
+    first of them to the last end; the warnings say so (none: nothing grouped)."""
+    lim = Limits.from_env()
+    notes = [range_names_note()] if bool((out["name"] == OTHER_STAGES).any()) else []  # range_labels' cap
+    if len(out) <= min(lim.stages, lim.stage_intervals):
+        return out, notes
+    codes, distinct = pd.factorize(out["name"])
+    keep = max(lim.stages, 1)
+    if len(distinct) > keep:
+        out = out.assign(
+            name=np.where(codes < keep, out["name"].to_numpy(), OTHER_STAGES),
+            group=np.where(codes < keep, out["group"].to_numpy(), OTHER_STAGES),
+        )
+        notes.append(stages_note(len(distinct), keep))
+    most = max(lim.stage_intervals, 1)
+    if len(out) > most:
+        rest = out.iloc[most - 1 :]
+        other = pd.DataFrame(
+            {
+                "name": [OTHER_STAGES],
+                "start_us": [rest["start_us"].iloc[0]],
+                "end_us": [rest["end_us"].max()],
+                "group": [OTHER_STAGES],
+                "tid": [rest["tid"].iloc[0]],
+            }
+        )
+        notes.append(
+            f"{len(out):,} stage ranges in the trace: the {len(rest):,} from {float(rest['start_us'].iloc[0]):,.0f} us "
+            f"on are one '{OTHER_STAGES}' range ({ENV['stage_intervals']}={most:,}; docs/security.md)"
+        )
+        out = pd.concat([out.iloc[: most - 1], other], ignore_index=True)
+    return out, notes
 
 
 def stage_peaks(
@@ -332,6 +383,7 @@ class TraceAnalysis:
     timeline: pd.DataFrame  # memory_timeline()
     stages: pd.DataFrame  # annotation_stages() joined with stage_peaks()
     attention_ops: pd.DataFrame  # attention_ops()
+    notes: tuple[str, ...] = ()  # what the analyses grouped (the stage bounds), for the warnings
 
 
 def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id: int | None = None) -> TraceAnalysis:
@@ -344,6 +396,7 @@ def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id:
         timeline=memory_timeline(trace, device_type, device_id),
         stages=pd.concat([stages, peaks.drop(columns=["name", "start_us", "end_us"])], axis=1),
         attention_ops=attention_ops(trace),
+        notes=tuple(stages.attrs.get("notes", ())),
     )
 
 

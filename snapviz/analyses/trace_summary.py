@@ -84,7 +84,7 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
     tr = with_running_totals(run.trace)
     dev = pick_trace_device(devices(tr), device, run.source)
     ta = analyze_trace(tr, *(dev if dev is not None else (None, None)))
-    warnings = list(tr.notes)
+    warnings = list(tr.notes) + list(ta.notes)
     rj = run.run_json or {}
     if not len(ta.stages) and rj.get("stages"):
         # No record_function ranges in the trace: take the run's own stage timeline.

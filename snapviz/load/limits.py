@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from snapviz.errors import InputError
@@ -27,7 +28,10 @@ class Limits:
     1 KiB; real traces compress 20-40x (see docs/security.md for the measurements)."""
 
     depth: int = 100  # container nesting (pickle and JSON)
-    objects: int = 400_000_000  # objects a pickle creates / values in a JSON file
+    # objects a pickle creates / values in a JSON file: ~72 bytes each at worst when unpickled
+    # (an empty dict and its list slot), so 30M stay under 2.2 GiB (30M empty dicts: 2.3 GiB
+    # RSS in all); a real snapshot makes ~8 per trace entry, so ~3.7M entries fit
+    objects: int = 30_000_000
     expansion: int = 20_000_000_000  # pickle tree size, counting every memo reference in full
     string_length: int = 16 << 20  # one string (or bytes / big int) in bytes
     string_bytes: int = 4 << 30  # all strings a pickle creates, in bytes
@@ -36,6 +40,15 @@ class Limits:
     header_bytes: int = 64 << 20  # JSON before the "traceEvents" list starts
     decompress_seconds: int = 60  # CPU time spent decompressing one file
     rule_matches: int = 5_000_000  # rule regexes run x distinct frame/file names they run on
+    # trace entries, segments, blocks and annotations read again through a shared reference
+    # (torch writes a fresh dict per row, so a real file has none): each costs a row built
+    # from 2 bytes of pickle
+    shared_rows: int = 10_000
+    # Stage labels and intervals shown: beyond them the rest is grouped as "other stages" and
+    # said in the notes (not refused). Every per-stage table, chart and summary entry costs
+    # ~1 ms; a real pipeline has tens of stages, a training snapshot a few per step.
+    stages: int = 1_000  # distinct stage labels of one device (or trace)
+    stage_intervals: int = 2_000  # stage intervals (runs of one label, or trace ranges)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Limits:
@@ -64,6 +77,9 @@ ENV: dict[str, str] = {
     "header_bytes": "SNAPVIZ_MAX_INPUT_HEADER",
     "decompress_seconds": "SNAPVIZ_MAX_INPUT_SECONDS",
     "rule_matches": "SNAPVIZ_MAX_INPUT_RULE_MATCHES",
+    "shared_rows": "SNAPVIZ_MAX_INPUT_SHARED_ROWS",
+    "stages": "SNAPVIZ_MAX_INPUT_STAGES",
+    "stage_intervals": "SNAPVIZ_MAX_INPUT_STAGE_INTERVALS",
 }
 DESCRIPTION: dict[str, str] = {
     "depth": "nesting depth",
@@ -76,6 +92,9 @@ DESCRIPTION: dict[str, str] = {
     "header_bytes": "size of the JSON before traceEvents",
     "decompress_seconds": "CPU time spent decompressing it",
     "rule_matches": "number of rule regex matches (distinct patterns x distinct frame names)",
+    "shared_rows": "number of trace entries, segments, blocks and annotations it repeats by shared references",
+    "stages": "number of distinct stage labels",
+    "stage_intervals": "number of stage intervals",
 }
 
 
@@ -89,3 +108,28 @@ class LimitExceeded(InputError):
             f"if the file is trusted, raise it with {ENV[name]}=<n> (docs/security.md)"
         )
         self.limit_name = name
+
+
+class SharedRows:
+    """Counts the rows a snapshot reader is about to build (trace entries, segments, blocks,
+    annotations) that are shared references to a row already read: a pickle can list one
+    trace (or one entry) a million times at 2 bytes a reference ("billion laughs" over the
+    rows, or 8 devices holding one trace list), and every reference would become a row of
+    the model and of every analysis. Both readers of a snapshot pickle (the unpickled dicts'
+    and the compiled tape's) count their rows here, by identity (``id()`` of the dict, or
+    the tape's container number), before they build them; more repeats than
+    ``limits.shared_rows`` is :class:`LimitExceeded`."""
+
+    def __init__(self, source: str, limits: Limits | None = None) -> None:
+        self._source = source
+        self._limit = (limits or Limits.from_env()).shared_rows
+        self._seen: set[int] = set()
+        self.shared = 0
+
+    def add(self, ids: Iterable[int], n: int) -> None:
+        """Count ``n`` rows with the identities ``ids``; raise once too many were seen before."""
+        before = len(self._seen)
+        self._seen.update(ids)
+        self.shared += n - (len(self._seen) - before)
+        if self.shared > self._limit:
+            raise LimitExceeded(self._source, "shared_rows", self.shared, self._limit)

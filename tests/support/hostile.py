@@ -76,6 +76,23 @@ def run_analyze(path: Path, *extra: str, timeout: float = 60.0, env: dict[str, s
     return Result(p.returncode, stdout, stderr, wall, rss, timed_out)
 
 
+def digest(path: Path) -> str | None:
+    """SHA-256 of a regular file (or of a run folder's regular files), None for anything else
+    (FIFOs, devices): what a command must leave as it found it."""
+    import hashlib
+
+    p = Path(path)
+    if p.is_dir():
+        return "|".join(f"{q.name}:{digest(q)}" for q in sorted(p.iterdir()) if not q.is_symlink())
+    if p.is_symlink() or not p.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 # ----------------------------------------------------------------------------- pickles
 
 def _gz(raw: bytes) -> bytes:
@@ -105,6 +122,63 @@ def billion_laughs(levels: int, fanout: int = 10) -> list:
     for _ in range(levels):
         obj = [obj] * fanout
     return obj
+
+
+def _trace(n: int) -> list[dict]:
+    """``n`` distinct alloc/free pairs: a plain trace, 33 bytes of pickle per entry."""
+    return [_entry(addr=(1 << 20) + 512 * (i // 2), time_us=i, action="alloc" if i % 2 == 0 else "free_completed",
+                   frames=[]) for i in range(2 * n)]
+
+
+def _segment(blocks: list) -> dict:
+    return {"device": 0, "address": 1 << 20, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
+            "allocated_size": 0, "active_size": 0, "requested_size": 0, "blocks": blocks}
+
+
+def _block(i: int) -> dict:
+    return {"address": (1 << 20) + 512 * i, "size": 512, "requested_size": 512, "state": "active_allocated",
+            "frames": []}
+
+
+def shared_row_pickles(scale: int) -> dict[str, bytes]:
+    """Rows repeated by shared references (issue 26): every reference is 2 bytes of pickle and
+    would be one more row of the model. ``scale``: distinct rows each case repeats."""
+    trace = _trace(scale // 2)
+    entry = _entry()
+    ann = {"device": 0, "time_us": 1, "name": "r", "stage": "START"}
+    blocks = [_block(i) for i in range(10)]
+    return {
+        # one trace list held by 8 devices (memo GETs of the same list)
+        "shared_trace_8_devices": pickle.dumps({"segments": [], "device_traces": [trace] * 8}, protocol=4),
+        # one entry dict repeated through one device's trace
+        "same_entry_repeated": pickle.dumps({"segments": [], "device_traces": [[entry] * scale]}, protocol=4),
+        # one segment (and its block list) repeated
+        "shared_segment_blocks": pickle.dumps({"segments": [_segment(blocks)] * (scale // 10),
+                                               "device_traces": [trace[:2]]}, protocol=4),
+        # one annotation repeated
+        "same_annotation_repeated": pickle.dumps({"segments": [], "device_traces": [trace[:2]],
+                                                  "external_annotations": [ann] * scale}, protocol=4),
+    }
+
+
+def many_stages(kind: str, n: int) -> dict:
+    """A snapshot of ``n`` alloc/free pairs, each pair its own stage (issue 26): distinct
+    ``user_metadata`` names, denoising steps, or START/END annotations of distinct names."""
+    ev, ann = [], []
+    for i in range(n):
+        meta = {"names": f"stage{i}", "steps": f"denoise/{i}"}.get(kind, "")
+        a = (1 << 20) + 512 * i
+        ev.append(_entry(addr=a, time_us=2 * i, user_metadata=meta, frames=[]))
+        ev.append(_entry(addr=a, time_us=2 * i + 1, user_metadata=meta, frames=[], action="free_completed"))
+        if kind == "annotations":
+            ann += [{"device": 0, "time_us": 2 * i, "name": f"range{i}", "stage": "START"},
+                    {"device": 0, "time_us": 2 * i + 1, "name": f"range{i}", "stage": "END"}]
+    return {"segments": [], "device_traces": [ev], **({"external_annotations": ann} if ann else {})}
+
+
+def empty_containers(token: bytes, n: int) -> bytes:
+    """A list of ``n`` empty dicts (``}``) or lists (``]``): one object per byte of pickle."""
+    return b"\x80\x04](" + token * n + b"e."
 
 
 def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
@@ -140,6 +214,19 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c["size_negative"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(size=-512)]]}), "2**62")
     c["addr_2_62"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(addr=1 << 62)]]}), "2**62")
     c["valid_control"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}), "")
+    # issue 26: rows repeated by shared references, on the unpickler's path (under 24 MiB) ...
+    for name, data in shared_row_pickles(100_000).items():
+        c[name] = (data, "shared references")
+    # ... and on the compiled tape's: the issue's 8-device file (25 MiB of pickle, 0.9 MB of xz)
+    c["shared_trace_8_devices_25MiB_xz"] = (lzma.compress(pickle.dumps(
+        {"segments": [], "device_traces": [_trace(375_000)] * 8}, protocol=4), preset=1), "shared references")
+    # issue 26: 300,000 stage names ran > 180 s, 300,000 steps 47 s, 500,000 annotation names > 180 s;
+    # scaled to 50,000 each (linear now: 300,000 names or steps take 18 s): grouped, exit 0
+    for kind in ("names", "steps", "annotations"):
+        c[f"stage_{kind}_50k"] = (pickle.dumps(many_stages(kind, 50_000), protocol=4), "")
+    # one object per byte: 63M empty dicts, 60M empty lists in a few KB of xz
+    c["empty_dicts_63M_xz"] = (lzma.compress(empty_containers(b"}", 63_000_000), preset=1), "number of objects")
+    c["empty_lists_60M_xz"] = (lzma.compress(empty_containers(b"]", 60_000_000), preset=1), "number of objects")
     out = {}
     for name, (data, word) in c.items():
         p = d / f"{name}.pickle"
@@ -186,6 +273,10 @@ def trace_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c["metadata_26KB_first"] = (('{"metadata": {' + ", ".join(f'"k{i}": "{"v" * 40}"' for i in range(500))
                                  + '}, "traceEvents": [' + memory_events() + "]}").encode(), "")
     c["leading_whitespace"] = ((" \n\t" * 40_000 + '{"traceEvents": [' + memory_events() + "]}").encode(), "")
+    # issue 26: a trace with 50,000 distinct record_function ranges (grouped, exit 0)
+    ranges = ", ".join(f'{{"ph": "X", "cat": "user_annotation", "name": "range{i}", "pid": 1, "tid": 1, '
+                       f'"ts": {2 * i}, "dur": 1}}' for i in range(50_000))
+    c["range_names_50k"] = (('{"traceEvents": [' + ranges + ", " + memory_events() + "]}").encode(), "")
     out = {}
     for name, (data, word) in c.items():
         p = d / f"{name}.json"

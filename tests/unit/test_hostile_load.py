@@ -22,7 +22,7 @@ from snapviz.load.snapshot.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_p
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, rlimits and wait4 are POSIX")
 
 LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size",
-               "CPU time spent decompressing")
+               "CPU time spent decompressing", "number of objects")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,10 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[hostile
     for kind, build in hostile.BUILDERS.items():
         d = tmp_path_factory.mktemp(kind)
         for name, (path, word) in build(d).items():
-            out[f"{kind}:{name}"] = (hostile.run_analyze(path), word, path)
+            before = hostile.digest(path)
+            res = hostile.run_analyze(path)
+            assert hostile.digest(path) == before, f"{kind}:{name}: the command changed its input"
+            out[f"{kind}:{name}"] = (res, word, path)
     return out
 
 
@@ -39,9 +42,12 @@ CASES = [f"pickle:{n}" for n in (
     "deep_tuple_dict_key_gz", "deep_tuple_frozenset_gz", "flat_frozenset", "tuple_dict_key", "deep_tuple_action_gz",
     "billion_laughs_frame_name", "billion_laughs_settings", "billion_laughs_padded_2MiB", "memo_index_2_31",
     "binunicode8_length_2_62", "string_32MiB_plain", "size_2_63_minus_1", "size_negative", "addr_2_62",
-    "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz")] + [f"trace:{n}" for n in (
+    "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz",
+    "shared_trace_8_devices", "same_entry_repeated", "shared_segment_blocks", "same_annotation_repeated",
+    "shared_trace_8_devices_25MiB_xz", "empty_dicts_63M_xz", "empty_lists_60M_xz", "stage_names_50k",
+    "stage_steps_50k", "stage_annotations_50k")] + [f"trace:{n}" for n in (
     "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
-    "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace")] + [f"special:{n}" for n in (
+    "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace", "range_names_50k")] + [f"special:{n}" for n in (
     "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo", "run_snapshot_proc_mem", "run_trace_proc_mem",
     "gzip_zero_padding_100MiB")]
 

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.load.limits import SharedRows
 from snapviz.load.snapshot.builder import BlockColumns, snapshot_from_dict
-from snapviz.load.snapshot.columnar_segments import segments
+from snapviz.load.snapshot.columnar_segments import annotation_dicts, segments
 from snapviz.load.snapshot.columns import NEEDS_ADDR_AND_SIZE, StackInterner, action_code, metadata_str
 from snapviz.load.snapshot.pickle_scan_fast import COMPILED_MIN_BYTES
 from snapviz.load.snapshot.pickle_vm import (
@@ -67,6 +68,7 @@ def _build(tape: Tape, source: str) -> Snapshot:
     if tape.root_kind != K_DICT:
         raise Fallback
     m = Objects(tape)
+    rows = SharedRows(source)  # counted by container number (negative: never an id() of the dict reader's)
     data: dict[Any, Any] = {}
     traces: tuple[int, int] | None = None
     blocks: BlockColumns | None = None
@@ -77,7 +79,9 @@ def _build(tape: Tape, source: str) -> Snapshot:
             traces = (vk, vp)
             data[key] = []
         elif key == "segments":
-            data[key], blocks = segments(m, vk, vp)
+            data[key], blocks = segments(m, vk, vp, rows)
+        elif key == "external_annotations":
+            data[key] = annotation_dicts(m, vk, vp, rows)
         else:
             data[key] = m.value(vk, vp, 0)
     if traces is None or traces[0] != K_LIST:
@@ -96,11 +100,13 @@ def _build(tape: Tape, source: str) -> Snapshot:
             kinds, ids = m.item_arrays(c)
             if len(ids) == 0:
                 continue
-            cols = _device_columns(m, ids[kinds == K_DICT], field_of, interner, sid)
+            entries = ids[kinds == K_DICT]
+            rows.add((-1 - entries).tolist(), len(entries))  # before the columns, as the dict reader
+            cols = _device_columns(m, entries, field_of, interner, sid)
             if cols is not None:
                 yield dev, cols
 
-    return snapshot_from_dict(data, source, device_columns, blocks)
+    return snapshot_from_dict(data, source, device_columns, blocks, rows)
 
 
 def _device_columns(

@@ -201,8 +201,11 @@ def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
     if verdict == _TOO_LONG:
         raise _too_long(path, _string_length(data, at), limits)
     # The kernel counts the objects as the exact scan does, so a pickle longer in bytes than
-    # the object limit (10M events: 1.4 GB) need not take the exact scan to know.
-    return bool(verdict == _SAFE and made <= limits.objects)
+    # the object limit need not take the exact scan to know: within the grammar the exact
+    # scan would stop at the same limit (at its first object over it, the count reported).
+    if verdict == _SAFE and made > limits.objects:
+        raise LimitExceeded(path, "objects", limits.objects + 1, limits.objects)
+    return bool(verdict == _SAFE)
 
 
 def _kernel_py(

@@ -61,6 +61,7 @@ def safe_load_pickle(
                 built = finish()
                 if built is not None:
                     return built
+                del finish  # its tape (~14 bytes per object) must not stay beside the unpickled objects
                 if not isinstance(getattr(f, "raw", None), io.FileIO):  # the bytes are gone: decompress again
                     with open_decompressed(p, limits=limits) as again:
                         return _RefuseGlobals(again).load()
