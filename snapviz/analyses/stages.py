@@ -33,7 +33,7 @@ import pandas as pd
 
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
-from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
+from snapviz.analyses.phases import BACKWARD, FORWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
 from snapviz.model import Snapshot
@@ -132,6 +132,12 @@ def _from_annotations(snap: Snapshot, ev: pd.DataFrame, device: int) -> np.ndarr
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(zero_grad|step)#")
+# The ranges torch's data-parallel wrappers open around the wrapped module's forward.
+_PARALLEL_FORWARD = re.compile(r"^(DistributedDataParallel|FullyShardedDataParallel)\.forward$")
+# Ranges the process-group backends open around each collective (``gloo:all_reduce``,
+# ``nccl:broadcast``, ``record_param_comms``): communication, whatever phase issued it.
+_COLLECTIVE_RANGE = re.compile(r"^((gloo|nccl|mpi|ucc|xccl|c10d)::?\w|record_param_comms$)")
+COMMUNICATION = "communication"
 _HASHES = re.compile(r"^#+\s*|\s*#+$")
 _COMPILED_GRAPH = re.compile(r"^Call CompiledFxGraph (\w+)$")
 
@@ -144,6 +150,8 @@ def range_stage(name: str) -> str:
     phase = _range_phase(name)
     if phase is not None:
         return phase
+    if _COLLECTIVE_RANGE.match(name):
+        return COMMUNICATION
     m = _PROFILER_STEP.match(name)
     if m:
         return f"step/{m.group(1)}"
@@ -226,7 +234,10 @@ def _compiling(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray:
 
 
 def _range_phase(name: str) -> str | None:
-    """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad."""
+    """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad,
+    ``DistributedDataParallel.forward`` (and FSDP's) -> forward."""
+    if _PARALLEL_FORWARD.match(name):
+        return FORWARD
     m = _OPTIMIZER_RANGE.match(name)
     return None if m is None else (ZERO_GRAD if m.group(1) == "zero_grad" else OPTIMIZER)
 
@@ -251,8 +262,14 @@ def _with_annotations(
     names = iv["name"].astype(str)
     phase = names.map(_range_phase)
     step = names.map(lambda s: m.group(1) if (m := _PROFILER_STEP.match(s)) else None)
-    user = phase.isna() & step.isna()
+    comm = names.str.match(_COLLECTIVE_RANGE.pattern)
+    user = phase.isna() & step.isna() & ~comm
     labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+    # A collective inside a phase is that phase's (DDP's all-reduce runs in backward, so the
+    # backward peak is the allocator's); only outside every phase is it a stage of its own.
+    comm_only = label_by_intervals(times, iv[comm].assign(name=COMMUNICATION), default="")
+    in_comm = (comm_only != "") & (labels == UNLABELLED)
+    labels[in_comm] = COMMUNICATION
     base_step = np.array([str(x).split("/", 1)[1] if "/" in str(x) else "" for x in labels], dtype=object)
     in_phase = _paint(labels, times, iv[phase.notna()].assign(name=phase[phase.notna()]))
     grouped = range_labels(names[user].tolist())
@@ -268,7 +285,7 @@ def _with_annotations(
         detail = np.where(in_user & (detail != ""), " (" + detail + ")", "")
         labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
         labels[in_step] = labels[in_step] + STAGE_SEP + steps[in_step] + detail[in_step]
-    if not (in_phase | in_user | in_step).any():
+    if not (in_phase | in_user | in_step | in_comm).any():
         return None
     return labels, bool(in_user.any())
 

@@ -29,11 +29,14 @@ from typing import Any
 
 import pandas as pd
 
-from snapviz.analyses.training import live_by_category
+from snapviz.analyses.training import TRAINING_CATEGORIES, live_by_category
 from snapviz.units import fmt_bytes
-from snapviz.vocab import stage_group
+from snapviz.vocab import BEFORE_RECORDING, stage_group
 
 TRAIN_PHASES = ("forward", "backward", "optimizer", "zero_grad")
+# what a phase peak is split into: the recorded allocations' categories and, beneath them, the
+# memory allocated before the recording started
+PEAK_CATEGORIES = (BEFORE_RECORDING, *TRAINING_CATEGORIES)
 PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
 SAVED, CASTS, TEMPS = "saved activations", "autocast weight copies", "temporaries"
 
@@ -51,15 +54,23 @@ class PhasePeak:
         return self.cats.get(category, 0)
 
 
+def _at_peak(allocs: pd.DataFrame, row: int, peak: int) -> dict[str, int]:
+    """The categories live at ``row``, with the memory from before the recording (what no
+    recorded allocation explains) as ``before recording``: they add up to ``peak``."""
+    live = live_by_category(allocs, row, "block_size")
+    return {BEFORE_RECORDING: max(peak - sum(live.values()), 0), **live}
+
+
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
     """Training phase intervals of ``stages`` (in order) with the categories live at each one's
-    peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it)."""
+    peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it), the
+    memory from before the recording included (:data:`PEAK_CATEGORIES`)."""
     return [
         PhasePeak(
             str(st.name),
             str(st.group),
             int(st.peak_allocated_bytes),
-            live_by_category(allocs, int(st.peak_row), "block_size"),
+            _at_peak(allocs, int(st.peak_row), int(st.peak_allocated_bytes)),
         )
         for st in stages.itertuples(index=False)
         if st.group in TRAIN_PHASES
@@ -130,13 +141,28 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
     return {name: estimate(phases, name, cut) for name, cut in cuts.items()}
 
 
+# How to apply a technique, in the API of the framework the frames show (``framework`` of
+# :func:`snapviz.analyses.training.framework`); plain PyTorch otherwise. Model-agnostic wording:
+# a diffusers UNet is named only when the frames are diffusers'.
+_CHECKPOINTING = {
+    "diffusers": "unet.enable_gradient_checkpointing()  (diffusers models: torch.utils.checkpoint per block; "
+    "about one extra forward of compute)",
+    "transformers": "model.gradient_checkpointing_enable()  (transformers models: torch.utils.checkpoint per "
+    "layer; about one extra forward of compute)",
+    "torch": "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) around each block of the "
+    "model (about one extra forward of compute)",
+}
+_LORA = {
+    "diffusers": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
+    "with the base frozen in fp16/bf16",
+    "transformers": "peft: model = get_peft_model(model, LoraConfig(r=16, target_modules=...))  with the base "
+    "frozen in fp16/bf16",
+    "torch": "low-rank adapters (peft's LoraConfig, or your own) on the large linear layers, the base weights "
+    "frozen (requires_grad_(False)) in fp16/bf16",
+}
 _HOW = {
-    "checkpointing": "unet.enable_gradient_checkpointing()  (torch.utils.checkpoint per block; about one extra "
-    "forward of compute)",
     "adamw8bit": "bitsandbytes.optim.AdamW8bit(params, lr=...)  (or transformers' Adafactor: no first moment, "
     "factored second)",
-    "lora": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
-    "with the base frozen in fp16/bf16",
     "set_to_none": "optimizer.zero_grad(set_to_none=True)  (the default since torch 2.0)",
     "amp": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = ...  (fp16: with a GradScaler)',
     "bf16": "model.to(torch.bfloat16) and an optimizer that keeps bf16 state (no fp32 master copy; "
@@ -144,6 +170,15 @@ _HOW = {
     "accumulation": "micro-batch {micro}, loss / {k}, optimizer.step() every {k} micro-batches",
     "fused": "torch.optim.AdamW(params, fused=True)  (or foreach=False: no lists of temporaries, slower)",
 }
+_BY_FRAMEWORK = {"checkpointing": _CHECKPOINTING, "lora": _LORA}
+
+
+def how_to(technique: str, framework: str = "torch") -> str:
+    """The ``how`` of a technique in ``framework``'s API (``diffusers``, ``transformers``, else torch)."""
+    table = _BY_FRAMEWORK.get(technique)
+    return _HOW[technique] if table is None else table.get(framework, table["torch"])
+
+
 _NAMES = {
     "checkpointing": "gradient checkpointing",
     "adamw8bit": "8-bit AdamW / Adafactor",
@@ -209,10 +244,13 @@ def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: in
     return f"{head}: {basis}{moved}"
 
 
-def advise_training(phases: list[PhasePeak], run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def advise_training(
+    phases: list[PhasePeak], run: dict[str, Any] | None = None, framework: str = "torch"
+) -> list[dict[str, Any]]:
     """Training advice, largest saving first, as the summary's ``advice`` entries (``kind:
     "training"``, ``estimated_peak_bytes``, ``phase_savings_bytes``). A technique is listed when
-    the run could adopt it and it saves at least 5% at the run's peak or at one phase's peak."""
+    the run could adopt it and it saves at least 5% at the run's peak or at one phase's peak;
+    ``how`` names ``framework``'s API (:func:`how_to`)."""
     if not phases:
         return []
     ests = training_estimates(phases, run)
@@ -232,7 +270,7 @@ def advise_training(phases: list[PhasePeak], run: dict[str, Any] | None = None) 
             "saves_up_to_bytes": max(e.saving, 0),
             "estimated_peak_bytes": e.new_peak,
             "phase_savings_bytes": e.phase_savings,
-            "how": _HOW[e.technique].format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
+            "how": how_to(e.technique, framework).format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
         }
         for e in kept
     ]

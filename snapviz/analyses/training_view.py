@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult
-from snapviz.analyses.training import TRAINING_CATEGORIES, classify_allocations
-from snapviz.analyses.training_advice import PhasePeak, phase_peaks
+from snapviz.analyses.training import TRAINING_CATEGORIES, classify_allocations, framework
+from snapviz.analyses.training_advice import PEAK_CATEGORIES, PhasePeak, phase_peaks
 from snapviz.model import Snapshot
-from snapviz.vocab import BEFORE_RECORDING
+from snapviz.vocab import BEFORE_RECORDING, stage_group
 
 if TYPE_CHECKING:  # report_view imports this module
     from snapviz.analyses.report_view import CategoryTimelineView
@@ -34,6 +34,7 @@ class TrainingView:
     allocs: pd.DataFrame  # classify_allocations
     phases: list[PhasePeak]  # training phase intervals, in order
     steps: pd.DataFrame  # step, phase (the peak's interval), peak_allocated_bytes, <category>...
+    framework: str = "torch"  # diffusers | transformers | torch: whose API the advice names
 
 
 def phase_steps(phases: list[PhasePeak]) -> list[int]:
@@ -56,10 +57,10 @@ def step_table(phases: list[PhasePeak]) -> pd.DataFrame:
         if step not in best or p.peak > best[step].peak:
             best[step] = p
     rows = [
-        {"step": step, "phase": p.name, "peak_allocated_bytes": p.peak, **{c: p[c] for c in TRAINING_CATEGORIES}}
+        {"step": step, "phase": p.name, "peak_allocated_bytes": p.peak, **{c: p[c] for c in PEAK_CATEGORIES}}
         for step, p in best.items()
     ]
-    return pd.DataFrame(rows, columns=["step", "phase", "peak_allocated_bytes", *TRAINING_CATEGORIES])
+    return pd.DataFrame(rows, columns=["step", "phase", "peak_allocated_bytes", *PEAK_CATEGORIES])
 
 
 def training_view(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages: pd.DataFrame) -> TrainingView | None:
@@ -68,7 +69,9 @@ def training_view(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, stages:
         return None
     allocs = classify_allocations(snap, rep, labels)
     phases = phase_peaks(stages, allocs)
-    return TrainingView(allocs, phases, step_table(phases))
+    ev = rep.events
+    trained = ev["stack_id"].to_numpy()[allocs["row"].to_numpy()[allocs["born"].map(stage_group).isin(_STEP_STARTERS)]]
+    return TrainingView(allocs, phases, step_table(phases), framework(snap, trained))
 
 
 def training_category_timeline(allocs: pd.DataFrame, n_events: int) -> pd.DataFrame:
@@ -106,13 +109,13 @@ def training_dict(view: TrainingView) -> dict[str, object]:
     training categories live at it (allocator blocks)."""
     steps = phase_steps(view.phases)
     return {
-        "categories": list(TRAINING_CATEGORIES),
+        "categories": list(PEAK_CATEGORIES),
         "phases": [
             {
                 "name": p.name,
                 "step": s,
                 "peak_allocated_bytes": p.peak,
-                "categories_at_peak": {c: p[c] for c in TRAINING_CATEGORIES},
+                "categories_at_peak": {c: p[c] for c in PEAK_CATEGORIES},
             }
             for s, p in zip(steps, view.phases, strict=True)
         ],
@@ -121,7 +124,7 @@ def training_dict(view: TrainingView) -> dict[str, object]:
                 "step": int(r["step"]),
                 "peak_phase": str(r["phase"]),
                 "peak_allocated_bytes": int(r["peak_allocated_bytes"]),
-                "categories_at_peak": {c: int(r[c]) for c in TRAINING_CATEGORIES},
+                "categories_at_peak": {c: int(r[c]) for c in PEAK_CATEGORIES},
             }
             for r in view.steps.to_dict("records")
         ],

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.training import TRAINING_CATEGORIES
-from snapviz.analyses.training_advice import PhasePeak, advise_training, training_estimates
+from snapviz.analyses.training_advice import PEAK_CATEGORIES, PhasePeak, advise_training, how_to, training_estimates
 from snapviz.analyses.training_view import phase_steps, step_table, training_category_timeline
 
 G = 10**9
@@ -81,7 +80,7 @@ def test_steps_group_micro_batches_with_their_optimizer_step() -> None:
     assert phase_steps(phases) == [0] * 6 + [1] * 5
     st = step_table(phases)
     assert st["phase"].tolist() == ["zero_grad/0", "optimizer/1"]
-    assert list(st.columns[3:]) == list(TRAINING_CATEGORIES)
+    assert list(st.columns[3:]) == list(PEAK_CATEGORIES)
 
 
 def test_category_timeline_counts_blocks_from_birth_to_free() -> None:
