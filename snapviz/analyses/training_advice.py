@@ -145,10 +145,10 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
 # :func:`snapviz.analyses.training.framework`); plain PyTorch otherwise. Model-agnostic wording:
 # a diffusers UNet is named only when the frames are diffusers'.
 _CHECKPOINTING = {
-    "diffusers": "unet.enable_gradient_checkpointing()  (diffusers models: torch.utils.checkpoint per block; "
-    "about one extra forward of compute)",
-    "transformers": "model.gradient_checkpointing_enable()  (transformers models: torch.utils.checkpoint per "
-    "layer; about one extra forward of compute)",
+    "diffusers": "unet.enable_gradient_checkpointing()  (torch.utils.checkpoint per block; about one extra "
+    "forward of compute)",
+    "transformers": "model.gradient_checkpointing_enable()  (torch.utils.checkpoint per layer; about one extra "
+    "forward of compute)",
     "torch": "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) around each block of the "
     "model (about one extra forward of compute)",
 }
