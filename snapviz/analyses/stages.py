@@ -63,7 +63,9 @@ def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None 
     the label in effect; an unlabelled entry *with* Python frames clears it (a Python thread
     that carries no label: the user cleared it, or never labelled that thread); an unlabelled
     entry without Python frames belongs to the label in effect, or stays ``unlabelled`` before
-    the first label. When the labelled entries carry no Python frames at all (the snapshot was
+    the first label. Python that torch runs on its own threads (its outermost Python frame is
+    torch's: autograd hooks, checkpointing's recomputation, DDP's communication hooks; or a
+    data-loader thread's loop) counts as frame-less: it takes the label in effect and clears nothing. When the labelled entries carry no Python frames at all (the snapshot was
     recorded without stacks), the two cannot be told apart and unlabelled entries stay
     ``unlabelled``.
     """
@@ -84,12 +86,49 @@ def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None 
     framed[framed] = tables.has_python[sids[framed]]
     if not framed[~unset].any():
         return labels
+    # Python that torch runs on its own threads (autograd hooks, checkpointing's recomputation,
+    # DDP's communication hooks, data-loader threads) carries no label either: it belongs to the
+    # label in effect like the engine's frame-less entries, and clears nothing.
+    helper = framed & unset
+    helper[helper] = _torch_thread_stacks(snap, tables)[sids[helper]]
+    framed &= ~helper
     # Entries that set the label in effect: labelled ones, and unlabelled ones with Python frames.
     setter = ~unset | framed
     last = np.maximum.accumulate(np.where(setter, np.arange(len(labels)), -1))
     inherit = unset & ~framed & (last >= 0)
     labels[inherit] = labels[last[inherit]]
     return labels
+
+
+# The outermost Python frame of a stack that torch's C++ entered (the autograd engine calling a
+# hook or a custom Function), or a data-loader / process-group helper thread anywhere in it.
+_TORCH_FILE = re.compile(r"(?:^|/)torch/")
+_HELPER_THREAD_FILE = re.compile(r"(?:^|/)torch/utils/data/_utils/(?:pin_memory|worker)\.py$")
+
+
+def _torch_thread_stacks(snap: Snapshot, tables: StackTables) -> np.ndarray:
+    """Bool per stack: its Python part runs on a thread torch drives, not on the user's: the
+    outermost Python frame is torch's own (the engine entered Python at a hook), or it passes
+    through a data-loader thread's loop. A user's thread starts in the user's script (or the
+    interpreter's ``threading``/``runpy``), never inside torch."""
+    out = np.zeros(tables.n_stacks, bool)
+    sf = snap.stack_frames
+    if not len(sf) or not tables.n_frames:
+        return out
+    fid = sf["frame_id"].to_numpy()
+    py = tables.is_python[fid]
+    sid, depth, fid = sf["stack_id"].to_numpy()[py], sf["depth"].to_numpy()[py], fid[py]
+    if not len(sid):
+        return out
+    files = tables.files
+    is_torch = np.fromiter((_TORCH_FILE.search(str(f)) is not None for f in files), bool, len(files))
+    helper = np.fromiter((_HELPER_THREAD_FILE.search(str(f)) is not None for f in files), bool, len(files))
+    order = np.lexsort((-depth, sid))  # per stack, outermost Python frame first
+    sid, fid = sid[order], fid[order]
+    first = np.r_[True, sid[1:] != sid[:-1]]
+    out[sid[first]] = is_torch[fid[first]]
+    out |= np.bincount(sid, weights=helper[fid], minlength=tables.n_stacks)[: tables.n_stacks] > 0
+    return out
 
 
 def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFrame:

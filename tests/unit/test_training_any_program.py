@@ -165,3 +165,34 @@ def test_framework_from_frames_and_advice_in_its_api() -> None:
     phases = phase_peaks(stages, classify_allocations(snap, rep, lab.labels))
     for fw in ("torch", "transformers"):
         assert not any("unet" in a["how"] for a in advise_training(phases, None, fw))
+
+
+def test_python_on_torchs_threads_keeps_the_label_in_effect() -> None:
+    """Labels on the main thread only: checkpointing's recomputation and DDP's communication
+    hooks run Python on autograd's thread, unlabelled. Their outermost Python frame is torch's
+    (the engine entered Python at a hook), so they belong to the label in effect and clear
+    nothing; a user's own unlabelled Python still clears it."""
+    ckpt = [{"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700}, MODULE,
+            {"name": "recompute_fn", "filename": SP + "torch/utils/checkpoint.py", "line": 1100},
+            {"name": "unpack_hook", "filename": SP + "torch/utils/checkpoint.py", "line": 1150}]
+    hook = [{"name": "allreduce_hook", "filename": SP + "torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py",
+             "line": 60}]
+    sim = Sim()
+    sim.set_label("forward/0")
+    sim.alloc(MiB, frames=GELU)
+    sim.set_label("backward/0")
+    sim.alloc(2 * MiB, frames=BACKWARD)
+    sim.alloc(3 * MiB, label="")  # the engine: no Python frames
+    sim.alloc(4 * MiB, frames=ckpt, label="")  # recomputation on the engine's thread
+    sim.alloc(5 * MiB, frames=hook, label="")  # DDP's all-reduce hook
+    sim.alloc(6 * MiB, label="")
+    sim.alloc(7 * MiB, frames=[USER], label="")  # the user's own thread, unlabelled: clears
+    sim.alloc(8 * MiB, label="")
+    snap = load_dict(sim.snapshot(marker=False))
+    rep = replay_allocator(snap, 0)
+    lab = label_events(snap, rep.events, 0)
+    assert lab.source == "user_metadata"
+    ev = rep.events
+    got = {int(s) // MiB: str(x) for s, x, a in zip(ev["size"], lab.labels, ev["action"]) if a == 0}
+    assert got == {1: "forward/0", 2: "backward/0", 3: "backward/0", 4: "backward/0", 5: "backward/0",
+                   6: "backward/0", 7: "unlabelled", 8: "unlabelled"}
