@@ -13,12 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from snapviz.analyses.compare import Comparison, compare_runs
-from snapviz.analyses.digest import RunDigest, digest_run, digest_trace
+from snapviz.analyses.digest import RunDigest
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.gate import CheckResult, check_summary
+from snapviz.analyses.pipeline import analyze_input, digest_of, document_of
 from snapviz.analyses.stages import SOURCES
-from snapviz.analyses.summary import Analysis, analyze_run
-from snapviz.analyses.trace_summary import TraceRunAnalysis, analyze_trace_run
+from snapviz.analyses.summary import Analysis
+from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.errors import InputError
 from snapviz.load import Run, load
 from snapviz.load.labels import unique_labels
@@ -67,9 +68,7 @@ def analyze(
         raise InputError(f"stages_from: {stages_from!r} is not one of {', '.join(STAGE_SOURCES)}")
     ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)  # a bad file fails before the load
     run = source if isinstance(source, Run) else load(source)
-    if run.snapshot is None:
-        return analyze_trace_run(run, device=device)
-    return analyze_run(run, device=device, stage_source=stages_from, rules=ruleset)
+    return analyze_input(run, device=device, stage_source=stages_from, rules=ruleset)
 
 
 def compare(
@@ -140,14 +139,18 @@ def check(
     increase = parse_percent(max_increase, "max_increase") if max_increase is not None else None
     if peak_limit is None and reserved_limit is None and not stage_limits and baseline is None:
         raise InputError("nothing to check: give max_peak, max_reserved, max_stage_peak or baseline with max_increase")
-    doc = _analysis(source, device, rules, stages_from).summary()
-    base_doc = _analysis(baseline, None, rules, stages_from).summary() if baseline is not None else None
+    doc = document_of(_analysis(source, device, rules, stages_from))
+    base_peak = (
+        document_of(_analysis(baseline, None, rules, stages_from)).peak.allocated_bytes
+        if baseline is not None
+        else None
+    )
     return check_summary(
         doc,
         max_peak=peak_limit,
         max_reserved=reserved_limit,
         stage_limits=stage_limits,
-        baseline=base_doc,
+        baseline_peak=base_peak,
         max_increase_pct=increase,
     )
 
@@ -168,7 +171,4 @@ def _source_of(item: Input) -> str:
 
 
 def _digest(item: Input, label: str, stages_from: str, max_points: int) -> RunDigest:
-    an = _analysis(item, None, None, stages_from)
-    if isinstance(an, Analysis):
-        return digest_run(an, label, points_per_label=max_points)
-    return digest_trace(an, label, points_per_label=max_points)
+    return digest_of(_analysis(item, None, None, stages_from), label, points_per_label=max_points)

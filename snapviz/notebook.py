@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from snapviz.analyses.compare import Comparison, compare_dict
-from snapviz.analyses.summary import Analysis, summary_dict
-from snapviz.analyses.trace_summary import TraceRunAnalysis, trace_summary_dict
+from snapviz.analyses.document import to_json
+from snapviz.analyses.pipeline import document_of
+from snapviz.analyses.summary import Analysis
+from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.api import analyze, compare
 from snapviz.errors import InputError
 from snapviz.render.output import write_atomic
@@ -83,15 +85,15 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
         obj = analyze(obj)
     # The renderers (Bokeh) load on the first report, not when a notebook imports snapviz.
     from snapviz.render.compare_md import render_compare_markdown
-    from snapviz.render.html import render_compare_html, render_html, render_trace_html
+    from snapviz.render.html import render_analysis_html, render_compare_html
     from snapviz.render.markdown import render_markdown
 
-    if isinstance(obj, Analysis):
-        doc = summary_dict(obj)
-        return Report(obj.run.label, render_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
-    if isinstance(obj, TraceRunAnalysis):
-        doc = trace_summary_dict(obj)
-        return Report(obj.run.label, render_trace_html(obj, doc, max_points=max_points), render_markdown(doc), doc)
+    if isinstance(obj, (Analysis, TraceRunAnalysis)):
+        document = document_of(obj)
+        doc = to_json(document)
+        return Report(
+            obj.run.label, render_analysis_html(obj, doc, max_points=max_points), render_markdown(document), doc
+        )
     if isinstance(obj, Comparison):
         doc = compare_dict(obj)
         return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)

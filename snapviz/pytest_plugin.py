@@ -210,15 +210,16 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     The verdict is ``snapviz check``'s (:func:`snapviz.analyses.gate.evaluate_gates` on the
     summary), so a test and a CI gate on the same recording agree; only the wording is the plugin's.
     """
+    from snapviz.analyses.document import to_json
     from snapviz.analyses.gate import describe_stages, evaluate_gates, stage_peaks
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import analyze_input, document_of
     from snapviz.load import Run
     from snapviz.load.snapshot import snapshot_from_dict
     from snapviz.render.markdown import render_markdown
     from snapviz.units import fmt_bytes
 
     snap = snapshot_from_dict(recording.snapshot, source=name)
-    doc = summary_dict(analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
+    doc = document_of(analyze_input(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None)))
     if stage is not None and stage not in (peaks := stage_peaks(doc)):
         # the gate would refuse it as bad input; a test gets the stages it has and how to label them
         return {
@@ -247,7 +248,7 @@ def evaluate_recording(recording: Recording, limit: int, stage: str | None, name
     if stage is None and recording.allocator_peak is not None and recording.allocator_peak != gate.actual:
         truth = f"; the allocator reported {fmt_bytes(recording.allocator_peak)}"
     msg = f"GPU memory limit exceeded: {what} {fmt_bytes(gate.actual)} > {fmt_bytes(limit)}{over}{truth}\n\n"
-    return {"passed": False, "actual": gate.actual, "message": msg + render_markdown(doc), "summary": doc}
+    return {"passed": False, "actual": gate.actual, "message": msg + render_markdown(doc), "summary": to_json(doc)}
 
 
 def _keep_snapshot(config: pytest.Config, nodeid: str, snapshot: Any) -> str | None:

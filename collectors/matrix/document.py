@@ -43,14 +43,13 @@ def run_json_summary(info: dict[str, Any], label: str, source: str, warn: bool =
 def _snapshot_digest(run_dir: Path, label: str) -> Any:
     """The variant's snapshot through the analyses (timeline, sites, attention), reduced to a
     compare digest; None when the run directory holds no snapshot after all."""
-    from snapviz.analyses.digest import digest_run
-    from snapviz.analyses.summary import analyze_run
+    from snapviz.analyses.pipeline import analyze_input, digest_of
     from snapviz.load import load
 
     run = load(str(run_dir), label)
-    if run.snapshot is None:
+    if run.snapshot is None:  # a trace-only variant is compared from its run.json figures
         return None
-    return digest_run(analyze_run(run), label)
+    return digest_of(analyze_input(run), label)
 
 
 def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> tuple[Any, dict[str, Any]] | None:

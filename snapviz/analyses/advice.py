@@ -13,11 +13,12 @@ from typing import Any
 import pandas as pd
 
 from snapviz.analyses.training_advice import TRAIN_PHASES
+from snapviz.category_vocab import ACTIVATION, ATTENTION_SCORES, PARAMETER, VAE_BUFFERS
 from snapviz.vocab import stage_group
 
 
 def _cat(categories: pd.DataFrame, name: str) -> int:
-    """Bytes of category ``name`` and of its per-model parts (``weights: T5`` counts as ``weights``)."""
+    """Bytes of category ``name`` and of its per-model parts (``parameter: T5`` counts as ``parameter``)."""
     if not len(categories):
         return 0
     cat = categories["category"].astype(str)
@@ -35,7 +36,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
     dtype = str(run.get("dtype") or "")
     out: list[dict[str, Any]] = []
     att = doc.get("attention") or {}
-    att_live = _cat(categories, "attention scores")
+    att_live = _cat(categories, ATTENTION_SCORES)
     if att.get("count") and att_live:
         diffusers = bool((att.get("functions") or {}).get("get_attention_scores"))
         out.append(
@@ -52,7 +53,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
             }
         )
     if stage == "vae_decode":
-        vae = _cat(categories, "vae buffers") + _cat(categories, "activations")
+        vae = _cat(categories, VAE_BUFFERS) + _cat(categories, ACTIVATION)
         out.append(
             {
                 "technique": "VAE tiling or tiny VAE",
@@ -62,7 +63,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
                 "batch > 1: pipe.vae.enable_slicing()",
             }
         )
-    weights = _cat(categories, "weights")
+    weights = _cat(categories, PARAMETER)
     if dtype == "fp32" and weights:
         out.append(
             {

@@ -13,6 +13,7 @@ import pandas as pd
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
+from snapviz.category_vocab import canonical_category
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM
 from snapviz.vocab import BEFORE_RECORDING, stage_group
@@ -242,6 +243,16 @@ def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 2
     )
 
 
+def _doc_categories(doc: dict[str, Any]) -> pd.DataFrame:
+    """A document's categories at the peak, old names (``weights``, ``activations``: documents
+    written before the one vocabulary) said as the vocabulary says them now, so they compare."""
+    cats = pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"])
+    if len(cats):
+        cats["category"] = [canonical_category(str(c)) for c in cats["category"]]
+        cats = cats.groupby("category", sort=False, as_index=False)["bytes"].sum()
+    return cats
+
+
 def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
     """A digest from a ``snapviz.summary/1`` dict (e.g. a trace-only run): stages and peaks only."""
     rows = []
@@ -280,7 +291,7 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
         peak_stage=str(p.get("stage")),
         stages=st,
         timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
-        categories=pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"]),
+        categories=_doc_categories(doc),
         attention=dict(doc.get("attention") or {}),
         sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
         stage_source=str(doc.get("stage_source", "none")),
@@ -296,7 +307,7 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
 def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
     """A trace-only run's digest: :func:`digest_summary` plus its memory timeline, each memory
     event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
-    from snapviz.analyses.trace_ops import stage_at
+    from snapviz.analyses.stages import label_by_intervals
 
     doc = an.summary()
     d = digest_summary(doc, label)
@@ -305,7 +316,7 @@ def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) 
     tl = an.timeline
     if not len(tl) or not len(an.stages):
         return d
-    names = stage_at(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
+    names = label_by_intervals(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
     timeline = stage_normalised_timeline(
         np.asarray(names, dtype=object),
         tl["allocated"].to_numpy(np.int64),

@@ -1,6 +1,7 @@
 """Memory gates for CI: parse limits, evaluate them against a summary, one result per limit.
 
-Pure: the input is a ``snapviz.summary/1`` dict (so snapshots and traces gate alike), the
+Pure: the input is a typed ``snapviz.summary/1`` document (:class:`~snapviz.analyses.document.Summary`,
+so snapshots, traces and documents read back from JSON gate alike), the
 output a list of :class:`GateResult` (or, with the notes that qualify them, a
 :class:`CheckResult`). The CLI prints them and maps failures to exit 1.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from snapviz.analyses.document import Summary
 from snapviz.errors import InputError
 from snapviz.units import fmt_bytes, parse_size
 from snapviz.vocab import stage_group
@@ -45,18 +47,20 @@ def _line(passed: bool, what: str, actual: int, limit: int, extra: str = "") -> 
     return f"FAIL {what} {fmt_bytes(actual)} > {fmt_bytes(limit)}{over}{extra}"
 
 
-def stage_peaks(doc: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """Stage group and step name -> (peak allocated, peak reserved), from a summary dict."""
+def stage_peaks(doc: Summary) -> dict[str, tuple[int, int]]:
+    """Stage group and step name -> (peak allocated, peak reserved), from a summary; a stage
+    with no allocated figure (a trace without memory events in it) is left out."""
     out: dict[str, tuple[int, int]] = {}
-    for s in doc.get("stages") or []:
-        out[str(s["name"])] = (int(s["peak_allocated_bytes"]), int(s.get("peak_reserved_bytes") or 0))
-        for iv in s.get("intervals") or s.get("steps") or []:
-            name = str(iv["name"])
-            if name == s["name"]:
+    for s in doc.stages:
+        if s.peak_allocated_bytes is None:
+            continue
+        out[s.name] = (s.peak_allocated_bytes, s.peak_reserved_bytes or 0)
+        for iv in s.intervals or s.steps:
+            if iv.name == s.name or iv.peak_allocated_bytes is None:
                 continue
-            a, r = int(iv["peak_allocated_bytes"]), int(iv.get("peak_reserved_bytes") or 0)
-            prev = out.get(name)
-            out[name] = (max(a, prev[0]), max(r, prev[1])) if prev else (a, r)
+            a, r = iv.peak_allocated_bytes, iv.peak_reserved_bytes or 0
+            prev = out.get(iv.name)
+            out[iv.name] = (max(a, prev[0]), max(r, prev[1])) if prev else (a, r)
     return out
 
 
@@ -82,29 +86,28 @@ def describe_stages(names: list[str], limit: int = 12) -> str:
 
 
 def evaluate_gates(
-    doc: dict[str, Any],
+    doc: Summary,
     max_peak: int | None = None,
     max_reserved: int | None = None,
     stage_limits: list[tuple[str, int]] | None = None,
-    baseline: dict[str, Any] | None = None,
+    baseline_peak: int | None = None,
     max_increase_pct: float | None = None,
 ) -> list[GateResult]:
-    """Every limit against one summary; a stage missing from the run is an :class:`InputError`."""
+    """Every limit against one summary; a stage missing from the run is an :class:`InputError`.
+    ``baseline_peak``: the baseline run's peak allocated bytes (``--baseline``)."""
     results: list[GateResult] = []
-    peak = doc["peak"]
+    peak = doc.peak
     if max_peak is not None:
-        a = int(peak["allocated_bytes"])
+        a = peak.allocated_bytes
         results.append(
             GateResult(
                 "peak_allocated", max_peak, a, a <= max_peak, _line(a <= max_peak, "peak allocated", a, max_peak)
             )
         )
     if max_reserved is not None:
-        if peak.get("reserved_bytes") is None:  # traces of about 2021 carry Bytes only
-            raise InputError(
-                f"{doc.get('source', 'the run')} records no reserved memory: --max-reserved cannot be checked"
-            )
-        r = int(peak["reserved_bytes"])
+        if peak.reserved_bytes is None:  # traces of about 2021 carry Bytes only
+            raise InputError(f"{doc.source} records no reserved memory: --max-reserved cannot be checked")
+        r = peak.reserved_bytes
         results.append(
             GateResult(
                 "peak_reserved",
@@ -118,18 +121,16 @@ def evaluate_gates(
         peaks = stage_peaks(doc)
         for name, limit in stage_limits:
             if name not in peaks:
-                raise InputError(
-                    f"stage {name!r} is not in {doc.get('source', 'the run')} (stages: {describe_stages(list(peaks))})"
-                )
+                raise InputError(f"stage {name!r} is not in {doc.source} (stages: {describe_stages(list(peaks))})")
             a = peaks[name][0]
             results.append(
                 GateResult(f"stage:{name}", limit, a, a <= limit, _line(a <= limit, f"stage {name}", a, limit))
             )
-    if baseline is not None:
+    if baseline_peak is not None:
         pct = 0.0 if max_increase_pct is None else float(max_increase_pct)
-        base = int(baseline["peak"]["allocated_bytes"])
+        base = baseline_peak
         limit = int(base * (1 + pct / 100.0))
-        a = int(peak["allocated_bytes"])
+        a = peak.allocated_bytes
         change = f"{(a / base - 1) * 100:+.1f}%" if base else "n/a"
         extra = f" (baseline {fmt_bytes(base)}, {change}, allowed {pct:+.1f}%)"
         ok = a <= limit
@@ -160,18 +161,18 @@ class CheckResult:
         return tuple(g for g in self.gates if not g.passed)
 
 
-def history_notes(doc: dict[str, Any]) -> list[str]:
+def history_notes(doc: Summary) -> list[str]:
     """The summary's warnings about the recorded history (wrapped, incomplete), which every
     gate verdict on it must repeat."""
-    return [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
+    return [w for w in doc.warnings if "history" in w or "wrapped" in w]
 
 
 def check_summary(
-    doc: dict[str, Any],
+    doc: Summary,
     max_peak: int | None = None,
     max_reserved: int | None = None,
     stage_limits: list[tuple[str, int]] | None = None,
-    baseline: dict[str, Any] | None = None,
+    baseline_peak: int | None = None,
     max_increase_pct: float | None = None,
 ) -> CheckResult:
     """:func:`evaluate_gates` with the history notes: what ``snapviz check`` reports."""
@@ -180,10 +181,10 @@ def check_summary(
         max_peak=max_peak,
         max_reserved=max_reserved,
         stage_limits=stage_limits,
-        baseline=baseline,
+        baseline_peak=baseline_peak,
         max_increase_pct=max_increase_pct,
     )
-    return CheckResult(str(doc.get("source", "")), tuple(gates), tuple(history_notes(doc)))
+    return CheckResult(doc.source, tuple(gates), tuple(history_notes(doc)))
 
 
 def fits_gates(whatif_doc: dict[str, Any]) -> tuple[list[GateResult], list[str]]:

@@ -6,13 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.categories import categorize_allocs
-from snapviz.analyses.frame_rules import RuleSet
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.sites import SiteNamer
-from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
-from snapviz.model import A_ALLOC, Snapshot
 
 
 def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: int, limit: int = 25) -> pd.DataFrame:
@@ -37,32 +33,23 @@ def top_live(replay: ReplayResult, labels: np.ndarray, sites: SiteNamer, row: in
 
 
 def stage_live_sets(
-    snap: Snapshot,
-    rep: ReplayResult,
-    labels: np.ndarray,
-    stages: pd.DataFrame,
-    sites: SiteNamer,
-    rules: RuleSet,
-    tables: StackTables,
-    top_n: int = 5,
+    allocs: pd.DataFrame, stages: pd.DataFrame, sites: SiteNamer, top_n: int = 5
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """What was live at each stage interval's own peak: bytes by category, and the largest
-    blocks the stage itself allocated.
-
-    Allocations are categorised once; each stage is then one vectorized mask.
+    """What was live at each stage interval's own peak: bytes by category (a group-by of the
+    allocation table's ``category``, :func:`snapviz.analyses.categories.allocation_table`), and
+    the largest blocks the stage itself allocated. Each stage is one vectorized search.
     """
-    ev = rep.events
-    alloc_rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
+    alloc_rows = allocs["row"].to_numpy()
     empty = (
         pd.DataFrame(columns=["interval", "stage", "category", "bytes", "count"]),
         pd.DataFrame(columns=["interval", "stage", "bytes", "site", "row", "stack_id"]),
     )
     if not len(alloc_rows) or not len(stages):
         return empty
-    cats = categorize_allocs(snap, rep, labels, alloc_rows, rules, tables)
-    frees = ev["free_row"].to_numpy()[alloc_rows]
-    sizes = ev["block_size"].to_numpy()[alloc_rows]
-    stacks = ev["stack_id"].to_numpy()[alloc_rows]
+    cats = allocs["category"].astype(object).to_numpy()
+    frees = allocs["free_row"].to_numpy()
+    sizes = allocs["block_size"].to_numpy()
+    stacks = allocs["stack_id"].to_numpy()
     # Categories factorized once, sorted (the order a groupby gives); unknown ones last.
     ccodes, cnames = pd.factorize(cats, sort=True)
     ccodes = np.where(ccodes >= 0, ccodes, len(cnames))

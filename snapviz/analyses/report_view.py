@@ -7,7 +7,6 @@ view-model builders in ``render/html`` read its :class:`ReportView` and compute 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,34 +14,12 @@ import pandas as pd
 
 from snapviz.analyses.categories import category_timeline
 from snapviz.analyses.summary import Analysis
-from snapviz.analyses.training_view import training_timeline_view
+from snapviz.category_vocab import order_categories
 from snapviz.vocab import BEFORE_RECORDING
 
-# Stacking order (bottom/left first): what was there before, then what persists across
-# stages, then what each stage adds. The same order and colors in every category view.
-CATEGORY_ORDER: tuple[str, ...] = (
-    BEFORE_RECORDING,
-    "weights",
-    "latents & embeddings",
-    "activations",
-    "attention scores",
-    "vae buffers",
-    "gradients & optimizer",
-    "unknown",
-)
 MAX_STAGE_BARS = 150
 # The category area is a summary under the exact timeline: fewer points keep the page small.
 MAX_CATEGORY_POINTS = 10000
-
-
-def order_categories(names: Iterable[str]) -> list[str]:
-    """``names`` in :data:`CATEGORY_ORDER`, then any other (user rule) category in first-seen order."""
-    got = list(dict.fromkeys(str(x) for x in names))
-    out: list[str] = []
-    for c in CATEGORY_ORDER:  # per-model parts ("weights: T5") right after their category
-        out += [c] if c in got else []
-        out += sorted(x for x in got if x.startswith(c + ": "))
-    return out + [c for c in got if c not in out]
 
 
 def shown_intervals(stages: pd.DataFrame) -> np.ndarray:
@@ -113,14 +90,7 @@ def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points:
     n = len(an.replay.events)
     if not n:
         return CategoryTimelineView()
-    ct = category_timeline(
-        an.snapshot,
-        an.replay,
-        an.labels.labels,
-        max_points=max(2, min(max_points, MAX_CATEGORY_POINTS)),
-        rules=an.rules,
-        tables=an.tables,
-    )
+    ct = category_timeline(an.replay, an.labels.labels, an.allocations, max(2, min(max_points, MAX_CATEGORY_POINTS)))
     fixed = {"row", "time_us", "stage", "allocated"}
     cats = [c for c in order_categories(c for c in ct.columns if c not in fixed) if ct[c].to_numpy().any()]
     rows = ct["row"].to_numpy(np.int64)
@@ -148,8 +118,6 @@ def report_view(an: Analysis, max_points: int) -> ReportView:
     t0 = int(time_us[0]) if has_time else -1
     shown = shown_intervals(an.stages)
     cat_tl = category_timeline_view(an, t0, has_time, max_points)
-    if an.training is not None:  # training runs stack their own categories under the phase bands
-        cat_tl = training_timeline_view(an.training, cat_tl)
     return ReportView(
         category_timeline=cat_tl,
         shown_intervals=shown,

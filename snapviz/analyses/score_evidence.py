@@ -41,9 +41,10 @@ from snapviz.analyses.frame_rules import Rule, RuleSet
 from snapviz.analyses.sites import plumbing_frames
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
+from snapviz.category_vocab import ATTENTION_SCORES
 from snapviz.model import A_ALLOC, Snapshot
 
-ATTENTION_CATEGORY = "attention scores"
+ATTENTION_CATEGORY = ATTENTION_SCORES
 LINE_SHARE = 0.25
 COLUMNS = ["stack_id", "function", "family", "line", "max_bytes", "is_score", "min_bytes", "softmax_bytes", "evidence"]
 

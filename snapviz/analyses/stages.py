@@ -148,15 +148,33 @@ def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFr
 
 
 def label_by_intervals(times: np.ndarray, intervals: pd.DataFrame, default: str = UNLABELLED) -> np.ndarray:
-    """Label each time with the innermost (latest-starting) interval containing it."""
+    """Label each time with the innermost interval of ``intervals`` containing it (``default``
+    where none does): the one labeller for snapshots and traces.
+
+    Innermost = the interval entered last (latest ``start_us``, bounds inclusive); on equal
+    starts, the one that ends first (it lies inside the other); then the later row. For
+    ranges nested as a thread's stack nests them this is the deepest one, without needing a
+    depth column; for ranges that overlap without nesting (two threads) it is the one most
+    recently entered. ``times`` need not be sorted; the result is an object array aligned
+    with them.
+    """
+    times = np.asarray(times)
     labels = np.full(len(times), default, dtype=object)
-    if not len(intervals):
+    if not len(intervals) or not len(times):
         return labels
-    iv = intervals.sort_values("start_us", kind="stable")
-    # Later-starting intervals are applied last so that nested (inner) ranges win.
-    for name, s, e in zip(iv["name"].tolist(), iv["start_us"].to_numpy(), iv["end_us"].to_numpy(), strict=True):
-        lo, hi = np.searchsorted(times, s, "left"), np.searchsorted(times, e, "right")
-        labels[lo:hi] = name
+    starts, ends = intervals["start_us"].to_numpy(), intervals["end_us"].to_numpy()
+    names = intervals["name"].to_numpy()
+    # Painted in order, later paint wins: by start, then longer (outer) first, then row order.
+    order = np.lexsort((np.arange(len(starts)), -ends.astype(np.float64), starts))
+    sorted_already = len(times) < 2 or bool((times[1:] >= times[:-1]).all())
+    order_t = None if sorted_already else np.argsort(times, kind="stable")
+    sorted_t = times if order_t is None else times[order_t]
+    for i in order.tolist():  # one slice assignment per interval; intervals are few
+        lo, hi = np.searchsorted(sorted_t, starts[i], "left"), np.searchsorted(sorted_t, ends[i], "right")
+        if order_t is None:
+            labels[lo:hi] = names[i]
+        else:
+            labels[order_t[lo:hi]] = names[i]
     return labels
 
 

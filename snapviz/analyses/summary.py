@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.advice import advise
 from snapviz.analyses.attention import find_attention
-from snapviz.analyses.categories import categorize_live
+from snapviz.analyses.categories import allocation_table, live_categories
 from snapviz.analyses.end_state import (
     EndState,
     end_state,
@@ -65,7 +65,7 @@ class Analysis:
     top_allocations: pd.DataFrame  # live at the peak, largest first
     attention: pd.DataFrame  # one row per attention score allocation
     attention_summary: dict[str, Any]  # the summary's "attention" object (count, largest, implementation)
-    categories: pd.DataFrame  # live bytes by category at the peak
+    categories: pd.DataFrame  # live bytes by category at the peak (a group-by of ``allocations``)
     device_peaks: pd.DataFrame  # every device: peak allocated / reserved
     sites: SiteNamer  # names an allocation site from its stack
     rules: RuleSet  # the rules every frame-based analysis of this run used
@@ -76,6 +76,14 @@ class Analysis:
     training: TrainingView | None = None  # phases, steps and categories of a training run
     oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
     end_state: EndState | None = None  # the live blocks at the end, named by their frames
+    # one row per recorded allocation, classified once (categories.allocation_table): every
+    # category view is a group-by of its ``category`` column
+    allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def kind(self) -> Literal["snapshot"]:
+        """A replayed snapshot: exact blocks, reserved memory recorded (see pipeline.RunAnalysis)."""
+        return "snapshot"
 
     @property
     def end_state_only(self) -> bool:
@@ -178,6 +186,7 @@ def analyze_run(
     stages = stage_table(intervals, alloc, resv, rep.baseline_allocated, rep.baseline_reserved)
     sites = SiteNamer(snap, tables)
     top = top_live(rep, labels.labels, sites, rep.peak_index)
+    allocs = allocation_table(snap, rep, labels.labels, rules, tables)
 
     attention, att_summary = find_attention(snap, rep, labels.labels, stages, sites, rules, tables, run.run_json)
     if run.trace is not None and len(ev):
@@ -194,11 +203,9 @@ def analyze_run(
         top = end_state_top(es)
         categories = end_state_categories(es)
     else:
-        categories = split_before_recording(
-            categorize_live(snap, rep, labels.labels, rep.peak_index, rules, tables), es
-        )
+        categories = split_before_recording(live_categories(allocs, rep.peak_index, rep.baseline_allocated), es)
 
-    stage_live, stage_top = stage_live_sets(snap, rep, labels.labels, stages, sites, rules, tables)
+    stage_live, stage_top = stage_live_sets(allocs, stages, sites)
     warnings = list(snap.format_notes) + list(rep.warnings)
     if (nothing := empty_snapshot_note(snap)) is not None:
         warnings.insert(0, nothing)
@@ -222,11 +229,11 @@ def analyze_run(
     oom_cats = None
     if len(rows := oom_rows(rep)):
         row, survived = explained_oom(rep, rows)
-        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, row, rules, tables), es)
+        oom_cats = split_before_recording(live_categories(allocs, row, rep.baseline_allocated), es)
         if (note := oom_note(len(rows), survived)) is not None:
             warnings.append(note)
     elif len(ev) and run_json_oom(run.run_json, dev) is not None:
-        oom_cats = split_before_recording(categorize_live(snap, rep, labels.labels, len(ev) - 1, rules, tables), es)
+        oom_cats = split_before_recording(live_categories(allocs, len(ev) - 1, rep.baseline_allocated), es)
     elsewhere = [d for d in oom_devices(snap, run.run_json) if d != dev]
     if elsewhere and not len(rows):
         warnings.append(
@@ -266,9 +273,10 @@ def analyze_run(
         stage_top=stage_top,
         rules=rules,
         tables=tables,
-        training=training_view(snap, rep, labels.labels, stages),
+        training=training_view(allocs, stages, snap),
         oom=oom,
         end_state=es,
+        allocations=allocs,
     )
 
 

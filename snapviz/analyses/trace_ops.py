@@ -15,7 +15,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.stages import CANONICAL, range_labels, stage_group
+from snapviz.analyses.stages import CANONICAL, label_by_intervals, range_labels, stage_group
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
 from snapviz.load.chrome_trace import ChromeTrace
@@ -26,7 +26,6 @@ __all__ = [
     "annotation_stages",
     "stage_peaks",
     "attention_ops",
-    "stage_at",
     "analyze_trace",
     "TraceAnalysis",
     "trace_ts_to_unix_us",
@@ -256,28 +255,6 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     return out[cols]
 
 
-def stage_at(times: np.ndarray, stages: pd.DataFrame, default: str = "") -> np.ndarray:
-    """Name of the innermost stage whose interval contains each time (``default`` if none).
-
-    Innermost = largest ``depth`` (then latest start), so ``denoise/3`` wins over an
-    enclosing ``denoise``. Object array aligned with ``times``.
-    """
-    times = np.asarray(times, dtype=np.float64)
-    labels = np.full(len(times), default, dtype=object)
-    if not len(stages) or not len(times):
-        return labels
-    depth = stages["depth"].to_numpy() if "depth" in stages else np.zeros(len(stages), np.int64)
-    order = np.lexsort((stages["start_us"].to_numpy(), depth))  # paint outer first, inner last
-    order_t = np.argsort(times, kind="stable")
-    sorted_t = times[order_t]
-    names = stages["name"].to_numpy()
-    starts, ends = stages["start_us"].to_numpy(), stages["end_us"].to_numpy()
-    for i in order:  # one slice assignment per stage; stages are few
-        lo, hi = np.searchsorted(sorted_t, starts[i], "left"), np.searchsorted(sorted_t, ends[i], "right")
-        labels[order_t[lo:hi]] = names[i]
-    return labels
-
-
 def stage_peaks(
     trace: ChromeTrace, stages: pd.DataFrame, device_type: int | None = None, device_id: int | None = None
 ) -> pd.DataFrame:
@@ -377,5 +354,9 @@ def attention_ops(trace: ChromeTrace) -> pd.DataFrame:
     """Attention-related ops (:func:`snapviz.analyses.trace_attention.attention_op_table`)
     with ``stage``: the innermost enclosing stage of :func:`annotation_stages` (``""`` if none)."""
     ops = attention_op_table(trace)
-    ops["stage"] = stage_at(ops["start_us"].to_numpy(dtype=np.float64), annotation_stages(trace)) if len(ops) else []
+    ops["stage"] = (
+        label_by_intervals(ops["start_us"].to_numpy(dtype=np.float64), annotation_stages(trace), default="")
+        if len(ops)
+        else []
+    )
     return ops

@@ -8,16 +8,17 @@ directory's stage timeline), attention from op shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.not_recorded import GPU_NOT_RECORDED, gpu_not_recorded_note
+from snapviz.analyses.stages import label_by_intervals
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
-from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_at, stage_peaks
+from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_peaks
 from snapviz.load import Run
 from snapviz.safe_text import short_repr
 from snapviz.units import fmt_bytes
@@ -52,6 +53,11 @@ class TraceRunAnalysis:
             f"{len(self.warnings)} warning(s)",
             "summary() for the full document",
         )
+
+    @property
+    def kind(self) -> Literal["trace"]:
+        """A profiler trace: the allocator's totals per event, no blocks (see pipeline.RunAnalysis)."""
+        return "trace"
 
     @property
     def timeline(self) -> pd.DataFrame:
@@ -140,14 +146,11 @@ def _exact(ta: TraceAnalysis) -> bool:
     return bool(row["exact"].all()) if len(row) else True
 
 
-def _nan_to_none(v: Any) -> Any:
-    if isinstance(v, float) and np.isnan(v):
+def _bytes_or_none(v: Any) -> int | None:
+    """A byte figure of the stage table (float64 where NaN marks "not known") as an int, or None."""
+    if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)):
         return None
-    if isinstance(v, (np.floating,)):
-        return None if np.isnan(v) else float(v)
-    if isinstance(v, np.integer):
-        return int(v)
-    return v
+    return int(v)
 
 
 def _max_known(a: int | None, b: int | None) -> int | None:
@@ -167,7 +170,9 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         a = tl["allocated"].to_numpy()
         pi = int(np.argmax(a))
         t_peak = float(tl["time_us"].iat[pi])
-        peak_stage = str(stage_at(np.array([t_peak]), st, default="unlabelled")[0]) if len(st) else "unlabelled"
+        peak_stage = (
+            str(label_by_intervals(np.array([t_peak]), st, default="unlabelled")[0]) if len(st) else "unlabelled"
+        )
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
         peak = {
             "allocated_bytes": int(a[pi]),
@@ -198,10 +203,10 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     for r in st.itertuples(index=False):
         name = str(r.name)
         g = groups.get(stage_group(name))
-        item = {
+        item: dict[str, Any] = {
             "name": name,
-            "peak_allocated_bytes": _nan_to_none(r.peak_allocated_bytes),
-            "peak_reserved_bytes": _nan_to_none(r.peak_reserved_bytes) if has_reserved else None,
+            "peak_allocated_bytes": _bytes_or_none(r.peak_allocated_bytes),
+            "peak_reserved_bytes": _bytes_or_none(r.peak_reserved_bytes) if has_reserved else None,
             "start_us": int(r.start_us),
             "end_us": int(r.end_us),
         }
@@ -232,7 +237,7 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
     if peak["stage"] == "unlabelled" and len(tl):
         # The peak lies outside every range: the stage table says so rather than omit it.
         t = tl["time_us"].to_numpy()
-        out = stage_at(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
+        out = label_by_intervals(t, st, default="unlabelled") == "unlabelled" if len(st) else np.ones(len(t), bool)
         a = tl["allocated"].to_numpy()
         stages_out.append(
             {
@@ -261,6 +266,14 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
         "kind": "trace",
         "device": device_label(*dev) if dev else None,
         "device_kind": device_kind(dev[0]) if dev else None,
+        "stage_source": "annotations" if len(st) else "none",
+        "peak": peak,
+        "history": {
+            "events": int(len(tl)),
+            "truncated": False,
+            "baseline_allocated_bytes": None if cpu else baseline,
+            "baseline_exact": exact and not cpu,
+        },
         "devices": [
             {
                 "device": device_label(t, i),
@@ -274,20 +287,14 @@ def trace_summary_dict(an: TraceRunAnalysis) -> dict[str, Any]:
                 strict=True,
             )
         ],
-        "stage_source": "annotations" if len(st) else "none",
-        "peak": peak,
-        "history": {
-            "events": int(len(tl)),
-            "truncated": False,
-            "baseline_allocated_bytes": None if cpu else baseline,
-            "baseline_exact": exact and not cpu,
-        },
         "stages": stages_out,
         "attention": att,
         "top_allocations": [
             {
                 "bytes": int(t.bytes),
-                "stage": str(stage_at(np.array([t.time_us]), st, default="unlabelled")[0]) if len(st) else "unlabelled",
+                "stage": str(label_by_intervals(np.array([t.time_us]), st, default="unlabelled")[0])
+                if len(st)
+                else "unlabelled",
                 "site": t.site,
                 "address": int(t.addr),
                 "time_us": int(t.time_us),

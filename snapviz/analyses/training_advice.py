@@ -1,8 +1,8 @@
 """Advice for training runs, each with the saving estimated from this run's own categories.
 
 Every phase interval's peak (``forward/<i>``, ``backward/<i>``, ``optimizer/<i>``, ``zero_grad/<i>``)
-is split into the training categories live at that instant (:func:`snapviz.analyses.training.
-phase_categories`). A technique removes (or adds) bytes of some categories in some phases; the run's
+is split into the categories live at that instant (the allocation table's one column,
+:func:`snapviz.analyses.categories.live_by_category`). A technique removes (or adds) bytes of some categories in some phases; the run's
 new peak is the highest phase peak after that, so an estimate knows when the peak moves to another
 phase (8-bit AdamW moves it from the optimizer step to the forward) or does not move at all
 (checkpointing under full fine-tuning, whose peak is the optimizer step). What each technique does
@@ -29,21 +29,19 @@ from typing import Any
 
 import pandas as pd
 
-from snapviz.analyses.training import TRAINING_CATEGORIES, live_by_category
+from snapviz.analyses.categories import live_by_category
+from snapviz.category_vocab import ACTIVATION, AUTOCAST_COPIES, GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY
 from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING, stage_group
+from snapviz.vocab import stage_group
 
 TRAIN_PHASES = ("forward", "backward", "optimizer", "zero_grad")
-# what a phase peak is split into: the recorded allocations' categories and, beneath them, the
-# memory allocated before the recording started
-PEAK_CATEGORIES = (BEFORE_RECORDING, *TRAINING_CATEGORIES)
-PARAMS, GRADS, STATE = "parameters", "gradients", "optimizer state"
-SAVED, CASTS, TEMPS = "saved activations", "autocast weight copies", "temporaries"
+PARAMS, GRADS, STATE = PARAMETER, GRADIENT, OPTIMIZER_STATE
+SAVED, CASTS, TEMPS = ACTIVATION, AUTOCAST_COPIES, TEMPORARY
 
 
 @dataclass(frozen=True)
 class PhasePeak:
-    """One phase interval's peak and the training categories live at it (allocator blocks)."""
+    """One phase interval's peak and the categories live at it (allocator blocks)."""
 
     name: str
     group: str
@@ -54,23 +52,15 @@ class PhasePeak:
         return self.cats.get(category, 0)
 
 
-def _at_peak(allocs: pd.DataFrame, row: int, peak: int) -> dict[str, int]:
-    """The categories live at ``row``, with the memory from before the recording (what no
-    recorded allocation explains) as ``before recording``: they add up to ``peak``."""
-    live = live_by_category(allocs, row, "block_size")
-    return {BEFORE_RECORDING: max(peak - sum(live.values()), 0), **live}
-
-
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
     """Training phase intervals of ``stages`` (in order) with the categories live at each one's
-    peak (``allocs`` as :func:`snapviz.analyses.training.classify_allocations` returns it), the
-    memory from before the recording included (:data:`PEAK_CATEGORIES`)."""
+    peak (``allocs``: the allocation table, :func:`snapviz.analyses.categories.allocation_table`)."""
     return [
         PhasePeak(
             str(st.name),
             str(st.group),
             int(st.peak_allocated_bytes),
-            _at_peak(allocs, int(st.peak_row), int(st.peak_allocated_bytes)),
+            live_by_category(allocs, int(st.peak_row)),
         )
         for st in stages.itertuples(index=False)
         if st.group in TRAIN_PHASES
@@ -156,9 +146,9 @@ _LORA = {
     "diffusers": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
     "with the base frozen in fp16/bf16",
     "transformers": "peft: model = get_peft_model(model, LoraConfig(r=16, target_modules=...))  with the base "
-    "frozen in fp16/bf16",
+    "frozen in fp16/bf16 (fine-tuning only: the base weights do not train)",
     "torch": "low-rank adapters (peft's LoraConfig, or your own) on the large linear layers, the base weights "
-    "frozen (requires_grad_(False)) in fp16/bf16",
+    "frozen (requires_grad_(False)) in fp16/bf16 (fine-tuning only: the base weights do not train)",
 }
 _HOW = {
     "adamw8bit": "bitsandbytes.optim.AdamW8bit(params, lr=...)  (or transformers' Adafactor: no first moment, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,8 +23,10 @@ from snapviz.cli.options import (
 from snapviz.cli.share import analyze_share_options, picture_for_markdown, share_outputs
 from snapviz.load import SNAPSHOT_NAMES, TRACE_NAMES
 from snapviz.progress import Steps, reading
-from snapviz.safe_text import bounded_doc
 from snapviz.vocab import SUMMARY_SCHEMA
+
+if TYPE_CHECKING:
+    from snapviz.analyses.document import Summary
 
 
 def _input_files(path: str) -> list[str]:
@@ -69,8 +71,9 @@ def analyze(
     from snapviz.load import load, paused_gc
 
     with paused_gc():  # pandas and the analyses: objects that live as long as the process (see paused_gc)
+        from snapviz.analyses.document import bounded_summary, to_json
         from snapviz.analyses.frame_rules import load_rules
-        from snapviz.analyses.summary import analyze_run, summary_dict
+        from snapviz.analyses.pipeline import analyze_input, document_of
 
     rules = load_rules(rules_path)  # resolved (and validated) once, before any work
     with reading(_input_files(input), "snapviz: loading", enabled=not quiet) as bar:
@@ -78,27 +81,17 @@ def analyze(
     steps = Steps(show=bar is not None)  # the status line follows the bar of a big input
     steps.step("replaying the allocator and attributing stages")
     html_builder: Callable[[], str] | None = None
-    if run.snapshot is None:
-        from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
+    an = analyze_input(run, device=device, stage_source=stage_source, rules=rules)
+    document = document_of(an)  # the typed snapviz.summary/1 document, built once
+    doc = to_json(document)  # its plain form, for the HTML and picture renderers
+    if html_out:
+        from snapviz.render.html import render_analysis_html
 
-        tan = analyze_trace_run(run, device=device)
-        doc = trace_summary_dict(tan)
-        if html_out:
-            from snapviz.render.html import render_trace_html
-
-            html_builder = lambda: render_trace_html(tan, doc, max_points=max_points)  # noqa: E731
-        extra = share_outputs(None, doc, tan)
-    else:
-        an = analyze_run(run, device=device, stage_source=stage_source, rules=rules)
-        doc = summary_dict(an)
-        if html_out:
-            from snapviz.render.html import render_html
-
-            html_builder = lambda: render_html(an, doc, max_points=max_points)  # noqa: E731
-        extra = share_outputs(an, doc)
+        html_builder = lambda: render_analysis_html(an, doc, max_points=max_points)  # noqa: E731
+    extra = share_outputs(an, doc)
     steps.step("writing reports")
     # Every renderer gets the bounded document (strings clipped, non-finite numbers null, with warnings).
-    bounded = bounded_doc(doc)
+    bounded = bounded_summary(document)
     rendered = _render(bounded, html_out, html_builder, md_out, json_out, extra)
     steps.done()
     from snapviz.render.terminal import render_terminal
@@ -107,7 +100,7 @@ def analyze(
 
 
 def _render(
-    doc: dict[str, Any],
+    doc: Summary,
     html_out: str | None,
     html_builder: Callable[[], str] | None,
     md_out: str | None,
@@ -115,12 +108,12 @@ def _render(
     extra: list[tuple[str, bytes]],
 ) -> list[tuple[str, str | bytes]]:
     """Every output rendered before anything is written: a failure leaves no partial outputs."""
-    from snapviz.render.json_summary import render_json
+    from snapviz.render.json_summary import render_summary_json
     from snapviz.render.markdown import render_markdown
 
     out: list[tuple[str, str | bytes]] = list(extra)
     if json_out:
-        out.append((json_out, render_json(doc)))
+        out.append((json_out, render_summary_json(doc)))
     if md_out:
         out.append((md_out, render_markdown(doc, picture=picture_for_markdown(md_out))))
     if html_out and html_builder is not None:

@@ -9,7 +9,7 @@ import click
 
 from snapviz.cli import outputs
 from snapviz.cli.errors import Command
-from snapviz.cli.inputs import summarize_input
+from snapviz.cli.inputs import document_input
 from snapviz.cli.options import CONTEXT_SETTINGS, epilog, quiet_option, stages_from_option
 from snapviz.errors import CheckFailed, InputError
 from snapviz.render.output import say
@@ -80,14 +80,17 @@ def check(
     Prints one line per limit (PASS peak allocated 11.02 GiB <= 12.00 GiB, FAIL stage
     vae_decode 8.41 GiB > 8.00 GiB (+5.1%)). Sizes: GiB/MiB are binary, GB/MB decimal.
     A stage that the run does not have is an error (exit 2) that lists the stages it has.
+    INPUT (and --baseline) may also be an earlier `snapviz analyze --json` file, read back
+    and checked against the snapviz.summary/1 types (docs/summary.schema.json).
 
     \b
     Examples:
       snapviz check runs/sdxl-fp16/ --max-peak 12GiB --max-stage-peak vae_decode=8GiB
       snapviz check pr.pickle --baseline main.pickle --max-increase 5% --junit-xml memory.xml
       snapviz check pr/ --baseline history.json --baseline-pick best --max-increase 2%
+      snapviz check pr.pickle --baseline main-summary.json --max-increase 5%
     """
-    from snapviz.analyses.gate import evaluate_gates, parse_stage_limit
+    from snapviz.analyses.gate import evaluate_gates, history_notes, parse_stage_limit
     from snapviz.units import parse_percent, parse_size
 
     # Every option is validated before the (slow) analysis: bad options fail fast, exit 2.
@@ -107,19 +110,24 @@ def check(
         )
     outputs.check({"junit_out": junit_out}, [input, baseline])
 
-    doc, _ = summarize_input(input, stage_source=stage_source)
-    base_doc = _history_baseline(baseline, baseline_pick) if baseline else None
-    if baseline and base_doc is None:
-        base_doc = summarize_input(baseline, stage_source=stage_source)[0]
+    doc = document_input(input, stage_source=stage_source)
+    base_peak: int | None = None
+    if baseline:
+        from_history = _history_baseline(baseline, baseline_pick)
+        base_peak = (
+            int(from_history["peak"]["allocated_bytes"])
+            if from_history is not None
+            else document_input(baseline, stage_source=stage_source).peak.allocated_bytes
+        )
     results = evaluate_gates(
         doc,
         max_peak=peak_limit,
         max_reserved=reserved_limit,
         stage_limits=per_stage,
-        baseline=base_doc,
+        baseline_peak=base_peak,
         max_increase_pct=increase,
     )
-    notes = [w for w in doc.get("warnings") or [] if "history" in w or "wrapped" in w]
+    notes = history_notes(doc)
     if cards:
         from snapviz.analyses.gate import fits_gates
         from snapviz.analyses.whatif import what_if, whatif_dict

@@ -11,7 +11,7 @@ from snapviz.load import labels as load_labels
 
 if TYPE_CHECKING:  # the analyses (pandas) load when a verb runs, not for --help
     from snapviz.analyses.digest import RunDigest
-    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.document import Summary
     from snapviz.api import RunAnalysis
 
 
@@ -29,25 +29,55 @@ def _analyze_input(path: str, label: str | None, stage_source: str) -> RunAnalys
     return analyze(load(path, label), stages_from=stage_source)
 
 
-def summarize_input(
-    path: str, label: str | None = None, stage_source: str = "auto"
-) -> tuple[dict[str, Any], Analysis | None]:
-    """Load one input: the ``snapviz.summary/1`` dict and the Analysis (None for trace-only runs)."""
-    from snapviz.analyses.summary import Analysis
+SUMMARY_JSON_MAX_BYTES = 256 << 20
 
-    an = _analyze_input(path, label, stage_source)
-    return an.summary(), (an if isinstance(an, Analysis) else None)
+
+def read_summary_json(path: str) -> Summary | None:
+    """A ``snapviz.summary/1`` document written by ``analyze --json`` (this version or an
+    older one), read back and checked field by field against the types; None when ``path``
+    is not such a file (then it is a run, loaded as usual). A file that says it is one but is
+    malformed is an :class:`InputError` naming the field (exit 2)."""
+    import json
+    import os
+
+    from snapviz.analyses.document import load_summary
+    from snapviz.vocab import SUMMARY_SCHEMA
+
+    if not (os.path.isfile(path) and path.lower().endswith(".json")):
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+            # analyze --json writes the schema first; anything else (a trace) is left to the loader
+            if SUMMARY_SCHEMA.encode() not in head:
+                return None
+            if os.path.getsize(path) > SUMMARY_JSON_MAX_BYTES:
+                raise InputError(f"{path}: a {SUMMARY_SCHEMA} document over {SUMMARY_JSON_MAX_BYTES >> 20} MiB")
+            f.seek(0)
+            obj = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not readable as a {SUMMARY_SCHEMA} document ({type(e).__name__})") from None
+    return load_summary(obj, path)
+
+
+def document_input(path: str, label: str | None = None, stage_source: str = "auto") -> Summary:
+    """The typed summary of one input: a summary JSON read back, or a run analysed."""
+    from snapviz.analyses.pipeline import document_of
+
+    doc = read_summary_json(path)
+    return doc if doc is not None else document_of(_analyze_input(path, label, stage_source))
 
 
 def digest_input(path: str, label: str, stage_source: str = "auto", points_per_label: int = 200) -> RunDigest:
     """One input reduced to a :class:`~snapviz.analyses.digest.RunDigest` (the analysis is dropped)."""
-    from snapviz.analyses.digest import digest_run, digest_trace
-    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.pipeline import digest_of
 
-    an = _analyze_input(path, label, stage_source)
-    if isinstance(an, Analysis):
-        return digest_run(an, label, points_per_label=points_per_label)
-    return digest_trace(an, label, points_per_label=points_per_label)
+    if (doc := read_summary_json(path)) is not None:  # an earlier analyze --json: stages and peaks
+        from snapviz.analyses.digest import digest_summary
+        from snapviz.analyses.document import to_json
+
+        return digest_summary(to_json(doc), label)
+    return digest_of(_analyze_input(path, label, stage_source), label, points_per_label=points_per_label)
 
 
 def digest_inputs(

@@ -161,26 +161,26 @@ def picture_for_markdown(md_out: str | None) -> str | None:
     return rel.replace(os.sep, "/")
 
 
-def share_outputs(an: Any, doc: dict[str, Any], trace_an: Any = None) -> list[tuple[str, bytes]]:
+def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
     """Rendered Perfetto/PNG/SVG files for one analysis (nothing written yet).
 
-    ``an`` is None for a trace-only run (``trace_an`` its analysis): its pictures are drawn from
-    the trace's memory events; it has no replayed allocator to export to Perfetto (refused before
-    any work, :func:`analyze_share_options`).
+    A trace-only run (``an.kind == "trace"``) has its pictures drawn from the trace's memory
+    events; it has no replayed allocator to export to Perfetto (refused before any work,
+    :func:`analyze_share_options`).
     """
     opts = _opts()
     wanted = [opts.get(k) for k in ("perfetto_out", "png_out", "svg_out")]
     if not any(wanted):
         return []
     out: list[tuple[str, bytes]] = []
-    if an is None:
+    if an.kind == "trace":
         if opts.get("perfetto_out"):
             raise InputError("--perfetto needs a memory snapshot; this input is a trace only (it is viewable as it is)")
         from snapviz.render.picture import render_trace_picture
 
         for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
             if opts.get(key):
-                out.append((opts[key], render_trace_picture(trace_an, doc, fmt)))
+                out.append((opts[key], render_trace_picture(an, doc, fmt)))
         return out
     if opts.get("perfetto_out"):
         from snapviz.render.perfetto import render_perfetto

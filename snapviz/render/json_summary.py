@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.document import Summary, to_json
 from snapviz.safe_text import bounded_doc, clip
 
 
@@ -23,6 +24,11 @@ def _plain(o: Any) -> Any:
     if isinstance(o, (set, tuple)):
         return list(o)
     return clip(str(o))
+
+
+def render_summary_json(doc: Summary) -> str:
+    """The ``--json`` output of ``analyze``: the typed document, encoded (:func:`render_json`)."""
+    return render_json(to_json(doc))
 
 
 def render_json(doc: dict[str, Any], whole: tuple[str, ...] = ()) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from snapviz.analyses.document import Summary, to_json
 from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_bound, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
@@ -123,7 +124,7 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
 
 
 def _training_table(doc: dict[str, Any]) -> list[str]:
-    """Training runs: per optimizer step, its peak and the training categories live at it."""
+    """Training runs: per optimizer step, its peak and the categories live at it (before recording included)."""
     steps = (doc.get("training") or {}).get("steps") or []
     if not steps:
         return []
@@ -160,12 +161,12 @@ def _oom_section(oom: dict[str, Any] | None) -> list[str]:
     return out + [""]
 
 
-def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | None = None) -> str:
-    """Render a ``snapviz.summary/1`` dict. Every string from the input goes through
+def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None = None) -> str:
+    """Render a ``snapviz.summary/1`` document. Every string from the input goes through
     :func:`md_text` or :func:`md_code` (docs/security.md, "Escaping"). ``picture``: the path of
     a timeline picture written beside it (``--png``/``--svg``), relative to the Markdown file;
     it is shown under the title (upload both to the ticket)."""
-    doc = bounded_doc(doc)
+    doc: dict[str, Any] = bounded_doc(to_json(summary))  # the body still reads the JSON form
     p, h = doc["peak"], doc["history"]
     run = doc.get("run") or {}
     title = " ".join(
@@ -272,7 +273,7 @@ def render_markdown(doc: dict[str, Any], max_lines: int = 60, picture: str | Non
     if cats:
         tail.append(
             f"By category {at_moment}: "
-            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:7])
+            + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats if c["bytes"])
         )
         tail.append("")
     settings = doc.get("allocator_settings") or {}

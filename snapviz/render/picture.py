@@ -125,13 +125,13 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     """Series, stage spans and peak of one analysis, on the stage axis (:func:`stage_axis`)."""
     from snapviz.analyses.categories import category_timeline
     from snapviz.analyses.oom import oom_short
-    from snapviz.analyses.report_view import order_categories
+    from snapviz.category_vocab import order_categories
     from snapviz.render.html.palette import category_palette, stage_palette
 
     rep = an.replay
     ev = rep.events
     n = len(ev)
-    ct = category_timeline(an.snapshot, rep, an.labels.labels, max_points=max_points, rules=an.rules, tables=an.tables)
+    ct = category_timeline(rep, an.labels.labels, an.allocations, max_points)  # the allocation table's group-by
     rows = ct["row"].to_numpy(np.int64) if len(ct) else np.empty(0, np.int64)
     cat_cols = [c for c in ct.columns if c not in ("row", "time_us", "stage", "allocated")]
     cats = [c for c in order_categories(cat_cols) if len(ct) and ct[c].to_numpy().any()]

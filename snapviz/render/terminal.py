@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from snapviz.analyses.document import Summary, to_json
 from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import bounded_doc, clip, printable
 
 
-def render_terminal(doc: dict[str, Any]) -> str:
+def render_terminal(summary: Summary) -> str:
     """Strings from the input are clipped (:func:`bounded_doc`) and every line has its control
     characters escaped: nothing in a snapshot can move the cursor, retitle the window or add
     a line."""
-    doc = bounded_doc(doc)
+    doc: dict[str, Any] = bounded_doc(to_json(summary))  # the body still reads the JSON form
     p, h = doc["peak"], doc["history"]
     oom = doc.get("oom")
     # OOM first: the failed request is the headline, the peak before it comes after.
@@ -66,13 +67,11 @@ def render_terminal(doc: dict[str, Any]) -> str:
         lines.append(
             "  stages: " + "  ".join(f"{s['name']} {fmt_bytes(s['peak_allocated_bytes'])}" for s in stages[:8])
         )
-    steps = (doc.get("training") or {}).get("steps") or []
-    if steps:
-        worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
-        parts = sorted(worst["categories_at_peak"].items(), key=lambda kv: -kv[1])
+    cats = [c for c in doc.get("categories") or [] if c["bytes"]]
+    if cats:  # the same list as the JSON's and the Markdown's (they add up to the peak)
         lines.append(
-            f"  training peak in {worst['peak_phase']}: "
-            + clip(", ".join(f"{c} {fmt_bytes(b)}" for c, b in parts if b), 400)
+            f"  by category {'at the end state' if es.get('only') else 'at the peak'}: "
+            + clip(", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats), 600)
         )
     top = doc.get("top_allocations") or []
     if top:

@@ -79,9 +79,9 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 
 def test_evaluate_gates_on_a_summary(runs: dict[str, Any]) -> None:
-    from snapviz.cli.inputs import summarize_input
+    from snapviz.cli.inputs import document_input
 
-    doc, _ = summarize_input(runs["run"])
+    doc = document_input(runs["run"])
     t = runs["run_truth"]
     res = evaluate_gates(doc, max_peak=t["peak"], stage_limits=[("vae_decode", t["vae_decode"] - 1), ("denoise/1", 2 * GiB)])
     assert [(r.name, r.passed, r.actual) for r in res] == [
@@ -163,3 +163,44 @@ def test_console_script_exit_codes(runs: dict[str, Any]) -> None:
     assert (ok.returncode, bad.returncode, usage.returncode) == (0, 1, 2)
     assert "FAIL peak allocated 1.68 GiB > 1.00 GiB (+68.4%)" in bad.stdout
     assert usage.stderr.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- a summary JSON as input
+
+def test_check_and_compare_read_back_a_summary_json(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """An earlier ``analyze --json`` is an input of ``check`` (and ``--baseline``) and ``compare``:
+    read back through the typed document, with the verdict the run itself gets."""
+    d = runs["dir"]
+    js = d / "run.summary.json"
+    assert _cli(["analyze", runs["run"], "--json", str(js), "--quiet"], capsys)[0] == 0
+    t = runs["run_truth"]
+    limit = str(t["vae_decode"] - 1)
+    on_run = _cli(["check", runs["run"], "--max-stage-peak", f"vae_decode={limit}"], capsys)
+    on_json = _cli(["check", str(js), "--max-stage-peak", f"vae_decode={limit}"], capsys)
+    assert on_run[0] == on_json[0] == 1
+    assert on_run[1].replace(runs["run"], "X") == on_json[1].replace(str(js), "X")
+    code, out, _ = _cli(["check", runs["bigger"], "--baseline", str(js), "--max-increase", "1%"], capsys)
+    assert code == 1 and "FAIL peak allocated vs baseline" in out and "baseline " in out
+    code, out, err = _cli(["compare", str(js), runs["bigger"]], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda doc: doc["peak"].pop("allocated_bytes"), "peak: missing field 'allocated_bytes'"),
+    (lambda doc: doc["peak"].update(allocated_bytes="3 GiB"), "peak.allocated_bytes: expected an integer, got a string"),
+    (lambda doc: doc["stages"][0].update(surprise=1), "stages[0]: unknown field 'surprise'"),
+    (lambda doc: doc.update(warnings="none"), "warnings: expected a list, got a string"),
+])
+def test_check_refuses_a_malformed_summary_json(runs: dict[str, Any], capsys: pytest.CaptureFixture[str],
+                                                 edit: Any, field: str) -> None:
+    import json
+
+    js = runs["dir"] / "bad.summary.json"
+    assert _cli(["analyze", runs["run"], "--json", str(js), "--quiet"], capsys)[0] == 0
+    doc = json.loads(js.read_text())
+    edit(doc)
+    js.write_text(json.dumps(doc, indent=2))
+    code, out, err = _cli(["check", str(js), "--max-peak", "1GiB"], capsys)
+    assert code == 2 and not out
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "malformed snapviz.summary/1 document" in err and field in err, err

@@ -11,6 +11,7 @@ import pathlib
 
 import pytest
 
+from snapviz.analyses.document import from_json
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import load
 from paths import ROOT
@@ -110,7 +111,7 @@ def test_no_placeholders_in_reports(sample: tuple) -> None:
 
     path, _, docs = sample
     for _, doc in docs:
-        for text in (render_terminal(doc), render_markdown(doc)):
+        for text in (render_terminal(from_json(doc)), render_markdown(from_json(doc))):
             assert not placeholder_lines(text), (path.name, placeholder_lines(text)[:3])
         assert not placeholder_strings(doc), (path.name, placeholder_strings(doc)[:5])
 
@@ -129,9 +130,9 @@ def test_allocator_truth_is_the_shown_devices(sample: tuple) -> None:
             "max_memory_allocated": truth["max_memory_allocated"],
             "max_memory_reserved": truth["max_memory_reserved"],
         }, (path.name, device)
-        term = render_terminal(doc)
+        term = render_terminal(from_json(doc))
         assert "(exact match)" in term and "replay differs" not in term, (path.name, device)
-        assert f"| {truth['max_memory_allocated']:,} |" in render_markdown(doc)
+        assert f"| {truth['max_memory_allocated']:,} |" in render_markdown(from_json(doc))
         badge = allocator_truth(doc)
         assert badge is not None and badge.status == "match", (path.name, device, badge)
         if len(docs) > 1:   # the device was chosen: the warning says so, not "highest peak"

@@ -132,6 +132,6 @@ def test_reports_carry_the_training_view() -> None:
     assert sum(worst["categories_at_peak"].values()) == worst["peak_allocated_bytes"]
     data = report_data(an, doc, report_view(an, 20000))
     ct = data.category_timeline
-    assert {"parameters", "gradients", "optimizer state", "saved activations"} <= set(ct.categories)
+    assert {"parameter", "gradient", "optimizer state", "activation"} <= set(ct.categories)
     assert np.allclose(np.sum([ct.bytes[c] for c in ct.categories], axis=0), ct.allocated)
     assert {"forward", "backward", "optimizer", "zero_grad"} <= set(data.bands.group)

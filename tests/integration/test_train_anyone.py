@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from snapviz.analyses.categories import live_by_category
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
-from snapviz.analyses.training import live_by_category
+from snapviz.category_vocab import BEFORE_RECORDING, DDP_BUCKETS, GRADIENT, OPTIMIZER_STATE
 from snapviz.load import load
 from paths import EXTERNAL, SAMPLES
 
@@ -85,20 +86,19 @@ def test_gradients_and_optimizer_state_at_the_optimizer_step(case: tuple) -> Non
     state = the bytes of its tensors (AdamW's two fp32 moments, SGD's momentum; ±2%)."""
     name, rj, an, _, _ = case
     train = rj["train"]
-    allocs = an.training.allocs
     last_opt = an.stages[an.stages["group"] == "optimizer"].iloc[-1]
-    live = live_by_category(allocs, int(last_opt["end_row"]) - 1)
-    assert live["gradients"] == pytest.approx(train["params"]["trainable_bytes"], rel=0.01), name
-    assert live["gradients"] == pytest.approx(train["gradient_bytes"], rel=0.01), name
+    live = live_by_category(an.allocations, int(last_opt["end_row"]) - 1, "size")  # tensor bytes
+    assert live[GRADIENT] == pytest.approx(train["params"]["trainable_bytes"], rel=0.01), name
+    assert live[GRADIENT] == pytest.approx(train["gradient_bytes"], rel=0.01), name
     state = sum(train["optimizer_state_bytes"].values())
     if train["optimizer"] == "adamw":
         assert state == 2 * train["params"]["trainable_bytes"]  # the sidecar agrees with AdamW
-    assert live["optimizer state"] == pytest.approx(state, rel=0.02), name
+    assert live[OPTIMIZER_STATE] == pytest.approx(state, rel=0.02), name
     if "ddp_bucket_cap_mb" in train:
         # DDP's reducer keeps a flat bucket copy of every gradient (gradient_as_bucket_view=False)
-        assert live["DDP gradient buckets"] == pytest.approx(train["params"]["trainable_bytes"], rel=0.01)
+        assert live[DDP_BUCKETS] == pytest.approx(train["params"]["trainable_bytes"], rel=0.01)
     else:
-        assert live["DDP gradient buckets"] == 0
+        assert live.get(DDP_BUCKETS, 0) == 0
 
 
 def test_categories_at_each_phase_peak_add_up_to_it(case: tuple) -> None:
@@ -147,7 +147,7 @@ def test_llm_step_categories_add_up_to_the_peak_memory_from_before_included(cs33
     cats = step["categories_at_peak"]
     assert step["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"]
     assert sum(cats.values()) == step["peak_allocated_bytes"]
-    assert cats["before recording"] == cs336.replay.baseline_allocated > 0
+    assert cats[BEFORE_RECORDING] == cs336.replay.baseline_allocated > 0
 
 
 def test_llm_step_gradients_found_though_parameters_predate_the_recording(cs336: Analysis) -> None:
@@ -155,9 +155,9 @@ def test_llm_step_gradients_found_though_parameters_predate_the_recording(cs336:
     the gradients (born in backward on autograd's thread, kept) are matched to the sizes of
     AdamW's moments, and are half of its state (one gradient, two moments per parameter)."""
     opt = cs336.stages[cs336.stages["group"] == "optimizer"].iloc[-1]
-    live = live_by_category(cs336.training.allocs, int(opt["end_row"]) - 1)
-    assert live["optimizer state"] > 0
-    assert live["gradients"] == pytest.approx(live["optimizer state"] / 2, rel=0.02)
+    live = live_by_category(cs336.allocations, int(opt["end_row"]) - 1, "size")
+    assert live[OPTIMIZER_STATE] > 0
+    assert live[GRADIENT] == pytest.approx(live[OPTIMIZER_STATE] / 2, rel=0.02)
 
 
 def test_llm_step_gets_no_unet_advice(cs336: Analysis) -> None:

@@ -17,13 +17,25 @@ import pytest
 
 from synth import MiB, Sim
 from test_frame_rules import SP, diffusion_run, frames_labels, load_dict
-from snapviz.analyses.categories import (BEFORE_RECORDING, CATEGORIES, categorize_allocs, categorize_live,
-                                         category_names, category_timeline, sample_rows)
+from snapviz.analyses.categories import (BEFORE_RECORDING, CATEGORIES, allocation_table, category_names,
+                                         category_timeline, live_categories, sample_rows)
 from snapviz.analyses.frame_labels import label_from_frames
-from snapviz.analyses.frame_rules import load_rules
-from snapviz.analyses.replay import live_at, replay_allocator
+from snapviz.analyses.frame_rules import RuleSet, load_rules
+from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
-from snapviz.model import A_ALLOC
+from snapviz.category_vocab import canonical_category
+from snapviz.model import A_ALLOC, Snapshot
+
+
+def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
+                      rules: RuleSet | None = None) -> np.ndarray:
+    """The allocation table's category at each of ``rows`` (alloc event rows)."""
+    t = allocation_table(snap, rep, labels, rules)
+    return t.set_index("row")["category"].astype(object).reindex(rows).to_numpy()
+
+
+def categorize_live(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, row: int) -> Any:
+    return live_categories(allocation_table(snap, rep, labels), row, rep.baseline_allocated)
 
 
 def truth_and_rows(pr: Any, rep: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +45,8 @@ def truth_and_rows(pr: Any, rep: Any) -> tuple[np.ndarray, np.ndarray]:
     by_idx = dict(pr.alloc_categories)
     idx = ev["idx"].to_numpy()[rows]
     assert set(by_idx) == set(idx.tolist())
-    return rows, np.array([by_idx[i] for i in idx], dtype=object)
+    # the builders tag with the names snapviz used before the one vocabulary: said as it says them now
+    return rows, np.array([canonical_category(by_idx[i]) for i in idx], dtype=object)
 
 
 @pytest.mark.parametrize("case", [
@@ -68,14 +81,14 @@ def test_categorize_live_adds_up_to_the_peak() -> None:
         if r in live:
             want[c] = want.get(c, 0) + int(rep.events["block_size"].iat[r])
     assert dict(zip(df["category"], df["bytes"].astype(int))) == want
-    assert df["category"].iat[0] in ("attention scores", "weights")
+    assert df["category"].iat[0] in ("attention scores", "parameter")
 
 
 def test_category_timeline_is_a_stacked_area_of_the_live_bytes() -> None:
     pr = diffusion_run("sd15", steps=3)
     snap, rep, labels = frames_labels(pr)
     ev = rep.events
-    tl = category_timeline(snap, rep, labels, max_points=10 ** 9)
+    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels), max_points=10 ** 9)
     assert list(tl.columns) == ["row", "time_us", "stage", "allocated", *CATEGORIES, BEFORE_RECORDING]
     assert len(tl) == len(ev)
     cats = list(CATEGORIES) + [BEFORE_RECORDING]
@@ -100,7 +113,7 @@ def test_category_timeline_is_a_stacked_area_of_the_live_bytes() -> None:
 def test_category_timeline_decimates_and_keeps_the_peak() -> None:
     pr = diffusion_run("sd15", steps=6)
     snap, rep, labels = frames_labels(pr)
-    tl = category_timeline(snap, rep, labels, max_points=200)
+    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels), max_points=200)
     assert len(tl) <= 203
     assert rep.peak_index in set(tl["row"].tolist())
     assert int(tl["allocated"].max()) == rep.peak_allocated
@@ -124,10 +137,10 @@ def test_memory_from_before_the_recording() -> None:
     snap = load_dict(sim.snapshot(marker=False))
     rep = replay_allocator(snap, 0)
     labels = label_from_frames(snap, rep.events)
-    tl = category_timeline(snap, rep, labels)
+    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels))
     assert (tl[BEFORE_RECORDING] == 3 * 64 * MiB).all()
     live = categorize_live(snap, rep, labels, rep.peak_index)
-    assert dict(zip(live["category"], live["bytes"])) == {BEFORE_RECORDING: 3 * 64 * MiB, "activations": 8 * MiB}
+    assert dict(zip(live["category"], live["bytes"])) == {BEFORE_RECORDING: 3 * 64 * MiB, "activation": 8 * MiB}
     assert len(w) == 3
 
 
@@ -151,16 +164,17 @@ def training_snapshot(evidence: bool) -> tuple[dict[str, Any], dict[int, str]]:
         want[len(tr) - 1] = cat
         return h
 
-    w = a(32 * MiB, build, "weights")
+    w = a(32 * MiB, build, "parameter")
     for _ in range(2):
-        acts = [a(4 * MiB, fwd, "activations") for _ in range(3)]
+        acts = [a(4 * MiB, fwd, "activation") for _ in range(3)]
         if evidence:
-            a(512, bwd, "gradients & optimizer")
-        grads = [a(2 * MiB, None, "gradients & optimizer") for _ in range(3)]  # engine thread
+            a(512, bwd, "autograd detail")  # inside backward(), on the main thread
+        # the engine thread's: gradients or backward temporaries; no phases to tell them apart by
+        grads = [a(2 * MiB, None, "autograd detail") for _ in range(3)]
         for h in acts:
             sim.free(h, frames=[])  # freed by the engine thread during backward
         if evidence:
-            st = [a(2 * MiB, opt, "gradients & optimizer") for _ in range(2)]
+            st = [a(2 * MiB, opt, "optimizer state") for _ in range(2)]
             for h in st:
                 sim.free(h, frames=opt)
         for h in grads:
@@ -169,7 +183,10 @@ def training_snapshot(evidence: bool) -> tuple[dict[str, Any], dict[int, str]]:
     return sim.snapshot(marker=False), want
 
 
-def test_training_gradients_and_optimizer() -> None:
+def test_training_frames_without_training_phases() -> None:
+    """Backward and optimizer frames inside a pipeline's stages (no training phases, so no
+    lifetime classification): the engine thread's allocations are autograd's, the optimizer's
+    its state."""
     d, want = training_snapshot(evidence=True)
     snap = load_dict(d)
     rep = replay_allocator(snap, 0)
@@ -190,7 +207,7 @@ def test_frameless_allocations_without_training_are_not_gradients() -> None:
     labels = label_from_frames(snap, rep.events)
     rows = np.flatnonzero((rep.events["action"].to_numpy() == A_ALLOC) & (rep.events["stack_id"].to_numpy() < 0))
     got = categorize_allocs(snap, rep, labels, rows)
-    assert len(rows) and "gradients & optimizer" not in set(got)
+    assert len(rows) and "autograd detail" not in set(got)
 
 
 def test_user_category_rule(tmp_path: Path) -> None:
@@ -213,5 +230,48 @@ def test_user_category_rule(tmp_path: Path) -> None:
     assert "lora adapters" in category_names(rs)
     got = categorize_allocs(snap, rep, labels, np.array([len(rep.events) - 1]), rs)
     assert list(got) == ["lora adapters"]
-    tl = category_timeline(snap, rep, labels, rules=rs)
+    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels, rs))
     assert int(tl["lora adapters"].iat[-1]) == 4 * MiB
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_training_lifetime_in_the_one_column(set_to_none: bool) -> None:
+    """A training run's allocation table: the lifetime classifier's verdicts in the vocabulary's
+    words, what it leaves undecided judged by frames (the autograd thread's never-freed cuBLAS
+    workspace is autograd's), and every phase's categories add up to its peak."""
+    from test_training_categories import _train
+    from snapviz.analyses.categories import is_training_run, live_by_category
+    from snapviz.analyses.stages import stage_intervals, stage_table
+
+    snap, rep, labels = _train(set_to_none, amp=True)
+    assert is_training_run(labels)
+    t = allocation_table(snap, rep, labels)
+    ev = rep.events
+    stages = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
+                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
+    opt = stages[stages["name"] == "optimizer/1"].iloc[0]
+    live = {c: b for c, b in live_by_category(t, int(opt["peak_row"])).items() if b}
+    assert live == {"parameter": 24 * MiB, "gradient": 24 * MiB, "optimizer state": 48 * MiB,
+                    "temporary": 24 * MiB, "autograd detail": 32 * MiB}
+    fwd = stages[stages["name"] == "forward/1"].iloc[0]
+    at_fwd = live_by_category(t, int(fwd["peak_row"]))
+    assert at_fwd["activation"] == 12 * MiB and at_fwd["autocast weight copies"] == 12 * MiB
+    for st in stages.itertuples(index=False):
+        got = live_categories(t, int(st.peak_row), rep.baseline_allocated)
+        assert int(got["bytes"].sum()) == st.peak_allocated_bytes, st.name
+    assert not {"gradients & optimizer", "weights", "parameters", "other"} & set(t["category"].astype(str))
+
+
+def test_the_vocabulary_is_one() -> None:
+    """Every name the training classifier can give maps into the vocabulary (a new one must be
+    added there, with its colour), every category has one colour of its own, and an old name
+    said the new way is a category of the vocabulary."""
+    from snapviz.analyses.training import TRAINING_CATEGORIES
+    from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, FROM_TRAINING, OLD_NAMES
+
+    assert set(TRAINING_CATEGORIES) <= set(FROM_TRAINING)
+    assert {v for v in FROM_TRAINING.values() if v} <= set(CATEGORIES)
+    assert list(CATEGORY_COLORS) == list(CATEGORY_ORDER) and len(set(CATEGORY_COLORS.values())) == len(CATEGORY_ORDER)
+    assert set(OLD_NAMES.values()) <= set(CATEGORY_ORDER)
+    assert {"parameter", "gradient", "optimizer state", "activation", "temporary", "input",
+            "autograd detail"} <= set(CATEGORIES), "PyTorch's memory-profiler categories"

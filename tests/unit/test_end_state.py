@@ -10,6 +10,7 @@ import pytest
 
 import synth
 from sdrun import _analyse
+from snapviz.analyses.document import from_json
 from snapviz.render.html import render_html
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
@@ -35,7 +36,7 @@ def _state_only(snap: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sinks(an: Any, doc: dict[str, Any]) -> dict[str, str]:
-    return {"terminal": render_terminal(doc), "markdown": render_markdown(doc), "html": render_html(an, doc)}
+    return {"terminal": render_terminal(from_json(doc)), "markdown": render_markdown(from_json(doc)), "html": render_html(an, doc)}
 
 
 @pytest.mark.parametrize("layout", ["dict", "history"])
@@ -59,7 +60,7 @@ def test_end_state_only_is_itemised_by_its_frames(layout: str) -> None:
     for sink, text in _sinks(an, doc).items():
         assert END_STATE_ONLY in text, sink
         assert "within the recorded window" not in text and "before the recorded history began" not in text, sink
-    assert render_terminal(doc).splitlines()[1].startswith("  live allocated")
+    assert render_terminal(from_json(doc)).splitlines()[1].startswith("  live allocated")
 
 
 def test_private_pool_is_named() -> None:
@@ -88,7 +89,7 @@ def test_memory_from_before_recording_is_itemised_where_it_kept_frames() -> None
     assert BEFORE_RECORDING not in cats
     assert sum(b for c, b in cats.items() if c.startswith(BEFORE_RECORDING + ": ")) == sizes["load_weights"]
     assert sum(cats.values()) == doc["peak"]["allocated_bytes"]
-    assert "load_weights" in render_terminal(doc) and "load_weights" in render_markdown(doc)
+    assert "load_weights" in render_terminal(from_json(doc)) and "load_weights" in render_markdown(from_json(doc))
 
 
 def test_an_empty_snapshot_says_nothing_was_recorded() -> None:
@@ -98,6 +99,6 @@ def test_an_empty_snapshot_says_nothing_was_recorded() -> None:
     assert doc["peak"]["stage"] is None
     for sink, text in _sinks(an, doc).items():
         assert "nothing was recorded" in text, sink
-    term = render_terminal(doc)
+    term = render_terminal(from_json(doc))
     assert " 0 B" not in term and "peak" not in term.split("\n", 1)[1].split("nothing")[0]
-    assert "0 B" not in render_markdown(doc)
+    assert "0 B" not in render_markdown(from_json(doc))

@@ -25,7 +25,8 @@ from test_attention import analyse
 from test_frame_rules import MODULE, NO_GRAD, group_peaks, load_dict, stack
 
 from snapviz.analyses.attention import FUSED
-from snapviz.analyses.categories import categorize_allocs
+from snapviz.analyses.categories import allocation_table
+from snapviz.category_vocab import canonical_category
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import stage_group
@@ -312,11 +313,15 @@ def test_categories_weights_by_model_rotary_latents(case: dict[str, Any]) -> Non
     labels = label_from_frames(snap, rep.events)
     ev = rep.events
     rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
-    got = dict(zip(rows.tolist(), categorize_allocs(snap, rep, labels, rows).tolist(), strict=True))
-    checked = {"weights: transformer", "weights: T5", "weights: CLIP", "weights: VAE", "rotary embeddings",
+    t = allocation_table(snap, rep, labels)
+    assert t["row"].tolist() == rows.tolist()
+    got = dict(zip(rows.tolist(), t["category"].astype(str).tolist(), strict=True))
+    checked = {"parameter: transformer", "parameter: T5", "parameter: CLIP", "parameter: VAE", "rotary embeddings",
                "latents & embeddings", "attention scores"}
-    wrong = [(i, c, got[i]) for i, c in pr.cats.items() if c in checked and got[i] != c]
+    # the builder tags with the names snapviz used before the one vocabulary
+    truth = {i: canonical_category(c) for i, c in pr.cats.items()}
+    wrong = [(i, c, got[i]) for i, c in truth.items() if c in checked and got[i] != c]
     assert not wrong, wrong[:5]
-    seen = {c for c in pr.cats.values() if c in checked}
-    assert {"weights: transformer", "weights: T5", "weights: CLIP", "weights: VAE", "latents & embeddings"} <= seen
+    seen = {c for c in truth.values() if c in checked}
+    assert {"parameter: transformer", "parameter: T5", "parameter: CLIP", "parameter: VAE", "latents & embeddings"} <= seen
     assert ("rotary embeddings" in seen) == (case["pipe"] == "flux")

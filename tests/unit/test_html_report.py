@@ -17,6 +17,7 @@ import pytest
 
 import synth
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.category_vocab import CATEGORY_ORDER
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
 from snapviz.render.html.palette import stage_palette
@@ -238,7 +239,7 @@ def test_categories_at_the_peak(data: SnapshotReport) -> None:
     c = data.categories
     assert c.bytes.sum() == data.peak.allocated
     assert list(c.bytes) == sorted(c.bytes, reverse=True)
-    assert "attention scores" in c.category and "weights" in c.category
+    assert "attention scores" in c.category and "parameter" in c.category
     assert c.share.sum() == pytest.approx(1.0)
     assert all(col.startswith("#") for col in c.color)
 
@@ -285,10 +286,9 @@ def test_stage_breakdown_by_category(data: SnapshotReport, analysed: tuple[Any, 
     assert all(att[cats[f"denoise/{i}"]] == 512 * MiB for i in range(4)), "each step's peak holds a score matrix"
     assert att[cats["load"]] == att[cats["text_encode"]] == att[cats["vae_decode"]] == 0
     assert b.top_category[cats["vae_decode"]] == "vae buffers"
-    assert {b.top_category[cats[f"denoise/{i}"]] for i in range(4)} == {"activations"}
-    assert b.top_category[cats["load"]] == "weights" and b.top_share[cats["load"]] == 1.0
-    assert b.categories == [c for c in ("weights", "latents & embeddings", "activations", "attention scores",
-                                           "vae buffers") if c in b.categories], "fixed stacking order"
+    assert {b.top_category[cats[f"denoise/{i}"]] for i in range(4)} == {"activation"}
+    assert b.top_category[cats["load"]] == "parameter" and b.top_share[cats["load"]] == 1.0
+    assert b.categories == [c for c in CATEGORY_ORDER if c in b.categories], "the vocabulary's stacking order"
     assert np.array_equal(b.allocator_peak, data.stage_bars.allocator_peak)
 
 
@@ -302,9 +302,9 @@ def test_category_colors_are_the_same_everywhere(data: SnapshotReport) -> None:
     assert all(colors[k] == CATEGORY_COLORS[k] for k in colors if k in CATEGORY_COLORS)
     assert len(set(colors.values())) == len(colors), "no two categories share a color"
     # Categories a user rule adds get their own colors, in order of appearance (like stages).
-    extra = category_palette(["weights", "my cache", "lora"])
-    assert extra == category_palette(["weights", "my cache", "lora", "weights"])
-    assert list(extra) == ["weights", "my cache", "lora"], "canonical categories first, then rule order"
+    extra = category_palette(["parameter", "my cache", "lora"])
+    assert extra == category_palette(["parameter", "my cache", "lora", "parameter"])
+    assert list(extra) == ["parameter", "my cache", "lora"], "canonical categories first, then rule order"
     assert len({extra["my cache"], extra["lora"], *CATEGORY_COLORS.values()}) == len(CATEGORY_COLORS) + 2
 
 
@@ -314,7 +314,7 @@ def test_category_timeline_stacks_to_allocated(data: SnapshotReport, analysed: t
     an, _ = analysed
     ct = data.category_timeline
     ev = an.replay.events
-    ref = category_timeline(an.run.snapshot, an.replay, an.labels.labels, max_points=300, rules=an.rules, tables=an.tables)
+    ref = category_timeline(an.replay, an.labels.labels, an.allocations, max_points=300)
     assert np.array_equal(ct.index, ref["row"].to_numpy()), "category_timeline's own sampling"
     assert ct.total == len(ev) and len(ct.index) < len(ev) and "sampled at" in ct.note
     assert np.array_equal(ct.allocated, ev["allocated"].to_numpy()[ct.index])

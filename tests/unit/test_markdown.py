@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from snapviz.analyses.document import from_json
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.markdown import render_markdown, stage_rows
 
@@ -23,7 +24,7 @@ def fifty() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def md(fifty: dict[str, Any]) -> str:
-    return render_markdown(fifty)
+    return render_markdown(from_json(fifty))
 
 
 def _table(md: str, header_start: str) -> list[list[str]]:
@@ -77,7 +78,7 @@ def test_stage_table_agrees_with_the_doc(md: str, fifty: dict[str, Any]) -> None
         big = max(pk["top_allocations"], key=lambda t: t["bytes"])
         assert r[5] == f"{fmt_bytes(big['bytes'])} `{big['site']}`"
     by = {r[0].strip("`"): r for r in rows}
-    assert by["vae_decode"][4].split(",")[0].startswith(("vae buffers", "weights"))
+    assert by["vae_decode"][4].split(",")[0].startswith(("vae buffers", "parameter"))
     assert "vae buffers" in by["vae_decode"][4]
     assert "get_attention_scores" in by["denoise"][5], "attention is the largest block a step allocates"
 
@@ -89,12 +90,12 @@ def test_stage_rows_group_steps(fifty: dict[str, Any]) -> None:
     assert den["range"][1] == den["peak_allocated_bytes"] and den["range"][0] <= den["range"][1]
     assert den["top"][0][1] + sum(b for _, b, _ in den["top"][1:]) == den["peak_allocated_bytes"]
     assert rows["load"]["steps"] == 0 and rows["load"]["range"] is None
-    assert rows["load"]["top"][0][0] == "weights"
+    assert rows["load"]["top"][0][0] == "parameter"
 
 
 def test_live_table_shrinks_before_anything_is_cut(fifty: dict[str, Any]) -> None:
     doc = dict(fifty, warnings=[f"warning {i}" for i in range(5)])
-    md = render_markdown(doc, max_lines=45)
+    md = render_markdown(from_json(doc), max_lines=45)
     assert len(md.splitlines()) <= 45 and "(truncated)" not in md
     assert "**What would help**" in md and "> ⚠️ warning 4" in md
     assert re.search(r"Live at the peak \(the largest \d+ of 25\)", md)
@@ -104,13 +105,13 @@ def test_trace_ops_and_pipes_in_sites(fifty: dict[str, Any]) -> None:
     doc = dict(fifty)
     doc["top_allocations"] = [dict(t) for t in fifty["top_allocations"]]
     doc["top_allocations"][0].update(op="aten::baddbmm", op_input_dims="[[16, 4096, 40]]", site="a.py:1 f|g")
-    rows = _table(render_markdown(doc), "| size |")
+    rows = _table(render_markdown(from_json(doc)), "| size |")
     assert rows[0][3] == "`aten::baddbmm`" and rows[0][2] == "`a.py:1 f\\|g`" and len(rows[0]) == 4
 
 
 def test_a_doc_without_stage_breakdowns_still_renders(fifty: dict[str, Any]) -> None:
     doc = dict(fifty, stages=[{k: v for k, v in s.items() if k not in ("intervals", "steps")} | {"steps": []}
                               for s in fifty["stages"]], advice=[])
-    md = render_markdown(doc)
+    md = render_markdown(from_json(doc))
     assert "| stage | peak allocated | peak reserved | steps |" in md and "most memory" not in md
     assert "What would help" not in md

@@ -10,6 +10,7 @@ import pytest
 
 import synth
 from sdrun import _analyse
+from snapviz.analyses.document import from_json
 from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, oom_lines
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
@@ -49,8 +50,8 @@ def test_fragmented_request_is_explained_with_the_oracles_numbers() -> None:
     assert "expandable_segments" in oom["advice"]
     assert oom["headline"] == oom_lines(oom)[0]
     # every text sink leads with the same sentence
-    assert render_terminal(doc).splitlines()[0] == oom["headline"]
-    assert oom["headline"] in render_markdown(doc).split("\n\n")[1]
+    assert render_terminal(from_json(doc)).splitlines()[0] == oom["headline"]
+    assert oom["headline"] in render_markdown(from_json(doc)).split("\n\n")[1]
 
 
 def test_really_out_of_memory_says_how_much_is_missing() -> None:
@@ -121,7 +122,7 @@ def test_a_hostile_site_stays_text_in_every_sink() -> None:
         a.alloc(60 * MiB, frames=synth.make_frames(evil, "/work/evil.py", 1))
     an, doc = _analyse(a.snapshot())
     assert evil in doc["oom"]["site"]
-    term, md, html = render_terminal(doc), render_markdown(doc), render_html(an, doc)
+    term, md, html = render_terminal(from_json(doc)), render_markdown(from_json(doc)), render_html(an, doc)
     assert "\x1b" not in term and "\x1b" not in md and "\x1b[2J" not in html
     assert "<script>alert(1)</script>" not in md.replace("\\<", "<").split("CUDA out of memory", 1)[0]
     assert "<script>alert(1)</script>" not in html

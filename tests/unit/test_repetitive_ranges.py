@@ -17,6 +17,7 @@ import pytest
 from synth import MiB, Sim
 from test_frame_rules import load_dict
 from test_trace_generations import T0, _analyze, _exact_events
+from snapviz.analyses.document import from_json
 from snapviz.analyses.stages import MAX_PHASES, range_labels
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
@@ -96,7 +97,7 @@ def test_fsdp_snapshot_has_a_few_phases() -> None:
     pre = next(s for s in doc["stages"] if s["name"] == "FSDP::pre_forward")
     assert {i["name"] for i in pre["intervals"]} == {f"FSDP::pre_forward/{k} (layers.{i})" for k in range(2)
                                                     for i in range(LAYERS)}
-    md, term = render_markdown(doc), render_terminal(doc)
+    md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "peak allocated" not in ln and "---" not in ln]
     stage_rows = [ln for ln in rows if any(ln.startswith(f"| {g} ") or ln.startswith(f"| `{g}`") for g in groups)]
     assert 0 < len(stage_rows) <= MAX_PHASES

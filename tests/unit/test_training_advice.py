@@ -2,17 +2,16 @@
 run's peak between phases, when a technique is offered, and how phases group into steps."""
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
-
-from snapviz.analyses.training_advice import PEAK_CATEGORIES, PhasePeak, advise_training, how_to, training_estimates
-from snapviz.analyses.training_view import phase_steps, step_table, training_category_timeline
+from snapviz.analyses.training_advice import PhasePeak, advise_training, training_estimates
+from snapviz.analyses.training_view import phase_steps, step_table
+from snapviz.category_vocab import BEFORE_RECORDING, GRADIENT, canonical_category
 
 G = 10**9
 
 
 def _p(name: str, **cats: float) -> PhasePeak:
-    c = {k.replace("_", " "): int(v * G) for k, v in cats.items()}
+    # written with the training set's old names, said as the one vocabulary says them
+    c = {canonical_category(k.replace("_", " ")): int(v * G) for k, v in cats.items()}
     return PhasePeak(name, name.split("/")[0], sum(c.values()), c)
 
 
@@ -68,7 +67,7 @@ def test_advice_respects_what_the_run_already_uses() -> None:
 
 def test_set_to_none_is_offered_when_gradients_live_through_every_later_forward() -> None:
     kept = [PhasePeak(p.name, p.group, p.peak + (3 * G if p.group == "forward" and p.name != "forward/0" else 0),
-                      {**p.cats, "gradients": 3 * G} if p.name == "forward/1" else p.cats) for p in FULL]
+                      {**p.cats, GRADIENT: 3 * G} if p.name == "forward/1" else p.cats) for p in FULL]
     assert "zero_grad(set_to_none=True)" in {a["technique"] for a in advise_training(kept)}
     assert "zero_grad(set_to_none=True)" not in {a["technique"] for a in advise_training(FULL)}
 
@@ -80,13 +79,6 @@ def test_steps_group_micro_batches_with_their_optimizer_step() -> None:
     assert phase_steps(phases) == [0] * 6 + [1] * 5
     st = step_table(phases)
     assert st["phase"].tolist() == ["zero_grad/0", "optimizer/1"]
-    assert list(st.columns[3:]) == list(PEAK_CATEGORIES)
-
-
-def test_category_timeline_counts_blocks_from_birth_to_free() -> None:
-    allocs = pd.DataFrame({"row": [0, 1, 2], "free_row": [3, 5, 2 + 10], "block_size": [512, 1024, 2048],
-                           "category": ["parameters", "temporaries", "parameters"]})
-    tl = training_category_timeline(allocs, 5)
-    assert tl["parameters"].tolist() == [512, 512, 2560, 2048, 2048]
-    assert tl["temporaries"].tolist() == [0, 1024, 1024, 1024, 1024]
-    assert not tl["gradients"].to_numpy().any() and np.all(tl.sum(axis=1) >= 0)
+    # no category live at any phase peak: the peaks are memory from before the recording
+    assert list(st.columns[3:]) == [BEFORE_RECORDING]
+    assert st[BEFORE_RECORDING].tolist() == st["peak_allocated_bytes"].tolist()

@@ -8,10 +8,13 @@ import numpy as np
 
 from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
+from snapviz.analyses.categories import allocation_table
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import label_events, range_stage, stage_intervals, stage_table
 from snapviz.analyses.training import DDP_BUCKETS, FSDP_FLAT, FSDP_GATHER, classify_allocations, framework, live_by_category
 from snapviz.analyses.training_advice import advise_training, how_to, phase_peaks
+from snapviz.analyses.training_view import training_dict, training_view
+from snapviz.category_vocab import BEFORE_RECORDING
 
 USER = {"name": "train", "filename": "/home/me/train.py", "line": 50}
 MODULE = {"name": "_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1700}
@@ -115,12 +118,16 @@ def test_parameters_from_before_the_recording() -> None:
     snap, rep, lab, stages = _ddp_steps(before=True)
     allocs = classify_allocations(snap, rep, lab.labels)
     assert rep.baseline_allocated == 24 * MiB
-    phases = phase_peaks(stages, allocs)
-    opt = next(p for p in phases if p.group == "optimizer")
-    assert opt["gradients"] == 24 * MiB and opt["optimizer state"] == 48 * MiB
-    assert opt["before recording"] == 24 * MiB and opt["parameters"] == 0
-    for p in phases:
-        assert sum(p.cats.values()) == p.peak, p.name
+    opt = stages[stages["group"] == "optimizer"].iloc[-1]
+    live = live_by_category(allocs, int(opt["peak_row"]))
+    assert live["gradients"] == 24 * MiB and live["optimizer state"] == 48 * MiB and live["parameters"] == 0
+    # the training view of the allocation table: each phase peak adds up, before recording included
+    view = training_view(allocation_table(snap, rep, lab.labels), stages, snap)
+    assert view is not None
+    block = training_dict(view)
+    for p in block["phases"]:
+        assert sum(p["categories_at_peak"].values()) == p["peak_allocated_bytes"], p["name"]
+        assert p["categories_at_peak"][BEFORE_RECORDING] == 24 * MiB, p["name"]
 
 
 def test_fsdp_buffers_are_named() -> None:
@@ -162,7 +169,7 @@ def test_framework_from_frames_and_advice_in_its_api() -> None:
     assert "unet.enable_gradient_checkpointing()" in how_to("checkpointing", "diffusers")
     assert "torch.utils.checkpoint" in how_to("checkpointing", "torch")
     assert "unet" not in how_to("lora", "torch") and "unet" not in how_to("lora", "transformers")
-    phases = phase_peaks(stages, classify_allocations(snap, rep, lab.labels))
+    phases = phase_peaks(stages, allocation_table(snap, rep, lab.labels))
     for fw in ("torch", "transformers"):
         assert not any("unet" in a["how"] for a in advise_training(phases, None, fw))
 

@@ -13,6 +13,8 @@ What needs computing comes from :mod:`snapviz.analyses.report_view`; renderers o
 
 from __future__ import annotations
 
+from typing import Any
+
 from snapviz.load import paused_gc
 
 # Importing Bokeh makes ~150k objects that live as long as the process; the collections that
@@ -24,7 +26,17 @@ with paused_gc():
     from snapviz.render.html.snapshot import render_html, render_report_data
     from snapviz.render.html.trace import render_trace_html, render_trace_report_data
 
+
+def render_analysis_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
+    """The report of any analysis (pipeline.RunAnalysis): the snapshot report for a replayed
+    snapshot, the trace report for a trace-only run."""
+    if an.kind == "trace":
+        return render_trace_html(an, doc, max_points=max_points)
+    return render_html(an, doc, max_points=max_points)
+
+
 __all__ = [
+    "render_analysis_html",
     "render_html",
     "render_report_data",
     "render_trace_html",

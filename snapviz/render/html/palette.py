@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from snapviz.analyses.report_view import order_categories
-from snapviz.vocab import BEFORE_RECORDING, UNLABELLED, stage_group
+from snapviz.category_vocab import CATEGORY_COLORS, order_categories
+from snapviz.vocab import UNLABELLED, stage_group
 
 # Canonical stages keep one color in every report (and in comparisons).
 STAGE_COLORS: dict[str, str] = {
@@ -33,17 +33,8 @@ _EXTRA_COLORS = (
     "#843c39",
     "#7b4173",
 )
-CATEGORY_COLORS: dict[str, str] = {
-    "weights": "#7f7f7f",
-    "attention scores": "#d62728",
-    "activations": "#1f77b4",
-    "latents & embeddings": "#9467bd",
-    "vae buffers": "#2ca02c",
-    "gradients & optimizer": "#8c564b",
-    BEFORE_RECORDING: "#c7c7c7",
-    "unknown": "#bcbd22",
-}
-_EXTRA_CATEGORY_COLORS = ("#17becf", "#e377c2", "#ff7f0e", "#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5")
+# categories: one colour each, defined with their names (snapviz.category_vocab)
+_EXTRA_CATEGORY_COLORS = ("#393b79", "#637939", "#8c6d31", "#7b4173", "#9edae5", "#f7b6d2", "#843c39", "#5254a3")
 SERIES_COLORS: dict[str, str] = {
     "allocated": "#1f3b73",
     "reserved": "#e8710a",
@@ -71,8 +62,8 @@ def stage_palette(names: Iterable[str]) -> dict[str, str]:
 
 
 def category_palette(names: Iterable[str]) -> dict[str, str]:
-    """A color for each category: canonical ones fixed (:data:`CATEGORY_COLORS`), others
-    the next free color in order, so a category has one color in every chart of a report."""
+    """A color for each category: the vocabulary's fixed (:data:`snapviz.category_vocab.CATEGORY_COLORS`),
+    others the next free color in order, so a category has one color in every chart of a report."""
     out: dict[str, str] = {}
     extra = iter(_EXTRA_CATEGORY_COLORS * 4)
     for c in order_categories(names):

@@ -1,0 +1,472 @@
+"""The ``snapviz.summary/1`` document as code: frozen dataclasses, their JSON form, their loader
+and their JSON schema, all read from the same type hints.
+
+* :class:`Summary` is what an analysis yields (:func:`snapviz.analyses.pipeline.document_of`)
+  and what the gate and the JSON, Markdown and terminal renderers take; ``--json`` only
+  encodes it (:func:`to_json`).
+* :func:`from_json` turns a decoded JSON object (a document written by any version of
+  ``snapviz analyze --json``, or a builder's output) into a :class:`Summary`, checking every
+  typed field; a malformed document raises :class:`~snapviz.errors.InputError` with one line
+  naming the field.
+* :func:`json_schema` is the JSON schema of the document (``docs/summary.schema.json`` is
+  generated from it: ``python -m snapviz.analyses.document > docs/summary.schema.json``;
+  a test keeps the two equal).
+
+A field whose value may be left out of the JSON object (not ``null``: absent) has the type
+``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order. The
+sections whose content is open (attention, OOM, training, end state, advice, the run's own
+fields, the allocator's settings) are typed as :data:`Json` values: any JSON, checked as JSON.
+Snapshot and trace documents share the type; ``kind`` (absent for a snapshot, ``"trace"``)
+says which, and each kind leaves the other's fields absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias, TypeVar, Union
+
+import numpy as np
+
+from snapviz.errors import InputError
+from snapviz.vocab import SUMMARY_SCHEMA
+
+
+class Absent(enum.Enum):
+    """The type of :data:`ABSENT`: a key left out of the JSON object."""
+
+    ABSENT = "absent"
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Final = Absent.ABSENT
+
+# Any JSON value (the open sections); a JSON object.
+Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
+JsonObject: TypeAlias = dict[str, Json]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peak:
+    """The device's peak: the allocator's figures at the event where allocated memory was highest."""
+
+    allocated_bytes: int
+    reserved_bytes: int | None  # None: not recorded (Bytes-only or CPU traces)
+    requested_bytes: int | None  # None: a trace (no request sizes)
+    event_index: int | None  # None: the memory that existed before the first recorded event
+    time_us: int | None
+    stage: str | None  # None: an empty snapshot (no peak)
+    within_recorded_window: bool
+    approximate: Literal[True] | Absent = ABSENT  # the allocator's rules could not be honoured
+    exact: bool | Absent = ABSENT  # traces: the events carried the allocator's own totals
+
+
+@dataclass(frozen=True, kw_only=True)
+class History:
+    """The recorded history: its length and what it started and ended with."""
+
+    events: int
+    truncated: bool
+    baseline_allocated_bytes: int | None
+    baseline_reserved_bytes: int | Absent = ABSENT
+    orphan_frees: int | Absent = ABSENT
+    end_state_matches: bool | None | Absent = ABSENT
+    final_allocated_bytes: int | Absent = ABSENT
+    final_reserved_bytes: int | Absent = ABSENT
+    baseline_exact: bool | Absent = ABSENT  # traces
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteBytes:
+    bytes: int
+    site: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interval:
+    """One stage interval (in ``intervals``), or one numbered step of a stage (in ``steps``:
+    ``step`` set, the part of the name after ``/``)."""
+
+    name: str
+    step: str | Absent = ABSENT
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    start_us: int
+    end_us: int
+    allocated_at_entry: int | Absent = ABSENT
+    allocated_at_exit: int | Absent = ABSENT
+    categories_at_peak: dict[str, int] | Absent = ABSENT
+    top_allocations: list[SiteBytes] | Absent = ABSENT
+    duration_s: float | Absent = ABSENT
+    allocator_peak_allocated_bytes: int | None | Absent = ABSENT  # run.json's figure for it
+    allocator_peak_reserved_bytes: int | None | Absent = ABSENT
+    rss_peak_bytes: int | Absent = ABSENT  # CPU traces: the process's resident set
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageGroup:
+    """A stage (the name before ``/``): its peak over its intervals."""
+
+    name: str
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    start_us: int
+    end_us: int
+    steps: list[Interval]
+    intervals: list[Interval] = field(default_factory=list)  # older documents: none
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePeak:
+    """A snapshot's device and its replayed peaks."""
+
+    device: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    events: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceDevice:
+    """A trace's device (``cuda:0``, ``cpu``) and the peak of its memory events."""
+
+    device: str
+    kind: str
+    events: int
+    exact: bool
+    peak_allocated_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CategoryBytes:
+    """Live bytes of one category at the peak."""
+
+    category: str
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopAllocation:
+    """A block live at the peak."""
+
+    bytes: int
+    requested_bytes: int | Absent = ABSENT  # snapshots
+    stage: str
+    site: str
+    address: int
+    event_index: int | None | Absent = ABSENT  # snapshots (None: allocated before recording)
+    time_us: int | Absent = ABSENT  # traces
+    stack: list[str]
+    op: str | Absent = ABSENT  # the profiled op that allocated it, when a trace was recorded too
+    op_input_dims: str | Absent = ABSENT
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """The ``snapviz.summary/1`` document of one device of one run."""
+
+    schema: Literal["snapviz.summary/1"]
+    source: str
+    kind: Literal["trace"] | Absent = ABSENT  # absent: a replayed snapshot
+    device: int | str | None  # a snapshot's device index; a trace's device label (None: no events)
+    device_kind: str | None | Absent = ABSENT  # traces
+    stage_source: str
+    peak: Peak
+    history: History
+    devices: list[DevicePeak] | list[TraceDevice]
+    stages: list[StageGroup]
+    attention: Json
+    categories: list[CategoryBytes] | Absent = ABSENT  # snapshots: live bytes by category at the peak
+    top_allocations: list[TopAllocation]
+    top_allocations_note: str | Absent = ABSENT  # traces
+    allocator_truth: Json
+    run: Json
+    allocator_settings: Json | Absent = ABSENT  # snapshots
+    advice: list[JsonObject] | Absent = ABSENT  # snapshots
+    warnings: list[str]
+    oom: JsonObject | None | Absent = ABSENT  # snapshots: the first OOM explained, None: none
+    not_recorded: str | None
+    end_state: JsonObject | None | Absent = ABSENT  # snapshots
+    training: JsonObject | Absent = ABSENT  # snapshots of a training program
+
+    @property
+    def is_trace(self) -> bool:
+        return self.kind == "trace"
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def to_json(value: Any) -> Any:
+    """The plain JSON value (dicts, lists, str, int, float, bool, None) of a document or any
+    part of it: absent fields left out, keys in field order."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(v) for f in dataclasses.fields(value) if (v := getattr(value, f.name)) is not ABSENT}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    return value
+
+
+def bounded_summary(doc: Summary) -> Summary:
+    """The document every text sink gets: strings from the input clipped and stripped of
+    control characters, non-finite numbers null, what was cut noted in ``warnings``
+    (:func:`snapviz.safe_text.bounded_doc`), typed again."""
+    from snapviz.safe_text import bounded_doc
+
+    return from_json(bounded_doc(to_json(doc)), Summary)
+
+
+# --------------------------------------------------------------------------- decoding
+
+T = TypeVar("T")
+
+
+def from_json(obj: object, cls: type[T] = Summary) -> T:  # type: ignore[assignment]
+    """The typed document (or part, ``cls``) of a decoded JSON value; a malformed one raises
+    :class:`InputError` naming the first bad field (``peak.allocated_bytes: expected an
+    integer, got a string``). numpy scalars are taken as the Python numbers they are."""
+    return typing.cast(T, _decode(obj, cls, "document"))
+
+
+def load_summary(obj: object, source: str = "document") -> Summary:
+    """A ``snapviz.summary/1`` document read back (``compare``/``check`` inputs): its schema
+    string first, then every typed field; one line in :class:`InputError` when malformed."""
+    if not isinstance(obj, dict):
+        raise InputError(f"{source}: not a {SUMMARY_SCHEMA} document (a JSON object expected)")
+    if obj.get("schema") != SUMMARY_SCHEMA:
+        raise InputError(f"{source}: not a {SUMMARY_SCHEMA} document (schema {str(obj.get('schema'))[:60]!r})")
+    try:
+        return from_json(obj, Summary)
+    except InputError as e:
+        raise InputError(f"{source}: malformed {SUMMARY_SCHEMA} document: {e}") from None
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+
+
+def _what(v: object) -> str:
+    if isinstance(v, bool):
+        return "true/false"
+    if isinstance(v, (int, np.integer)):
+        return "an integer"
+    if isinstance(v, (float, np.floating)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "a list"
+    if isinstance(v, dict):
+        return "an object"
+    return type(v).__name__
+
+
+def _fail(path: str, expected: str, v: object) -> InputError:
+    return InputError(f"{path}: expected {expected}, got {_what(v)}")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    cached = _HINTS.get(cls)
+    if cached is None:
+        cached = _HINTS[cls] = typing.get_type_hints(cls)
+    return cached
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _plain(v: object) -> object:
+    if isinstance(v, np.bool_):
+        return bool(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, np.floating):
+        return float(v)
+    return v
+
+
+def _is_json(tp: Any) -> bool:
+    """``tp`` is the :data:`Json` alias (as written, or as ``get_type_hints`` re-made it)."""
+    if isinstance(tp, typing.ForwardRef):
+        return tp.__forward_arg__ == "Json"
+    if tp is Json or tp == Json:
+        return True
+    return typing.get_origin(tp) is Union and any(
+        typing.get_origin(a) is list and _is_json(typing.get_args(a)[0]) for a in typing.get_args(tp)
+    )
+
+
+def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per kind of type)
+    v = _plain(v)
+    if _is_json(tp):
+        return _json_value(v, path)
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not Absent]
+        errors: list[InputError] = []
+        for a in options:
+            try:
+                return _decode(v, a, path)
+            except InputError as e:
+                errors.append(e)
+        # the most specific message: the one that got deepest into the value
+        deepest = max(errors, key=lambda e: str(e).split(":", 1)[0].count("."))
+        if str(deepest).split(":", 1)[0] != path:
+            raise deepest
+        raise _fail(path, " or ".join(_expected(a) for a in options), v)
+    if origin is Literal:
+        if v in typing.get_args(tp) and type(v) is type(typing.get_args(tp)[0]):
+            return v
+        raise InputError(f"{path}: expected {_expected(tp)}, got {str(v)[:40]!r}")
+    if origin is list:
+        if not isinstance(v, list):
+            raise _fail(path, "a list", v)
+        (item,) = typing.get_args(tp)
+        return [_decode(x, item, f"{path}[{i}]") for i, x in enumerate(v)]
+    if origin is dict:
+        if not isinstance(v, dict):
+            raise _fail(path, "an object", v)
+        _, val = typing.get_args(tp)
+        return {str(k): _decode(x, val, f"{path}.{k}") for k, x in v.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise _fail(path, "an object", v)
+        hints = _hints(tp)
+        unknown = [k for k in v if k not in hints]
+        if unknown:
+            raise InputError(f"{path}: unknown field {str(unknown[0])[:60]!r}")
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in v:
+                kwargs[f.name] = _decode(v[f.name], hints[f.name], f"{path}.{f.name}" if path != "document" else f.name)
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise InputError(f"{path}: missing field {f.name!r}")
+        return tp(**kwargs)
+    if tp is type(None):
+        if v is None:
+            return None
+        raise _fail(path, "null", v)
+    if tp is bool:
+        if isinstance(v, bool):
+            return v
+        raise _fail(path, "true or false", v)
+    if tp is int:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        raise _fail(path, "an integer", v)
+    if tp is float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (not isinstance(v, float) or math.isfinite(v)):
+            return v
+        raise _fail(path, "a finite number", v)
+    if tp is str:
+        if isinstance(v, str):
+            return v
+        raise _fail(path, "a string", v)
+    raise TypeError(f"document.py: no rule for the type {tp!r} at {path}")  # a bug in this module
+
+
+def _json_value(v: object, path: str) -> Json:
+    v = _plain(v)
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v  # non-finite numbers are written as null by the sinks (safe_text.bounded_doc)
+    if isinstance(v, (list, tuple)):
+        return [_json_value(x, f"{path}[{i}]") for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        return {str(k): _json_value(x, f"{path}.{k}") for k, x in v.items()}
+    raise _fail(path, "a JSON value", v)
+
+
+def _expected(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return "a list"
+    if typing.get_origin(tp) is dict or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return "an object"
+    return _NAMES.get(tp, str(tp))
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of :class:`Summary`, generated from its type hints."""
+    defs: dict[str, Any] = {}
+    root = _schema(Summary, defs)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://snapviz.invalid/schema/snapviz.summary-1.json",
+        "title": SUMMARY_SCHEMA,
+        "description": "The document `snapviz analyze --json` writes (generated from snapviz/analyses/document.py).",
+        **root,
+        "$defs": dict(sorted(defs.items())),
+    }
+
+
+def _schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    if _is_json(tp):
+        return {}
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [_schema(a, defs) for a in typing.get_args(tp) if a is not Absent]
+        return options[0] if len(options) == 1 else {"anyOf": options}
+    if origin is Literal:
+        vals = list(typing.get_args(tp))
+        return {"const": vals[0]} if len(vals) == 1 else {"enum": vals}
+    if origin is list:
+        return {"type": "array", "items": _schema(typing.get_args(tp)[0], defs)}
+    if origin is dict:
+        return {"type": "object", "additionalProperties": _schema(typing.get_args(tp)[1], defs)}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if tp is Summary:
+            return _object_schema(tp, defs)
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}  # placeholder: a type met again while being built
+            defs[tp.__name__] = _object_schema(tp, defs)
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    simple = {int: "integer", float: "number", str: "string", bool: "boolean", type(None): "null"}
+    if tp in simple:
+        return {"type": simple[tp]}
+    raise TypeError(f"document.py: no schema for the type {tp!r}")
+
+
+def _object_schema(tp: type, defs: dict[str, Any]) -> dict[str, Any]:
+    hints = _hints(tp)
+    props = {f.name: _schema(hints[f.name], defs) for f in dataclasses.fields(tp)}
+    required = [
+        f.name
+        for f in dataclasses.fields(tp)
+        if Absent not in typing.get_args(hints[f.name])
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    out: dict[str, Any] = {"type": "object"}
+    if tp.__doc__:
+        out["description"] = " ".join(tp.__doc__.split())
+    out.update({"properties": props, "required": required, "additionalProperties": False})
+    return out
+
+
+def schema_text() -> str:
+    """``docs/summary.schema.json`` as it must read (regenerate: ``python -m snapviz.analyses.document``)."""
+    import json
+
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":  # writes docs/summary.schema.json's text to stdout
+    import sys
+
+    sys.stdout.write(schema_text())

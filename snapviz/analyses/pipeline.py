@@ -1,0 +1,114 @@
+"""The one analysis pipeline: a loaded run in, one :class:`RunAnalysis` out, then its summary
+document and its compare digest.
+
+The snapshot/trace choice is made here, once: a run with a snapshot is replayed
+(:func:`snapviz.analyses.summary.analyze_run`, exact allocator blocks), a trace-only run is
+read from the profiler's own totals (:func:`snapviz.analyses.trace_summary.analyze_trace_run`).
+Every caller (the API, the CLI verbs, the notebook helpers, the collectors) goes through
+:func:`analyze_input`, :func:`summary_of` and :func:`digest_of`, never through the two
+analyses directly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+import pandas as pd
+
+from snapviz.analyses.frame_rules import RuleSet
+from snapviz.errors import InputError
+from snapviz.load import Run
+
+if TYPE_CHECKING:
+    from snapviz.analyses.digest import RunDigest
+    from snapviz.analyses.document import Summary
+    from snapviz.analyses.summary import Analysis
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
+
+Kind: TypeAlias = Literal["snapshot", "trace"]
+
+
+@runtime_checkable
+class RunAnalysis(Protocol):
+    """What every analysis of a run offers, whichever the input: consumers that need no more
+    take this type; the snapshot-only parts (``replay``, ``labels``, ``categories``, ``oom`` …)
+    are on :class:`~snapviz.analyses.summary.Analysis`, the trace-only ones (``timeline``,
+    ``trace``, ``attention_ops``) on :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`,
+    reached after narrowing on :attr:`kind`."""
+
+    @property
+    def run(self) -> Run: ...
+
+    @property
+    def kind(self) -> Kind:
+        """``snapshot``: a replayed allocator (exact blocks, reserved recorded); ``trace``: the
+        profiler's ``[memory]`` events (totals only)."""
+        ...
+
+    @property
+    def warnings(self) -> list[str]: ...
+
+    @property
+    def stages(self) -> pd.DataFrame:
+        """One row per stage interval: ``name``, ``start_us``, ``end_us``, ``peak_allocated_bytes`` …"""
+        ...
+
+    @property
+    def top_allocations(self) -> pd.DataFrame:
+        """What was live at the peak, largest first."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """The ``snapviz.summary/1`` document (:func:`summary_of`)."""
+        ...
+
+
+AnyAnalysis: TypeAlias = "Analysis | TraceRunAnalysis"
+
+
+def analyze_input(
+    run: Run, device: int | None = None, stage_source: str = "auto", rules: RuleSet | None = None
+) -> Analysis | TraceRunAnalysis:
+    """The analysis of one loaded run on one device: replayed when it holds a snapshot, read
+    from the profiler's totals when it holds only a trace (``stage_source`` and ``rules``
+    apply to snapshots; a trace takes its stages from its ranges or run.json)."""
+    if run.snapshot is not None:
+        from snapviz.analyses.summary import analyze_run
+
+        return analyze_run(run, device=device, stage_source=stage_source, rules=rules)
+    if run.trace is None:
+        raise InputError(f"{run.source}: neither a snapshot nor a trace to analyse")
+    from snapviz.analyses.trace_summary import analyze_trace_run
+
+    return analyze_trace_run(run, device=device)
+
+
+def summary_of(an: Analysis | TraceRunAnalysis) -> dict[str, Any]:
+    """The ``snapviz.summary/1`` document of any analysis (the one summary builder)."""
+    from snapviz.analyses.summary import Analysis, summary_dict
+    from snapviz.analyses.trace_summary import trace_summary_dict
+
+    return summary_dict(an) if isinstance(an, Analysis) else trace_summary_dict(an)
+
+
+def document_of(an: Analysis | TraceRunAnalysis) -> Summary:
+    """The typed ``snapviz.summary/1`` document of any analysis: what the gate and the JSON,
+    Markdown and terminal renderers take. Built through :func:`summary_of` and checked field
+    by field by the same loader that reads old documents back, so a builder that drifts from
+    the types fails here, not in a reader."""
+    from snapviz.analyses.document import Summary, from_json
+
+    try:
+        return from_json(summary_of(an), Summary)
+    except InputError as e:  # the builder's output, not the user's input: a bug to report
+        raise RuntimeError(f"snapviz built a {Summary.__name__} that does not match its types: {e}") from None
+
+
+def digest_of(an: Analysis | TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
+    """Any analysis reduced to what a comparison needs."""
+    from snapviz.analyses.digest import digest_run, digest_trace
+    from snapviz.analyses.summary import Analysis
+
+    if isinstance(an, Analysis):
+        return digest_run(an, label, points_per_label=points_per_label)
+    return digest_trace(an, label, points_per_label=points_per_label)
