@@ -201,6 +201,24 @@ class Summary:
         return self.kind == "trace"
 
 
+# --------------------------------------------------------------------------- reading the open sections
+
+
+def obj(v: Json | Absent) -> dict[str, Json]:
+    """An open section (or a value in one) as a JSON object; ``{}`` when it is anything else."""
+    return v if isinstance(v, dict) else {}
+
+
+def arr(v: Json | Absent) -> list[Json]:
+    """A value of an open section as a list; ``[]`` when it is anything else."""
+    return v if isinstance(v, list) else []
+
+
+def num(v: Json | Absent) -> int:
+    """A byte count or count of an open section; 0 when it is not an integer."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 # --------------------------------------------------------------------------- encoding
 
 

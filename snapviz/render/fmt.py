@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from snapviz.analyses.document import Peak, Summary
 from snapviz.units import fmt_bytes, fmt_delta
 from snapviz.vocab import BEFORE_RECORDING, END_STATE
 
@@ -14,6 +16,7 @@ __all__ = [
     "fmt_peak_where",
     "fmt_peak_allocated",
     "fmt_peak_bound",
+    "fmt_peak_bound_plain",
     "fmt_report_kind",
 ]
 
@@ -28,32 +31,32 @@ def fmt_compare_kind(doc: dict[str, Any]) -> str:
     return "memory of different kinds (" + ", ".join(kinds) + ")"
 
 
-def fmt_report_kind(doc: dict[str, Any]) -> str:
+def fmt_report_kind(doc: Summary) -> str:
     """What a summary measured, for every sink's title: ``GPU memory`` (a snapshot),
     ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device
     cpu``: a rehearsal), :data:`CPU_REHEARSAL`."""
-    if doc.get("kind") != "trace":
+    if not doc.is_trace:
         return "GPU memory"
-    if doc.get("device") == "cpu" and doc.get("run"):
+    if doc.device == "cpu" and doc.run:
         return CPU_REHEARSAL
-    return (doc.get("device_kind") or "memory") + " (profiler trace)"
+    return (doc.device_kind if isinstance(doc.device_kind, str) and doc.device_kind else "memory") + " (profiler trace)"
 
 
-def fmt_device(doc: dict[str, Any]) -> str:
+def fmt_device(doc: Summary) -> str:
     """``cuda:0``, ``hip:0, AMD ROCm/HIP GPU memory``, ``cpu``…; snapshots give an index."""
-    dev = doc.get("device")
+    dev = doc.device
     if dev is None:
         return "no device (no memory events)"
     if isinstance(dev, int):
         return f"cuda:{dev}"
-    kind = doc.get("device_kind")
-    return f"{dev}, {kind}" if kind and not str(dev).startswith(("cuda", "cpu")) else str(dev)
+    kind = doc.device_kind if isinstance(doc.device_kind, str) else None
+    return f"{dev}, {kind}" if kind and not dev.startswith(("cuda", "cpu")) else dev
 
 
-def fmt_peak_where(peak: dict[str, Any]) -> str:
+def fmt_peak_where(peak: Peak) -> str:
     """`` in denoise/3 at event 1,234`` — only the parts the file knows."""
-    stage = peak.get("stage")
-    idx = peak.get("event_index")
+    stage = peak.stage
+    idx = peak.event_index
     if idx is None or idx < 0:
         # The peak is the memory that existed when the recording started.
         if stage == END_STATE:
@@ -62,17 +65,25 @@ def fmt_peak_where(peak: dict[str, Any]) -> str:
     return (f" in {stage}" if stage else "") + f" at event {idx:,}"
 
 
-def fmt_peak_bound(peak: dict[str, Any]) -> str:
+def _bound(lower_bound: bool, approximate: bool) -> str:
+    return "at least " if lower_bound else "about " if approximate else ""
+
+
+def fmt_peak_bound(peak: Peak) -> str:
     """The peak's qualifier, worded once for every sink: ``""`` (exact), ``"at least "`` (a lower
     bound) or ``"about "`` (approximate: the allocator's rules could not be honoured)."""
-    if not peak.get("exact", True):
-        return "at least "
-    return "about " if peak.get("approximate") else ""
+    return _bound(peak.exact is False, peak.approximate is True)
 
 
-def fmt_peak_allocated(peak: dict[str, Any], events: int) -> str:
+def fmt_peak_bound_plain(peak: Mapping[str, Any]) -> str:
+    """:func:`fmt_peak_bound` of a peak in its JSON form (the HTML and picture renderers, which
+    still read the plain document)."""
+    return _bound(not peak.get("exact", True), bool(peak.get("approximate")))
+
+
+def fmt_peak_allocated(peak: Peak, events: int) -> str:
     """The peak as a sentence fragment: exact, a lower bound, approximate, or not recorded."""
-    if not events and not peak.get("allocated_bytes"):
+    if not events and not peak.allocated_bytes:
         return "not recorded (the input has no memory events)"
-    a = int(peak["allocated_bytes"])
+    a = peak.allocated_bytes
     return f"{fmt_peak_bound(peak)}{fmt_bytes(a)} ({a:,} B)"

@@ -25,7 +25,7 @@ import numpy as np
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
-from snapviz.render.fmt import fmt_peak_bound
+from snapviz.render.fmt import fmt_peak_bound_plain
 from snapviz.safe_text import bound, clip
 from snapviz.units import fmt_bytes
 from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
@@ -154,7 +154,7 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
         else f"{_short(an.run.source)}: {fmt_bytes(peak['allocated_bytes'])} live when the snapshot was taken "
         f"({END_STATE_ONLY.split(':', 1)[0]}, not a peak)"
         if peak.get("stage") == END_STATE
-        else f"{_short(an.run.source)}: peak {fmt_peak_bound(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
+        else f"{_short(an.run.source)}: peak {fmt_peak_bound_plain(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
         f"{fmt_bytes(peak['reserved_bytes'])} reserved"
     )
     return {

@@ -17,7 +17,7 @@ import pandas as pd
 from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
-from snapviz.render.fmt import fmt_peak_bound
+from snapviz.render.fmt import fmt_peak_bound_plain
 from snapviz.render.html.palette import category_palette, stage_palette
 from snapviz.render.html.stage_data import stage_bands, stage_bars, stage_breakdown, stage_top
 from snapviz.render.html.view_common import (
@@ -203,7 +203,7 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
     else:
         where = "before the recorded history began"
     verdict = (
-        f"Peak {fmt_peak_bound(p)}{fmt_bytes(p['allocated_bytes'])} allocated "
+        f"Peak {fmt_peak_bound_plain(p)}{fmt_bytes(p['allocated_bytes'])} allocated "
         f"({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
     )
     if (doc.get("end_state") or {}).get("only"):  # no peak in such a file: what was live, and when

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.render.fmt import fmt_peak_bound
+from snapviz.render.fmt import fmt_peak_bound_plain
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.snapshot_data import MAX_ATTENTION_ROWS
 from snapviz.render.html.stage_data import band_alpha
@@ -148,7 +148,7 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
         else "reserved not recorded"
     )
     verdict = (
-        f"Peak {fmt_peak_bound(peak_doc)}{fmt_bytes(peak_alloc)} allocated ({reserved}) in {peak_stage}{when}{window}"
+        f"Peak {fmt_peak_bound_plain(peak_doc)}{fmt_bytes(peak_alloc)} allocated ({reserved}) in {peak_stage}{when}{window}"
         if n
         else "No memory events in this trace: nothing to measure"
     )
