@@ -33,7 +33,7 @@ import pandas as pd
 
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
-from snapviz.analyses.phases import BACKWARD, OPTIMIZER, ZERO_GRAD, label_phases
+from snapviz.analyses.phases import BACKWARD, FORWARD, OPTIMIZER, ZERO_GRAD, label_phases
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.arrays import unique
 from snapviz.load.limits import ENV, Limits
@@ -119,7 +119,9 @@ def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None 
     the label in effect; an unlabelled entry *with* Python frames clears it (a Python thread
     that carries no label: the user cleared it, or never labelled that thread); an unlabelled
     entry without Python frames belongs to the label in effect, or stays ``unlabelled`` before
-    the first label. When the labelled entries carry no Python frames at all (the snapshot was
+    the first label. Python that torch runs on its own threads (its outermost Python frame is
+    torch's: autograd hooks, checkpointing's recomputation, DDP's communication hooks; or a
+    data-loader thread's loop) counts as frame-less: it takes the label in effect and clears nothing. When the labelled entries carry no Python frames at all (the snapshot was
     recorded without stacks), the two cannot be told apart and unlabelled entries stay
     ``unlabelled``.
     """
@@ -140,12 +142,49 @@ def _from_metadata(snap: Snapshot, ev: pd.DataFrame, tables: StackTables | None 
     framed[framed] = tables.has_python[sids[framed]]
     if not framed[~unset].any():
         return labels
+    # Python that torch runs on its own threads (autograd hooks, checkpointing's recomputation,
+    # DDP's communication hooks, data-loader threads) carries no label either: it belongs to the
+    # label in effect like the engine's frame-less entries, and clears nothing.
+    helper = framed & unset
+    helper[helper] = _torch_thread_stacks(snap, tables)[sids[helper]]
+    framed &= ~helper
     # Entries that set the label in effect: labelled ones, and unlabelled ones with Python frames.
     setter = ~unset | framed
     last = np.maximum.accumulate(np.where(setter, np.arange(len(labels)), -1))
     inherit = unset & ~framed & (last >= 0)
     labels[inherit] = labels[last[inherit]]
     return labels
+
+
+# The outermost Python frame of a stack that torch's C++ entered (the autograd engine calling a
+# hook or a custom Function), or a data-loader / process-group helper thread anywhere in it.
+_TORCH_FILE = re.compile(r"(?:^|/)torch/")
+_HELPER_THREAD_FILE = re.compile(r"(?:^|/)torch/utils/data/_utils/(?:pin_memory|worker)\.py$")
+
+
+def _torch_thread_stacks(snap: Snapshot, tables: StackTables) -> np.ndarray:
+    """Bool per stack: its Python part runs on a thread torch drives, not on the user's: the
+    outermost Python frame is torch's own (the engine entered Python at a hook), or it passes
+    through a data-loader thread's loop. A user's thread starts in the user's script (or the
+    interpreter's ``threading``/``runpy``), never inside torch."""
+    out = np.zeros(tables.n_stacks, bool)
+    sf = snap.stack_frames
+    if not len(sf) or not tables.n_frames:
+        return out
+    fid = sf["frame_id"].to_numpy()
+    py = tables.is_python[fid]
+    sid, depth, fid = sf["stack_id"].to_numpy()[py], sf["depth"].to_numpy()[py], fid[py]
+    if not len(sid):
+        return out
+    files = tables.files
+    is_torch = np.fromiter((_TORCH_FILE.search(str(f)) is not None for f in files), bool, len(files))
+    helper = np.fromiter((_HELPER_THREAD_FILE.search(str(f)) is not None for f in files), bool, len(files))
+    order = np.lexsort((-depth, sid))  # per stack, outermost Python frame first
+    sid, fid = sid[order], fid[order]
+    first = np.r_[True, sid[1:] != sid[:-1]]
+    out[sid[first]] = is_torch[fid[first]]
+    out |= np.bincount(sid, weights=helper[fid], minlength=tables.n_stacks)[: tables.n_stacks] > 0
+    return out
 
 
 def annotation_intervals(snap: Snapshot, device: int | None = None) -> pd.DataFrame:
@@ -264,6 +303,12 @@ def _from_annotations(snap: Snapshot, ev: pd.DataFrame, device: int) -> np.ndarr
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _OPTIMIZER_RANGE = re.compile(r"^Optimizer\.(zero_grad|step)#")
+# The ranges torch's data-parallel wrappers open around the wrapped module's forward.
+_PARALLEL_FORWARD = re.compile(r"^(DistributedDataParallel|FullyShardedDataParallel)\.forward$")
+# Ranges the process-group backends open around each collective (``gloo:all_reduce``,
+# ``nccl:broadcast``, ``record_param_comms``): communication, whatever phase issued it.
+_COLLECTIVE_RANGE = re.compile(r"^((gloo|nccl|mpi|ucc|xccl|c10d)::?\w|record_param_comms$)")
+COMMUNICATION = "communication"
 _HASHES = re.compile(r"^#+\s*|\s*#+$")
 _COMPILED_GRAPH = re.compile(r"^Call CompiledFxGraph (\w+)$")
 
@@ -276,6 +321,8 @@ def range_stage(name: str) -> str:
     phase = _range_phase(name)
     if phase is not None:
         return phase
+    if _COLLECTIVE_RANGE.match(name):
+        return COMMUNICATION
     m = _PROFILER_STEP.match(name)
     if m:
         return f"step/{m.group(1)}"
@@ -363,7 +410,10 @@ def _compiling(snap: Snapshot, ev: pd.DataFrame) -> np.ndarray:
 
 
 def _range_phase(name: str) -> str | None:
-    """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad."""
+    """``Optimizer.step#AdamW.step`` -> optimizer, ``Optimizer.zero_grad#…`` -> zero_grad,
+    ``DistributedDataParallel.forward`` (and FSDP's) -> forward."""
+    if _PARALLEL_FORWARD.match(name):
+        return FORWARD
     m = _OPTIMIZER_RANGE.match(name)
     return None if m is None else (ZERO_GRAD if m.group(1) == "zero_grad" else OPTIMIZER)
 
@@ -388,8 +438,14 @@ def _with_annotations(
     names = iv["name"].astype(str)
     phase = names.map(_range_phase)
     step = names.map(lambda s: m.group(1) if (m := _PROFILER_STEP.match(s)) else None)
-    user = phase.isna() & step.isna()
+    comm = names.str.match(_COLLECTIVE_RANGE.pattern)
+    user = phase.isna() & step.isna() & ~comm
     labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+    # A collective inside a phase is that phase's (DDP's all-reduce runs in backward, so the
+    # backward peak is the allocator's); only outside every phase is it a stage of its own.
+    comm_only = label_by_intervals(times, iv[comm].assign(name=COMMUNICATION), default="")
+    in_comm = (comm_only != "") & (labels == UNLABELLED)
+    labels[in_comm] = COMMUNICATION
     base_step = np.array([str(x).split("/", 1)[1] if "/" in str(x) else "" for x in labels], dtype=object)
     in_phase = _paint(labels, times, iv[phase.notna()].assign(name=phase[phase.notna()]))
     grouped = range_labels(names[user].tolist())
@@ -405,7 +461,7 @@ def _with_annotations(
         detail = np.where(in_user & (detail != ""), " (" + detail + ")", "")
         labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
         labels[in_step] = labels[in_step] + STAGE_SEP + steps[in_step] + detail[in_step]
-    if not (in_phase | in_user | in_step).any():
+    if not (in_phase | in_user | in_step | in_comm).any():
         return None
     return labels, bool(in_user.any())
 

@@ -276,7 +276,7 @@ def analyze_run(
         stage_top=stage_top,
         rules=rules,
         tables=tables,
-        training=training_view(allocs, stages),
+        training=training_view(allocs, stages, snap),
         oom=oom,
         end_state=es,
         allocations=allocs,
@@ -451,7 +451,7 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         advise_doc.append(sim_advice)
     if an.training is not None:
         doc["training"] = training_dict(an.training)
-        advise_doc.extend(advise_training(an.training.phases, run or None))
+        advise_doc.extend(advise_training(an.training.phases, run or None, an.training.framework))
         advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
     if doc["not_recorded"]:  # an empty snapshot has no peak, not one "before recording"
         doc["peak"]["stage"] = None

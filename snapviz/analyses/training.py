@@ -16,15 +16,31 @@ Decided per allocation from the phases it was born and freed in (``forward``, ``
   activations recomputed by checkpointing, backward workspace);
 * anything else -> ``other`` (each thread's cuBLAS workspace, the loss, the GradScaler's scale).
 
+Without labels the phases come from frames (:mod:`snapviz.analyses.phases`), so the same rules
+hold for any model; frames and lifetime add what labels cannot say:
+
+* parameters allocated before the recording leave no sizes to match gradients against: the
+  optimizer state's sizes stand in (Adam keeps one moment per parameter, in its shape);
+* a never-freed allocation made by an optimizer (``torch/optim/``, bitsandbytes, transformers'
+  Adafactor) is ``optimizer state`` whatever phase the labels put it in;
+* DDP's gradient buckets (frames in ``torch/nn/parallel/distributed.py``: ``_ddp_init_helper``,
+  the reducer's bucket rebuild in the first forwards) outliving their phase -> ``DDP gradient
+  buckets``; FSDP's all-gather outputs (``torch/distributed/fsdp/`` frames of an ``all_gather`` /
+  ``unshard`` function) -> ``FSDP all-gather buffers``, its other allocations made at load and
+  kept -> ``FSDP flat parameters``.
+
 Pure functions of the replay and the labels; nothing here reads run.json.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.replay import ReplayResult
+from snapviz.analyses.stack_tables import python_frames
 from snapviz.arrays import unique
 from snapviz.model import A_ALLOC, Snapshot
 from snapviz.vocab import stage_group
@@ -36,8 +52,19 @@ TRAINING_CATEGORIES = (
     "saved activations",
     "autocast weight copies",
     "temporaries",
+    "DDP gradient buckets",
+    "FSDP flat parameters",
+    "FSDP all-gather buffers",
     "other",
 )
+DDP_BUCKETS, FSDP_FLAT, FSDP_GATHER = "DDP gradient buckets", "FSDP flat parameters", "FSDP all-gather buffers"
+_OPTIMIZER_FILES = re.compile(r"torch/optim/|bitsandbytes/(?:optim/|functional\.py)|transformers/optimization\.py")
+_DDP_FILES = re.compile(r"torch/nn/parallel/distributed\.py$")
+_FSDP_FILES = re.compile(r"torch/distributed/(?:fsdp|_composable/fsdp)/")
+_DISTRIBUTED_FILES = re.compile(r"torch/(?:distributed|nn/parallel)/")
+_GATHER_FUNCTIONS = re.compile(r"all_gather|unshard")
+# the framework whose API the advice names, from the frames of the allocations
+_FRAMEWORKS = (("diffusers", re.compile(r"(?:^|/)diffusers/")), ("transformers", re.compile(r"(?:^|/)transformers/")))
 _WEIGHT_OPS = ("torch/nn/modules/linear.py", "torch/nn/modules/conv.py")
 # autocast copies every Linear/Conv weight: matches are counted only when they cover this
 # share of the parameters' half size (measured: 0.99 on SD 1.5 AMP), so activations of a
@@ -53,6 +80,62 @@ def _innermost_files(snap: Snapshot, stack_ids: np.ndarray) -> np.ndarray:
         if 0 <= sid < len(snap.stacks) and snap.stacks[sid]:
             out[stack_ids == sid] = files[snap.stacks[sid][0]]
     return out
+
+
+def _stacks_with(snap: Snapshot, files: re.Pattern[str], names: re.Pattern[str] | None = None) -> np.ndarray:
+    """Bool per stack id: some frame's filename matches ``files`` (and its function ``names``)."""
+    n = len(snap.stacks)
+    if not n or not len(snap.frames) or not len(snap.stack_frames):
+        return np.zeros(n, bool)
+    fr = snap.frames
+    hit = fr["filename"].astype(str).str.contains(files).to_numpy(bool, copy=True)
+    if names is not None:
+        hit &= fr["name"].astype(str).str.contains(names).to_numpy(bool)
+    by_id = np.zeros(int(fr["frame_id"].max()) + 1, bool)
+    by_id[fr["frame_id"].to_numpy()] = hit
+    sf = snap.stack_frames
+    return np.bincount(sf["stack_id"].to_numpy(), weights=by_id[sf["frame_id"].to_numpy()], minlength=n)[:n] > 0
+
+
+def _innermost_python_file(snap: Snapshot) -> np.ndarray:
+    """Per stack id, the filename of its innermost Python frame ('' without one): who made the
+    allocation, as opposed to the wrappers (DDP, FSDP) every forward allocation runs under."""
+    n = len(snap.stacks)
+    out = np.full(n, "", dtype=object)
+    if not n or not len(snap.frames) or not len(snap.stack_frames):
+        return out
+    fr = snap.frames
+    files = fr["filename"].astype(str).to_numpy()
+    py = python_frames(files, fr["line"].to_numpy().astype(np.int64))
+    file_of = np.full(int(fr["frame_id"].max()) + 1, "", dtype=object)
+    is_py = np.zeros(len(file_of), bool)
+    file_of[fr["frame_id"].to_numpy()] = files
+    is_py[fr["frame_id"].to_numpy()] = py
+    sf = snap.stack_frames
+    fid = sf["frame_id"].to_numpy()
+    keep = is_py[fid]
+    sid, depth, fid = sf["stack_id"].to_numpy()[keep], sf["depth"].to_numpy()[keep], fid[keep]
+    order = np.lexsort((depth, sid))
+    sid, fid = sid[order], fid[order]
+    first = np.r_[True, sid[1:] != sid[:-1]] if len(sid) else np.zeros(0, bool)
+    out[sid[first]] = file_of[fid[first]]
+    return out
+
+
+def _rows_with(per_stack: np.ndarray, stack_ids: np.ndarray) -> np.ndarray:
+    """Gather per-stack flags for events (stack id -1, no frames: False)."""
+    if not len(per_stack):
+        return np.zeros(len(stack_ids), bool)
+    ok = (stack_ids >= 0) & (stack_ids < len(per_stack))
+    return ok & per_stack[np.clip(stack_ids, 0, len(per_stack) - 1)]
+
+
+def framework(snap: Snapshot, stack_ids: np.ndarray) -> str:
+    """``diffusers``, ``transformers`` or ``torch``: the library most of these allocations'
+    stacks pass through (the one whose API a piece of advice should name)."""
+    counts = {name: int(_rows_with(_stacks_with(snap, pat), stack_ids).sum()) for name, pat in _FRAMEWORKS}
+    best = max(counts, key=lambda k: counts[k])
+    return best if counts[best] > 0 else "torch"
 
 
 def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) -> pd.DataFrame:
@@ -71,18 +154,33 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
     interval = np.r_[0, np.cumsum(labels[1:] != labels[:-1])] if n else np.zeros(0, np.int64)
     same_interval = (free_row < n) & (interval[rows] == interval[np.minimum(free_row, n - 1)])
     size = ev["size"].to_numpy()[rows]
+    sids = ev["stack_id"].to_numpy().astype(np.int64)[rows]
+    never_freed = free_row >= n
 
     cat = np.full(len(rows), "other", dtype=object)
     cat[(born_g == "load") & ~same_interval] = "parameters"
+    by_optimizer = _rows_with(_stacks_with(snap, _OPTIMIZER_FILES), sids)
+    state = ~same_interval & ((born_g == "optimizer") | (by_optimizer & never_freed & (born_g != "load")))
+    # parameters allocated before the recording leave nothing to match: the optimizer's state
+    # (one moment per parameter, in its shape) stands in for their sizes
     param_sizes = unique(size[cat == "parameters"])
+    grad_sizes = unique(np.r_[param_sizes, size[state]])
     # freed by zero_grad(set_to_none=True), or (kept and zeroed) the size of a parameter; what
     # else backward leaves alive for good is the autograd thread's cuBLAS workspace
-    grads = (born_g == "backward") & ~same_interval & ((freed_g == "zero_grad") | np.isin(size, param_sizes))
+    grads = (born_g == "backward") & ~same_interval & ((freed_g == "zero_grad") | np.isin(size, grad_sizes))
     cat[grads] = "gradients"
-    cat[(born_g == "optimizer") & ~same_interval] = "optimizer state"
+    cat[state] = "optimizer state"
     saved = (born_g == "forward") & (freed_g == "backward")
     cat[saved] = "saved activations"
     cat[same_interval] = "temporaries"
+    # made by the data-parallel wrapper itself (its innermost Python frame), not by the module it wraps
+    inner = _innermost_python_file(snap)
+    own = np.array([bool(_DISTRIBUTED_FILES.search(f)) for f in inner], bool)
+    ddp = own & np.array([bool(_DDP_FILES.search(f)) for f in inner], bool)
+    fsdp = own & _stacks_with(snap, _FSDP_FILES)
+    cat[_rows_with(ddp, sids) & ~same_interval] = DDP_BUCKETS
+    cat[_rows_with(fsdp, sids) & (born_g == "load") & ~same_interval] = FSDP_FLAT
+    cat[_rows_with(fsdp & _stacks_with(snap, _FSDP_FILES, _GATHER_FUNCTIONS), sids)] = FSDP_GATHER
 
     params = cat == "parameters"
     halves = np.isin(size * 2, param_sizes) & saved & (size > 0)

@@ -131,13 +131,28 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
     return {name: estimate(phases, name, cut) for name, cut in cuts.items()}
 
 
-_HOW = {
-    "checkpointing": "unet.enable_gradient_checkpointing()  (torch.utils.checkpoint per block; about one extra "
+# How to apply a technique, in the API of the framework the frames show (``framework`` of
+# :func:`snapviz.analyses.training.framework`); plain PyTorch otherwise. Model-agnostic wording:
+# a diffusers UNet is named only when the frames are diffusers'.
+_CHECKPOINTING = {
+    "diffusers": "unet.enable_gradient_checkpointing()  (torch.utils.checkpoint per block; about one extra "
     "forward of compute)",
+    "transformers": "model.gradient_checkpointing_enable()  (torch.utils.checkpoint per layer; about one extra "
+    "forward of compute)",
+    "torch": "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) around each block of the "
+    "model (about one extra forward of compute)",
+}
+_LORA = {
+    "diffusers": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
+    "with the base frozen in fp16/bf16",
+    "transformers": "peft: model = get_peft_model(model, LoraConfig(r=16, target_modules=...))  with the base "
+    "frozen in fp16/bf16 (fine-tuning only: the base weights do not train)",
+    "torch": "low-rank adapters (peft's LoraConfig, or your own) on the large linear layers, the base weights "
+    "frozen (requires_grad_(False)) in fp16/bf16 (fine-tuning only: the base weights do not train)",
+}
+_HOW = {
     "adamw8bit": "bitsandbytes.optim.AdamW8bit(params, lr=...)  (or transformers' Adafactor: no first moment, "
     "factored second)",
-    "lora": 'peft: unet.add_adapter(LoraConfig(r=16, target_modules=["to_q", "to_k", "to_v", "to_out.0"])) '
-    "with the base frozen in fp16/bf16",
     "set_to_none": "optimizer.zero_grad(set_to_none=True)  (the default since torch 2.0)",
     "amp": 'with torch.autocast("cuda", dtype=torch.bfloat16): loss = ...  (fp16: with a GradScaler)',
     "bf16": "model.to(torch.bfloat16) and an optimizer that keeps bf16 state (no fp32 master copy; "
@@ -145,6 +160,15 @@ _HOW = {
     "accumulation": "micro-batch {micro}, loss / {k}, optimizer.step() every {k} micro-batches",
     "fused": "torch.optim.AdamW(params, fused=True)  (or foreach=False: no lists of temporaries, slower)",
 }
+_BY_FRAMEWORK = {"checkpointing": _CHECKPOINTING, "lora": _LORA}
+
+
+def how_to(technique: str, framework: str = "torch") -> str:
+    """The ``how`` of a technique in ``framework``'s API (``diffusers``, ``transformers``, else torch)."""
+    table = _BY_FRAMEWORK.get(technique)
+    return _HOW[technique] if table is None else table.get(framework, table["torch"])
+
+
 _NAMES = {
     "checkpointing": "gradient checkpointing",
     "adamw8bit": "8-bit AdamW / Adafactor",
@@ -210,10 +234,13 @@ def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: in
     return f"{head}: {basis}{moved}"
 
 
-def advise_training(phases: list[PhasePeak], run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def advise_training(
+    phases: list[PhasePeak], run: dict[str, Any] | None = None, framework: str = "torch"
+) -> list[dict[str, Any]]:
     """Training advice, largest saving first, as the summary's ``advice`` entries (``kind:
     "training"``, ``estimated_peak_bytes``, ``phase_savings_bytes``). A technique is listed when
-    the run could adopt it and it saves at least 5% at the run's peak or at one phase's peak."""
+    the run could adopt it and it saves at least 5% at the run's peak or at one phase's peak;
+    ``how`` names ``framework``'s API (:func:`how_to`)."""
     if not phases:
         return []
     ests = training_estimates(phases, run)
@@ -233,7 +260,7 @@ def advise_training(phases: list[PhasePeak], run: dict[str, Any] | None = None) 
             "saves_up_to_bytes": max(e.saving, 0),
             "estimated_peak_bytes": e.new_peak,
             "phase_savings_bytes": e.phase_savings,
-            "how": _HOW[e.technique].format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
+            "how": how_to(e.technique, framework).format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
         }
         for e in kept
     ]

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from snapviz.analyses.categories import TRAINING_GROUPS
+from snapviz.analyses.training import framework
 from snapviz.analyses.training_advice import PhasePeak, phase_peaks
 from snapviz.category_vocab import order_categories
+from snapviz.model import Snapshot
 from snapviz.vocab import BEFORE_RECORDING
 
 _STEP_STARTERS = ("forward", "backward")
@@ -28,6 +30,7 @@ class TrainingView:
     phases: list[PhasePeak]  # training phase intervals, in order
     steps: pd.DataFrame  # step, phase (the peak's interval), peak_allocated_bytes, <category>...
     categories: tuple[str, ...]  # the categories live at some phase peak, in the vocabulary's order
+    framework: str = "torch"  # diffusers | transformers | torch: whose API the advice names
 
 
 def phase_categories(phases: list[PhasePeak]) -> tuple[str, ...]:
@@ -71,14 +74,18 @@ def step_table(phases: list[PhasePeak], cats: tuple[str, ...] | None = None) -> 
     return pd.DataFrame(rows, columns=["step", "phase", "peak_allocated_bytes", *cats])
 
 
-def training_view(allocs: pd.DataFrame, stages: pd.DataFrame) -> TrainingView | None:
+def training_view(allocs: pd.DataFrame, stages: pd.DataFrame, snap: Snapshot | None = None) -> TrainingView | None:
     """The view of the allocation table (:func:`snapviz.analyses.categories.allocation_table`),
-    or None when the stages are not training phases."""
+    or None when the stages are not training phases. ``snap`` (its frames) says which framework
+    the forward and backward allocations ran through, for the advice's wording."""
     if not len(stages) or not set(stages["group"]) & TRAINING_GROUPS:
         return None
     phases = phase_peaks(stages, allocs)
     cats = phase_categories(phases)
-    return TrainingView(phases, step_table(phases, cats), cats)
+    fw = "torch"
+    if snap is not None:
+        fw = framework(snap, allocs["stack_id"].to_numpy()[allocs["phase"].isin(_STEP_STARTERS).to_numpy()])
+    return TrainingView(phases, step_table(phases, cats), cats, fw)
 
 
 def training_dict(view: TrainingView) -> dict[str, object]:

@@ -128,3 +128,16 @@ def test_checkpointing_shrinks_saved_activations() -> None:
     assert fp32["autocast weight copies"] == 0 and lora["autocast weight copies"] == 0
     # one fp16 copy of every conv/linear weight: about half of the fp32 parameters
     assert 0.4 < amp["autocast weight copies"] / amp["parameters"] < 0.5
+
+
+def test_categories_at_every_phase_peak_add_up_to_it(sample: tuple) -> None:
+    """Each phase's and step's peak is split into categories that add up to it (memory from
+    before the recording, none here, included), and the step holding the run's peak is in the
+    phase run.json measured the highest."""
+    path, rj, doc = sample
+    training = doc["training"]
+    for block in (*training["phases"], *training["steps"]):
+        assert sum(block["categories_at_peak"].values()) == block["peak_allocated_bytes"], (path.name, block["name"] if "name" in block else block)
+    top = max(s["peak_allocated_bytes"] for s in rj["stages"])
+    holders = {s["name"] for s in rj["stages"] if s["peak_allocated_bytes"] == top}
+    assert doc["peak"]["stage"] in holders, (path.name, doc["peak"]["stage"], holders)
