@@ -153,12 +153,15 @@ def paused_gc() -> Iterator[None]:
 
 def load_snapshot(path: str) -> Snapshot:
     """A snapshot pickle (any compression) as the columnar model."""
-    from snapviz.load.columnar import COLUMNAR_MIN_BYTES, columnar_snapshot  # pandas: see the imports above
+    from snapviz.compiled import min_size
+    from snapviz.load.columnar import columnar_snapshot  # pandas: see the imports above
     from snapviz.load.snapshot import snapshot_from_dict
     from snapviz.model import Snapshot
 
     def columnar(data: bytes) -> Callable[[], Snapshot | None] | None:
-        return columnar_snapshot(data, path) if len(data) >= COLUMNAR_MIN_BYTES else None
+        # From ``pickle_tape`` bytes on (snapviz.compiled.MIN_SIZE) numba is loaded for the safety
+        # scan anyway, so the tape costs only its run.
+        return columnar_snapshot(data, path) if len(data) >= min_size("pickle_tape") else None
 
     with paused_gc():
         raw = safe_load_pickle(path, build=columnar)
