@@ -210,6 +210,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         # load: weights, conditioning, optimizer (its state is allocated by the first step)
         model.to(device)
         params = [q for q in model.parameters() if q.requires_grad]
+        assert opts.height is not None and opts.width is not None  # set by validate()
         inputs = Batch(model, opts.pipeline, opts.batch, opts.height, opts.width, device,
                        p.weight_dtype)
         optimizer = tp.make_optimizer(params, p, opts.lr)
