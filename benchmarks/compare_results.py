@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     for k in both:
         b, n = base[k], new[k]
         fx = [f"{r['cpu_x']:.2f}×" if "cpu_x" in r else "" for r in (b, n)]
-        print(f"| {k[0]} | {k[1]} | {b['cpu_s']:.2f} s | {n['cpu_s']:.2f} s | {n['cpu_s'] / b['cpu_s']:.2f} | "
-              f"{fx[0]} | {fx[1]} | {n['rss'] / b['rss']:.2f} |")
+        print(
+            f"| {k[0]} | {k[1]} | {b['cpu_s']:.2f} s | {n['cpu_s']:.2f} s | {n['cpu_s'] / b['cpu_s']:.2f} | "
+            f"{fx[0]} | {fx[1]} | {n['rss'] / b['rss']:.2f} |"
+        )
     return 0
 
 

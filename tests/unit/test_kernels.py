@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from paths import SAMPLES
 
+from paths import SAMPLES
 from snapviz import compiled
 from snapviz.compiled import ENV, MIN_SIZE, Kernel, min_size, same
 from snapviz.errors import InputError
@@ -96,7 +96,9 @@ def test_every_kernel_has_one_threshold_row() -> None:
     ("env", "want"),
     [("", MIN_SIZE["replay"]), ("replay=5", 5), ("*=7", 7), ("*=7, replay=never", float("inf")), ("decimate=0", None)],
 )
-def test_thresholds_are_overridden_by_the_environment(env: str, want: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_thresholds_are_overridden_by_the_environment(
+    env: str, want: float | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(ENV, env)
     assert min_size("replay") == (MIN_SIZE["replay"] if want is None else want)
 
@@ -111,7 +113,7 @@ def test_a_bad_override_is_one_input_error(env: str, monkeypatch: pytest.MonkeyP
 def test_below_its_threshold_a_kernel_runs_its_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
     k = Kernel("t", "replay", lambda: None, lambda n: seen.append("ref"), lambda n: seen.append("compiled"))
-    monkeypatch.setattr(compiled, "_compile", lambda k: (lambda: None))
+    monkeypatch.setattr(compiled, "_compile", lambda k: lambda: None)
     monkeypatch.setenv(ENV, "replay=10")
     k.run(9, 9)
     k.run(10, 10)
@@ -131,4 +133,3 @@ def test_below_its_threshold_a_kernel_runs_its_reference(monkeypatch: pytest.Mon
 )
 def test_the_default_equality_is_exact(a: Any, b: Any, equal: bool) -> None:
     assert same(a, b) is equal
-

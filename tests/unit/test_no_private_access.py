@@ -92,12 +92,16 @@ def findings(source: str, where: str) -> list[str]:
                 and isinstance(t.value.value, ast.Name)
                 and t.value.value.id == "sys"
             ):
-                out.append(f"{where}:{node.lineno}: a write into sys.modules")
+                out.append(f"{where}:{t.lineno}: a write into sys.modules")
     return out
 
 
 def test_no_module_reads_another_librarys_private_names() -> None:
-    found = [f for path in sorted(SNAPVIZ.rglob("*.py")) for f in findings(path.read_text(), str(path.relative_to(SNAPVIZ.parent)))]
+    found = [
+        f
+        for path in sorted(SNAPVIZ.rglob("*.py"))
+        for f in findings(path.read_text(), str(path.relative_to(SNAPVIZ.parent)))
+    ]
     assert not found, "private names of other libraries:\n" + "\n".join(found)
 
 

@@ -104,7 +104,12 @@ def test_the_loader_feeds_the_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(pg.ENV, "always")
     with pg.reading([str(path)], "snapviz: loading") as bar:
         real = bar.update
-        monkeypatch.setattr(bar, "update", lambda n, *a: (positions.append(n), real(n, *a)))
+
+        def update(n: int, *a: Any) -> None:
+            positions.append(n)
+            real(n, *a)
+
+        monkeypatch.setattr(bar, "update", update)
         safe_load_pickle(str(path))
         assert bar.pos == path.stat().st_size  # every byte on disk, reported by the reader itself
     assert positions and sum(positions) == path.stat().st_size
