@@ -2,7 +2,7 @@
 """Where ``snapviz analyze`` spends its time, next to the floors measured in the same run.
 
     python benchmarks/bench_speed.py [--events 1000000] [--source SAMPLE ...] [--trace-mb 500]
-                                     [--repeat 1] [--keep DIR] [--no-html]
+                                     [--repeat 1] [--keep DIR] [--no-html] [--results FILE]
 
 For every ``--source`` (a sample name under ``sample_snapshots/`` or a snapshot path; default:
 the PixArt and SDXL fp16 samples, whose ratios differ) it builds a ``--events``-entry snapshot
@@ -24,6 +24,10 @@ launcher from ``RUSAGE_CHILDREN``, so the large parent never inflates a child's 
 ``--trace-mb N`` also builds an N MB Chrome trace from the bundled profiler trace(s) and
 measures ``load_chrome_trace`` (MB/s of raw JSON, peak RSS) beside ``gzip -d`` of the same
 trace and an in-memory ``orjson.loads``/``json.loads`` parse (only when it fits in free RAM).
+
+Every measured process is also appended as one JSON line to ``--results`` (default
+``benchmarks/results/bench_speed.jsonl``) with the commit, the date and the machine, so runs
+of different commits can be compared: ``python benchmarks/compare_results.py COMMIT_A COMMIT_B``.
 """
 from __future__ import annotations
 
@@ -75,9 +79,7 @@ else:
         data = Restricted(f).load()
 t2 = time.process_time()
 print(json.dumps({"import_s": t1 - t0, "unpickle_s": t2 - t1}), flush=True)
-# No teardown (freeing every object one by one), as `snapviz` itself ends (snapviz.cli.run):
-# the floor is the unpickle, not the interpreter's exit.
-os._exit(0)
+# The interpreter's normal exit (freeing every object), as `snapviz` itself ends.
 """
 TRACE_CHILD = r"""
 import json, sys, time
@@ -92,8 +94,6 @@ tr = load_chrome_trace(sys.argv[1])
 t2 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "parse_s": t2 - t1, "events": tr.event_count, "memory": len(tr.memory),
                   "ops": len(tr.ops), "python_functions": len(tr.python_functions)}), flush=True)
-import os
-os._exit(0)  # as the snapviz script exits after its verb: no interpreter teardown
 """
 JSON_FLOOR_CHILD = r"""
 import json, sys, time
@@ -177,6 +177,17 @@ def _best(cmd: list[str], env: dict[str, str], repeat: int) -> dict[str, Any]:
     return min((_launch(cmd, env) for _ in range(max(1, repeat))), key=lambda r: r["wall_s"])
 
 
+RESULTS: list[dict[str, Any]] = []  # every measured process of this run (see --results)
+
+
+def _record(bench: str, case: str, r: dict[str, Any], floor: dict[str, Any] | None = None, **extra: Any) -> None:
+    row = {"bench": bench, "case": case, "wall_s": round(r["wall_s"], 4), "cpu_s": round(r["cpu_s"], 4), "rss": r["rss"]}
+    if floor is not None:
+        row.update(cpu_x=round(r["cpu_s"] / floor["cpu_s"], 4), wall_x=round(r["wall_s"] / floor["wall_s"], 4),
+                   rss_x=round(r["rss"] / floor["rss"], 4))
+    RESULTS.append({**row, **extra})
+
+
 def _row(name: str, r: dict[str, Any], floor: dict[str, Any]) -> str:
     return (f"| {name} | {r['wall_s']:.2f} s | {r['wall_s'] / floor['wall_s']:.2f}x | {r['cpu_s']:.2f} s | "
             f"{r['cpu_s'] / floor['cpu_s']:.2f}x | {fmt_bytes(r['rss'])} | {r['rss'] / floor['rss']:.2f}x |")
@@ -215,13 +226,12 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     print(f"\n### {n_events:,} events ({fmt_bytes(path.stat().st_size)} pickle; base {base_name}, x{reps})\n")
     print("| process | wall | vs floor | CPU | vs floor | peak RSS | vs floor |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    print(_row("floor: restricted unpickle, GC paused", paused, paused))
-    if on:
-        print(_row("floor: restricted unpickle, GC on", on, paused))
-    print(_row("snapviz safe load (opcode scan + unpickle, GC paused)", safe, paused))
-    for name, r in rows:
+    bench = f"snapshot {base_name} {n_events}"
+    measured = [("floor: restricted unpickle, GC paused", paused)] + ([("floor: restricted unpickle, GC on", on)] if on else [])
+    measured += [("snapviz safe load (opcode scan + unpickle, GC paused)", safe), *rows, ("phases (one process, below)", phases)]
+    for name, r in measured:
         print(_row(name, r, paused))
-    print(_row("phases (one process, below)", phases, paused))
+        _record(bench, name, r, paused)
     print("\nfloor: the GC-paused restricted unpickle process. CPU (user + sys) is the figure to trust on a busy machine.")
     p_safe = json.loads(safe["stdout"])
     print("in process (CPU s): unpickle " + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on / "
@@ -295,6 +305,7 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
     print("| process | wall | CPU | MB/s of CPU (raw JSON) | peak RSS | in process |")
     print("|---|---:|---:|---:|---:|---|")
     for name, r in res:
+        _record(f"trace {args.trace_mb} MB", name, r, mb_per_cpu_s=round(size / 1e6 / r["cpu_s"], 2))
         inner = r["stdout"].strip().splitlines()[-1] if r["stdout"].strip() else ""
         print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {size / 1e6 / r['cpu_s']:,.0f} | "
               f"{fmt_bytes(r['rss'])} | {inner} |")
@@ -312,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each process; the fastest counts")
     ap.add_argument("--no-html", action="store_true", help="skip the HTML report")
     ap.add_argument("--keep", help="directory to build files in and keep them (a file built there before is reused)")
+    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "bench_speed.jsonl"),
+                    help="append every measured process here as a JSON line ('' : do not)")
+    ap.add_argument("--commit", help="the commit to record (default: this checkout's HEAD)")
     ap.add_argument("--child-phases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child_phases:
@@ -341,7 +355,36 @@ def main(argv: list[str] | None = None) -> int:
         bench_trace(args, work, env)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    if args.results:
+        write_results(Path(args.results), [f"--events {args.events}", f"--trace-mb {args.trace_mb}"], args.commit)
     return 0
+
+
+def write_results(path: Path, how: list[str], commit: str | None = None) -> None:
+    """Append this run's rows, each with the commit (``+dirty`` with uncommitted changes), date,
+    machine and the installed compiled packages, to ``path`` (JSON lines)."""
+    import platform  # noqa: PLC0415
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+    if not commit:
+        commit = git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "snapviz") else "")
+    packages = {}
+    for name in ("numba", "msgspec", "orjson", "bokeh", "pandas", "numpy"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    common = {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "args": " ".join(how),
+              "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
+              "packages": packages}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for row in RESULTS:
+            f.write(json.dumps({**common, **row}) + "\n")
+    print(f"\n{len(RESULTS)} results appended to {path} (commit {commit})")
 
 
 if __name__ == "__main__":

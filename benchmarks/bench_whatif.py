@@ -58,7 +58,7 @@ def main() -> None:
     from snapviz.analyses.allocator_rules import settings_from_record  # noqa: PLC0415
     from snapviz.analyses.replay import replay_allocator  # noqa: PLC0415
     from snapviz.analyses.simulate import Cap, request_stream, run  # noqa: PLC0415
-    from snapviz.analyses.simulate_loop import compiled_kernel  # noqa: PLC0415
+    from snapviz.analyses.simulate_loop import KERNEL  # noqa: PLC0415
     from snapviz.analyses.whatif import what_if  # noqa: PLC0415
     from snapviz.load import load  # noqa: PLC0415
 
@@ -75,7 +75,7 @@ def main() -> None:
     assert snap is not None
     n_ev = len(snap.events)
     print(f"source {a.source} x{reps}: {n_ev:,} events; {os.cpu_count()} CPUs")
-    assert compiled_kernel() is not None, "numba is needed for the compiled simulator"
+    assert KERNEL.compiled() is not None, "numba is needed for the compiled simulator"
     t_rep, rep = best(lambda: replay_allocator(snap, 0), a.repeat)
     ev = rep.events  # type: ignore[attr-defined]
     settings = settings_from_record(snap.allocator_settings)

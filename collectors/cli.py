@@ -339,8 +339,8 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
                 raise OptionError(f"--baseline {baseline} is not one of the variants: "
                                   f"{', '.join(labels)}{hint}")
         else:
-            default = mx.parse_variant("fp32" if device == "cpu" else mx.DEFAULT_BASELINE).label
-            base = default if (not variants and default in labels) else (labels[0] if labels else "")
+            fallback = mx.parse_variant("fp32" if device == "cpu" else mx.DEFAULT_BASELINE).label
+            base = fallback if (not variants and fallback in labels) else (labels[0] if labels else "")
     except mx.MatrixError as err:
         raise OptionError(str(err)) from None
     if not chosen:
@@ -368,7 +368,7 @@ def matrix(pipeline: str, size: str, device: str, steps: int, height: int | None
     bar.update(0)  # drawn at 0/N now: the first variant may take minutes
 
     def progress(i: int, n: int, res: mx.VariantResult) -> None:
-        m = res.measure
+        m = res.measure or {}
         if res.ok:
             peak = m["peak_allocated_bytes"] / 2**30
             what = (f"peak {peak:.2f} GiB{' RSS' if m['memory_metric'] == 'rss' else ''}, "

@@ -54,9 +54,9 @@ def run_info(rec: Recorder, status: str | None = None) -> dict[str, Any]:
         final = getattr(rec, "_final", None) or rec._allocator_now()
         per_dev = []
         for d in rec.devices:
-            rows = [next((p for p in s["per_device"] if p["device"] == d), None)
-                    for s in stages]
-            rows = [r for r in rows if r is not None]
+            found = [next((p for p in s["per_device"] if p["device"] == d), None)
+                     for s in stages]
+            rows = [r for r in found if r is not None]
             per_dev.append({
                 "device": d,
                 "max_memory_allocated": max((r["peak_allocated_bytes"] for r in rows),

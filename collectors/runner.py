@@ -173,7 +173,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         if not opts.model:
             tmpdir = tempfile.TemporaryDirectory(prefix="snapviz-balanced-")
             pipe.save_pretrained(tmpdir.name)
-        source = opts.model or tmpdir.name
+        source = opts.model or tmpdir.name  # type: ignore[union-attr]  # tmpdir set where no --model
         del pipe
         gc.collect()
         pipe = None
@@ -201,7 +201,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
     devices = (list(range(torch.cuda.device_count())) if p.has("balanced")
                else ([device.index] if device.type == "cuda" else []))
     rec = Recorder(pipe, out, device=device, stacks=opts.stacks, context=opts.context,
-                   max_entries=opts.max_entries, history=opts.history, profile=opts.profile,
+                   max_entries=opts.max_entries, history=opts.history, profile=bool(opts.profile),
                    profile_scope=opts.profile_scope, devices=devices, initial_stage="load",
                    meta=meta, on_step=on_step, sync_stages=opts.sync_stages)
     if opts.memory_limit_gb and device.type == "cuda":
@@ -236,7 +236,8 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
             rec.pipe = pipe
             rec._install_hooks()
             # the primary device is the one that runs the denoiser
-            rec.device = next(denoiser(pipe).parameters()).device
+            den: Any = denoiser(pipe)
+            rec.device = next(den.parameters()).device
             rec.meta["device_map"] = {k: str(v) for k, v in (pipe.hf_device_map or {}).items()}
             image = pipe(PROMPT, **_call_kwargs(opts, generator)).images[0]
         elif p.has("staged"):

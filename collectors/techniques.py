@@ -171,7 +171,7 @@ def _check_weights(p: Plan, *, device: str, pipeline: str) -> None:
         raise TechniqueError(f"no-t5 drops SD 3.5's optional third text encoder; {pipeline} "
                              "cannot run without its T5")
     if pipeline in FLOW:
-        clash = [n for n in ("classic", "sliced") if p.attention == n]
+        clash: list[str] = [n for n in ("classic", "sliced") if p.attention == n]
         clash += [n for n in ("tiny-vae",) if p.has(n)]
         if clash:
             raise TechniqueError(f"{clash[0]} does not apply to {pipeline} (joint-attention "
@@ -185,7 +185,7 @@ def apply_module_techniques(pipe: Any, p: Plan, *, seed: int = 0, height: int | 
     """Techniques that only change modules (no device placement). Run before loading."""
     from .pipelines import build_tiny_vae, denoiser
 
-    den = denoiser(pipe)
+    den: Any = denoiser(pipe)
     if p.has("tiny-vae"):
         vae = build_tiny_vae(p.dtype, seed=seed)
         old = pipe.vae

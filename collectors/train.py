@@ -220,6 +220,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         model.to(device)
         net = distributed.wrap_ddp(model, device)  # gradients all-reduced in buckets under torchrun
         params = [q for q in model.parameters() if q.requires_grad]
+        assert opts.height is not None and opts.width is not None  # set by validate()
         inputs = Batch(model, opts.pipeline, opts.batch, opts.height, opts.width, device,
                        p.weight_dtype)
         optimizer = tp.make_optimizer(params, p, opts.lr)

@@ -12,9 +12,9 @@ def unique(values: Any) -> np.ndarray:
 
     For integer columns this sorts and keeps each run's first value: numpy 2.3+ finds the
     distinct values of a plain ``np.unique`` with a hash table first, which on this tool's
-    columns (addresses, stack and category codes) is 3-45x slower than the sort, e.g. 0.95 s
-    against 0.04 s for 2M addresses with 300k distinct ones. Other dtypes (floats: NaNs
-    collapse into one; objects) go to ``np.unique``."""
+    columns (addresses, stack and category codes) is several times slower than the sort
+    (figures in docs/benchmarks.md, "Measurements behind the code"). Other dtypes (floats:
+    NaNs collapse into one; objects) go to ``np.unique``."""
     a = np.asarray(values)
     if a.dtype.kind not in "iub":
         return np.unique(a)
@@ -30,7 +30,7 @@ def unique(values: Any) -> np.ndarray:
 def isin_sorted(values: np.ndarray, sorted_unique: np.ndarray) -> np.ndarray:
     """``np.isin(values, sorted_unique)`` for a test set already sorted and distinct (what
     :func:`unique` returns), by binary search: ``np.isin`` would find the set's distinct
-    values again with numpy's hash table (1.7 s for 3M addresses)."""
+    values again with numpy's hash table (docs/benchmarks.md)."""
     if not len(sorted_unique):
         return np.zeros(np.shape(values), bool)
     at = np.minimum(np.searchsorted(sorted_unique, values), len(sorted_unique) - 1)

@@ -1,5 +1,6 @@
 """Progress on stderr for long work: a bar with ETA for counted work (runs compared, variants of a
-matrix, bytes of a big input read) and a status line for the steps after it.
+matrix; :class:`Bar`), the bytes of a big input read (``click.progressbar``, fed by the loader's
+readers through :func:`bytes_read`) and a status line for the steps after it.
 
 Drawn only when stderr is an interactive terminal, never with ``-q`` (the verbs pass
 ``enabled=not quiet``) and never on stdout, so CI logs, pipes and ``--json -`` stay clean.
@@ -9,13 +10,16 @@ Drawn only when stderr is an interactive terminal, never with ``-q`` (the verbs 
 
 from __future__ import annotations
 
+import io
 import os
+import stat
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TextIO
+from contextvars import ContextVar
+from typing import IO, Any, TextIO, cast
 
 from snapviz.units import fmt_bytes
 
@@ -136,61 +140,93 @@ def progress(total: int, label: str, enabled: bool = True) -> Iterator[Callable[
 
 # ----------------------------------------------------------------------------- bytes read
 
+# Where the loader's readers report the bytes they read (see :func:`bytes_read`); set by :func:`reading`.
+_SINK: ContextVar[Callable[[IO[bytes]], None] | None] = ContextVar("snapviz_bytes_read", default=None)
 
-def _offsets(paths: set[str]) -> dict[str, int]:
-    """The kernel's read offset of every open file of this process among ``paths`` (Linux
-    /proc; empty elsewhere). A compressed input's offset counts compressed bytes, so the
-    fraction of the file on disk is right for .gz/.xz/.zst inputs too."""
-    out: dict[str, int] = {}
+
+def bytes_read(f: IO[bytes]) -> None:
+    """Called by the loader's readers after each chunk they read of an input file (``f``: the
+    stream they read, decompressing or not): the file's offset on disk feeds the bar of
+    :func:`reading`, if one is drawn. A compressed input's offset counts compressed bytes, so
+    the fraction of the file on disk is right for .gz/.xz/.zst inputs too."""
+    sink = _SINK.get()
+    if sink is not None:
+        sink(f)
+
+
+def _position(f: IO[bytes]) -> tuple[tuple[int, int], int] | None:
+    """(device, inode) of the file under ``f`` and the descriptor's offset; None where unknown."""
     try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            if target not in paths:
-                continue
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                pos = int(next(ln for ln in f if ln.startswith("pos:")).split()[1])
-        except (OSError, StopIteration, ValueError):
-            continue  # closed meanwhile
-        out[target] = max(pos, out.get(target, 0))
-    return out
+        fd = f.fileno()
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino), os.lseek(fd, 0, os.SEEK_CUR)
+    except (AttributeError, OSError, ValueError):  # no descriptor (an in-memory stream), or closed
+        return None
+
+
+class _Terminal(io.TextIOBase):
+    """stderr, said to be a terminal: ``SNAPVIZ_PROGRESS=always`` draws the bar where click
+    would only print its label (click draws on terminals only)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
 
 
 @contextmanager
-def reading(paths: Sequence[str], label: str, enabled: bool = True, poll_s: float = 0.2) -> Iterator[Bar | None]:
-    """A bar of the bytes read from ``paths`` while the body loads them, for inputs of at least
-    :data:`BIG_INPUT` bytes (any size when forced). The loader is not touched: a thread reads
-    the files' offsets from /proc every ``poll_s`` (no bar where there is no /proc)."""
-    real = {os.path.realpath(p): os.path.getsize(p) for p in paths if os.path.isfile(p)}
-    total = sum(real.values())
+def reading(paths: Sequence[str], label: str, enabled: bool = True) -> Iterator[Any]:
+    """A bar (``click.progressbar``) of the bytes the loader reads of ``paths`` while the body
+    loads them, for inputs of at least :data:`BIG_INPUT` bytes (any size when forced); None
+    when no bar is drawn. The loader's readers report what they read through :func:`bytes_read`."""
+    sizes: dict[tuple[int, int], int] = {}
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            sizes[(st.st_dev, st.st_ino)] = st.st_size
+    total = sum(sizes.values())
     forced = os.environ.get(ENV, "").strip().lower() == "always"
-    if not (real and wanted(enabled) and (total >= BIG_INPUT or forced) and os.path.isdir("/proc/self/fdinfo")):
+    if not (sizes and wanted(enabled) and (total >= BIG_INPUT or forced)):
         yield None
         return
-    bar = Bar(total, label, show=True, fmt=fmt_bytes)
-    seen: dict[str, int] = {}
-    stop = threading.Event()
+    import click  # noqa: PLC0415 - the loader imports this module; click only where a bar is drawn
 
-    def poll() -> None:
-        while not stop.wait(poll_s):
-            for path, pos in _offsets(set(real)).items():
-                seen[path] = max(pos, seen.get(path, 0))
-            bar.set(sum(seen.values()))
+    seen: dict[tuple[int, int], int] = {}
+    stream = sys.stderr if sys.stderr.isatty() else cast(TextIO, _Terminal(sys.stderr))
+    bar: Any = click.progressbar(
+        length=max(total, 1),
+        label=label,
+        file=stream,
+        show_percent=True,
+        item_show_func=lambda _: f"{fmt_bytes(min(bar.pos, total))}/{fmt_bytes(total)}",
+        width=_WIDTH,
+        bar_template="%(label)s [%(bar)s]  %(info)s",  # as the other bars: label [####----]  info
+    )
 
-    watcher = threading.Thread(target=poll, name="snapviz-progress", daemon=True)
-    watcher.start()
+    def advance(f: IO[bytes]) -> None:
+        at = _position(f)
+        if at is not None and at[0] in sizes and at[1] > seen.get(at[0], 0):
+            before = sum(seen.values())
+            seen[at[0]] = min(at[1], sizes[at[0]])
+            bar.update(sum(seen.values()) - before)
+
+    token = _SINK.set(advance)
     try:
-        yield bar
-        stop.set()
-        watcher.join()
-        bar.set(total)  # the body returned: every byte was read (the files are closed, no offsets left)
+        with bar:
+            yield bar
+            bar.update(total - bar.pos)  # the body returned: every byte was read
     finally:
-        stop.set()
-        watcher.join()
-        bar.close()
+        _SINK.reset(token)
 
 
 class Steps:

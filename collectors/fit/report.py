@@ -178,10 +178,13 @@ def render_fit_markdown(doc: dict[str, Any]) -> str:
 
 def fit_card_html(doc: dict[str, Any]) -> str:
     """The fit tables, one per card, as one card of the shared page kit (which escapes)."""
-    from snapviz.render.html.page import card_open, esc, html_table
+    from markupsafe import escape as esc
 
-    parts = [card_open(printable(_title(doc), None), printable(f"{doc['memory_metric_text']}. {doc['time_text']}.", None),
-                       "sv-fit")]
+    from snapviz.render.html.page import card_open, html_table
+
+    # str(...): the parts are joined as text (Markup + str would escape the str)
+    parts: list[str] = [str(card_open(printable(_title(doc), None),
+                                      printable(f"{doc['memory_metric_text']}. {doc['time_text']}.", None), "sv-fit"))]
     for i, card in enumerate(doc["cards"]):
         head, rows = fit_table(card)
         table = html_table([printable(h, None) for h in head], [[printable(c, None) for c in r] for r in rows],

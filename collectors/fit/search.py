@@ -74,7 +74,7 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
         elif same is not None:
             row = FitRow(card, v, result=results[(same.label, same.card.bytes)],
                          inferred=(f"the run under the {same.card.label} cap never reserved more than "
-                                   f"{same.reserved_bytes / 2**30:.2f} GiB, so the {card.label} cap was never "
+                                   f"{(same.reserved_bytes or 0) / 2**30:.2f} GiB, so the {card.label} cap was never "
                                    "met: the run under it would be the same"))
         elif v.label in refused:
             row = FitRow(card, v, result=refused[v.label])

@@ -60,7 +60,7 @@ def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> 
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     if len(ok) < 2:
         return None
-    digests = []
+    digests: list[Any] = []
     for r in ok:
         run_dir = Path(r["run_dir"])
         digest = None
@@ -87,7 +87,7 @@ def matrix_dict(opts: MatrixOptions, rows: list[dict[str, Any]], baseline: str |
                 compare_doc: dict[str, Any] | None) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     metric = ok[0]["measure"]["memory_metric"] if ok else ("allocator" if opts.device == "cuda" else "rss")
-    first = next((json.loads((Path(r["run_dir"]) / "run.json").read_text()) for r in ok), {})
+    first: dict[str, Any] = next((json.loads((Path(r["run_dir"]) / "run.json").read_text()) for r in ok), {})
     return {
         "schema": SCHEMA,
         "pipeline": opts.pipeline, "size": opts.size, "device": opts.device,

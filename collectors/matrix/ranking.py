@@ -34,14 +34,14 @@ def measure(info: dict[str, Any]) -> dict[str, Any]:
     per_stage: dict[str, dict[str, int | None]] = {}
     for g in STAGE_GROUPS:
         rows = [s for s in stages if stage_group(s["name"]) == g]
-        av = [a(s) for s in rows if a(s) is not None]
-        rv = [r(s) for s in rows if r(s) is not None]
+        av = [v for v in map(a, rows) if v is not None]
+        rv = [v for v in map(r, rows) if v is not None]
         per_stage[g] = {"peak_allocated_bytes": max(av) if av else None,
                         "peak_reserved_bytes": max(rv) if rv else None}
     if alloc:
         peak, reserved = int(alloc["max_memory_allocated"]), int(alloc["max_memory_reserved"])
     else:
-        peak = max((int(a(s)) for s in stages if a(s) is not None), default=0)
+        peak = max((int(v) for v in map(a, stages) if v is not None), default=0)
         reserved = None
     peak_stage = None
     for s in stages:

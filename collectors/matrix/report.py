@@ -159,12 +159,15 @@ def _line(text: Any) -> str:
 def matrix_card_html(doc: dict[str, Any], ident: str = "sv-matrix") -> str:
     """The matrix table, its rule and notes as one card of the shared page kit (``ident``: the
     card's id, unique on a page with several)."""
-    from snapviz.render.html.page import card_open, esc, html_table
+    from markupsafe import escape as esc
+
+    from snapviz.render.html.page import card_open, html_table
 
     head, rows = table_cells(doc)
     table = html_table([_line(h) for h in head], [[_line(c.value) for c in row] for row in rows], "sv-matrix-table")
     items = "".join(f"<li>{esc(_line(n))}</li>" for n in _notes(bounded_doc(doc), str, str))
-    return (card_open("Technique matrix", f"{_line(doc['memory_metric_text'])}. {_line(doc['time_text'])}.", ident)
+    # str(...): Markup + str would escape the str (the table's markup)
+    return (str(card_open("Technique matrix", f"{_line(doc['memory_metric_text'])}. {_line(doc['time_text'])}.", ident))
             + f'<div class="sv-cmp-wrap">{table}</div><p class="sv-hint">{esc(_line(doc["ranking_rule"]))}</p>'
             + (f"<ul>{items}</ul>" if items else "") + "</section>")
 

@@ -9,20 +9,12 @@ reduction, so a million rows take tens of milliseconds.
 
 from __future__ import annotations
 
-import functools
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
 from snapviz.arrays import unique
-from snapviz.compiled import njit_cached, readonly
-
-# From this many rows the buckets' extremes are found by a compiled loop when numba is
-# installed (one pass per series, ~10x fewer passes over the rows than the vectorised form):
-# the replay loads numba from the same length on, so the kernel costs only its cached load.
-COMPILED_MIN_ROWS = 200_000
+from snapviz.compiled import kernel, readonly
 
 
 def was_decimated(n: int, max_points: int) -> bool:
@@ -38,18 +30,23 @@ def _bucket_argext(
     where the compiled loop runs)."""
     if bucket_of is not None:
         return _bucket_argext_numpy(y_lo, y_hi, starts, bucket_of)
-    kernel = _kernel()
-    assert kernel is not None
+    return _argext_compiled(y_lo, y_hi, starts, n)
+
+
+def _argext_compiled(y_lo: np.ndarray, y_hi: np.ndarray, starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The compiled loop's extremes (the ``decimate`` kernel of :mod:`snapviz.compiled`)."""
+    compiled = KERNEL.compiled()
+    if compiled is None:
+        raise RuntimeError("numba is not installed (pip install numba)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mins, maxs = kernel(readonly(y_lo), readonly(y_hi), readonly(starts.astype(np.int64, copy=False)), n)
+        mins, maxs = compiled(readonly(y_lo), readonly(y_hi), readonly(starts.astype(np.int64, copy=False)), n)
     return mins, maxs
 
 
-@functools.cache
-def _kernel() -> Callable[..., Any] | None:
-    """The compiled loop (None without numba; see :mod:`snapviz.compiled`)."""
-    return njit_cached(_argext_py)
+def _argext_reference(y_lo: np.ndarray, y_hi: np.ndarray, starts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_bucket_argext_numpy` with the same arguments as the compiled loop."""
+    return _bucket_argext_numpy(y_lo, y_hi, starts, np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n))))
 
 
 def _argext_py(
@@ -133,7 +130,7 @@ def _decimate(xf: np.ndarray, lo: float, hi: float, series: list[np.ndarray], nb
     edges = np.linspace(lo, hi, nb + 1)[:-1]
     starts = unique(np.searchsorted(xf, edges, side="left"))
     starts = starts[starts < n]
-    compiled = n >= COMPILED_MIN_ROWS and _kernel() is not None
+    compiled = KERNEL.wanted(n)
     bucket_of = None if compiled else np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
     keep = [np.array([0, n - 1], np.int64)]
     for y in series:
@@ -150,3 +147,8 @@ def _decimate(xf: np.ndarray, lo: float, hi: float, series: list[np.ndarray], nb
         mins, maxs = _bucket_argext(y, y, starts, n, bucket_of)
         keep += [mins, maxs]
     return unique(np.concatenate(keep)).astype(np.int64)
+
+
+# From ``decimate`` rows on (snapviz.compiled.MIN_SIZE) the buckets' extremes are found by a
+# compiled loop: one pass per series instead of the vectorised form's several.
+KERNEL = kernel(_argext_py, reference=_argext_reference, compiled_path=_argext_compiled, min_size="decimate")

@@ -2,9 +2,10 @@
 
 Two implementations of one contract (see :mod:`snapviz.analyses.replay` for the allocator
 rules): :func:`block_loop_reference`, plain Python and the reference, and a numba-compiled
-kernel used when numba is installed (the ``fast`` extra). Their outputs are equal to the
-byte on every bundled sample and on the randomized oracle workloads
-(tests/unit/test_replay_compiled.py). :func:`block_loop` picks one.
+kernel (registered in :mod:`snapviz.compiled` as ``replay``) used for long histories where
+numba is installed. Their outputs are equal to the byte on every bundled sample and on the
+randomized oracle workloads (tests/unit/test_replay_compiled.py, tests/unit/test_kernels.py).
+:func:`block_loop` picks one.
 
 The compiled kernel replaces the reference's dicts keyed by address with arrays indexed
 by a dense code per distinct address (``np.unique``: codes sort as addresses do), its
@@ -16,9 +17,7 @@ end), and keeps the few segments in sorted arrays; no Python object per event.
 from __future__ import annotations
 
 import bisect
-import functools
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +26,10 @@ import numpy as np
 from snapviz.analyses.allocator_rules import MIN_BLOCK_SIZE as MIN_BLOCK
 from snapviz.analyses.allocator_rules import SMALL_SIZE
 from snapviz.arrays import unique
-from snapviz.compiled import njit_cached, readonly
+from snapviz.compiled import kernel, readonly
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_SEG_ALLOC, A_SEG_FREE, A_SEG_UNMAP
 
 __all__ = ["MIN_BLOCK", "SMALL_SIZE", "LoopInput", "LoopResult", "block_loop"]
-# Below this many events the reference is used even when numba is installed: importing
-# numba and loading the cached kernel takes about a second, more than the reference's loop.
-COMPILED_MIN_EVENTS = 200_000
 
 
 @dataclass
@@ -71,15 +67,8 @@ class LoopInput:
 
 def block_loop(inp: LoopInput) -> LoopResult:
     """The compiled kernel for long histories when numba is installed, else the reference."""
-    if len(inp.actions) >= COMPILED_MIN_EVENTS and compiled_kernel() is not None:
-        return block_loop_compiled(inp)
-    return block_loop_reference(inp)
-
-
-@functools.cache
-def compiled_kernel() -> Callable[..., Any] | None:
-    """The numba-compiled kernel (None without numba; see :mod:`snapviz.compiled`)."""
-    return njit_cached(_kernel_py)
+    result: LoopResult = KERNEL.run(len(inp.actions), inp)
+    return result
 
 
 def block_loop_reference(inp: LoopInput) -> LoopResult:
@@ -251,9 +240,9 @@ def block_loop_reference(inp: LoopInput) -> LoopResult:
 
 def block_loop_compiled(inp: LoopInput) -> LoopResult:
     """The numba kernel over dense address codes; same contract as the reference."""
-    kernel = compiled_kernel()
+    kernel = KERNEL.compiled()
     if kernel is None:
-        raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
+        raise RuntimeError("numba is not installed (pip install numba)")
     n = len(inp.actions)
     uniq = unique(np.concatenate([inp.addrs.astype(np.int64, copy=False), inp.nonfree]))
     codes = np.searchsorted(uniq, inp.addrs)
@@ -534,3 +523,6 @@ def _kernel_py(
     live_code = np.flatnonzero(live_row >= 0)
     counts = np.array([orphans, unknown, grown, conflicts, raised], np.int64)
     return delta, rdelta, block_size, free_row, alloc_row, live_code, live_b[live_code], counts
+
+
+KERNEL = kernel(_kernel_py, reference=block_loop_reference, compiled_path=block_loop_compiled, min_size="replay")

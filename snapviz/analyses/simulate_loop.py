@@ -1,4 +1,4 @@
-"""The allocator simulator's loop compiled with numba (the ``fast`` extra).
+"""The allocator simulator's loop compiled with numba (the ``simulate`` kernel of :mod:`snapviz.compiled`).
 
 The same contract as :func:`snapviz.analyses.simulate.loop_reference`, the plain-Python
 reference (one class per allocator structure), and equal to it on every bundled sample and on
@@ -19,7 +19,6 @@ rules are restated in the kernel (four comparisons) and held equal to the refere
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -50,12 +49,9 @@ from snapviz.analyses.simulate import (
     _limit,
     _recorded_addresses,
 )
-from snapviz.compiled import njit_cached, readonly
+from snapviz.compiled import kernel, readonly
 from snapviz.model import A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
 
-# Below this many requests the reference runs even with numba (its import and the kernel's load
-# cost about a second).
-COMPILED_MIN_REQUESTS = 100_000
 _SIZE_BITS = 44  # sizes below 16 TiB; stream ranks above them in one int64 key
 
 # blk rows
@@ -80,7 +76,8 @@ PTR, SIZE, STREAM, SMALL, BUSY, MAPPED, PREV, NEXT, ES, GC = range(10)
 
 
 def use_compiled(n_requests: int) -> bool:
-    return n_requests >= COMPILED_MIN_REQUESTS and compiled_kernel() is not None
+    """Whether ``n_requests`` take the compiled loop (from ``simulate`` requests on, with numba)."""
+    return KERNEL.wanted(n_requests)
 
 
 _HELPERS = (
@@ -109,26 +106,19 @@ _HELPERS = (
 )
 
 
-@functools.cache
-def compiled_kernel() -> Callable[..., Any] | None:
-    """The kernel compiled by numba (None without numba). Its helpers are compiled first and put
-    in place of the Python ones in this module (numba resolves the kernel's globals when it
-    compiles); called from Python they give the same results."""
-    if njit_cached(_key1) is None:
-        return None
-    g = globals()
-    for name in _HELPERS:
-        if not hasattr(g[name], "py_func"):
-            g[name] = njit_cached(g[name])
-    return njit_cached(_kernel_py)
-
-
 def loop_compiled(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> LoopOut:
     """The numba kernel over array structures; same contract as the reference."""
-    kernel = compiled_kernel()
-    if kernel is None:
-        raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
-    return _call(kernel, stream, settings, cap)
+    compiled = KERNEL.compiled()
+    if compiled is None:
+        raise RuntimeError("numba is not installed (pip install numba)")
+    return _call(compiled, stream, settings, cap)
+
+
+def _reference(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> LoopOut:
+    """:func:`snapviz.analyses.simulate.loop_reference` (imported on use: that module imports this one)."""
+    from snapviz.analyses.simulate import loop_reference  # noqa: PLC0415
+
+    return loop_reference(stream, settings, cap)
 
 
 def loop_python_arrays(stream: RequestStream, settings: AllocatorSettings, cap: Cap) -> LoopOut:
@@ -830,3 +820,8 @@ def _garbage_collect(
                 total_age -= age
                 count -= 1
                 _release_block(blk, pk, pn, st, free_ids, log, c)
+
+
+# Its helpers are compiled first and put in place of the Python ones in this module (numba
+# resolves the kernel's globals when it compiles it); called from Python they give the same results.
+KERNEL = kernel(_kernel_py, reference=_reference, compiled_path=loop_compiled, min_size="simulate", helpers=_HELPERS)

@@ -16,6 +16,7 @@ from typing import IO, Any
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.opener import open_regular
+from snapviz.progress import bytes_read
 
 _GZIP = b"\x1f\x8b"
 _XZ = b"\xfd7zXZ\x00"
@@ -104,6 +105,10 @@ class _DecompressErrors(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def fileno(self) -> int:
+        """The compressed file's descriptor (its offset: the progress of the read)."""
+        return self._raw.fileno()
+
     def readinto(self, b: Any) -> int:
         try:
             # read1: one decompressed piece at a time, so the data before a truncation point
@@ -140,6 +145,9 @@ class _Bounded(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
 
     def readinto(self, b: Any) -> int:
         with self._clock:
@@ -229,6 +237,7 @@ def read_all(f: IO[bytes]) -> bytes:
         raw.seek(f.tell())
         data = raw.readall()
         f.seek(0, io.SEEK_END)  # the buffered reader drops its read-ahead and agrees with the file
+        bytes_read(f)
         return data
     parts: list[bytes] = []
     while True:
@@ -236,3 +245,4 @@ def read_all(f: IO[bytes]) -> bytes:
         if not chunk:
             return b"".join(parts)
         parts.append(chunk)
+        bytes_read(f)

@@ -30,7 +30,7 @@ def test_kernel_equals_reference(seed: int) -> None:
         np.where(nan, np.nanmax(floats) if (~nan).any() else 0.0, floats),
         np.where(nan, np.nanmin(floats) if (~nan).any() else 0.0, floats),
     )
-    kernel = decimate._kernel()
+    kernel = decimate.KERNEL.compiled()
     assert kernel is not None
     for y_lo, y_hi in ((ints, ints), (lo, hi)):
         want = decimate._bucket_argext_numpy(y_lo, y_hi, starts, bucket_of)
@@ -48,7 +48,7 @@ def test_whole_decimation_is_the_same_either_way(monkeypatch: pytest.MonkeyPatch
     q = a.astype(np.float64)
     q[rng.random(n) < 0.01] = np.nan
     compiled = decimate.decimate_minmax(x, a, r, q, max_points=5000)
-    monkeypatch.setattr(decimate, "COMPILED_MIN_ROWS", n + 1)
+    monkeypatch.setenv("SNAPVIZ_KERNEL_MIN_SIZE", f"decimate={n + 1}")
     reference = decimate.decimate_minmax(x, a, r, q, max_points=5000)
     np.testing.assert_array_equal(compiled, reference)
     assert int(np.argmax(a)) in set(compiled.tolist())

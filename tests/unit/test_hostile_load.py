@@ -294,7 +294,7 @@ def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) 
     """SNAPVIZ_MAX_INPUT_STRING=100 refuses a 200-byte label on the exact scan (small pickles),
     the regex grammar check and the compiled one (big pickles: short strings inline)."""
     from snapviz.load.snapshot import pickle_scan
-    from snapviz.load.snapshot.pickle_scan_fast import compiled_kernel, fast_scan, fast_scan_compiled
+    from snapviz.load.snapshot.pickle_scan_fast import KERNEL, fast_scan, fast_scan_compiled
 
     n = 10 if path_kind == "exact" else 9000
     trace = [{"action": "alloc", "addr": 512 * i, "size": 512,
@@ -302,7 +302,7 @@ def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) 
     data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
     limits = Limits(string_length=100)
     if path_kind == "compiled":
-        if compiled_kernel() is None:
+        if KERNEL.compiled() is None:
             pytest.skip("numba not installed")
         assert fast_scan_compiled(data, "p", limits) is False  # steps aside: the exact scan decides
     elif path_kind == "grammar":

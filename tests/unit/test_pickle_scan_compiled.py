@@ -176,7 +176,7 @@ def test_scan_pickle_takes_the_compiled_check_for_big_pickles(monkeypatch: pytes
     calls: list[str] = []
     monkeypatch.setattr(pickle_scan, "fast_scan_compiled", lambda *a: calls.append("compiled") or True)
     monkeypatch.setattr(pickle_scan, "fast_scan", lambda *a: calls.append("python") or True)
-    monkeypatch.setattr(pickle_scan, "COMPILED_MIN_BYTES", 2 * FULL_SCAN_BYTES)
+    monkeypatch.setenv("SNAPVIZ_KERNEL_MIN_SIZE", f"pickle_scan={2 * FULL_SCAN_BYTES}")
     for size in (FULL_SCAN_BYTES + 1, 2 * FULL_SCAN_BYTES):
         assert pickle_scan.scan_pickle(b"\x80\x04" + b"N" * size + b".", "p", Limits()) is None
     assert calls == ["python", "compiled"]

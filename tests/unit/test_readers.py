@@ -4,6 +4,8 @@ no private names imported across ``snapviz/load``."""
 
 from __future__ import annotations
 
+from snapviz.compiled import min_size
+
 import ast
 from pathlib import Path
 
@@ -23,13 +25,13 @@ TRACE = sorted(SAMPLES.glob("*/trace.json.gz"))[0]
 
 
 def test_the_reader_is_chosen_by_size_in_one_place() -> None:
-    assert reader.choose_reader(reader.COLUMNAR_MIN_BYTES - 1) == reader.UNPICKLER
-    assert reader.choose_reader(reader.COLUMNAR_MIN_BYTES) == reader.PICKLE_VM
+    assert reader.choose_reader(int(min_size("pickle_tape")) - 1) == reader.UNPICKLER
+    assert reader.choose_reader(int(min_size("pickle_tape"))) == reader.PICKLE_VM
     assert set(reader.READERS) == {reader.UNPICKLER, reader.PICKLE_VM}
 
 
 def test_a_small_snapshot_is_unpickled_and_says_so() -> None:
-    assert SMALLEST.stat().st_size < reader.COLUMNAR_MIN_BYTES
+    assert SMALLEST.stat().st_size < int(min_size("pickle_tape"))
     assert load_snapshot(str(SMALLEST)).reader == reader.UNPICKLER
 
 
@@ -37,7 +39,7 @@ def test_the_fast_backend_gives_the_object_paths_columns(monkeypatch: pytest.Mon
     if columnar.run_tape(b"\x80\x04N.", 0) is None:
         pytest.skip("numba absent: the pickle VM is not available")
     slow = load_snapshot(str(SMALLEST))
-    monkeypatch.setattr(reader, "COLUMNAR_MIN_BYTES", 0)
+    monkeypatch.setenv("SNAPVIZ_KERNEL_MIN_SIZE", "pickle_tape=0")
     fast = load_snapshot(str(SMALLEST))
     assert (slow.reader, fast.reader) == (reader.UNPICKLER, reader.PICKLE_VM)
     for name in ("events", "frames", "stack_frames", "segments", "blocks", "annotations"):

@@ -210,7 +210,7 @@ def test_compiled_kernel_equals_the_reference(sample):
 
     snap = load(str(SAMPLES / sample)).snapshot
     _, _, st = _stream(snap, 0, Cap())
-    other = simulate_loop.loop_compiled if simulate_loop.compiled_kernel() else simulate_loop.loop_python_arrays
+    other = simulate_loop.loop_compiled if simulate_loop.KERNEL.compiled() else simulate_loop.loop_python_arrays
     for conf in ("", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4",
                  "garbage_collection_threshold:0.6"):
         for cap in (Cap(), Cap(3 * GiB), Cap(5 * GiB, fraction=True)):

@@ -16,7 +16,6 @@ that copes with every layout and says what it had to assume.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +26,6 @@ from snapviz.load.limits import SharedRows
 from snapviz.load.snapshot.builder import BlockColumns, snapshot_from_dict
 from snapviz.load.snapshot.columnar_segments import annotation_dicts, segments
 from snapviz.load.snapshot.columns import NEEDS_ADDR_AND_SIZE, StackInterner, action_code, metadata_str
-from snapviz.load.snapshot.pickle_scan_fast import COMPILED_MIN_BYTES
 from snapviz.load.snapshot.pickle_vm import (
     K_DICT,
     K_INT,
@@ -36,15 +34,11 @@ from snapviz.load.snapshot.pickle_vm import (
     K_STR,
 )
 from snapviz.load.snapshot.tape import Tape, run_tape
-from snapviz.load.snapshot.tape_read import Fallback, Objects, compiled, field_index, group_spans, stack_ids
+from snapviz.load.snapshot.tape_read import Fallback, Objects, entry_fields, field_index, group_spans, stack_ids
 from snapviz.model import ACTION_CODE, Snapshot
 
 FIELDS = ("action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context", "device_free")
 F_ACTION, F_ADDR, F_SIZE, F_STREAM, F_TIME, F_FRAMES, F_META, F_COMPILE, F_DEVICE_FREE = range(len(FIELDS))
-# From this size on (the safety scan's compiled threshold) numba is loaded for the scan anyway,
-# so the tape costs only its run: ~0.5 s of CPU per 100 MiB of pickle against ~4 s for the
-# unpickle and the model build from the objects.
-COLUMNAR_MIN_BYTES = COMPILED_MIN_BYTES
 
 
 def columnar_snapshot(data: bytes, source: str) -> Callable[[], Snapshot | None] | None:
@@ -117,13 +111,9 @@ def _device_columns(
     if n == 0:
         return None
     t = m.tape
-    ks = compiled()
-    assert ks is not None  # the tape exists, so numba does
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fk, fp = ks[0](
-            entries, t.c_first, t.b_next, t.b_start, t.b_len, t.r_kind, t.r_pay, t.ints, field_of, len(FIELDS)
-        )
+    fk, fp = entry_fields(
+        entries, t.c_first, t.b_next, t.b_start, t.b_len, t.r_kind, t.r_pay, t.ints, field_of, len(FIELDS)
+    )
     if not (fk[F_ACTION] == K_STR).all():
         raise Fallback
     acodes, astr = pd.factorize(fp[F_ACTION])

@@ -24,13 +24,7 @@ from struct import error as struct_error
 
 from snapviz.errors import InputError
 from snapviz.load.limits import LimitExceeded, Limits
-from snapviz.load.snapshot.pickle_scan_fast import (
-    COMPILED_MIN_BYTES,
-    FULL_SCAN_BYTES,
-    compiled_kernel,
-    fast_scan,
-    fast_scan_compiled,
-)
+from snapviz.load.snapshot.pickle_scan_fast import FULL_SCAN_BYTES, KERNEL, fast_scan, fast_scan_compiled
 
 _U4, _I4, _U8, _U2 = Struct("<I"), Struct("<i"), Struct("<Q"), Struct("<H")
 _DEPTH, _SIZE = itemgetter(0), itemgetter(1)
@@ -69,7 +63,7 @@ def scan_pickle(data: bytes, path: str, limits: Limits, exact: bool = False) -> 
     exact scan's counts (objects, string_bytes, depth, expansion), None after the fast path."""
     if not exact and len(data) > FULL_SCAN_BYTES:
         # The grammar check (snapviz.load.snapshot.pickle_scan_fast), compiled for big pickles when numba is there.
-        fast = fast_scan_compiled if len(data) >= COMPILED_MIN_BYTES and compiled_kernel() is not None else fast_scan
+        fast = fast_scan_compiled if KERNEL.wanted(len(data)) else fast_scan
         try:
             if fast(data, path, limits):
                 return None

@@ -21,28 +21,15 @@ does, so a 10M-event snapshot (1.4 GB) stays on the fast path.
 
 from __future__ import annotations
 
-import functools
 import re
 import warnings
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
-from snapviz.compiled import njit_cached
+from snapviz.compiled import kernel
 from snapviz.load.limits import LimitExceeded, Limits
 
 FULL_SCAN_BYTES = 1 << 20
-# From this size on the compiled check is used when numba is installed. In a fresh process
-# numba's import and first kernel cost 1.0-1.5 s of CPU (measured on the 2-core dev machine,
-# with the garbage collector's extra walks over numba's objects during the unpickle), the
-# Python check about 27 ms per MiB. ``analyze`` replays with numba from 200k events
-# (snapviz.analyses.replay_loop.COMPILED_MIN_EVENTS: 18-26 MiB of pickle), so it pays that
-# import anyway; a pickle with fewer events pays it for the scan alone. At 24 MiB the Python
-# check costs about half the import: compiled, it gains ~0.6 s in the first case and loses
-# ~0.6 s in the second; the gain grows with size, and from ~50 MiB it wins alone too
-# (analyze --json of an 80 MiB snapshot: 14.4 -> 11.2 s CPU).
-COMPILED_MIN_BYTES = 24 << 20
 _A = rb"[\s\S]"
 
 
@@ -179,23 +166,17 @@ _MAKES_OBJECT[
 ] = 1
 
 
-@functools.cache
-def compiled_kernel() -> Callable[..., Any] | None:
-    """The numba-compiled kernel (None without numba; see :mod:`snapviz.compiled`)."""
-    return njit_cached(_kernel_py)
-
-
 def fast_scan_compiled(data: bytes, path: str, limits: Limits) -> bool:
     """:func:`fast_scan` by the numba kernel: same verdict, same exception."""
-    kernel = compiled_kernel()
-    if kernel is None:
-        raise RuntimeError("numba is not installed (pip install 'snapviz[fast]')")
+    compiled = KERNEL.compiled()
+    if compiled is None:
+        raise RuntimeError("numba is not installed (pip install numba)")
     if len(data) > limits.string_bytes or limits.string_length < _SHORT_MAX:  # see _may_count_over
         return False
     max_str = min(limits.string_length, np.iinfo(np.int64).max)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        verdict, at, made = kernel(
+        verdict, at, made = compiled(
             np.frombuffer(data, np.uint8), _start(data), max_str, _TOKEN_LENGTH, _IS_SCALAR, _MAKES_OBJECT
         )
     if verdict == _TOO_LONG:
@@ -267,3 +248,8 @@ def _kernel_py(
         tok = 0  # tokens before a handled opcode are never items of a later tuple
         t1 = t2 = t3 = -1
     return _OUTSIDE, 0, made
+
+
+# From ``pickle_scan`` bytes on (snapviz.compiled.MIN_SIZE; the reasons in docs/benchmarks.md)
+# the compiled check runs where numba is installed.
+KERNEL = kernel(_kernel_py, reference=fast_scan, compiled_path=fast_scan_compiled, min_size="pickle_scan")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from snapviz.compiled import min_size
 from snapviz.load import paused_gc
 from snapviz.load.snapshot.builder import snapshot_from_dict
-from snapviz.load.snapshot.columnar import COLUMNAR_MIN_BYTES, columnar_snapshot
+from snapviz.load.snapshot.columnar import columnar_snapshot
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.model import Snapshot
 
@@ -27,10 +28,11 @@ READERS = (UNPICKLER, PICKLE_VM)
 
 
 def choose_reader(size: int) -> str:
-    """The reader a checked pickle of ``size`` bytes is offered to first: the VM from
-    :data:`~snapviz.load.snapshot.columnar.COLUMNAR_MIN_BYTES` on (where numba is loaded for
-    the safety scan anyway), the unpickler below."""
-    return PICKLE_VM if size >= COLUMNAR_MIN_BYTES else UNPICKLER
+    """The reader a checked pickle of ``size`` bytes is offered to first: the VM from the
+    ``pickle_tape`` threshold on (:data:`snapviz.compiled.MIN_SIZE`, overridable by
+    ``SNAPVIZ_KERNEL_MIN_SIZE``; numba is loaded for the safety scan there anyway), the
+    unpickler below."""
+    return PICKLE_VM if size >= min_size("pickle_tape") else UNPICKLER
 
 
 def read_snapshot(path: str) -> Snapshot:

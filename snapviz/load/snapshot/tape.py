@@ -3,7 +3,6 @@ a file's bytes into arrays sized from the file's length and gives back a :class:
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from snapviz.compiled import njit_cached
+from snapviz.compiled import kernel
 from snapviz.load.snapshot.pickle_vm import FULL, OK, vm_py
 
 
@@ -55,14 +54,9 @@ class Tape:
         return out
 
 
-@functools.cache
-def _kernel() -> Callable[..., Any] | None:
-    return njit_cached(vm_py)
-
-
 def available() -> bool:
     """Whether numba is there to run the machine."""
-    return _kernel() is not None
+    return KERNEL.compiled() is not None
 
 
 _MARK_DEPTH = 4096
@@ -103,11 +97,10 @@ def run_tape(data: bytes, start: int) -> Tape | None:
     marks' greatest depth, memo slots, rows, batches, containers, strings, ints, string
     bytes) and the run is repeated with exactly that. Arrays grown inside the loop made it
     four times slower (numba then reloads and counts references to them on every opcode)."""
-    kernel = _kernel()
-    if kernel is None:
+    if not available():
         return None
     try:
-        return _run(kernel, np.frombuffer(data, np.uint8), start)
+        return _tape_compiled(np.frombuffer(data, np.uint8), start)
     except MemoryError:  # arrays the machine cannot get: the unpickler's way, which says so if it fails too
         return None
 
@@ -149,3 +142,20 @@ def _run(kernel: Callable[..., Any], buf: np.ndarray, start: int) -> Tape | None
         a["ints"][:ni],
         a["sbuf"][:nsb],
     )
+
+
+def _tape_compiled(buf: np.ndarray, start: int) -> Tape | None:
+    """The machine compiled (the ``pickle_tape`` kernel)."""
+    compiled = KERNEL.compiled()
+    if compiled is None:
+        raise RuntimeError("numba is not installed (pip install numba)")
+    return _run(compiled, buf, start)
+
+
+def _tape_python(buf: np.ndarray, start: int) -> Tape | None:
+    """The machine's own code run by Python (slow): the reference the compiled machine equals."""
+    return _run(vm_py, buf, start)
+
+
+# Used from ``pickle_tape`` bytes on (snapviz.compiled.MIN_SIZE; snapviz.load.snapshot.reader decides).
+KERNEL = kernel(vm_py, reference=_tape_python, compiled_path=_tape_compiled, min_size="pickle_tape")

@@ -5,7 +5,6 @@ by content, compiled. :mod:`snapviz.load.snapshot.columnar` builds the snapshot 
 
 from __future__ import annotations
 
-import functools
 import struct
 import warnings
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from snapviz.compiled import njit_cached
+from snapviz.compiled import kernel
 from snapviz.load.snapshot.columns import StackInterner
 from snapviz.load.snapshot.pickle_vm import (
     K_BIG,
@@ -52,13 +51,9 @@ def field_index(tape: Tape, names: tuple[str, ...]) -> np.ndarray:
 
 def key_values(m: Objects, ids: np.ndarray, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     t = m.tape
-    ks = compiled()
-    assert ks is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return ks[0](
-            ids, t.c_first, t.b_next, t.b_start, t.b_len, t.r_kind, t.r_pay, t.ints, field_index(t, names), len(names)
-        )
+    return entry_fields(
+        ids, t.c_first, t.b_next, t.b_start, t.b_len, t.r_kind, t.r_pay, t.ints, field_index(t, names), len(names)
+    )
 
 
 def group_spans(
@@ -67,11 +62,7 @@ def group_spans(
     """Spans ``data[off:off + length]`` grouped by content (compiled hash and compare): the
     group of each span in the order groups first occur (-1 where ``off`` < 0) and each
     group's first span. None where ``need`` >= 0 and an item's kind in ``kinds`` is not it."""
-    ks = compiled()
-    assert ks is not None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        status, gcode, first = ks[1](off, length, data, np.empty(0, np.int8) if kinds is None else kinds, need)
+    status, gcode, first = _groups_compiled(off, length, data, np.empty(0, np.int8) if kinds is None else kinds, need)
     return None if status != OK else (gcode, first)
 
 
@@ -192,11 +183,30 @@ class Objects:
         return tuple(out)
 
 
-@functools.cache
 def compiled() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
-    fields = njit_cached(_fields_py)
-    group = njit_cached(_group_spans_py)
+    """The two compiled loops (fields of many dicts, spans grouped by content); None without numba."""
+    fields, group = FIELDS.compiled(), GROUPS.compiled()
     return None if fields is None or group is None else (fields, group)
+
+
+def entry_fields(*args: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_fields_py` compiled (the ``tape_fields`` kernel)."""
+    fields = FIELDS.compiled()
+    assert fields is not None  # the tape exists, so numba does
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out: tuple[np.ndarray, np.ndarray] = fields(*args)
+    return out
+
+
+def _groups_compiled(*args: Any) -> tuple[int, np.ndarray, np.ndarray]:
+    """:func:`_group_spans_py` compiled (the ``tape_groups`` kernel)."""
+    group = GROUPS.compiled()
+    assert group is not None  # the tape exists, so numba does
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out: tuple[int, np.ndarray, np.ndarray] = group(*args)
+    return out
 
 
 def _fields_py(
@@ -276,3 +286,17 @@ def _group_spans_py(
                     break
             slot = (slot + 1) & (cap - 1)
     return 0, gcode, g_first[:ng]
+
+
+# The tape's loops run wherever the tape does (from ``pickle_tape`` bytes on); their references
+# are their own code run by Python.
+FIELDS = kernel(
+    _fields_py, name="tape_fields", reference=_fields_py, compiled_path=entry_fields, min_size="pickle_tape"
+)
+GROUPS = kernel(
+    _group_spans_py,
+    name="tape_groups",
+    reference=_group_spans_py,
+    compiled_path=_groups_compiled,
+    min_size="pickle_tape",
+)

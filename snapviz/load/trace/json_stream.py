@@ -20,6 +20,7 @@ import numpy as np
 from snapviz.errors import InputError
 from snapviz.load.decompress import open_decompressed
 from snapviz.load.limits import LimitExceeded, Limits
+from snapviz.progress import bytes_read
 
 CHUNK_BYTES = 64 << 10  # yajl2_c read size; measured faster than 1 MiB (cache-friendly)
 
@@ -225,6 +226,7 @@ class TapReader:
             raise InputError(f"{self.path}: corrupt gzip file ({one_line(exc)})") from None
         if not chunk:
             return chunk
+        bytes_read(self.stream)
         if not self.started:
             if self.guard.offset == 0:
                 chunk = chunk.removeprefix(b"\xef\xbb\xbf")  # yajl rejects a UTF-8 BOM

@@ -19,8 +19,8 @@ from typing import Any
 from snapviz.load import paused_gc
 
 # Importing Bokeh makes ~150k objects that live as long as the process; the collections that
-# run meanwhile free almost nothing and walk the analysis already loaded (0.14-0.2 s of CPU
-# after a 1M-event load). The few cycles it leaves go at the next collection.
+# run meanwhile free almost nothing and walk the analysis already loaded (cost in
+# docs/benchmarks.md). The few cycles it leaves go at the next collection.
 with paused_gc():
     from snapviz.render.html.compare import render_compare_html, render_compare_report_data
     from snapviz.render.html.page import build_page, chrome
