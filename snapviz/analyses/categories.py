@@ -36,7 +36,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.frame_rules import Rule, RuleSet, builtin_rules_text, load_rules, parse_rules
+from snapviz.analyses.frame_rules import Rule, RuleSet, builtin_rules_text, load_rules
 from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.score_evidence import ATTENTION_CATEGORY, score_alloc_mask
 from snapviz.analyses.stack_tables import StackTables
@@ -85,9 +85,30 @@ def category_names(rules: RuleSet) -> tuple[str, ...]:
     return CATEGORIES + tuple(dict.fromkeys(extra))
 
 
-def _builtin_category_rules() -> frozenset[Rule]:
-    rules, _, _ = parse_rules(json.loads(builtin_rules_text()), "built-in rules")
-    return frozenset(r for r in rules if r.kind == "category")
+def _is_builtin(rules: tuple[Rule, ...]) -> np.ndarray:
+    """Which of ``rules`` are built-in rules as shipped (a user's file may extend, disable or
+    replace them): compared field by field with the built-in file, without compiling it again."""
+    raw = json.loads(builtin_rules_text()).get("rules") or []
+    ship = {
+        (
+            r.get("id"),
+            r.get("name"),
+            r.get("function"),
+            r.get("file"),
+            int(r.get("priority", 0)),
+            r.get("lifetime", "any"),
+        )
+        for r in raw
+        if r.get("kind") == "category"
+    }
+    return np.array([(r.id, r.name, r.function, r.file, r.priority, r.lifetime) in ship for r in rules], bool)
+
+
+def _split_rules(rules: RuleSet) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+    """(built-in, user) category rules of ``rules``."""
+    cat = rules.of_kind("category")
+    b = _is_builtin(cat)
+    return tuple(r for r, x in zip(cat, b, strict=True) if x), tuple(r for r, x in zip(cat, b, strict=True) if not x)
 
 
 def stack_category_rules(
@@ -223,13 +244,12 @@ def _classify(
     ns = len(snap.stacks)
     sc = np.clip(stack, 0, max(ns - 1, 0))
     python = (stack >= 0) & tables.has_python[sc] if ns else np.zeros(len(rows), bool)
-    cat_rules = rules.of_kind("category")
-    builtin = _builtin_category_rules()
+    builtin, user = _split_rules(rules)
     # 4. frames refine the stage of birth: the autograd engine thread has no Python frames
     if ns and training_evidence(rules, tables):
         out = np.where(~python, _CODE[AUTOGRAD_DETAIL], out)
     if ns:
-        out = _apply_rules(out, rules, tables, tuple(r for r in cat_rules if r in builtin), sc, python, short, names)
+        out = _apply_rules(out, rules, tables, builtin, sc, python, short, names)
     # 3. training lifetime
     if training:
         train = classify_allocations(snap, rep, labels)
@@ -241,7 +261,6 @@ def _classify(
     att = score_alloc_mask(snap, rep.events, rules, tables, rows)
     out = np.where(att, _CODE[ATTENTION_SCORES], out)
     # 1. a user's rules
-    user = tuple(r for r in cat_rules if r not in builtin)
     if ns and user:
         out = _apply_rules(out, rules, tables, user, sc, python, short, names)
     return out
@@ -264,9 +283,7 @@ def categorize_blocks(
         if training_evidence(rules, tables):
             out = np.where(~python & (stack >= 0), _CODE[AUTOGRAD_DETAIL], out)
         never = np.zeros(len(stack), bool)
-        cat_rules = rules.of_kind("category")
-        builtin = _builtin_category_rules()
-        for only in (tuple(r for r in cat_rules if r in builtin), tuple(r for r in cat_rules if r not in builtin)):
+        for only in _split_rules(rules):
             out = _apply_rules(out, rules, tables, only, sc, python, never, names)
     return np.array(names, dtype=object)[out]
 

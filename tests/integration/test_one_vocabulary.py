@@ -16,13 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from snapviz.analyses.document import from_json
 from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
 from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, canonical_category, order_categories
 from snapviz.load import load
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html.snapshot_data import report_data
-from snapviz.analyses.document import from_json
 from snapviz.render.markdown import render_markdown
 from snapviz.render.picture import picture_data
 from snapviz.render.terminal import render_terminal

@@ -275,3 +275,18 @@ def test_the_vocabulary_is_one() -> None:
     assert set(OLD_NAMES.values()) <= set(CATEGORY_ORDER)
     assert {"parameter", "gradient", "optimizer state", "activation", "temporary", "input",
             "autograd detail"} <= set(CATEGORIES), "PyTorch's memory-profiler categories"
+
+
+def test_user_rules_are_told_from_the_built_in_ones(tmp_path: Path) -> None:
+    """Step 1 of the chain is a user's rules only: the built-ins as shipped are step 4's, a
+    user's rule (new, or replacing a built-in by its id) is step 1's."""
+    from snapviz.analyses.categories import _split_rules
+
+    builtin, user = _split_rules(load_rules())
+    assert len(builtin) == len(load_rules().of_kind("category")) and user == ()
+    rules = tmp_path / "r.json"
+    rules.write_text(json.dumps({"extends": "builtin", "rules": [
+        {"id": "cat-vae", "kind": "category", "name": "vae buffers", "function": "^decode$", "priority": 100},
+        {"kind": "category", "name": "my cache", "function": "^fill_cache$", "priority": 10}]}))
+    b2, u2 = _split_rules(load_rules(str(rules)))
+    assert {r.name for r in u2} == {"vae buffers", "my cache"} and len(b2) == len(builtin) - 1
