@@ -314,14 +314,17 @@ def _plain(v: object) -> object:
 
 
 def _is_json(tp: Any) -> bool:
-    """``tp`` is the :data:`Json` alias (as written, or as ``get_type_hints`` re-made it)."""
+    """``tp`` is the :data:`Json` alias (as written, or as ``get_type_hints`` re-made it, its
+    forward references resolved or not): a union of every JSON scalar, a list and a dict."""
     if isinstance(tp, typing.ForwardRef):
         return tp.__forward_arg__ == "Json"
     if tp is Json or tp == Json:
         return True
-    return typing.get_origin(tp) is Union and any(
-        typing.get_origin(a) is list and _is_json(typing.get_args(a)[0]) for a in typing.get_args(tp)
-    )
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return False
+    args = typing.get_args(tp)
+    origins = {typing.get_origin(a) for a in args}
+    return {type(None), bool, int, float, str} <= set(args) and {list, dict} <= origins
 
 
 def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per kind of type)

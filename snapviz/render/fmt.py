@@ -18,6 +18,7 @@ __all__ = [
     "fmt_peak_bound",
     "fmt_peak_bound_plain",
     "fmt_report_kind",
+    "fmt_report_kind_plain",
 ]
 
 CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
@@ -31,15 +32,24 @@ def fmt_compare_kind(doc: dict[str, Any]) -> str:
     return "memory of different kinds (" + ", ".join(kinds) + ")"
 
 
+def _report_kind(trace: bool, device: object, device_kind: object, has_run: bool) -> str:
+    if not trace:
+        return "GPU memory"
+    if device == "cpu" and has_run:
+        return CPU_REHEARSAL
+    return (device_kind if isinstance(device_kind, str) and device_kind else "memory") + " (profiler trace)"
+
+
 def fmt_report_kind(doc: Summary) -> str:
     """What a summary measured, for every sink's title: ``GPU memory`` (a snapshot),
     ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device
     cpu``: a rehearsal), :data:`CPU_REHEARSAL`."""
-    if not doc.is_trace:
-        return "GPU memory"
-    if doc.device == "cpu" and doc.run:
-        return CPU_REHEARSAL
-    return (doc.device_kind if isinstance(doc.device_kind, str) and doc.device_kind else "memory") + " (profiler trace)"
+    return _report_kind(doc.is_trace, doc.device, doc.device_kind, bool(doc.run))
+
+
+def fmt_report_kind_plain(doc: Mapping[str, Any]) -> str:
+    """:func:`fmt_report_kind` of a document in its JSON form (the HTML trace report)."""
+    return _report_kind(doc.get("kind") == "trace", doc.get("device"), doc.get("device_kind"), bool(doc.get("run")))
 
 
 def fmt_device(doc: Summary) -> str:

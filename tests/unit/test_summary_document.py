@@ -66,3 +66,14 @@ def test_malformed_documents_are_refused_with_the_field() -> None:
         bad = json.loads(json.dumps(doc))
         bad["stages"][0]["intervals"][0]["duration_s"] = "long"
         load_summary(bad, "x")
+
+
+def test_open_sections_take_any_json_even_non_finite_numbers() -> None:
+    """A file's own settings may hold NaN/inf (the sinks write them as null, safe_text.bounded_doc):
+    the open sections are JSON values, checked as JSON, not refused."""
+    doc = json.loads(GOLDEN_JSON[0].read_text())
+    doc["allocator_settings"] = {"garbage_collection_threshold": float("nan"), "x": [float("inf"), {"y": None}]}
+    got = from_json(doc, Summary)
+    assert got.allocator_settings["x"][1] == {"y": None}  # type: ignore[index]
+    with pytest.raises(InputError, match=r"allocator_settings.x: expected a JSON value"):
+        from_json({**doc, "allocator_settings": {"x": object()}}, Summary)

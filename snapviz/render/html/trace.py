@@ -58,8 +58,6 @@ def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler tr
 
 def render_trace_html(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
     """The report of a trace-only run (duck-typed ``tan``: see :func:`trace_report_data`)."""
-    from snapviz.analyses.document import from_json
-    from snapviz.render.fmt import fmt_report_kind
+    from snapviz.render.fmt import fmt_report_kind_plain
 
-    kind = fmt_report_kind(from_json(doc))
-    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points), kind)
+    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points), fmt_report_kind_plain(doc))
