@@ -21,6 +21,7 @@ exits 1 when one is missed.
 
     python benchmarks/bench_analyze.py [--events 1000000] [--base PATH] [--check]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ TARGET_HTML_BYTES = 5 * 1000 * 1000
 
 # ---------------------------------------------------------------------------- base snapshot
 
+
 def _largest_sample() -> str | None:
     found = glob.glob(str(ROOT / "sample_snapshots" / "*" / "snapshot.pickle.xz"))
     return max(found, key=os.path.getsize) if found else None
@@ -52,8 +54,8 @@ def _synthetic_base(n_ops: int, seed: int) -> tuple[dict[str, Any], dict[str, An
     import synth  # noqa: PLC0415 - test helper, only needed here
 
     sim = synth.random_workload(seed, n_ops, streams=2, delayed_frees=True)
-    sim.free_all()      # the pipeline call ends: every tensor freed ...
-    sim.empty_cache()   # ... and the cache emptied, so repetitions are independent calls
+    sim.free_all()  # the pipeline call ends: every tensor freed ...
+    sim.empty_cache()  # ... and the cache emptied, so repetitions are independent calls
     truth = {"peak_allocated": sim.peak_allocated(0), "peak_reserved": sim.peak_reserved(0)}
     return sim.snapshot(marker=False), truth
 
@@ -73,6 +75,7 @@ def load_base(path: str | None, n_ops: int, seed: int) -> tuple[dict[str, Any], 
 
 
 # ---------------------------------------------------------------------------- repetition
+
 
 def _span(values: list[int]) -> tuple[int, int]:
     return (min(values), max(values)) if values else (0, 0)
@@ -123,7 +126,9 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
         for s in segs:
             s2 = dict(s)
             s2["address"] = s["address"] + da
-            s2["blocks"] = [dict(b, address=b["address"] + da) if "address" in b else dict(b) for b in s.get("blocks", [])]
+            s2["blocks"] = [
+                dict(b, address=b["address"] + da) if "address" in b else dict(b) for b in s.get("blocks", [])
+            ]
             out_segs.append(s2)
     ann = []
     for k in range(reps):
@@ -140,6 +145,7 @@ def repeat_snapshot(base: dict[str, Any], target_events: int) -> tuple[dict[str,
 
 
 # ---------------------------------------------------------------------------- measuring
+
 
 def _child_load(path: str, paused: bool = False) -> None:
     sys.path.insert(0, str(ROOT))
@@ -182,7 +188,9 @@ def fmt_bytes(n: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=1_000_000, help="trace entries to build (about)")
-    ap.add_argument("--base", help="base snapshot (default: largest sample_snapshots/*/snapshot.pickle.xz, else synthetic)")
+    ap.add_argument(
+        "--base", help="base snapshot (default: largest sample_snapshots/*/snapshot.pickle.xz, else synthetic)"
+    )
     ap.add_argument("--synthetic-ops", type=int, default=6000, help="ops of the synthetic base workload")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", help="directory to keep the built snapshot and outputs in (default: a temp dir)")
@@ -209,17 +217,26 @@ def main(argv: list[str] | None = None) -> int:
         pickle.dump(big, f, protocol=4)  # what _dump_snapshot writes on Python <= 3.13
     del big, base
     build_s = time.perf_counter() - t0
-    print(f"built {snap_path} from {base_name}: {reps} repetitions, {n_events:,} events, "
-          f"{fmt_bytes(snap_path.stat().st_size)} in {build_s:.1f} s", file=sys.stderr)
+    print(
+        f"built {snap_path} from {base_name}: {reps} repetitions, {n_events:,} events, "
+        f"{fmt_bytes(snap_path.stat().st_size)} in {build_s:.1f} s",
+        file=sys.stderr,
+    )
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     html, js = work / "bench_report.html", work / "bench_summary.json"
     loads, analyses = [], []
     for _ in range(max(1, args.repeat)):
-        loads.append(_spawn_reaped([sys.executable, str(Path(__file__).resolve()), "--child-load", str(snap_path)], env))
-        analyses.append(_spawn_reaped([sys.executable, "-m", "snapviz", "analyze", str(snap_path), "-o", str(html),
-                                       "--json", str(js), "-q"], env))
+        loads.append(
+            _spawn_reaped([sys.executable, str(Path(__file__).resolve()), "--child-load", str(snap_path)], env)
+        )
+        analyses.append(
+            _spawn_reaped(
+                [sys.executable, "-m", "snapviz", "analyze", str(snap_path), "-o", str(html), "--json", str(js), "-q"],
+                env,
+            )
+        )
     for r in loads + analyses:
         if r["rc"] != 0:
             print(f"command failed (rc {r['rc']}): {' '.join(r['cmd'])}\n{r['stderr'][-3000:]}", file=sys.stderr)
@@ -228,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     ana = min(analyses, key=lambda r: r["wall_s"])
     load_inproc = json.loads(load["stdout"].strip().splitlines()[-1])["load_s"]
     paused = _spawn_reaped([sys.executable, str(Path(__file__).resolve()), "--child-load-paused", str(snap_path)], env)
-    paused_inproc = json.loads(paused["stdout"].strip().splitlines()[-1])["load_s"] if paused["rc"] == 0 else float("nan")
+    paused_inproc = (
+        json.loads(paused["stdout"].strip().splitlines()[-1])["load_s"] if paused["rc"] == 0 else float("nan")
+    )
     html_bytes = html.stat().st_size if html.exists() else -1
     summary = json.loads(js.read_text()) if js.exists() else {}
 
@@ -236,18 +255,26 @@ def main(argv: list[str] | None = None) -> int:
     r_ratio = ana["rss"] / load["rss"]
     ok_t, ok_r, ok_h = t_ratio <= TARGET_TIME_RATIO, r_ratio <= TARGET_RSS_RATIO, 0 <= html_bytes <= TARGET_HTML_BYTES
     mark = {True: "ok", False: "**MISSED**"}
-    print(f"\n### snapviz analyze vs. bare load: {n_events:,} events "
-          f"({fmt_bytes(snap_path.stat().st_size)} pickle; base: {base_name}, x{reps})\n")
+    print(
+        f"\n### snapviz analyze vs. bare load: {n_events:,} events "
+        f"({fmt_bytes(snap_path.stat().st_size)} pickle; base: {base_name}, x{reps})\n"
+    )
     print("| measure | load (safe_load_pickle) | analyze (-o html --json) | ratio | target | |")
     print("|---|---:|---:|---:|---:|---|")
-    print(f"| wall time (process) | {load['wall_s']:.2f} s | {ana['wall_s']:.2f} s | {t_ratio:.2f}x | "
-          f"<= {TARGET_TIME_RATIO:g}x | {mark[ok_t]} |")
-    print(f"| peak RSS | {fmt_bytes(load['rss'])} | {fmt_bytes(ana['rss'])} | {r_ratio:.2f}x | "
-          f"<= {TARGET_RSS_RATIO:g}x | {mark[ok_r]} |")
+    print(
+        f"| wall time (process) | {load['wall_s']:.2f} s | {ana['wall_s']:.2f} s | {t_ratio:.2f}x | "
+        f"<= {TARGET_TIME_RATIO:g}x | {mark[ok_t]} |"
+    )
+    print(
+        f"| peak RSS | {fmt_bytes(load['rss'])} | {fmt_bytes(ana['rss'])} | {r_ratio:.2f}x | "
+        f"<= {TARGET_RSS_RATIO:g}x | {mark[ok_r]} |"
+    )
     print(f"| HTML size | | {fmt_bytes(html_bytes)} | | <= {TARGET_HTML_BYTES / 1e6:g} MB | {mark[ok_h]} |")
-    print(f"\nunpickling alone (in process, after imports): {load_inproc:.2f} s with the GC on, "
-          f"{paused_inproc:.2f} s with it paused as snapviz does; build: {build_s:.1f} s; "
-          f"best of {max(1, args.repeat)} run(s) each.")
+    print(
+        f"\nunpickling alone (in process, after imports): {load_inproc:.2f} s with the GC on, "
+        f"{paused_inproc:.2f} s with it paused as snapviz does; build: {build_s:.1f} s; "
+        f"best of {max(1, args.repeat)} run(s) each."
+    )
     peak = (summary.get("peak") or {}).get("allocated_bytes")
     if truth is not None and peak is not None:
         same = "matches" if peak == truth["peak_allocated"] else f"DIFFERS from {truth['peak_allocated']:,}"

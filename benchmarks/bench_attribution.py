@@ -14,6 +14,7 @@ Target: attribution within 1.5x the core analyzer's time for the same file.
 
     python benchmarks/bench_attribution.py [--events 1000000] [--check]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,26 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     jobs = {
         "core (load + replay)": [sys.executable, "-c", CORE.format(root=str(ROOT), path=str(labelled))],
-        "analyze, labelled (user_metadata)": [sys.executable, "-m", "snapviz", "analyze", str(labelled), "--json", str(work / "l.json"), "-q"],
-        "analyze, unlabelled (frame rules)": [sys.executable, "-m", "snapviz", "analyze", str(unlabelled), "--json", str(work / "u.json"), "-q"],
+        "analyze, labelled (user_metadata)": [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(labelled),
+            "--json",
+            str(work / "l.json"),
+            "-q",
+        ],
+        "analyze, unlabelled (frame rules)": [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(unlabelled),
+            "--json",
+            str(work / "u.json"),
+            "-q",
+        ],
     }
     best: dict[str, dict] = {}
     for _ in range(max(1, args.repeat)):
@@ -85,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     lj = json.loads((work / "l.json").read_text())
     uj = json.loads((work / "u.json").read_text())
     steps = lambda d: sum(len(s["steps"]) for s in d["stages"] if s["name"] == "denoise")  # noqa: E731
-    print(f"\nstage source: {lj['stage_source']} vs {uj['stage_source']}; denoise steps found: {steps(lj)} vs {steps(uj)}; "
-          f"same peak: {lj['peak']['allocated_bytes'] == uj['peak']['allocated_bytes']}; target <= {TARGET}x: "
-          f"{'ok' if worst <= TARGET else 'MISSED'}")
+    print(
+        f"\nstage source: {lj['stage_source']} vs {uj['stage_source']}; denoise steps found: {steps(lj)} vs {steps(uj)}; "
+        f"same peak: {lj['peak']['allocated_bytes'] == uj['peak']['allocated_bytes']}; target <= {TARGET}x: "
+        f"{'ok' if worst <= TARGET else 'MISSED'}"
+    )
     for p in work.iterdir():
         p.unlink()
     work.rmdir()

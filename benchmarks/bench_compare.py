@@ -16,6 +16,7 @@
 The target: comparing N runs costs less than N analyses (each run is analysed once and
 reduced to a small digest; only one full analysis is held in memory at a time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,21 +40,29 @@ SP = "/usr/lib/python3/site-packages/"
 
 def _stacks(rng: random.Random, n: int, kind: str) -> list[list[dict[str, Any]]]:
     """Shared frame lists (as torch pickles them: one list object per distinct traceback)."""
-    files = {"weights": SP + "diffusers/models/model_loading_utils.py", "text": SP + "transformers/models/clip/modeling_clip.py",
-             "unet": SP + "diffusers/models/unets/unet_2d_blocks.py", "attn": SP + "diffusers/models/attention_processor.py",
-             "vae": SP + "diffusers/models/autoencoders/vae.py"}
+    files = {
+        "weights": SP + "diffusers/models/model_loading_utils.py",
+        "text": SP + "transformers/models/clip/modeling_clip.py",
+        "unet": SP + "diffusers/models/unets/unet_2d_blocks.py",
+        "attn": SP + "diffusers/models/attention_processor.py",
+        "vae": SP + "diffusers/models/autoencoders/vae.py",
+    }
     out = []
     for i in range(n):
         depth = rng.randint(6, 14)
         fr = [{"filename": files[kind], "line": 100 + 7 * i, "name": f"{kind}_op{i}"}]
-        fr += [{"filename": SP + "torch/nn/modules/module.py", "line": 1750, "name": "_call_impl"},
-               {"filename": SP + "diffusers/pipelines/pipeline_utils.py", "line": 980 + i % 5, "name": "__call__"}]
+        fr += [
+            {"filename": SP + "torch/nn/modules/module.py", "line": 1750, "name": "_call_impl"},
+            {"filename": SP + "diffusers/pipelines/pipeline_utils.py", "line": 980 + i % 5, "name": "__call__"},
+        ]
         fr += [{"filename": "/work/run.py", "line": 10 + d, "name": f"frame{d}"} for d in range(depth)]
         out.append(fr)
     return out
 
 
-def build_snapshot(n_events: int, seed: int, steps: int = 30, vae_scale: float = 1.0, act_scale: float = 1.0) -> dict[str, Any]:
+def build_snapshot(
+    n_events: int, seed: int, steps: int = 30, vae_scale: float = 1.0, act_scale: float = 1.0
+) -> dict[str, Any]:
     """A consistent labelled snapshot of about ``n_events`` entries.
 
     Every block is its own segment, sized exactly (block sizes are multiples of 512, so
@@ -61,20 +70,32 @@ def build_snapshot(n_events: int, seed: int, steps: int = 30, vae_scale: float =
     the same size, as the caching allocator does for exact fits.
     """
     rng = random.Random(seed)
-    stacks = {k: _stacks(rng, n, k) for k, n in (("weights", 40), ("text", 20), ("unet", 150), ("attn", 20), ("vae", 30))}
+    stacks = {
+        k: _stacks(rng, n, k) for k, n in (("weights", 40), ("text", 20), ("unet", 150), ("attn", 20), ("vae", 30))
+    }
     trace: list[dict[str, Any]] = []
     t = 1_796_000_000_000_000 + seed * 10**9
     next_addr = 0x7F0000000000
-    cache: dict[int, list[int]] = {}          # block size -> cached segment addresses
-    seg_of: dict[int, int] = {}               # address -> size (every segment ever made, live or cached)
+    cache: dict[int, list[int]] = {}  # block size -> cached segment addresses
+    seg_of: dict[int, int] = {}  # address -> size (every segment ever made, live or cached)
     live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
     label = ""
 
     def ev(action: str, addr: int, size: int, frames: list[dict[str, Any]]) -> None:
         nonlocal t
         t += rng.randint(1, 30)
-        trace.append({"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t,
-                      "compile_context": "N/A", "user_metadata": label, "frames": frames})
+        trace.append(
+            {
+                "action": action,
+                "addr": addr,
+                "size": size,
+                "stream": 0,
+                "time_us": t,
+                "compile_context": "N/A",
+                "user_metadata": label,
+                "frames": frames,
+            }
+        )
 
     def alloc(size: int, kind: str) -> int:
         nonlocal next_addr
@@ -115,7 +136,7 @@ def build_snapshot(n_events: int, seed: int, steps: int = 30, vae_scale: float =
     for a in tmp:
         free(a)
     budget = max(1, n_events - len(trace) - 2000)
-    per_step = budget // (steps + 1) // 3     # allocations per step (3 entries each, plus segments)
+    per_step = budget // (steps + 1) // 3  # allocations per step (3 entries each, plus segments)
     for k in range(steps):
         label = f"denoise/{k}"
         stack: list[int] = []
@@ -140,14 +161,28 @@ def build_snapshot(n_events: int, seed: int, steps: int = 30, vae_scale: float =
     for addr, size in seg_of.items():
         state = "active_allocated" if addr in live else "inactive"
         frames = live[addr][1] if addr in live else []
-        segments.append({"device": 0, "address": addr, "total_size": size, "allocated_size": size if addr in live else 0,
-                         "active_size": size if addr in live else 0, "requested_size": size if addr in live else 0,
-                         "stream": 0, "segment_type": "large" if size > MiB else "small", "segment_pool_id": (0, 0),
-                         "is_expandable": False, "frames": [],
-                         "blocks": [{"address": addr, "size": size, "requested_size": size, "state": state, "frames": frames}]})
-    return {"segments": segments, "device_traces": [trace],
-            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "expandable_segments": False},
-            "external_annotations": []}
+        segments.append(
+            {
+                "device": 0,
+                "address": addr,
+                "total_size": size,
+                "allocated_size": size if addr in live else 0,
+                "active_size": size if addr in live else 0,
+                "requested_size": size if addr in live else 0,
+                "stream": 0,
+                "segment_type": "large" if size > MiB else "small",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": [{"address": addr, "size": size, "requested_size": size, "state": state, "frames": frames}],
+            }
+        )
+    return {
+        "segments": segments,
+        "device_traces": [trace],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "expandable_segments": False},
+        "external_annotations": [],
+    }
 
 
 def _bench_analyze_builder() -> Any:
@@ -168,6 +203,7 @@ def _bench_analyze_builder() -> Any:
         snap, _ = bench_analyze.repeat_snapshot(base, n_events)
         name = os.path.basename(os.path.dirname(path)) if path else f"synthetic{i}"
         return snap, name
+
     return build
 
 
@@ -175,8 +211,13 @@ def run_measured(cmd: list[str]) -> dict[str, Any]:
     """Wall time and peak RSS of one child process (reaped with ``os.wait4``, so ru_maxrss is its own)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, cwd=REPO,
-                                env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out_f,
+            stderr=err_f,
+            cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")),
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
@@ -193,8 +234,11 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--html", action="store_true", help="also time analyze -o / compare -o (HTML reports)")
     ap.add_argument("--keep", metavar="DIR", help="build the snapshots here and keep them (reused if present)")
-    ap.add_argument("--own-builder", action="store_true",
-                    help="use this file's synthetic builder, not bench_analyze.py's repeated samples")
+    ap.add_argument(
+        "--own-builder",
+        action="store_true",
+        help="use this file's synthetic builder, not bench_analyze.py's repeated samples",
+    )
     args = ap.parse_args()
 
     work = args.keep or tempfile.mkdtemp(prefix="snapviz-bench-compare-")
@@ -210,7 +254,10 @@ def main() -> None:
         if builder is not None:
             snap, name = builder(args.events, i)
         else:
-            snap, name = build_snapshot(args.events, seed=i, steps=30 - i, vae_scale=1.0 - 0.07 * i, act_scale=1.0 + 0.05 * i), f"run{i}"
+            snap, name = (
+                build_snapshot(args.events, seed=i, steps=30 - i, vae_scale=1.0 - 0.07 * i, act_scale=1.0 + 0.05 * i),
+                f"run{i}",
+            )
         path = os.path.join(work, f"{i:02d}-{name}.pickle")
         with open(path, "wb") as f:
             pickle.dump(snap, f, protocol=4)
@@ -234,19 +281,23 @@ def main() -> None:
     n_events = [r["events"] for r in doc["runs"]]
 
     print(f"### snapviz compare: {args.runs} runs of ~{args.events:,} events\n")
-    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"snapshots built in {t_build:.0f} s ({'bench_analyze.py: samples repeated' if builder else 'bench_compare.py builder'}), "
-          f"{os.path.getsize(paths[0]) / MiB:.0f} MiB each; events per run {min(n_events):,}..{max(n_events):,}\n")
+    print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"snapshots built in {t_build:.0f} s ({'bench_analyze.py: samples repeated' if builder else 'bench_compare.py builder'}), "
+        f"{os.path.getsize(paths[0]) / MiB:.0f} MiB each; events per run {min(n_events):,}..{max(n_events):,}\n"
+    )
     print("| command | runs | wall (s) | peak RSS (MiB) | wall / one analysis |")
     print("|---|---:|---:|---:|---:|")
     for i in range(0, len(rows), 2):
         base = rows[i][2]["wall_s"]
-        for name, n, m in rows[i:i + 2]:
+        for name, n, m in rows[i : i + 2]:
             print(f"| `snapviz {name}` | {n} | {m['wall_s']:.1f} | {m['rss_mib']:.0f} | {m['wall_s'] / base:.2f}× |")
     ratio = many["wall_s"] / one["wall_s"]
     verdict = "PASS" if ratio < 10 else "FAIL"
-    print(f"\n{verdict}: compare of {args.runs} runs took {ratio:.2f}× one analysis (target < 10×); "
-          f"peak RSS {many['rss_mib']:.0f} MiB vs {one['rss_mib']:.0f} MiB for one analysis.")
+    print(
+        f"\n{verdict}: compare of {args.runs} runs took {ratio:.2f}× one analysis (target < 10×); "
+        f"peak RSS {many['rss_mib']:.0f} MiB vs {one['rss_mib']:.0f} MiB for one analysis."
+    )
     if not args.keep:
         for p in paths:
             os.unlink(p)

@@ -13,6 +13,7 @@ work with or without labels). Prints a Markdown table; the target is < 3% overhe
 
     python benchmarks/bench_label_overhead.py [--pipeline sd15] [--size full] [--steps 20] [--reps 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,13 @@ def main() -> int:
     dtype = torch.float16 if cuda else torch.float32
     pipe = build_pipeline(args.pipeline, size, dtype=dtype).to(dev)
     res = default_resolution(args.pipeline, size)
-    kw = dict(prompt="a photo of an astronaut", num_inference_steps=args.steps, height=res, width=res,
-              output_type="latent" if not cuda else "pil")
+    kw = dict(
+        prompt="a photo of an astronaut",
+        num_inference_steps=args.steps,
+        height=res,
+        width=res,
+        output_type="latent" if not cuda else "pil",
+    )
 
     def sync() -> None:
         if cuda:
@@ -85,13 +91,17 @@ def main() -> int:
     over = (ml - mb) / mb
     over_sync = (statistics.median(times["labelled, --sync-stages"]) - mb) / mb
     name = torch.cuda.get_device_name() if cuda else "CPU"
-    print(f"### Stage-label overhead: {args.pipeline} {size} {res}², {args.steps} steps, {name}, torch {torch.__version__}\n")
+    print(
+        f"### Stage-label overhead: {args.pipeline} {size} {res}², {args.steps} steps, {name}, torch {torch.__version__}\n"
+    )
     print("| recording | median pipe() wall | runs (s) |")
     print("|---|---:|---|")
     for k, v in times.items():
         print(f"| {k} | {statistics.median(v):.3f} s | {', '.join(f'{x:.3f}' for x in v)} |")
-    print(f"\noverhead of the labels: {over * 100:+.2f}% (target < 3%); with a device sync at every stage "
-          f"boundary (--sync-stages, exact per-stage wall times): {over_sync * 100:+.2f}%")
+    print(
+        f"\noverhead of the labels: {over * 100:+.2f}% (target < 3%); with a device sync at every stage "
+        f"boundary (--sync-stages, exact per-stage wall times): {over_sync * 100:+.2f}%"
+    )
     return 0
 
 

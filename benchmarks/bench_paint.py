@@ -109,8 +109,9 @@ def measure(pages: list[Path], runs: int, timeout_ms: int = 60000) -> list[dict[
     CPU milliseconds to first view and to all drawn, one list each (one value a run). The pages
     are loaded in turn, run after run, so a change of load on the machine hits them all alike."""
     sys.path.insert(0, str(ROOT / "tests" / "support"))
-    from browser import chromium_path  # noqa: PLC0415 - test helper: finds the system Chromium
     from playwright.sync_api import sync_playwright  # noqa: PLC0415 - optional, benchmark only
+
+    from browser import chromium_path  # noqa: PLC0415 - test helper: finds the system Chromium
 
     exe = chromium_path()
     if exe is None:

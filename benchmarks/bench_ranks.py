@@ -16,6 +16,7 @@ worker process (``ru_maxrss`` reported by the task itself: a worker holds one an
 
     python benchmarks/bench_ranks.py [--ranks 256] [--base DIR] [--configs pool:1,pool:2,dask:1,dask:2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,15 +62,36 @@ def make_fleet(base: dict[str, Any], root: Path, n: int, outlier: int, oom: int)
         if "external_annotations" in base:
             d["external_annotations"] = [{**a, "time_us": a["time_us"] + off} for a in base["external_annotations"]]
         if r == outlier:  # 1 GiB allocated before the recording began: one more live segment
-            seg = {**base["segments"][0], "address": top + (64 << 20), "total_size": GiB, "allocated_size": GiB,
-                   "active_size": GiB, "requested_size": GiB}
-            seg["blocks"] = [{"address": seg["address"], "size": GiB, "requested_size": GiB,
-                              "state": "active_allocated", "frames": []}]
+            seg = {
+                **base["segments"][0],
+                "address": top + (64 << 20),
+                "total_size": GiB,
+                "allocated_size": GiB,
+                "active_size": GiB,
+                "requested_size": GiB,
+            }
+            seg["blocks"] = [
+                {
+                    "address": seg["address"],
+                    "size": GiB,
+                    "requested_size": GiB,
+                    "state": "active_allocated",
+                    "frames": [],
+                }
+            ]
             d["segments"] = [*base["segments"], seg]
         if r == oom:
             last = d["device_traces"][0][-1]
-            d["device_traces"][0].append({**last, "action": "oom", "addr": 1 << 30, "size": 80 * GiB,
-                                          "time_us": last["time_us"] + 10, "frames": []})
+            d["device_traces"][0].append(
+                {
+                    **last,
+                    "action": "oom",
+                    "addr": 1 << 30,
+                    "size": 80 * GiB,
+                    "time_us": last["time_us"] + 10,
+                    "frames": [],
+                }
+            )
         data = lzma.compress(pickle.dumps(d, protocol=4), preset=1)
         (folder / f"rank{r}_memory_snapshot.pickle.xz").write_bytes(data)
         total += len(data)
@@ -84,8 +106,9 @@ def run_config(kind: str, workers: int, sources: list[str]) -> tuple[list[Any], 
     else:
         from distributed import LocalCluster
 
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                          dashboard_address=None) as cluster:
+        with LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster:
             t = time.perf_counter()  # the cluster's start is not the digests' time
             out = run_tasks(measured_digest, sources, args, scheduler=cluster.scheduler_address, show_progress=False)
     return out, time.perf_counter() - t
@@ -106,13 +129,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="snapviz-bench-ranks-") as tmp:
         t = time.perf_counter()
         size = make_fleet(base, Path(tmp), a.ranks, a.outlier, a.oom)
-        print(f"fleet: {a.ranks} ranks of {Path(a.base).name} ({truth.events:,} events each), "
-              f"{size / 1e6:.1f} MB of .pickle.xz, written in {time.perf_counter() - t:.1f} s; "
-              f"base peak {truth.peak_allocated:,} B (run.json: {truth.run_info.get('allocator_max_memory_allocated')})")
+        print(
+            f"fleet: {a.ranks} ranks of {Path(a.base).name} ({truth.events:,} events each), "
+            f"{size / 1e6:.1f} MB of .pickle.xz, written in {time.perf_counter() - t:.1f} s; "
+            f"base peak {truth.peak_allocated:,} B (run.json: {truth.run_info.get('allocator_max_memory_allocated')})"
+        )
         found = expand_inputs([tmp])  # name order (rank0, rank1, rank10, …): the rank is read from the name
         sources = [f.source for f in found]
-        print("| engine | workers | wall s | files/s | MB/s (xz) | task s (median) | peak RSS per worker (MiB) | "
-              "outlier found | first OOM | peaks exact |")
+        print(
+            "| engine | workers | wall s | files/s | MB/s (xz) | task s (median) | peak RSS per worker (MiB) | "
+            "outlier found | first OOM | peaks exact |"
+        )
         print("|---|---:|---:|---:|---:|---:|---|---|---|---|")
         for cfg in a.configs.split(","):
             kind, w = cfg.split(":")
@@ -121,7 +148,10 @@ def main() -> int:
             if failed:
                 print(f"{cfg}: {len(failed)} failed, e.g. {failed[0]}")
                 return 1
-            rows = [FleetRow(f.source, f"r{i}", f.rank, f.iteration, o[0]) for i, (f, o) in enumerate(zip(found, out))]
+            rows = [
+                FleetRow(f.source, f"r{i}", f.rank, f.iteration, o[0])
+                for i, (f, o) in enumerate(zip(found, out, strict=True))
+            ]
             doc = ranks_dict(analyse_ranks(rows))
             it = doc["iterations"][0]
             exact = [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == expected
@@ -130,10 +160,16 @@ def main() -> int:
                 peak_of[o[3]] = max(peak_of.get(o[3], 0), o[1])
             where = " (in this process)" if os.getpid() in peak_of else ""
             tasks = sorted(o[2] for o in out)
-            print(f"| {kind} | {w} | {wall:.1f} | {len(sources) / wall:.1f} | {size / 1e6 / wall:.2f} | "
-                  f"{tasks[len(tasks) // 2]:.2f} | {', '.join(f'{x / 1024:.0f}' for x in sorted(peak_of.values()))}{where} | "
-                  f"{[o['rank'] for o in it['outliers']]} | {(it['first_oom'] or {}).get('rank')} | {exact} |")
-            if [o["rank"] for o in it["outliers"]] != [a.outlier] or (it["first_oom"] or {}).get("rank") != a.oom or not exact:
+            print(
+                f"| {kind} | {w} | {wall:.1f} | {len(sources) / wall:.1f} | {size / 1e6 / wall:.2f} | "
+                f"{tasks[len(tasks) // 2]:.2f} | {', '.join(f'{x / 1024:.0f}' for x in sorted(peak_of.values()))}{where} | "
+                f"{[o['rank'] for o in it['outliers']]} | {(it['first_oom'] or {}).get('rank')} | {exact} |"
+            )
+            if (
+                [o["rank"] for o in it["outliers"]] != [a.outlier]
+                or (it["first_oom"] or {}).get("rank") != a.oom
+                or not exact
+            ):
                 print("CHECK FAILED: " + "; ".join(doc["verdict"]))
                 return 1
     return 0

@@ -29,6 +29,7 @@ Every measured process is also appended as one JSON line to ``--results`` (defau
 ``benchmarks/results/bench_speed.jsonl``) with the commit, the date and the machine, so runs
 of different commits can be compared: ``python benchmarks/compare_results.py COMMIT_A COMMIT_B``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -181,16 +182,27 @@ RESULTS: list[dict[str, Any]] = []  # every measured process of this run (see --
 
 
 def _record(bench: str, case: str, r: dict[str, Any], floor: dict[str, Any] | None = None, **extra: Any) -> None:
-    row = {"bench": bench, "case": case, "wall_s": round(r["wall_s"], 4), "cpu_s": round(r["cpu_s"], 4), "rss": r["rss"]}
+    row = {
+        "bench": bench,
+        "case": case,
+        "wall_s": round(r["wall_s"], 4),
+        "cpu_s": round(r["cpu_s"], 4),
+        "rss": r["rss"],
+    }
     if floor is not None:
-        row.update(cpu_x=round(r["cpu_s"] / floor["cpu_s"], 4), wall_x=round(r["wall_s"] / floor["wall_s"], 4),
-                   rss_x=round(r["rss"] / floor["rss"], 4))
+        row.update(
+            cpu_x=round(r["cpu_s"] / floor["cpu_s"], 4),
+            wall_x=round(r["wall_s"] / floor["wall_s"], 4),
+            rss_x=round(r["rss"] / floor["rss"], 4),
+        )
     RESULTS.append({**row, **extra})
 
 
 def _row(name: str, r: dict[str, Any], floor: dict[str, Any]) -> str:
-    return (f"| {name} | {r['wall_s']:.2f} s | {r['wall_s'] / floor['wall_s']:.2f}x | {r['cpu_s']:.2f} s | "
-            f"{r['cpu_s'] / floor['cpu_s']:.2f}x | {fmt_bytes(r['rss'])} | {r['rss'] / floor['rss']:.2f}x |")
+    return (
+        f"| {name} | {r['wall_s']:.2f} s | {r['wall_s'] / floor['wall_s']:.2f}x | {r['cpu_s']:.2f} s | "
+        f"{r['cpu_s'] / floor['cpu_s']:.2f}x | {fmt_bytes(r['rss'])} | {r['rss'] / floor['rss']:.2f}x |"
+    )
 
 
 def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[str, str]) -> None:
@@ -218,8 +230,27 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     ana_json = _best([py, "-m", "snapviz", "analyze", str(path), "--json", str(js), "-q"], env, args.repeat)
     rows = [("analyze --json", ana_json)]
     if not args.no_html:
-        rows.append(("analyze -o html --json", _best([py, "-m", "snapviz", "analyze", str(path), "-o",
-                                                       str(work / "speed.html"), "--json", str(js), "-q"], env, args.repeat)))
+        rows.append(
+            (
+                "analyze -o html --json",
+                _best(
+                    [
+                        py,
+                        "-m",
+                        "snapviz",
+                        "analyze",
+                        str(path),
+                        "-o",
+                        str(work / "speed.html"),
+                        "--json",
+                        str(js),
+                        "-q",
+                    ],
+                    env,
+                    args.repeat,
+                ),
+            )
+        )
     p_on = json.loads(on["stdout"]) if on else {"unpickle_s": float("nan")}
     p_paused = json.loads(paused["stdout"])
     ph = json.loads(phases["stdout"].strip().splitlines()[-1])
@@ -227,16 +258,28 @@ def bench_snapshot(source: str, args: argparse.Namespace, work: Path, env: dict[
     print("| process | wall | vs floor | CPU | vs floor | peak RSS | vs floor |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     bench = f"snapshot {base_name} {n_events}"
-    measured = [("floor: restricted unpickle, GC paused", paused)] + ([("floor: restricted unpickle, GC on", on)] if on else [])
-    measured += [("snapviz safe load (opcode scan + unpickle, GC paused)", safe), *rows, ("phases (one process, below)", phases)]
+    measured = [("floor: restricted unpickle, GC paused", paused)] + (
+        [("floor: restricted unpickle, GC on", on)] if on else []
+    )
+    measured += [
+        ("snapviz safe load (opcode scan + unpickle, GC paused)", safe),
+        *rows,
+        ("phases (one process, below)", phases),
+    ]
     for name, r in measured:
         print(_row(name, r, paused))
         _record(bench, name, r, paused)
-    print("\nfloor: the GC-paused restricted unpickle process. CPU (user + sys) is the figure to trust on a busy machine.")
+    print(
+        "\nfloor: the GC-paused restricted unpickle process. CPU (user + sys) is the figure to trust on a busy machine."
+    )
     p_safe = json.loads(safe["stdout"])
-    print("in process (CPU s): unpickle " + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on / "
-          + f"{p_safe['unpickle_s']:.2f} s safe load; "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()) + f"; sum {sum(ph.values()):.2f} s")
+    print(
+        "in process (CPU s): unpickle "
+        + f"{p_paused['unpickle_s']:.2f} s paused / {p_on['unpickle_s']:.2f} s GC on / "
+        + f"{p_safe['unpickle_s']:.2f} s safe load; "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items())
+        + f"; sum {sum(ph.values()):.2f} s"
+    )
     for p in (path, info, js, work / "speed.html"):
         if not args.keep:
             p.unlink(missing_ok=True)
@@ -285,13 +328,19 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
         info.write_text(json.dumps(reps))
     size = plain.stat().st_size
     py = sys.executable
-    res = [("load_chrome_trace, plain (msgspec typed decode)", _best([py, "-c", TRACE_CHILD, str(plain)], env,
-                                                                     args.repeat)),
-           ("load_chrome_trace, gzip", _best([py, "-c", TRACE_CHILD, str(gz)], env, args.repeat)),
-           ("load_chrome_trace, plain, dicts (no msgspec)", _best([py, "-c", TRACE_CHILD, str(plain), "dicts"], env,
-                                                                  args.repeat)),
-           ("floor: gzip -d > /dev/null", _best(["sh", "-c", f"gzip -dc '{gz}' > /dev/null"], env, args.repeat)),
-           ("floor: cat > /dev/null", _best(["sh", "-c", f"cat '{plain}' > /dev/null"], env, args.repeat))]
+    res = [
+        (
+            "load_chrome_trace, plain (msgspec typed decode)",
+            _best([py, "-c", TRACE_CHILD, str(plain)], env, args.repeat),
+        ),
+        ("load_chrome_trace, gzip", _best([py, "-c", TRACE_CHILD, str(gz)], env, args.repeat)),
+        (
+            "load_chrome_trace, plain, dicts (no msgspec)",
+            _best([py, "-c", TRACE_CHILD, str(plain), "dicts"], env, args.repeat),
+        ),
+        ("floor: gzip -d > /dev/null", _best(["sh", "-c", f"gzip -dc '{gz}' > /dev/null"], env, args.repeat)),
+        ("floor: cat > /dev/null", _best(["sh", "-c", f"cat '{plain}' > /dev/null"], env, args.repeat)),
+    ]
     try:
         import psutil  # noqa: PLC0415 - optional: decides whether an in-memory parse fits
 
@@ -299,16 +348,22 @@ def bench_trace(args: argparse.Namespace, work: Path, env: dict[str, str]) -> No
     except ImportError:
         fits = False
     if fits:
-        res.append(("floor: read + orjson/json.loads in memory", _best([py, "-c", JSON_FLOOR_CHILD, str(plain)], env, 1)))
-    print(f"\n### Chrome trace: {fmt_bytes(size)} JSON ({reps} repetitions of {len(sources)} trace(s)), "
-          f"gzip {fmt_bytes(gz.stat().st_size)}\n")
+        res.append(
+            ("floor: read + orjson/json.loads in memory", _best([py, "-c", JSON_FLOOR_CHILD, str(plain)], env, 1))
+        )
+    print(
+        f"\n### Chrome trace: {fmt_bytes(size)} JSON ({reps} repetitions of {len(sources)} trace(s)), "
+        f"gzip {fmt_bytes(gz.stat().st_size)}\n"
+    )
     print("| process | wall | CPU | MB/s of CPU (raw JSON) | peak RSS | in process |")
     print("|---|---:|---:|---:|---:|---|")
     for name, r in res:
         _record(f"trace {args.trace_mb} MB", name, r, mb_per_cpu_s=round(size / 1e6 / r["cpu_s"], 2))
         inner = r["stdout"].strip().splitlines()[-1] if r["stdout"].strip() else ""
-        print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {size / 1e6 / r['cpu_s']:,.0f} | "
-              f"{fmt_bytes(r['rss'])} | {inner} |")
+        print(
+            f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {size / 1e6 / r['cpu_s']:,.0f} | "
+            f"{fmt_bytes(r['rss'])} | {inner} |"
+        )
     for p in (plain, gz, info):
         if not args.keep:
             p.unlink(missing_ok=True)
@@ -323,8 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs of each process; the fastest counts")
     ap.add_argument("--no-html", action="store_true", help="skip the HTML report")
     ap.add_argument("--keep", help="directory to build files in and keep them (a file built there before is reused)")
-    ap.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "bench_speed.jsonl"),
-                    help="append every measured process here as a JSON line ('' : do not)")
+    ap.add_argument(
+        "--results",
+        default=str(ROOT / "benchmarks" / "results" / "bench_speed.jsonl"),
+        help="append every measured process here as a JSON line ('' : do not)",
+    )
     ap.add_argument("--commit", help="the commit to record (default: this checkout's HEAD)")
     ap.add_argument("--child-phases", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -342,9 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     py = sys.executable
     warm = [py, "-m", "snapviz", "analyze", str(ROOT / "sample_snapshots" / "sd15-fp16-classic")]
     _launch(warm + ["-o", str(work / "warm.html"), "--json", "-"], env)  # bytecode of every module used
-    helps = {name: min((_launch(cmd, env) for _ in range(max(3, args.repeat))), key=lambda r: r["cpu_s"]) for name, cmd in (
-        ("python -c pass", [py, "-c", "pass"]), ("snapviz --help", [py, "-m", "snapviz", "--help"]),
-        ("import snapviz.analyses.summary", [py, "-c", "import snapviz.analyses.summary"]))}
+    helps = {
+        name: min((_launch(cmd, env) for _ in range(max(3, args.repeat))), key=lambda r: r["cpu_s"])
+        for name, cmd in (
+            ("python -c pass", [py, "-c", "pass"]),
+            ("snapviz --help", [py, "-m", "snapviz", "--help"]),
+            ("import snapviz.analyses.summary", [py, "-c", "import snapviz.analyses.summary"]),
+        )
+    }
     print("| startup | wall | CPU | peak RSS |\n|---|---:|---:|---:|")
     for name, r in helps.items():
         print(f"| {name} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {fmt_bytes(r['rss'])} |")
@@ -370,16 +433,22 @@ def write_results(path: Path, how: list[str], commit: str | None = None) -> None
         return subprocess.run(["git", *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
 
     if not commit:
-        commit = git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "snapviz") else "")
+        commit = git("rev-parse", "--short=12", "HEAD") + (
+            "+dirty" if git("status", "--porcelain", "--", "snapviz") else ""
+        )
     packages = {}
     for name in ("numba", "msgspec", "orjson", "bokeh", "pandas", "numpy"):
         try:
             packages[name] = version(name)
         except PackageNotFoundError:
             packages[name] = None
-    common = {"commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "args": " ".join(how),
-              "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
-              "packages": packages}
+    common = {
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "args": " ".join(how),
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "packages": packages,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for row in RESULTS:

@@ -20,6 +20,7 @@ The synthesized files are deleted afterwards. ``--baseline`` also times ``json.l
 of the same file, for contrast (it needs several GB of RAM). Needs torch
 (CPU build is enough) for step 1 only; the parsing process never imports it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ def record_small_trace(path: str) -> None:
 
     def attention(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         q, k, v = (x @ w).chunk(3, dim=-1)
-        scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2), beta=0, alpha=0.125)
+        scores = torch.baddbmm(
+            torch.empty(q.shape[0], q.shape[1], k.shape[1]), q, k.transpose(1, 2), beta=0, alpha=0.125
+        )
         return torch.bmm(scores.softmax(dim=-1), v)
 
     x = torch.randn(4, 256, 64)
@@ -104,21 +107,59 @@ def cuda_side(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for ev in events:
         if ev.get("cat") == "cpu_op":
             ts, tid, pid = ev["ts"], ev["tid"], ev["pid"]
-            out.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid,
-                        "ts": ts + 0.5, "dur": 3.1, "args": {"External id": corr, "cbid": 211, "correlation": corr}})
-            out.append({"ph": "X", "cat": "kernel", "name": "void at::native::elementwise_kernel<128, 4>(int, at::native::FillFunctor<float>)",
-                        "pid": 0, "tid": 7, "ts": ts + 6.0, "dur": 2.4,
-                        "args": {"External id": corr, "queued": 0, "device": 0, "context": 1, "stream": 7,
-                                 "correlation": corr, "registers per thread": 16, "shared memory": 0,
-                                 "blocks per SM": 0.5, "warps per SM": 2.0, "grid": [66, 1, 1], "block": [128, 1, 1],
-                                 "est. achieved occupancy %": 3}})
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": "cudaLaunchKernel",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": ts + 0.5,
+                    "dur": 3.1,
+                    "args": {"External id": corr, "cbid": 211, "correlation": corr},
+                }
+            )
+            out.append(
+                {
+                    "ph": "X",
+                    "cat": "kernel",
+                    "name": "void at::native::elementwise_kernel<128, 4>(int, at::native::FillFunctor<float>)",
+                    "pid": 0,
+                    "tid": 7,
+                    "ts": ts + 6.0,
+                    "dur": 2.4,
+                    "args": {
+                        "External id": corr,
+                        "queued": 0,
+                        "device": 0,
+                        "context": 1,
+                        "stream": 7,
+                        "correlation": corr,
+                        "registers per thread": 16,
+                        "shared memory": 0,
+                        "blocks per SM": 0.5,
+                        "warps per SM": 2.0,
+                        "grid": [66, 1, 1],
+                        "block": [128, 1, 1],
+                        "est. achieved occupancy %": 3,
+                    },
+                }
+            )
             out.append({"ph": "s", "id": corr, "pid": pid, "tid": tid, "ts": ts + 0.5, "cat": "ac2g", "name": "ac2g"})
-            out.append({"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": ts + 6.0, "cat": "ac2g", "name": "ac2g", "bp": "e"})
+            out.append(
+                {"ph": "f", "id": corr, "pid": 0, "tid": 7, "ts": ts + 6.0, "cat": "ac2g", "name": "ac2g", "bp": "e"}
+            )
             corr += 1
         elif ev.get("name") == "[memory]":
             cuda = json.loads(json.dumps(ev))
-            cuda["args"].update({"Device Type": 1, "Device Id": 0, "Addr": 139_900_000_000_000 + abs(cuda["args"]["Addr"]) % 10**9,
-                                 "Total Reserved": 2 << 30})
+            cuda["args"].update(
+                {
+                    "Device Type": 1,
+                    "Device Id": 0,
+                    "Addr": 139_900_000_000_000 + abs(cuda["args"]["Addr"]) % 10**9,
+                    "Total Reserved": 2 << 30,
+                }
+            )
             out.append(cuda)
         elif ev.get("cat") == "user_annotation":
             gpu = dict(ev, cat="gpu_user_annotation", pid=0, tid=7)
@@ -144,14 +185,18 @@ def synthesize(small: str, big: str, target_bytes: int) -> tuple[int, int]:
     with open(big, "w") as out:
         text = json.dumps(head, indent=2)[:-2] + ',\n  "traceEvents": [\n'
         # At least one event must precede the ",\n"-led blocks below.
-        metadata = metadata or [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": t0, "args": {"name": "python"}}]
+        metadata = metadata or [
+            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "ts": t0, "args": {"name": "python"}}
+        ]
         text += ",\n".join(_render(m)[0] + repr(m["ts"]) + _render(m)[1] for m in metadata)
         out.write(text)
         written += len(text)
         rep = 0
         while written < target_bytes:
             shift = t0 + rep * span
-            block = "".join(",\n" + b + repr(round(shift + o, 3)) + a for (b, a), o in zip(pieces, offsets))
+            block = "".join(
+                ",\n" + b + repr(round(shift + o, 3)) + a for (b, a), o in zip(pieces, offsets, strict=True)
+            )
             out.write(block)
             written += len(block)
             n += len(pieces)
@@ -222,16 +267,20 @@ def main() -> int:
             cpu = sorted(r["cpu_s"] for r in runs)[len(runs) // 2]
             worst_rss = max(worst_rss, rss)
             res = runs[0]
-            rows.append(f"| {args.mb:.0f} MB JSON, {fmt} ({os.path.getsize(path) / 1e6:.0f} MB file) | {res['events']:,} "
-                        f"| {med:.1f} s ({parse[0]:.1f}–{parse[-1]:.1f}) | {wall:.1f} s | {cpu:.1f} s | {res['events'] / med:,.0f} "
-                        f"| {args.mb / med:.0f} | {rss:,.0f} MiB |")
+            rows.append(
+                f"| {args.mb:.0f} MB JSON, {fmt} ({os.path.getsize(path) / 1e6:.0f} MB file) | {res['events']:,} "
+                f"| {med:.1f} s ({parse[0]:.1f}–{parse[-1]:.1f}) | {wall:.1f} s | {cpu:.1f} s | {res['events'] / med:,.0f} "
+                f"| {args.mb / med:.0f} | {rss:,.0f} MiB |"
+            )
             print(rows[-1], file=sys.stderr)
             if path != plain:
                 os.remove(path)
         if args.baseline:
             b = measure(BASELINE, plain)
-            rows.append(f"| `json.load` baseline, plain | {b['events']:,} | {b['parse_s']:.1f} s | {b['wall_s']:.1f} s | {b['cpu_s']:.1f} s "
-                        f"| {b['events'] / b['parse_s']:,.0f} | {args.mb / b['parse_s']:.0f} | {b['peak_rss_kib'] / 1024:,.0f} MiB |")
+            rows.append(
+                f"| `json.load` baseline, plain | {b['events']:,} | {b['parse_s']:.1f} s | {b['wall_s']:.1f} s | {b['cpu_s']:.1f} s "
+                f"| {b['events'] / b['parse_s']:,.0f} | {args.mb / b['parse_s']:.0f} | {b['peak_rss_kib'] / 1024:,.0f} MiB |"
+            )
     finally:
         for p in (small, plain, plain + ".gz"):
             if os.path.exists(p):
@@ -241,21 +290,27 @@ def main() -> int:
     print()
     print(f"### Chrome trace loading ({time.strftime('%Y-%m-%d')})")
     print()
-    print(f"`python benchmarks/bench_trace.py --mb {args.mb:.0f}`: a real CPU torch.profiler trace (profile_memory, "
-          "record_shapes, with_stack) repeated with shifted ts, plus kernel / cuda_runtime / flow / CUDA [memory] "
-          "events, in torch's indented layout; parsed by `load_chrome_trace` in a fresh process.")
+    print(
+        f"`python benchmarks/bench_trace.py --mb {args.mb:.0f}`: a real CPU torch.profiler trace (profile_memory, "
+        "record_shapes, with_stack) repeated with shifted ts, plus kernel / cuda_runtime / flow / CUDA [memory] "
+        "events, in torch's indented layout; parsed by `load_chrome_trace` in a fresh process."
+    )
     print()
-    print(f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
-          f"pandas {pandas.__version__}, ijson {ijson.__version__} (backend `{ijson.backend}`). "
-          f"Parse time: median of {args.repeat} (min–max).")
+    print(
+        f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+        f"pandas {pandas.__version__}, ijson {ijson.__version__} (backend `{ijson.backend}`). "
+        f"Parse time: median of {args.repeat} (min–max)."
+    )
     print()
     print("| trace | events | parse | whole process | process CPU | events/s | MB/s | peak RSS |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
     print()
-    print(f"Kept per run: {res['memory']:,} memory, {res['ops']:,} cpu_op, {res['python_functions']:,} python_function, "
-          f"{res['annotations']:,} user_annotation rows. Target: peak RSS < 2 GiB "
-          f"({'met' if worst_rss < 2048 else 'MISSED'}).")
+    print(
+        f"Kept per run: {res['memory']:,} memory, {res['ops']:,} cpu_op, {res['python_functions']:,} python_function, "
+        f"{res['annotations']:,} user_annotation rows. Target: peak RSS < 2 GiB "
+        f"({'met' if worst_rss < 2048 else 'MISSED'})."
+    )
     return 0 if worst_rss < 2048 else 1
 
 

@@ -96,7 +96,9 @@ def main() -> None:
     t_sim, sim = best(lambda: run(st, settings, Cap(), compiled=True), a.repeat)
     print(f"replay_allocator      {t_rep:7.3f} s  ({n_ev / t_rep / 1e6:.2f} M events/s)")
     print(f"request stream        {t_st:7.3f} s  ({n_req:,} requests)")
-    print(f"simulate (compiled)   {t_sim:7.3f} s  {n_req / t_sim / 1e6:.2f} M requests/s  = {t_sim / t_rep:.2f}x the replay")
+    print(
+        f"simulate (compiled)   {t_sim:7.3f} s  {n_req / t_sim / 1e6:.2f} M requests/s  = {t_sim / t_rep:.2f}x the replay"
+    )
     if n_req <= a.reference_max:
         t_ref, _ = best(lambda: run(st, settings, Cap(), compiled=False), 1)
         print(f"simulate (reference)  {t_ref:7.3f} s  {n_req / t_ref / 1e6:.2f} M requests/s")

@@ -14,6 +14,7 @@ small hostile files of tests/support/hostile.py.
 
     python benchmarks/fuzz_loader.py --seconds 300 [--corpus DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,18 +35,47 @@ TARGET = WORK / "input"
 
 
 def seeds() -> list[bytes]:
-    snap = {"segments": [{"device": 0, "address": 1 << 21, "total_size": 2 << 20, "allocated_size": 512,
-                          "requested_size": 500, "stream": 0, "segment_type": "large", "segment_pool_id": (0, 0),
-                          "blocks": [{"size": 512, "requested_size": 500, "state": "active_allocated",
-                                      "frames": [{"name": "f", "filename": "a.py", "line": 3}]}]}],
-            "device_traces": [[hostile._entry(frames=[{"name": "f", "filename": "a.py", "line": 3}]),
-                               hostile._entry(action="free_requested"), hostile._entry(action="free_completed")]],
-            "allocator_settings": {"expandable_segments": False}}
+    snap = {
+        "segments": [
+            {
+                "device": 0,
+                "address": 1 << 21,
+                "total_size": 2 << 20,
+                "allocated_size": 512,
+                "requested_size": 500,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "blocks": [
+                    {
+                        "size": 512,
+                        "requested_size": 500,
+                        "state": "active_allocated",
+                        "frames": [{"name": "f", "filename": "a.py", "line": 3}],
+                    }
+                ],
+            }
+        ],
+        "device_traces": [
+            [
+                hostile._entry(frames=[{"name": "f", "filename": "a.py", "line": 3}]),
+                hostile._entry(action="free_requested"),
+                hostile._entry(action="free_completed"),
+            ]
+        ],
+        "allocator_settings": {"expandable_segments": False},
+    }
     out = [pickle.dumps(snap, protocol=p) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
     out.append(gzip.compress(out[-1]))
-    out.append(('{"schemaVersion": 1, "traceEvents": [' + hostile.memory_events() + '], "baseTimeNanoseconds": 1}').encode())
-    out += [b"\x80\x02}(" + hostile.deep_tuple(300) + b"K\x01u.", b"\x80\x02Nr\xff\xff\xff\x7f.",
-            pickle.dumps(hostile.billion_laughs(12), protocol=4), b'{"m": ' + b'{"traceEvents": ' * 300 + b"1" + b"}" * 301]
+    out.append(
+        ('{"schemaVersion": 1, "traceEvents": [' + hostile.memory_events() + '], "baseTimeNanoseconds": 1}').encode()
+    )
+    out += [
+        b"\x80\x02}(" + hostile.deep_tuple(300) + b"K\x01u.",
+        b"\x80\x02Nr\xff\xff\xff\x7f.",
+        pickle.dumps(hostile.billion_laughs(12), protocol=4),
+        b'{"m": ' + b'{"traceEvents": ' * 300 + b"1" + b"}" * 301,
+    ]
     return out
 
 
@@ -80,8 +110,19 @@ def fast_path(data: bytes) -> None:
     if accepted:
         try:
             _RefuseGlobals(io.BytesIO(data)).load()
-        except (InputError, pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError,
-                AttributeError, OverflowError, MemoryError, UnicodeDecodeError):
+        except (
+            InputError,
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            OverflowError,
+            MemoryError,
+            UnicodeDecodeError,
+        ):
             pass  # refused cleanly; safe_load_pickle maps each of these to one line
 
 
@@ -95,8 +136,16 @@ def run_atheris(seconds: int, corpus: Path, timeout: int, rss_mb: int) -> int:
     corpus.mkdir(parents=True, exist_ok=True)
     for i, s in enumerate(seeds()):
         (corpus / f"seed{i}").write_bytes(s)
-    args = [sys.argv[0], str(corpus), f"-max_total_time={seconds}", f"-timeout={timeout}", f"-rss_limit_mb={rss_mb}",
-            "-max_len=65536", f"-artifact_prefix={corpus}/finding-", "-print_final_stats=1"]
+    args = [
+        sys.argv[0],
+        str(corpus),
+        f"-max_total_time={seconds}",
+        f"-timeout={timeout}",
+        f"-rss_limit_mb={rss_mb}",
+        "-max_len=65536",
+        f"-artifact_prefix={corpus}/finding-",
+        "-print_final_stats=1",
+    ]
     atheris.Setup(args, one_input)
     atheris.Fuzz()
     return 0
@@ -111,12 +160,14 @@ def run_hypothesis(seconds: int) -> int:
     count = [0]
 
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-    @given(st.integers(0, len(base) - 1), st.lists(st.tuples(st.integers(0, 1 << 16), st.binary(max_size=8)), max_size=8))
+    @given(
+        st.integers(0, len(base) - 1), st.lists(st.tuples(st.integers(0, 1 << 16), st.binary(max_size=8)), max_size=8)
+    )
     def fuzz(i: int, edits: list[tuple[int, bytes]]) -> None:
         data = bytearray(base[i])
         for at, blob in edits:
             at %= len(data) + 1
-            data[at:at + len(blob)] = blob
+            data[at : at + len(blob)] = blob
         count[0] += 1
         one_input(bytes(data))
 

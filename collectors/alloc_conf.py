@@ -18,13 +18,29 @@ ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 # memory_stats() keys worth keeping: event counters, and the segment/block figures at the end
 COUNTERS = (
-    "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams",
-    "max_split_size", "segment.all.current", "segment.all.peak", "segment.all.allocated",
-    "segment.all.freed", "segment.large_pool.allocated", "segment.small_pool.allocated",
-    "oversize_allocations.current", "oversize_allocations.peak", "oversize_segments.current",
-    "oversize_segments.peak", "inactive_split.all.current", "inactive_split_bytes.all.current",
-    "allocation.all.allocated", "allocated_bytes.all.allocated", "requested_bytes.all.allocated",
-    "reserved_bytes.all.allocated", "reserved_bytes.all.freed",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+    "num_sync_all_streams",
+    "max_split_size",
+    "segment.all.current",
+    "segment.all.peak",
+    "segment.all.allocated",
+    "segment.all.freed",
+    "segment.large_pool.allocated",
+    "segment.small_pool.allocated",
+    "oversize_allocations.current",
+    "oversize_allocations.peak",
+    "oversize_segments.current",
+    "oversize_segments.peak",
+    "inactive_split.all.current",
+    "inactive_split_bytes.all.current",
+    "allocation.all.allocated",
+    "allocated_bytes.all.allocated",
+    "requested_bytes.all.allocated",
+    "reserved_bytes.all.allocated",
+    "reserved_bytes.all.freed",
 )
 
 

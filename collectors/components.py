@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 _INIT_METHODS = (
-    "normal_", "uniform_", "log_normal_", "exponential_", "geometric_", "cauchy_", "random_",
+    "normal_",
+    "uniform_",
+    "log_normal_",
+    "exponential_",
+    "geometric_",
+    "cauchy_",
+    "random_",
 )
 _POOL_ELEMENTS = 1 << 22
 
@@ -58,15 +64,14 @@ def fill_random(module: torch.nn.Module, seed: int = 0, std: float = 0.02) -> No
             start = 0
             while start < flat.numel():
                 take = min(flat.numel() - start, _POOL_ELEMENTS - offset)
-                flat[start:start + take].copy_(pool[offset:offset + take])
+                flat[start : start + take].copy_(pool[offset : offset + take])
                 start += take
                 offset = (offset + take) % (_POOL_ELEMENTS - 1)
             # norm weights of exactly zero/one are what real checkpoints start from; keep the
             # random values anyway: they change no shape.
 
 
-def build_model(factory: Any, dtype: torch.dtype, seed: int,
-           device: torch.device | None = None) -> torch.nn.Module:
+def build_model(factory: Any, dtype: torch.dtype, seed: int, device: torch.device | None = None) -> torch.nn.Module:
     """Construct, cast and fill one model; on ``device`` directly when given (no CPU copy)."""
     where = torch.device(device) if device is not None else contextlib.nullcontext()
     with where, skip_random_init(dtype if dtype != torch.float32 else None):
@@ -78,10 +83,14 @@ def build_model(factory: Any, dtype: torch.dtype, seed: int,
 
 # --- tokenizers -------------------------------------------------------------------------------
 
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2/CLIP byte-to-printable-character table."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
-          + list(range(ord("\xae"), ord("\xff") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -104,16 +113,17 @@ def clip_tokenizer(max_length: int = 77) -> Any:
         vocab[ch + "</w>"] = len(vocab)
     vocab["<|startoftext|>"] = len(vocab)
     vocab["<|endoftext|>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length,
-                         pad_token="<|endoftext|>")
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length, pad_token="<|endoftext|>")
 
 
 def t5_tokenizer() -> Any:
     """Unigram T5 tokenizer over a small word list (pipelines pad to a fixed length anyway)."""
     from transformers import T5Tokenizer
 
-    words = ("a painting of squirrel eating burger photo cat dog astronaut riding horse on mars "
-             "the in with and red blue green city night").split()
+    words = (
+        "a painting of squirrel eating burger photo cat dog astronaut riding horse on mars "
+        "the in with and red blue green city night"
+    ).split()
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
     vocab += [("\u2581" + w, -5.0 - i * 0.01) for i, w in enumerate(words)]
     vocab += [(chr(c), -10.0) for c in range(ord("a"), ord("z") + 1)]
@@ -129,24 +139,48 @@ def clip_text(size: str, variant: str, projection: bool | None = None) -> Any:
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
     if size == "full" and variant == "L":
-        cfg = CLIPTextConfig(vocab_size=49408, hidden_size=768, intermediate_size=3072,
-                             num_hidden_layers=12, num_attention_heads=12,
-                             max_position_embeddings=77, hidden_act="quick_gelu",
-                             projection_dim=768, bos_token_id=49406, eos_token_id=49407,
-                             pad_token_id=49407)
+        cfg = CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=768,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            max_position_embeddings=77,
+            hidden_act="quick_gelu",
+            projection_dim=768,
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=49407,
+        )
     elif size == "full":  # OpenCLIP bigG (SDXL text_encoder_2)
-        cfg = CLIPTextConfig(vocab_size=49408, hidden_size=1280, intermediate_size=5120,
-                             num_hidden_layers=32, num_attention_heads=20,
-                             max_position_embeddings=77, hidden_act="gelu",
-                             projection_dim=1280, bos_token_id=49406, eos_token_id=49407,
-                             pad_token_id=49407)
+        cfg = CLIPTextConfig(
+            vocab_size=49408,
+            hidden_size=1280,
+            intermediate_size=5120,
+            num_hidden_layers=32,
+            num_attention_heads=20,
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            projection_dim=1280,
+            bos_token_id=49406,
+            eos_token_id=49407,
+            pad_token_id=49407,
+        )
     else:
         hidden = 16 if variant in ("L-sd15", "tiny16") else 32
-        cfg = CLIPTextConfig(vocab_size=1000, hidden_size=hidden, intermediate_size=37,
-                             num_hidden_layers=2, num_attention_heads=4,
-                             max_position_embeddings=77, hidden_act="gelu",
-                             projection_dim=hidden, bos_token_id=512, eos_token_id=513,
-                             pad_token_id=513)
+        cfg = CLIPTextConfig(
+            vocab_size=1000,
+            hidden_size=hidden,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            hidden_act="gelu",
+            projection_dim=hidden,
+            bos_token_id=512,
+            eos_token_id=513,
+            pad_token_id=513,
+        )
     if projection is None:
         projection = variant == "bigG"
     cls = CLIPTextModelWithProjection if projection else CLIPTextModel
@@ -157,10 +191,28 @@ def t5_encoder(size: str) -> Any:
     from transformers import T5Config, T5EncoderModel
 
     if size == "full":  # t5-v1_1-xxl encoder
-        cfg = T5Config(vocab_size=32128, d_model=4096, d_ff=10240, d_kv=64, num_heads=64,
-                       num_layers=24, feed_forward_proj="gated-gelu", is_encoder_decoder=False,
-                       dense_act_fn="gelu_new", is_gated_act=True, tie_word_embeddings=False)
+        cfg = T5Config(
+            vocab_size=32128,
+            d_model=4096,
+            d_ff=10240,
+            d_kv=64,
+            num_heads=64,
+            num_layers=24,
+            feed_forward_proj="gated-gelu",
+            is_encoder_decoder=False,
+            dense_act_fn="gelu_new",
+            is_gated_act=True,
+            tie_word_embeddings=False,
+        )
     else:
-        cfg = T5Config(vocab_size=1000, d_model=32, d_ff=37, d_kv=8, num_heads=4, num_layers=2,
-                       feed_forward_proj="gated-gelu", is_encoder_decoder=False)
+        cfg = T5Config(
+            vocab_size=1000,
+            d_model=32,
+            d_ff=37,
+            d_kv=8,
+            num_heads=4,
+            num_layers=2,
+            feed_forward_proj="gated-gelu",
+            is_encoder_decoder=False,
+        )
     return lambda: T5EncoderModel(cfg)

@@ -28,8 +28,11 @@ def _launcher_env() -> dict[str, int] | None:
     if not (env["RANK"].isdigit() and env["WORLD_SIZE"].isdigit()):
         return None
     local = env["LOCAL_RANK"]
-    return {"rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
-            "local_rank": int(local) if local.isdigit() else int(env["RANK"])}
+    return {
+        "rank": int(env["RANK"]),
+        "world_size": int(env["WORLD_SIZE"]),
+        "local_rank": int(local) if local.isdigit() else int(env["RANK"]),
+    }
 
 
 def rank_info() -> dict[str, Any]:

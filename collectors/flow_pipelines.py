@@ -39,17 +39,21 @@ def _flow_vae(size: str, flux: bool) -> Any:
     from diffusers import AutoencoderKL
 
     kw: dict[str, Any] = dict(
-        in_channels=3, out_channels=3, latent_channels=16,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        use_quant_conv=False, use_post_quant_conv=False, force_upcast=True,
-        scaling_factor=0.3611 if flux else 1.5305, shift_factor=0.1159 if flux else 0.0609,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=16,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        force_upcast=True,
+        scaling_factor=0.3611 if flux else 1.5305,
+        shift_factor=0.1159 if flux else 0.0609,
     )
     if size == "full":
-        kw.update(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32,
-                  sample_size=1024)
+        kw.update(block_out_channels=(128, 256, 512, 512), layers_per_block=2, norm_num_groups=32, sample_size=1024)
     else:  # 4 blocks so vae_scale_factor stays 8
-        kw.update(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4,
-                  sample_size=64)
+        kw.update(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4, sample_size=64)
     return lambda: AutoencoderKL(**kw)
 
 
@@ -58,13 +62,29 @@ def _flux_transformer(size: str, guidance: bool) -> Any:
 
     if size == "full":
         return lambda: FluxTransformer2DModel(
-            patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
-            attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-            pooled_projection_dim=768, guidance_embeds=guidance, axes_dims_rope=(16, 56, 56))
+            patch_size=1,
+            in_channels=64,
+            num_layers=19,
+            num_single_layers=38,
+            attention_head_dim=128,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            pooled_projection_dim=768,
+            guidance_embeds=guidance,
+            axes_dims_rope=(16, 56, 56),
+        )
     return lambda: FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=_TINY_T5, pooled_projection_dim=_TINY_CLIP,
-        guidance_embeds=guidance, axes_dims_rope=(4, 4, 8))
+        patch_size=1,
+        in_channels=64,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=_TINY_T5,
+        pooled_projection_dim=_TINY_CLIP,
+        guidance_embeds=guidance,
+        axes_dims_rope=(4, 4, 8),
+    )
 
 
 def _sd35_transformer(size: str, large: bool) -> Any:
@@ -72,21 +92,50 @@ def _sd35_transformer(size: str, large: bool) -> Any:
 
     if size == "full" and large:
         return lambda: SD3Transformer2DModel(
-            sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=38,
-            attention_head_dim=64, num_attention_heads=38, joint_attention_dim=4096,
-            caption_projection_dim=2432, pooled_projection_dim=2048, pos_embed_max_size=192,
-            qk_norm="rms_norm")
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            out_channels=16,
+            num_layers=38,
+            attention_head_dim=64,
+            num_attention_heads=38,
+            joint_attention_dim=4096,
+            caption_projection_dim=2432,
+            pooled_projection_dim=2048,
+            pos_embed_max_size=192,
+            qk_norm="rms_norm",
+        )
     if size == "full":
         return lambda: SD3Transformer2DModel(
-            sample_size=128, patch_size=2, in_channels=16, out_channels=16, num_layers=24,
-            attention_head_dim=64, num_attention_heads=24, joint_attention_dim=4096,
-            caption_projection_dim=1536, pooled_projection_dim=2048, pos_embed_max_size=384,
-            dual_attention_layers=tuple(range(13)), qk_norm="rms_norm")
+            sample_size=128,
+            patch_size=2,
+            in_channels=16,
+            out_channels=16,
+            num_layers=24,
+            attention_head_dim=64,
+            num_attention_heads=24,
+            joint_attention_dim=4096,
+            caption_projection_dim=1536,
+            pooled_projection_dim=2048,
+            pos_embed_max_size=384,
+            dual_attention_layers=tuple(range(13)),
+            qk_norm="rms_norm",
+        )
     return lambda: SD3Transformer2DModel(
-        sample_size=32, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
-        attention_head_dim=8, num_attention_heads=4, joint_attention_dim=_TINY_T5,
-        caption_projection_dim=32, pooled_projection_dim=2 * _TINY_CLIP, pos_embed_max_size=32,
-        dual_attention_layers=() if large else (0,), qk_norm="rms_norm")
+        sample_size=32,
+        patch_size=2,
+        in_channels=16,
+        out_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        joint_attention_dim=_TINY_T5,
+        caption_projection_dim=32,
+        pooled_projection_dim=2 * _TINY_CLIP,
+        pos_embed_max_size=32,
+        dual_attention_layers=() if large else (0,),
+        qk_norm="rms_norm",
+    )
 
 
 def _scheduler(pipeline: str) -> Any:
@@ -94,15 +143,21 @@ def _scheduler(pipeline: str) -> Any:
 
     if pipeline == "flux-dev":  # resolution-dependent shift, as in the dev scheduler config
         return FlowMatchEulerDiscreteScheduler(
-            shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-            base_image_seq_len=256, max_image_seq_len=4096)
+            shift=3.0,
+            use_dynamic_shifting=True,
+            base_shift=0.5,
+            max_shift=1.15,
+            base_image_seq_len=256,
+            max_image_seq_len=4096,
+        )
     if pipeline == "flux-schnell":
         return FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=False)
     return FlowMatchEulerDiscreteScheduler(shift=3.0)
 
 
-def build_flow_pipeline(pipeline: str, size: str, dtype: torch.dtype, seed: int,
-                        device: torch.device | None = None, t5: bool = True) -> Any:
+def build_flow_pipeline(
+    pipeline: str, size: str, dtype: torch.dtype, seed: int, device: torch.device | None = None, t5: bool = True
+) -> Any:
     """A FluxPipeline or StableDiffusion3Pipeline with random weights, built on ``device``.
 
     ``t5=False`` leaves SD 3.5's text_encoder_3 out (the pipeline then feeds zeros in its
@@ -131,8 +186,7 @@ def build_flow_pipeline(pipeline: str, size: str, dtype: torch.dtype, seed: int,
             vae=build(_flow_vae(size, flux=False), 0),
             text_encoder=build(clip_text(size, clip, projection=True), 1),
             tokenizer=clip_tokenizer(),
-            text_encoder_2=build(clip_text(size, "bigG" if size == "full" else "tiny16",
-                                       projection=True), 3),
+            text_encoder_2=build(clip_text(size, "bigG" if size == "full" else "tiny16", projection=True), 3),
             tokenizer_2=clip_tokenizer(),
             text_encoder_3=build(t5_encoder(size), 4) if t5 else None,
             tokenizer_3=t5_tokenizer() if t5 else None,

@@ -20,6 +20,7 @@ def attach_oom_observer(rec: Recorder) -> None:
     global _OBSERVER_ATTACHED
     _ACTIVE.append(rec)
     if not _OBSERVER_ATTACHED and hasattr(torch._C, "_cuda_attach_out_of_memory_observer"):
+
         def observer(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
             if _ACTIVE:
                 save_on_oom(_ACTIVE[-1], device, alloc, device_alloc, device_free)
@@ -44,18 +45,22 @@ def save_on_oom(rec: Recorder, device: int, alloc: int, device_alloc: int, devic
     # with a smaller workspace), so the run keeps status "ok" until an OOM escapes the recording
     # (Recorder.__exit__); this saves what a crash would otherwise lose.
     try:
-        rec.meta["oom"] = {"device": device, "requested_bytes": alloc,
-                           "device_allocated": device_alloc, "device_free": device_free,
-                           "stage": rec._current["name"] if rec._current else None}
+        rec.meta["oom"] = {
+            "device": device,
+            "requested_bytes": alloc,
+            "device_allocated": device_alloc,
+            "device_free": device_free,
+            "stage": rec._current["name"] if rec._current else None,
+        }
         rec.meta["ooms_seen"] = rec.meta.get("ooms_seen", 0) + 1
         if rec.history and not rec._snapshot_dumped:
             torch.cuda.memory._dump_snapshot(str(rec.out_dir / "snapshot.pickle"))
             rec._snapshot_dumped = True
         info = rec.run_info(status="oom")
         if rec._current is not None:  # the stage in flight, unclosed
-            info["stages"] = info["stages"] + [{
-                "name": rec._current["name"], "start_us": rec._current["start_us"],
-                "end_us": None, "open": True}]
+            info["stages"] = info["stages"] + [
+                {"name": rec._current["name"], "start_us": rec._current["start_us"], "end_us": None, "open": True}
+            ]
         rec.write_run_json(info)
     except Exception as err:  # never mask the OOM itself
         print(f"snapviz: could not save the OOM snapshot: {err}", file=sys.stderr)

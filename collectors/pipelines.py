@@ -25,20 +25,28 @@ PIPELINES = UNET_DIT_PIPELINES + FLOW_PIPELINES
 
 # --- component configs (the shared text encoders are in components.py) ----------------------
 
+
 def _vae(size: str, sdxl: bool) -> Any:
     from diffusers import AutoencoderKL
 
     kw: dict[str, Any] = dict(
-        in_channels=3, out_channels=3, latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-        scaling_factor=0.13025 if sdxl else 0.18215, force_upcast=sdxl,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 4,
+        up_block_types=("UpDecoderBlock2D",) * 4,
+        scaling_factor=0.13025 if sdxl else 0.18215,
+        force_upcast=sdxl,
     )
     if size == "full":
-        kw.update(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
-                  norm_num_groups=32, sample_size=1024 if sdxl else 512)
+        kw.update(
+            block_out_channels=(128, 256, 512, 512),
+            layers_per_block=2,
+            norm_num_groups=32,
+            sample_size=1024 if sdxl else 512,
+        )
     else:  # 4 blocks so vae_scale_factor stays 8, as in the real VAE
-        kw.update(block_out_channels=(8, 16, 32, 32), layers_per_block=1,
-                  norm_num_groups=4, sample_size=64)
+        kw.update(block_out_channels=(8, 16, 32, 32), layers_per_block=1, norm_num_groups=4, sample_size=64)
     return lambda: AutoencoderKL(**kw)
 
 
@@ -48,10 +56,15 @@ def _sd15_unet(size: str) -> Any:
     if size == "full":
         return lambda: UNet2DConditionModel(sample_size=64, cross_attention_dim=768)
     return lambda: UNet2DConditionModel(
-        sample_size=8, block_out_channels=(8, 16), layers_per_block=1,
+        sample_size=8,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=16, attention_head_dim=2, norm_num_groups=4)
+        cross_attention_dim=16,
+        attention_head_dim=2,
+        norm_num_groups=4,
+    )
 
 
 def _sdxl_unet(size: str) -> Any:
@@ -59,22 +72,36 @@ def _sdxl_unet(size: str) -> Any:
 
     if size == "full":
         return lambda: UNet2DConditionModel(
-            sample_size=128, in_channels=4, out_channels=4, layers_per_block=2,
+            sample_size=128,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=2,
             block_out_channels=(320, 640, 1280),
             down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
             up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-            attention_head_dim=(5, 10, 20), transformer_layers_per_block=(1, 2, 10),
-            cross_attention_dim=2048, use_linear_projection=True,
-            addition_embed_type="text_time", addition_time_embed_dim=256,
-            projection_class_embeddings_input_dim=2816)
+            attention_head_dim=(5, 10, 20),
+            transformer_layers_per_block=(1, 2, 10),
+            cross_attention_dim=2048,
+            use_linear_projection=True,
+            addition_embed_type="text_time",
+            addition_time_embed_dim=256,
+            projection_class_embeddings_input_dim=2816,
+        )
     return lambda: UNet2DConditionModel(
-        sample_size=8, block_out_channels=(8, 16), layers_per_block=2,
+        sample_size=8,
+        block_out_channels=(8, 16),
+        layers_per_block=2,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        attention_head_dim=(2, 4), transformer_layers_per_block=(1, 2),
-        use_linear_projection=True, addition_embed_type="text_time",
-        addition_time_embed_dim=8, projection_class_embeddings_input_dim=80,
-        cross_attention_dim=64, norm_num_groups=4)
+        attention_head_dim=(2, 4),
+        transformer_layers_per_block=(1, 2),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=80,
+        cross_attention_dim=64,
+        norm_num_groups=4,
+    )
 
 
 def _pixart_transformer(size: str) -> Any:
@@ -82,20 +109,46 @@ def _pixart_transformer(size: str) -> Any:
 
     if size == "full":  # PixArt-Σ XL/2 1024
         return lambda: PixArtTransformer2DModel(
-            num_attention_heads=16, attention_head_dim=72, in_channels=4, out_channels=8,
-            num_layers=28, cross_attention_dim=1152, attention_bias=True, sample_size=128,
-            patch_size=2, activation_fn="gelu-approximate", num_embeds_ada_norm=1000,
-            norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
-            interpolation_scale=2, use_additional_conditions=False, caption_channels=4096)
+            num_attention_heads=16,
+            attention_head_dim=72,
+            in_channels=4,
+            out_channels=8,
+            num_layers=28,
+            cross_attention_dim=1152,
+            attention_bias=True,
+            sample_size=128,
+            patch_size=2,
+            activation_fn="gelu-approximate",
+            num_embeds_ada_norm=1000,
+            norm_type="ada_norm_single",
+            norm_elementwise_affine=False,
+            norm_eps=1e-6,
+            interpolation_scale=2,
+            use_additional_conditions=False,
+            caption_channels=4096,
+        )
     return lambda: PixArtTransformer2DModel(
-        sample_size=8, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=3,
-        caption_channels=32, in_channels=4, cross_attention_dim=24, out_channels=8,
-        attention_bias=True, activation_fn="gelu-approximate", num_embeds_ada_norm=1000,
-        norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
-        use_additional_conditions=False)
+        sample_size=8,
+        num_layers=2,
+        patch_size=2,
+        attention_head_dim=8,
+        num_attention_heads=3,
+        caption_channels=32,
+        in_channels=4,
+        cross_attention_dim=24,
+        out_channels=8,
+        attention_bias=True,
+        activation_fn="gelu-approximate",
+        num_embeds_ada_norm=1000,
+        norm_type="ada_norm_single",
+        norm_elementwise_affine=False,
+        norm_eps=1e-6,
+        use_additional_conditions=False,
+    )
 
 
 # --- pipelines --------------------------------------------------------------------------------
+
 
 def default_resolution(pipeline: str, size: str) -> int:
     if size == "tiny":
@@ -103,8 +156,14 @@ def default_resolution(pipeline: str, size: str) -> int:
     return 512 if pipeline == "sd15" else 1024
 
 
-def build_pipeline(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
-                   seed: int = 0, device: torch.device | None = None, t5: bool = True) -> Any:
+def build_pipeline(
+    pipeline: str,
+    size: str,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    device: torch.device | None = None,
+    t5: bool = True,
+) -> Any:
     """Return a diffusers pipeline in ``dtype`` with random weights.
 
     Flux and SD 3.5 are built on ``device`` (default CPU); ``t5=False`` drops SD 3.5's T5. The
@@ -128,16 +187,18 @@ def build_pipeline(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
             text_encoder=build_model(clip_text(size, "L" if size == "full" else "L-sd15"), dtype, seed + 1),
             tokenizer=clip_tokenizer(),
             unet=build_model(_sd15_unet(size), dtype, seed + 2),
-            scheduler=DDIMScheduler(**betas, clip_sample=False, set_alpha_to_one=False,
-                                    steps_offset=1),
-            safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+            scheduler=DDIMScheduler(**betas, clip_sample=False, set_alpha_to_one=False, steps_offset=1),
+            safety_checker=None,
+            feature_extractor=None,
+            requires_safety_checker=False,
         )
     if pipeline == "sdxl":
         return StableDiffusionXLPipeline(
             vae=build_model(_vae(size, sdxl=True), dtype, seed),
             text_encoder=build_model(clip_text(size, "L"), dtype, seed + 1),
             text_encoder_2=build_model(clip_text(size, "bigG"), dtype, seed + 3),
-            tokenizer=clip_tokenizer(), tokenizer_2=clip_tokenizer(),
+            tokenizer=clip_tokenizer(),
+            tokenizer_2=clip_tokenizer(),
             unet=build_model(_sdxl_unet(size), dtype, seed + 2),
             scheduler=EulerDiscreteScheduler(**betas, steps_offset=1, timestep_spacing="leading"),
         )
@@ -147,14 +208,14 @@ def build_pipeline(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
             text_encoder=build_model(t5_encoder(size), dtype, seed + 1),
             vae=build_model(_vae(size, sdxl=True), dtype, seed),
             transformer=build_model(_pixart_transformer(size), dtype, seed + 2),
-            scheduler=DPMSolverMultistepScheduler(**{**betas, "beta_schedule": "linear",
-                                                     "beta_start": 0.0001, "beta_end": 0.02}),
+            scheduler=DPMSolverMultistepScheduler(
+                **{**betas, "beta_schedule": "linear", "beta_start": 0.0001, "beta_end": 0.02}
+            ),
         )
     raise ValueError(f"unknown pipeline {pipeline!r}; expected one of {', '.join(PIPELINES)}")
 
 
-def build_denoiser(pipeline: str, size: str, dtype: torch.dtype = torch.float32,
-                   seed: int = 0) -> torch.nn.Module:
+def build_denoiser(pipeline: str, size: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.nn.Module:
     """The pipeline's UNet or DiT alone (what fine-tuning trains), as ``build_pipeline`` makes it."""
     factories = {"sd15": _sd15_unet, "sdxl": _sdxl_unet, "pixart-sigma": _pixart_transformer}
     if pipeline in FLOW_PIPELINES:

@@ -37,11 +37,15 @@ def to_nf4(module: torch.nn.Module, compute_dtype: torch.dtype) -> int:
     for name, child in list(module.named_children()):
         if isinstance(child, torch.nn.Linear):
             with skip_random_init():  # its placeholder weight is replaced at once: skip the init
-                q = bnb.nn.Linear4bit(child.in_features, child.out_features,
-                                      bias=child.bias is not None, compute_dtype=compute_dtype,
-                                      quant_type="nf4", device="cpu")
-            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False,
-                                         quant_type="nf4")
+                q = bnb.nn.Linear4bit(
+                    child.in_features,
+                    child.out_features,
+                    bias=child.bias is not None,
+                    compute_dtype=compute_dtype,
+                    quant_type="nf4",
+                    device="cpu",
+                )
+            q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, quant_type="nf4")
             if child.bias is not None:
                 q.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
             setattr(module, name, q)

@@ -62,6 +62,8 @@ def recording_args(o: Any) -> list[str]:
     if o.out:
         args += ["--out", o.out]
     return args
+
+
 STAGE_OTHER = "other"
 
 
@@ -102,8 +104,7 @@ class Recorder:
         self.cuda = self.device.type == "cuda"
         if self.cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.devices = devices if devices is not None else (
-            [self.device.index] if self.cuda else [])
+        self.devices = devices if devices is not None else ([self.device.index] if self.cuda else [])
         self.stacks, self.context, self.max_entries = stacks, context, max_entries
         self.history = history and self.cuda
         self.profile = profile
@@ -166,8 +167,8 @@ class Recorder:
         if self.history:
             # before the first stage, so the snapshot starts empty of this run's allocations
             torch.cuda.memory._record_memory_history(
-                enabled="all", context=self.context, stacks=self.stacks,
-                max_entries=self.max_entries)
+                enabled="all", context=self.context, stacks=self.stacks, max_entries=self.max_entries
+            )
         if self.cuda:
             attach_oom_observer(self)
         self._rss.start()
@@ -217,8 +218,7 @@ class Recorder:
         activities = [ProfilerActivity.CPU]
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)
-        self._prof = profile(activities=activities, profile_memory=True,
-                             record_shapes=True, with_stack=True)
+        self._prof = profile(activities=activities, profile_memory=True, record_shapes=True, with_stack=True)
         self._prof.__enter__()
         self.meta["profile_start_us"] = _now_us()
 
@@ -226,8 +226,13 @@ class Recorder:
 
     def mark(self, label: str | None) -> None:
         """Close the current stage and open ``label`` (None: close only)."""
-        start_prof = (self.profile and self._prof is None and label is not None
-                      and self._current is not None and self._current["name"] == "load")
+        start_prof = (
+            self.profile
+            and self._prof is None
+            and label is not None
+            and self._current is not None
+            and self._current["name"] == "load"
+        )
         if self.cuda and (self.sync_stages or label is None or self._current is None):
             for d in self.devices:
                 torch.cuda.synchronize(d)
@@ -251,7 +256,9 @@ class Recorder:
             self._current = None
             return
         self._current = {
-            "name": label, "start_us": now_us, "_pc": now_pc,
+            "name": label,
+            "start_us": now_us,
+            "_pc": now_pc,
             "allocated_at_start": stats["primary"]["allocated"] if self.cuda else None,
             "reserved_at_start": stats["primary"]["reserved"] if self.cuda else None,
             "rss_at_start": rss,
@@ -268,28 +275,43 @@ class Recorder:
         finally:
             self.mark(after)
 
-    def _close(self, cur: dict[str, Any], stats: dict[str, Any], rss: int, rss_peak: int,
-               now_us: int, now_pc: float) -> None:
+    def _close(
+        self, cur: dict[str, Any], stats: dict[str, Any], rss: int, rss_peak: int, now_us: int, now_pc: float
+    ) -> None:
         stage = {
-            "name": cur["name"], "start_us": cur["start_us"], "end_us": now_us,
+            "name": cur["name"],
+            "start_us": cur["start_us"],
+            "end_us": now_us,
             "wall_s": round(now_pc - cur["_pc"], 6),
-            "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
             "allocated_at_start": cur["allocated_at_start"],
             "allocated_at_end": None,
-            "reserved_at_start": cur["reserved_at_start"], "reserved_at_end": None,
+            "reserved_at_start": cur["reserved_at_start"],
+            "reserved_at_end": None,
             "per_device": [],
-            "rss_at_start": cur["rss_at_start"], "rss_at_end": rss, "rss_peak_bytes": rss_peak,
+            "rss_at_start": cur["rss_at_start"],
+            "rss_at_end": rss,
+            "rss_peak_bytes": rss_peak,
         }
         if self.cuda:
             prim = stats["primary"]
-            stage.update(peak_allocated_bytes=prim["max_allocated"],
-                         peak_reserved_bytes=prim["max_reserved"],
-                         allocated_at_end=prim["allocated"], reserved_at_end=prim["reserved"])
+            stage.update(
+                peak_allocated_bytes=prim["max_allocated"],
+                peak_reserved_bytes=prim["max_reserved"],
+                allocated_at_end=prim["allocated"],
+                reserved_at_end=prim["reserved"],
+            )
             stage["per_device"] = [
-                {"device": d, "peak_allocated_bytes": s["max_allocated"],
-                 "peak_reserved_bytes": s["max_reserved"],
-                 "allocated_at_end": s["allocated"], "reserved_at_end": s["reserved"]}
-                for d, s in stats["devices"].items()]
+                {
+                    "device": d,
+                    "peak_allocated_bytes": s["max_allocated"],
+                    "peak_reserved_bytes": s["max_reserved"],
+                    "allocated_at_end": s["allocated"],
+                    "reserved_at_end": s["reserved"],
+                }
+                for d, s in stats["devices"].items()
+            ]
         self.stages.append(stage)
 
     def _allocator_now(self) -> dict[str, Any]:
@@ -323,8 +345,9 @@ class Recorder:
 
         # type(pipe).__call__ is what pipe(...) runs, so the hook needs a subclass; same name so
         # diffusers' config and save_pretrained see the original class.
-        sub = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__,
-                                          "__qualname__": cls.__qualname__})
+        sub = type(
+            cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        )
         self._orig_class = cls
         pipe.__class__ = sub
         self._ensure_component_hooks()

@@ -33,7 +33,7 @@ class RunOptions:
     width: int | None = None
     batch: int = 1
     techniques: list[str] = field(default_factory=list)
-    profile: bool | None = None   # None: on exactly when no CUDA snapshot is recorded (see validate)
+    profile: bool | None = None  # None: on exactly when no CUDA snapshot is recorded (see validate)
     profile_scope: str = "all"
     stacks: str = "python"
     context: str = "all"
@@ -44,9 +44,9 @@ class RunOptions:
     out: str | None = None
     save_image: bool = True
     memory_limit_gb: float | None = None
-    alloc_conf: str | None = None              # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
     max_sequence_length: int | None = None  # T5 tokens (PixArt, Flux, SD 3.5); None: pipeline's
-    blocks_per_group: int = 1               # group-offload: blocks moved together
+    blocks_per_group: int = 1  # group-offload: blocks moved together
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -57,9 +57,18 @@ class RunOptions:
         """The CLI that reproduces this run."""
         args = ["snapviz", "collect", "--pipeline", self.pipeline]
         args += ["--model", self.model] if self.model else ["--size", self.size]
-        args += ["--device", self.resolved_device(), "--steps", str(self.steps),
-                 "--height", str(self.height), "--width", str(self.width),
-                 "--batch", str(self.batch)]
+        args += [
+            "--device",
+            self.resolved_device(),
+            "--steps",
+            str(self.steps),
+            "--height",
+            str(self.height),
+            "--width",
+            str(self.width),
+            "--batch",
+            str(self.batch),
+        ]
         for t in p.names():
             args += ["--technique", t]
         if self.max_sequence_length:
@@ -73,8 +82,7 @@ def validate(opts: RunOptions) -> tq.Plan:
     """Check options before any heavy work; raises ValueError/TechniqueError with one line."""
     device = opts.resolved_device()
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise tq.TechniqueError("--device cuda but torch sees no CUDA device "
-                                f"(torch {torch.__version__})")
+        raise tq.TechniqueError(f"--device cuda but torch sees no CUDA device (torch {torch.__version__})")
     if opts.steps < 1:
         raise ValueError("--steps must be at least 1")
     if opts.batch < 1:
@@ -94,8 +102,10 @@ def validate(opts: RunOptions) -> tq.Plan:
     elif not opts.profile and not device.startswith("cuda"):
         # on CUDA, run.json still holds the allocator's own per-stage peaks (what `fit` and
         # `matrix` measure with --no-history --no-profile); on the CPU nothing would be left
-        raise ValueError("--no-profile: a CPU run has no CUDA memory snapshot, so the run directory would hold "
-                         "nothing to analyse; drop --no-profile")
+        raise ValueError(
+            "--no-profile: a CPU run has no CUDA memory snapshot, so the run directory would hold "
+            "nothing to analyse; drop --no-profile"
+        )
     _check_sequence_length(opts)
     if opts.blocks_per_group < 1:
         raise ValueError("--offload-blocks must be at least 1")
@@ -110,8 +120,7 @@ def _check_sequence_length(opts: RunOptions) -> None:
     if n is None:
         return
     if opts.pipeline in ("sd15", "sdxl"):
-        raise ValueError(f"--max-sequence-length sets T5's prompt length; {opts.pipeline} has only "
-                         "CLIP (77 tokens)")
+        raise ValueError(f"--max-sequence-length sets T5's prompt length; {opts.pipeline} has only CLIP (77 tokens)")
     top = 512 if opts.pipeline.startswith("flux") or opts.pipeline.startswith("sd35") else 300
     if not 1 <= n <= top:
         raise ValueError(f"--max-sequence-length must be between 1 and {top} for {opts.pipeline}")
@@ -119,14 +128,17 @@ def _check_sequence_length(opts: RunOptions) -> None:
 
 def default_out(opts: RunOptions, p: tq.Plan) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str(Path("runs") / f"{opts.pipeline}-{opts.model and 'model' or opts.size}-"
-               f"{'-'.join(p.names())}-{stamp}")
+    return str(Path("runs") / f"{opts.pipeline}-{opts.model and 'model' or opts.size}-{'-'.join(p.names())}-{stamp}")
 
 
 def _call_kwargs(opts: RunOptions, generator: torch.Generator) -> dict[str, Any]:
-    kw: dict[str, Any] = dict(num_inference_steps=opts.steps, height=opts.height,
-                              width=opts.width, num_images_per_prompt=opts.batch,
-                              generator=generator)
+    kw: dict[str, Any] = dict(
+        num_inference_steps=opts.steps,
+        height=opts.height,
+        width=opts.width,
+        num_images_per_prompt=opts.batch,
+        generator=generator,
+    )
     if opts.pipeline == "pixart-sigma":
         kw.update(clean_caption=False, use_resolution_binning=False)
     if opts.pipeline in FLOW_PIPELINES:
@@ -138,8 +150,7 @@ def _call_kwargs(opts: RunOptions, generator: torch.Generator) -> dict[str, Any]
     return kw
 
 
-def run(opts: RunOptions, p: tq.Plan | None = None,
-        on_step: Callable[[int], None] | None = None) -> Path:
+def run(opts: RunOptions, p: tq.Plan | None = None, on_step: Callable[[int], None] | None = None) -> Path:
     """Record one run; returns the run directory."""
     p = p or validate(opts)
     # transformers loads checkpoints on worker threads; memory metadata is thread-local, so
@@ -178,32 +189,54 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         gc.collect()
         pipe = None
     elif not on_device:
-        tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
-                                   width=opts.width)
+        tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height, width=opts.width)
         if p.offload:
             tq.quantize_after_load(pipe, p)  # offload keeps weights on CPU: quantize there
     build_s = time.perf_counter() - build_t0
 
     meta: dict[str, Any] = {
-        "pipeline": opts.pipeline, "size": "model" if opts.model else opts.size,
-        "model": opts.model, "techniques": p.names(), "height": opts.height,
-        "width": opts.width, "steps": opts.steps, "batch": opts.batch,
-        "dtype": p.dtype_name, "seed": opts.seed, "prompt": PROMPT,
-        "command": opts.command(p), "build_s": round(build_s, 3),
-        "profile": opts.profile, "built_on_device": on_device,
+        "pipeline": opts.pipeline,
+        "size": "model" if opts.model else opts.size,
+        "model": opts.model,
+        "techniques": p.names(),
+        "height": opts.height,
+        "width": opts.width,
+        "steps": opts.steps,
+        "batch": opts.batch,
+        "dtype": p.dtype_name,
+        "seed": opts.seed,
+        "prompt": PROMPT,
+        "command": opts.command(p),
+        "build_s": round(build_s, 3),
+        "profile": opts.profile,
+        "built_on_device": on_device,
         "max_sequence_length": _call_kwargs(opts, torch.Generator()).get("max_sequence_length"),
         "profile_scope": opts.profile_scope if opts.profile else None,
-        "env": {k: os.environ.get(k) for k in ("HF_DEACTIVATE_ASYNC_LOAD",
-                                                "CUDA_VISIBLE_DEVICES")},
+        "env": {k: os.environ.get(k) for k in ("HF_DEACTIVATE_ASYNC_LOAD", "CUDA_VISIBLE_DEVICES")},
     }
     if p.has("vae-tiling"):
         meta["vae_tiling"] = {"tile_sample_min_size": None}
-    devices = (list(range(torch.cuda.device_count())) if p.has("balanced")
-               else ([device.index] if device.type == "cuda" else []))
-    rec = Recorder(pipe, out, device=device, stacks=opts.stacks, context=opts.context,
-                   max_entries=opts.max_entries, history=opts.history, profile=bool(opts.profile),
-                   profile_scope=opts.profile_scope, devices=devices, initial_stage="load",
-                   meta=meta, on_step=on_step, sync_stages=opts.sync_stages)
+    devices = (
+        list(range(torch.cuda.device_count()))
+        if p.has("balanced")
+        else ([device.index] if device.type == "cuda" else [])
+    )
+    rec = Recorder(
+        pipe,
+        out,
+        device=device,
+        stacks=opts.stacks,
+        context=opts.context,
+        max_entries=opts.max_entries,
+        history=opts.history,
+        profile=bool(opts.profile),
+        profile_scope=opts.profile_scope,
+        devices=devices,
+        initial_stage="load",
+        meta=meta,
+        on_step=on_step,
+        sync_stages=opts.sync_stages,
+    )
     if opts.memory_limit_gb and device.type == "cuda":
         # pretend to be a smaller GPU: the caching allocator refuses to grow past the cap
         total = torch.cuda.get_device_properties(device).total_memory
@@ -217,8 +250,7 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
     _tiling_meta(rec, pipe, p)
     with rec:
         if on_device:
-            pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed, device=device,
-                                  t5=not no_t5)
+            pipe = build_pipeline(opts.pipeline, opts.size, p.dtype, seed=opts.seed, device=device, t5=not no_t5)
             pipe.set_progress_bar_config(disable=True)
             tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height, width=opts.width)
             _tiling_meta(rec, pipe, p)
@@ -228,11 +260,9 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
         elif p.has("balanced"):
             from diffusers import DiffusionPipeline
 
-            pipe = DiffusionPipeline.from_pretrained(source, dtype=p.dtype,
-                                                     device_map="balanced")
+            pipe = DiffusionPipeline.from_pretrained(source, dtype=p.dtype, device_map="balanced")
             pipe.set_progress_bar_config(disable=True)
-            tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height,
-                                       width=opts.width)
+            tq.apply_module_techniques(pipe, p, seed=opts.seed, height=opts.height, width=opts.width)
             rec.pipe = pipe
             rec._install_hooks()
             # the primary device is the one that runs the denoiser
@@ -260,13 +290,16 @@ def run(opts: RunOptions, p: tq.Plan | None = None,
 def _tiling_meta(rec: Recorder, pipe: Any, p: tq.Plan) -> None:
     vae = getattr(pipe, "vae", None)
     if p.has("vae-tiling") and vae is not None:
-        rec.meta["vae_tiling"] = {"tile_sample_min_size": vae.tile_sample_min_size,
-                                  "tile_latent_min_size": vae.tile_latent_min_size,
-                                  "tile_overlap_factor": vae.tile_overlap_factor}
+        rec.meta["vae_tiling"] = {
+            "tile_sample_min_size": vae.tile_sample_min_size,
+            "tile_latent_min_size": vae.tile_latent_min_size,
+            "tile_overlap_factor": vae.tile_overlap_factor,
+        }
 
 
-def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
-                device: torch.device, generator: torch.Generator) -> Any:
+def _run_staged(
+    pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan, device: torch.device, generator: torch.Generator
+) -> Any:
     """PixArt-Σ one component at a time: text encoder, transformer, VAE; each freed after use."""
     kw = _call_kwargs(opts, generator)
     # load stage is open: bring only the text encoder
@@ -274,8 +307,13 @@ def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
     rec.mark("text_encode")
     with torch.no_grad():
         embeds, mask, neg, neg_mask = pipe.encode_prompt(
-            PROMPT, do_classifier_free_guidance=True, num_images_per_prompt=opts.batch,
-            device=device, clean_caption=False, max_sequence_length=300)
+            PROMPT,
+            do_classifier_free_guidance=True,
+            num_images_per_prompt=opts.batch,
+            device=device,
+            clean_caption=False,
+            max_sequence_length=300,
+        )
     rec.mark("load")
     pipe.text_encoder = None
     gc.collect()
@@ -284,10 +322,16 @@ def _run_staged(pipe: Any, rec: Recorder, opts: RunOptions, p: tq.Plan,
     tq.quantize_after_load(pipe, p)
     rec.call_start_label = None  # no text encoding in this call (embeddings are passed in)
     rec.mark("other")
-    latents = pipe(prompt=None, negative_prompt=None, prompt_embeds=embeds,
-                   prompt_attention_mask=mask,
-                   negative_prompt_embeds=neg, negative_prompt_attention_mask=neg_mask,
-                   output_type="latent", **kw).images
+    latents = pipe(
+        prompt=None,
+        negative_prompt=None,
+        prompt_embeds=embeds,
+        prompt_attention_mask=mask,
+        negative_prompt_embeds=neg,
+        negative_prompt_attention_mask=neg_mask,
+        output_type="latent",
+        **kw,
+    ).images
     rec.mark("load")
     pipe.transformer = None
     gc.collect()

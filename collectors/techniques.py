@@ -19,24 +19,61 @@ from .quantize import DENOISER_QUANT
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ATTENTION = ("sdpa", "classic", "sliced")
 OFFLOAD = ("model-offload", "sequential-offload", "group-offload", "group-offload-leaf")
-OTHER = ("vae-slicing", "vae-tiling", "tiny-vae", "int8", "nf4-text-encoder", "staged",
-         "balanced", "no-t5", "nf4-transformer", "fp8", "qint8", "qfloat8", "layerwise-fp8",
-         "offload-stream")
+OTHER = (
+    "vae-slicing",
+    "vae-tiling",
+    "tiny-vae",
+    "int8",
+    "nf4-text-encoder",
+    "staged",
+    "balanced",
+    "no-t5",
+    "nf4-transformer",
+    "fp8",
+    "qint8",
+    "qfloat8",
+    "layerwise-fp8",
+    "offload-stream",
+)
 ALL = tuple(DTYPES) + ATTENTION + OFFLOAD + OTHER
 ALIASES = {
-    "offload-model": "model-offload", "offload-sequential": "sequential-offload",
-    "offload-group": "group-offload", "model": "model-offload", "sequential": "sequential-offload",
-    "group": "group-offload", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16",
-    "nf4": "nf4-text-encoder", "int8-weights": "int8", "nf4-t5": "nf4-text-encoder",
-    "nf4-denoiser": "nf4-transformer", "group-offload-block": "group-offload",
-    "offload-group-leaf": "group-offload-leaf", "leaf": "group-offload-leaf",
-    "layerwise-casting": "layerwise-fp8", "fp8-layerwise": "layerwise-fp8", "without-t5": "no-t5",
-    "quanto-int8": "qint8", "quanto-fp8": "qfloat8", "torchao-int8": "int8", "torchao-fp8": "fp8",
+    "offload-model": "model-offload",
+    "offload-sequential": "sequential-offload",
+    "offload-group": "group-offload",
+    "model": "model-offload",
+    "sequential": "sequential-offload",
+    "group": "group-offload",
+    "float32": "fp32",
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "nf4": "nf4-text-encoder",
+    "int8-weights": "int8",
+    "nf4-t5": "nf4-text-encoder",
+    "nf4-denoiser": "nf4-transformer",
+    "group-offload-block": "group-offload",
+    "offload-group-leaf": "group-offload-leaf",
+    "leaf": "group-offload-leaf",
+    "layerwise-casting": "layerwise-fp8",
+    "fp8-layerwise": "layerwise-fp8",
+    "without-t5": "no-t5",
+    "quanto-int8": "qint8",
+    "quanto-fp8": "qfloat8",
+    "torchao-int8": "int8",
+    "torchao-fp8": "fp8",
 }
 # techniques that change how weights are stored, or where they live between uses: the pipeline
 # is built on the CPU and the technique applied there, as a checkpoint load would
-CPU_FIRST = ("nf4-text-encoder", "nf4-transformer", "int8", "fp8", "qint8", "qfloat8",
-             "layerwise-fp8", "staged", "balanced")  # torchao/quanto: built like int8 always was
+CPU_FIRST = (
+    "nf4-text-encoder",
+    "nf4-transformer",
+    "int8",
+    "fp8",
+    "qint8",
+    "qfloat8",
+    "layerwise-fp8",
+    "staged",
+    "balanced",
+)  # torchao/quanto: built like int8 always was
 
 
 class TechniqueError(ValueError):
@@ -77,8 +114,7 @@ def _available(module: str) -> bool:
         return False
 
 
-def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
-         num_gpus: int) -> Plan:
+def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str, num_gpus: int) -> Plan:
     """Normalize and validate the requested techniques for ``device`` and ``pipeline``."""
     names = []
     for raw in requested:
@@ -88,8 +124,7 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
                 continue
             name = ALIASES.get(part, part)
             if name not in ALL:
-                raise TechniqueError(
-                    f"unknown technique {part!r}; choose from: {', '.join(ALL)}")
+                raise TechniqueError(f"unknown technique {part!r}; choose from: {', '.join(ALL)}")
             if name not in names:
                 names.append(name)
     cuda = device.startswith("cuda")
@@ -103,32 +138,34 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, pipeline: str,
     if len(offs) > 1:
         raise TechniqueError(f"pick one offload mode, not {' and '.join(offs)}")
     dtype_name = dtypes[0] if dtypes else ("fp16" if cuda else "fp32")
-    p = Plan(dtype_name=dtype_name, attention=attns[0] if attns else "sdpa",
-             offload=offs[0] if offs else None,
-             flags={n for n in names if n in OTHER})
+    p = Plan(
+        dtype_name=dtype_name,
+        attention=attns[0] if attns else "sdpa",
+        offload=offs[0] if offs else None,
+        flags={n for n in names if n in OTHER},
+    )
 
     if p.offload and not cuda:
-        raise TechniqueError(f"{p.offload} needs a CUDA device (offloading moves weights "
-                             f"between CPU and accelerator); this run is on {device}")
+        raise TechniqueError(
+            f"{p.offload} needs a CUDA device (offloading moves weights "
+            f"between CPU and accelerator); this run is on {device}"
+        )
     _check_weights(p, device=device, pipeline=pipeline)
     if p.has("staged"):
         if pipeline != "pixart-sigma":
             raise TechniqueError("staged is the PixArt-Σ walkthrough; use --pipeline pixart-sigma")
         if p.offload or p.has("balanced"):
-            raise TechniqueError("staged already moves components one at a time; "
-                                 "drop the offload/balanced technique")
+            raise TechniqueError("staged already moves components one at a time; drop the offload/balanced technique")
     if p.has("balanced"):
         if not cuda:
             raise TechniqueError(f"balanced needs CUDA GPUs; this run is on {device}")
         if num_gpus < 2:
-            raise TechniqueError(f"balanced spreads components over GPUs but only {num_gpus} "
-                                 "is visible")
+            raise TechniqueError(f"balanced spreads components over GPUs but only {num_gpus} is visible")
         clash = [n for n in ("tiny-vae", "nf4-text-encoder", *DENOISER_QUANT) if p.has(n)]
         if p.offload:
             clash.append(p.offload)
         if clash:
-            raise TechniqueError(f"balanced (device_map) cannot be combined with "
-                                 f"{', '.join(clash)} here")
+            raise TechniqueError(f"balanced (device_map) cannot be combined with {', '.join(clash)} here")
     if p.dtype_name == "fp16" and not cuda:
         # CPU fp16 kernels are missing or very slow for several ops; bf16 is the CPU half type
         raise TechniqueError("fp16 on CPU is not supported here; use bf16 or fp32")
@@ -144,8 +181,9 @@ def _check_weights(p: Plan, *, device: str, pipeline: str) -> None:
     for name in ("nf4-text-encoder", "nf4-transformer"):
         if p.has(name):
             if not cuda:
-                raise TechniqueError(f"{name} needs a CUDA device (bitsandbytes 4-bit quantizes on "
-                                     f"the GPU); this run is on {device}")
+                raise TechniqueError(
+                    f"{name} needs a CUDA device (bitsandbytes 4-bit quantizes on the GPU); this run is on {device}"
+                )
             if not _available("bitsandbytes"):
                 raise TechniqueError(f"{name} needs the bitsandbytes package (pip install bitsandbytes)")
     for name in ("int8", "fp8"):
@@ -156,32 +194,39 @@ def _check_weights(p: Plan, *, device: str, pipeline: str) -> None:
             raise TechniqueError(f"fp8 (torchao float8 weights) needs a CUDA GPU; this run is on {device}")
         major, minor = torch.cuda.get_device_capability(torch.device(device))
         if (major, minor) < (8, 9):
-            raise TechniqueError(f"fp8 needs a GPU of compute capability 8.9 or newer (this one is "
-                                 f"{major}.{minor}); use layerwise-fp8 or int8")
+            raise TechniqueError(
+                f"fp8 needs a GPU of compute capability 8.9 or newer (this one is "
+                f"{major}.{minor}); use layerwise-fp8 or int8"
+            )
     for name in ("qint8", "qfloat8"):
         if p.has(name) and not _available("optimum.quanto"):
             raise TechniqueError(f"{name} needs the optimum-quanto package (pip install optimum-quanto)")
         if p.has(name) and p.offload:
-            raise TechniqueError(f"{name} cannot be offloaded: quanto's frozen weights cannot be moved "
-                                 f"between devices (Module.to fails); drop {p.offload}")
+            raise TechniqueError(
+                f"{name} cannot be offloaded: quanto's frozen weights cannot be moved "
+                f"between devices (Module.to fails); drop {p.offload}"
+            )
     if p.has("offload-stream") and p.offload not in ("group-offload", "group-offload-leaf"):
-        raise TechniqueError("offload-stream overlaps group offloading's transfers with compute; "
-                             "add group-offload or group-offload-leaf")
+        raise TechniqueError(
+            "offload-stream overlaps group offloading's transfers with compute; add group-offload or group-offload-leaf"
+        )
     if p.has("no-t5") and not pipeline.startswith("sd35"):
-        raise TechniqueError(f"no-t5 drops SD 3.5's optional third text encoder; {pipeline} "
-                             "cannot run without its T5")
+        raise TechniqueError(f"no-t5 drops SD 3.5's optional third text encoder; {pipeline} cannot run without its T5")
     if pipeline in FLOW:
         clash: list[str] = [n for n in ("classic", "sliced") if p.attention == n]
         clash += [n for n in ("tiny-vae",) if p.has(n)]
         if clash:
-            raise TechniqueError(f"{clash[0]} does not apply to {pipeline} (joint-attention "
-                                 "processors; 16-channel latents)")
+            raise TechniqueError(
+                f"{clash[0]} does not apply to {pipeline} (joint-attention processors; 16-channel latents)"
+            )
 
 
 # --- application ---------------------------------------------------------------------------------
 
-def apply_module_techniques(pipe: Any, p: Plan, *, seed: int = 0, height: int | None = None,
-                            width: int | None = None) -> None:
+
+def apply_module_techniques(
+    pipe: Any, p: Plan, *, seed: int = 0, height: int | None = None, width: int | None = None
+) -> None:
     """Techniques that only change modules (no device placement). Run before loading."""
     from .pipelines import build_tiny_vae, denoiser
 
@@ -261,5 +306,6 @@ def apply_offload(pipe: Any, p: Plan, device: torch.device, blocks_per_group: in
         kw: dict[str, Any] = dict(offload_type="block_level", num_blocks_per_group=blocks_per_group)
         if p.offload == "group-offload-leaf":
             kw = dict(offload_type="leaf_level")
-        pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
-                                  use_stream=p.has("offload-stream"), **kw)
+        pipe.enable_group_offload(
+            onload_device=device, offload_device=torch.device("cpu"), use_stream=p.has("offload-stream"), **kw
+        )

@@ -55,7 +55,7 @@ class TrainOptions:
     sync_stages: bool = False
     out: str | None = None
     memory_limit_gb: float | None = None
-    alloc_conf: str | None = None              # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
+    alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF given by --alloc-conf
 
     def resolved_device(self) -> str:
         if self.device == "auto":
@@ -64,11 +64,31 @@ class TrainOptions:
 
     def command(self, p: tp.TrainPlan) -> str:
         """The CLI that reproduces this run."""
-        args = ["snapviz", "collect", "--train", "--pipeline", self.pipeline, "--size", self.size,
-                "--device", self.resolved_device(), "--steps", str(self.steps),
-                "--height", str(self.height), "--width", str(self.width),
-                "--batch", str(self.batch), "--accumulate", str(self.accumulate),
-                "--optimizer", p.optimizer, "--lora-rank", str(p.lora_rank)]
+        args = [
+            "snapviz",
+            "collect",
+            "--train",
+            "--pipeline",
+            self.pipeline,
+            "--size",
+            self.size,
+            "--device",
+            self.resolved_device(),
+            "--steps",
+            str(self.steps),
+            "--height",
+            str(self.height),
+            "--width",
+            str(self.width),
+            "--batch",
+            str(self.batch),
+            "--accumulate",
+            str(self.accumulate),
+            "--optimizer",
+            p.optimizer,
+            "--lora-rank",
+            str(p.lora_rank),
+        ]
         for t in [p.precision, p.attention] + [n for n in p.names() if n in tp.FLAGS]:
             args += ["--technique", t]
         return shlex.join(args + recording_args(self))
@@ -78,8 +98,7 @@ def validate(opts: TrainOptions) -> tp.TrainPlan:
     """Check options before any heavy work; raises ValueError/TechniqueError with one line."""
     device = opts.resolved_device()
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise TechniqueError("--device cuda but torch sees no CUDA device "
-                             f"(torch {torch.__version__})")
+        raise TechniqueError(f"--device cuda but torch sees no CUDA device (torch {torch.__version__})")
     if opts.steps < 1 or opts.batch < 1:
         raise ValueError("--steps and --batch must be at least 1")
     res = default_resolution(opts.pipeline, opts.size)
@@ -89,8 +108,9 @@ def validate(opts: TrainOptions) -> tp.TrainPlan:
         raise ValueError("--height and --width must be multiples of 8")
     if opts.memory_limit_gb is not None and not device.startswith("cuda"):
         raise ValueError("--memory-limit-gb caps the CUDA caching allocator; this run is on cpu")
-    return tp.plan(opts.techniques, device=device, optimizer=opts.optimizer,
-                   lora_rank=opts.lora_rank, accumulate=opts.accumulate)
+    return tp.plan(
+        opts.techniques, device=device, optimizer=opts.optimizer, lora_rank=opts.lora_rank, accumulate=opts.accumulate
+    )
 
 
 def prepare_model(opts: TrainOptions, p: tp.TrainPlan) -> torch.nn.Module:
@@ -113,8 +133,16 @@ def prepare_model(opts: TrainOptions, p: tp.TrainPlan) -> torch.nn.Module:
 class Batch:
     """Pre-computed conditioning for one micro-batch and the model call that uses it."""
 
-    def __init__(self, model: torch.nn.Module, pipeline: str, batch: int, height: int,
-                 width: int, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pipeline: str,
+        batch: int,
+        height: int,
+        width: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         cfg = model.config
         gen = torch.Generator(device="cpu").manual_seed(1)
         self.pipeline, self.batch, self.device, self.dtype = pipeline, batch, device, dtype
@@ -122,23 +150,27 @@ class Batch:
         tokens = TEXT_TOKENS[pipeline]
         self.kwargs: dict[str, Any] = {}
         if pipeline == "pixart-sigma":
-            self.kwargs["encoder_hidden_states"] = torch.randn(
-                batch, tokens, cfg.caption_channels, generator=gen).to(device, dtype)
+            self.kwargs["encoder_hidden_states"] = torch.randn(batch, tokens, cfg.caption_channels, generator=gen).to(
+                device, dtype
+            )
             self.kwargs["encoder_attention_mask"] = torch.ones(batch, tokens, device=device)
             self.kwargs["added_cond_kwargs"] = {"resolution": None, "aspect_ratio": None}
         else:
             self.kwargs["encoder_hidden_states"] = torch.randn(
-                batch, tokens, cfg.cross_attention_dim, generator=gen).to(device, dtype)
+                batch, tokens, cfg.cross_attention_dim, generator=gen
+            ).to(device, dtype)
             if cfg.addition_embed_type == "text_time":  # SDXL's pooled embeds + size ids
                 pooled = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
                 ids = torch.tensor([height, width, 0, 0, height, width], dtype=dtype)
                 self.kwargs["added_cond_kwargs"] = {
                     "text_embeds": torch.randn(batch, pooled, generator=gen).to(device, dtype),
-                    "time_ids": ids.repeat(batch, 1).to(device)}
+                    "time_ids": ids.repeat(batch, 1).to(device),
+                }
         from diffusers import DDPMScheduler
 
-        self.scheduler = DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085,
-                                       beta_end=0.012, beta_schedule="scaled_linear")
+        self.scheduler = DDPMScheduler(
+            num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear"
+        )
         self.scheduler.alphas_cumprod = self.scheduler.alphas_cumprod.to(device)
 
     def loss(self, model: torch.nn.Module) -> torch.Tensor:
@@ -148,15 +180,21 @@ class Batch:
         noisy = self.scheduler.add_noise(latents, noise, t)
         if self.pipeline == "pixart-sigma":
             pred = model(noisy, timestep=t, return_dict=False, **self.kwargs)[0]
-            pred = pred[:, :noise.shape[1]]  # the learned-sigma half is not in this loss
+            pred = pred[:, : noise.shape[1]]  # the learned-sigma half is not in this loss
         else:
             pred = model(noisy, t, return_dict=False, **self.kwargs)[0]
         return F.mse_loss(pred.float(), noise.float())
 
 
 def _param_stats(model: torch.nn.Module) -> dict[str, Any]:
-    out: dict[str, Any] = {"trainable": 0, "frozen": 0, "trainable_bytes": 0, "frozen_bytes": 0,
-                           "trainable_dtypes": {}, "frozen_dtypes": {}}
+    out: dict[str, Any] = {
+        "trainable": 0,
+        "frozen": 0,
+        "trainable_bytes": 0,
+        "frozen_bytes": 0,
+        "trainable_dtypes": {},
+        "frozen_dtypes": {},
+    }
     for param in model.parameters():
         kind = "trainable" if param.requires_grad else "frozen"
         out[kind] += param.numel()
@@ -166,8 +204,9 @@ def _param_stats(model: torch.nn.Module) -> dict[str, Any]:
     return out
 
 
-def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
-                 on_step: Callable[[int], None] | None = None) -> Path:
+def run_training(
+    opts: TrainOptions, p: tp.TrainPlan | None = None, on_step: Callable[[int], None] | None = None
+) -> Path:
     """Record one fine-tuning run; returns the run directory."""
     p = p or validate(opts)
     device = torch.device(opts.resolved_device())
@@ -176,38 +215,69 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         device = distributed.local_device(device.type)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    out = Path(distributed.agree(opts.out or str(
-        Path("runs") / f"train-{opts.pipeline}-{opts.size}-"
-        f"{'-'.join(p.names())}-{time.strftime('%Y%m%d-%H%M%S')}")))
+    out = Path(
+        distributed.agree(
+            opts.out
+            or str(
+                Path("runs") / f"train-{opts.pipeline}-{opts.size}-"
+                f"{'-'.join(p.names())}-{time.strftime('%Y%m%d-%H%M%S')}"
+            )
+        )
+    )
     opts.out = str(out)
     torch.manual_seed(opts.seed)
     build_t0 = time.perf_counter()
     model = prepare_model(opts, p)
     build_s = time.perf_counter() - build_t0
     train: dict[str, Any] = {
-        "precision": p.precision, "optimizer": p.optimizer, "lora_rank": p.lora_rank,
-        "accumulate": p.accumulate, "micro_batch": opts.batch,
-        "effective_batch": opts.batch * p.accumulate, "checkpointing": p.checkpointing,
-        "ema": p.ema, "set_to_none": p.set_to_none, "attention": p.attention, "lr": opts.lr,
+        "precision": p.precision,
+        "optimizer": p.optimizer,
+        "lora_rank": p.lora_rank,
+        "accumulate": p.accumulate,
+        "micro_batch": opts.batch,
+        "effective_batch": opts.batch * p.accumulate,
+        "checkpointing": p.checkpointing,
+        "ema": p.ema,
+        "set_to_none": p.set_to_none,
+        "attention": p.attention,
+        "lr": opts.lr,
         "params": _param_stats(model),
     }
     rank = distributed.rank_info()
     if rank:
-        train["ddp"] = {"backend": rank.get("backend"), "world_size": rank.get("world_size"),
-                        "bucket_cap_mb": 25}
+        train["ddp"] = {"backend": rank.get("backend"), "world_size": rank.get("world_size"), "bucket_cap_mb": 25}
     meta: dict[str, Any] = {
-        "pipeline": opts.pipeline, "size": opts.size, "mode": "train",
-        "techniques": p.names() + (["ddp"] if rank else []), "height": opts.height, "width": opts.width,
-        "steps": opts.steps, "batch": opts.batch, "dtype": str(p.weight_dtype).split(".")[-1],
-        "seed": opts.seed, "command": opts.command(p), "build_s": round(build_s, 3),
-        "profile": opts.profile, "profile_scope": opts.profile_scope if opts.profile else None,
+        "pipeline": opts.pipeline,
+        "size": opts.size,
+        "mode": "train",
+        "techniques": p.names() + (["ddp"] if rank else []),
+        "height": opts.height,
+        "width": opts.width,
+        "steps": opts.steps,
+        "batch": opts.batch,
+        "dtype": str(p.weight_dtype).split(".")[-1],
+        "seed": opts.seed,
+        "command": opts.command(p),
+        "build_s": round(build_s, 3),
+        "profile": opts.profile,
+        "profile_scope": opts.profile_scope if opts.profile else None,
         "env": {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")},
         "train": train,
     }
-    rec = TrainRecorder(model, out, device=device, stacks=opts.stacks, context=opts.context,
-                        max_entries=opts.max_entries, history=opts.history,
-                        profile=opts.profile, profile_scope=opts.profile_scope,
-                        initial_stage="load", meta=meta, sync_stages=opts.sync_stages)
+    rec = TrainRecorder(
+        model,
+        out,
+        device=device,
+        stacks=opts.stacks,
+        context=opts.context,
+        max_entries=opts.max_entries,
+        history=opts.history,
+        profile=opts.profile,
+        profile_scope=opts.profile_scope,
+        initial_stage="load",
+        meta=meta,
+        sync_stages=opts.sync_stages,
+    )
     cuda = device.type == "cuda"
     if opts.memory_limit_gb and cuda:
         total = torch.cuda.get_device_properties(device).total_memory
@@ -221,8 +291,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
         net = distributed.wrap_ddp(model, device)  # gradients all-reduced in buckets under torchrun
         params = [q for q in model.parameters() if q.requires_grad]
         assert opts.height is not None and opts.width is not None  # set by validate()
-        inputs = Batch(model, opts.pipeline, opts.batch, opts.height, opts.width, device,
-                       p.weight_dtype)
+        inputs = Batch(model, opts.pipeline, opts.batch, opts.height, opts.width, device, p.weight_dtype)
         optimizer = tp.make_optimizer(params, p, opts.lr)
         scaler = torch.amp.GradScaler(device.type) if p.precision == "amp-fp16" else None
         ema = None
@@ -237,8 +306,7 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
             t0 = time.perf_counter()
             for _ in range(p.accumulate):
                 with rec.phase("forward", chain=True):
-                    with torch.autocast(device.type, dtype=p.autocast_dtype,
-                                        enabled=p.autocast_dtype is not None):
+                    with torch.autocast(device.type, dtype=p.autocast_dtype, enabled=p.autocast_dtype is not None):
                         loss = inputs.loss(net) / p.accumulate
                 rec.backward(scaler.scale(loss) if scaler else loss, chain=True)
                 del loss
@@ -251,11 +319,11 @@ def run_training(opts: TrainOptions, p: tp.TrainPlan | None = None,
                 if ema is not None:
                     ema.step(params)
             if step == opts.steps - 1:  # what the last step held, before zero_grad frees it
-                train["gradient_bytes"] = sum(q.grad.numel() * q.grad.element_size()
-                                              for q in params if q.grad is not None)
+                train["gradient_bytes"] = sum(
+                    q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None
+                )
                 train["optimizer_state_bytes"] = tp.state_bytes(optimizer)
-                train["ema_bytes"] = (sum(tp.tensor_bytes(s) for s in ema.shadow_params)
-                                      if ema is not None else 0)
+                train["ema_bytes"] = sum(tp.tensor_bytes(s) for s in ema.shadow_params) if ema is not None else 0
             with rec.phase("zero_grad", chain=True):
                 optimizer.zero_grad(set_to_none=p.set_to_none)
             rec.next_step()

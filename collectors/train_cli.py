@@ -18,8 +18,7 @@ from .train import TrainOptions, run_training, validate
 
 def collect_train(*, model: str | None, **kwargs: Any) -> None:
     if model:
-        raise OptionError("--model is not supported with --train (the denoiser is built "
-                          "from the in-code config)")
+        raise OptionError("--model is not supported with --train (the denoiser is built from the in-code config)")
     opts = TrainOptions(**kwargs)
     try:
         plan = validate(opts)

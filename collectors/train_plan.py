@@ -19,12 +19,16 @@ ATTENTION = ("sdpa", "classic")
 FLAGS = ("checkpointing", "ema", "keep-grads")
 ALL = PRECISIONS + ATTENTION + FLAGS
 ALIASES = {
-    "float32": "fp32", "amp": "amp-fp16", "fp16-amp": "amp-fp16", "bf16-amp": "amp-bf16",
-    "bfloat16": "bf16", "gradient-checkpointing": "checkpointing",
-    "zero-grad-keep": "keep-grads", "set-to-none-false": "keep-grads",
+    "float32": "fp32",
+    "amp": "amp-fp16",
+    "fp16-amp": "amp-fp16",
+    "bf16-amp": "amp-bf16",
+    "bfloat16": "bf16",
+    "gradient-checkpointing": "checkpointing",
+    "zero-grad-keep": "keep-grads",
+    "set-to-none-false": "keep-grads",
 }
-OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-loop", "adamw-fused", "adamw8bit", "adafactor",
-              "sgd")
+OPTIMIZERS = ("adamw", "adamw-foreach", "adamw-loop", "adamw-fused", "adamw8bit", "adafactor", "sgd")
 
 HELP = {
     "fp32": "weights, activations and gradients in float32",
@@ -38,9 +42,20 @@ HELP = {
     "keep-grads": "optimizer.zero_grad(set_to_none=False): gradients stay allocated (zeroed)",
 }
 # inference-only techniques: named so the error says why, not just "unknown"
-_INFERENCE_ONLY = ("fp16", "sliced", "vae-slicing", "vae-tiling", "tiny-vae", "model-offload",
-                   "sequential-offload", "group-offload", "int8", "nf4-text-encoder", "staged",
-                   "balanced")
+_INFERENCE_ONLY = (
+    "fp16",
+    "sliced",
+    "vae-slicing",
+    "vae-tiling",
+    "tiny-vae",
+    "model-offload",
+    "sequential-offload",
+    "group-offload",
+    "int8",
+    "nf4-text-encoder",
+    "staged",
+    "balanced",
+)
 
 
 def _available(module: str) -> bool:
@@ -75,17 +90,29 @@ class TrainPlan:
 
     def names(self) -> list[str]:
         """The normalized technique list written to run.json."""
-        out = [self.precision, self.attention, self.optimizer,
-               f"lora-r{self.lora_rank}" if self.lora_rank else "full"]
+        out = [self.precision, self.attention, self.optimizer, f"lora-r{self.lora_rank}" if self.lora_rank else "full"]
         if self.accumulate > 1:
             out.append(f"accumulate-{self.accumulate}")
-        out += [f for f, on in (("checkpointing", self.checkpointing), ("ema", self.ema),
-                                ("keep-grads", not self.set_to_none)) if on]
+        out += [
+            f
+            for f, on in (
+                ("checkpointing", self.checkpointing),
+                ("ema", self.ema),
+                ("keep-grads", not self.set_to_none),
+            )
+            if on
+        ]
         return out
 
 
-def plan(requested: list[str] | tuple[str, ...], *, device: str, optimizer: str = "adamw",
-         lora_rank: int = 0, accumulate: int = 1) -> TrainPlan:
+def plan(
+    requested: list[str] | tuple[str, ...],
+    *,
+    device: str,
+    optimizer: str = "adamw",
+    lora_rank: int = 0,
+    accumulate: int = 1,
+) -> TrainPlan:
     """Normalize and validate training techniques for ``device``."""
     names: list[str] = []
     for raw in requested:
@@ -96,11 +123,12 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, optimizer: str 
             name = ALIASES.get(part, part)
             if name in _INFERENCE_ONLY:
                 hint = " (use amp-fp16 or bf16)" if name == "fp16" else ""
-                raise TechniqueError(f"{name} is an inference technique, not one for --train"
-                                     f"{hint}; training techniques: {', '.join(ALL)}")
+                raise TechniqueError(
+                    f"{name} is an inference technique, not one for --train"
+                    f"{hint}; training techniques: {', '.join(ALL)}"
+                )
             if name not in ALL:
-                raise TechniqueError(f"unknown training technique {part!r}; choose from: "
-                                     f"{', '.join(ALL)}")
+                raise TechniqueError(f"unknown training technique {part!r}; choose from: {', '.join(ALL)}")
             if name not in names:
                 names.append(name)
     cuda = device.startswith("cuda")
@@ -111,36 +139,40 @@ def plan(requested: list[str] | tuple[str, ...], *, device: str, optimizer: str 
     if len(attns) > 1:
         raise TechniqueError(f"pick one attention implementation, not {' and '.join(attns)}")
     if optimizer not in OPTIMIZERS:
-        raise TechniqueError(f"unknown optimizer {optimizer!r}; choose from: "
-                             f"{', '.join(OPTIMIZERS)}")
+        raise TechniqueError(f"unknown optimizer {optimizer!r}; choose from: {', '.join(OPTIMIZERS)}")
     if lora_rank < 0:
         raise TechniqueError("--lora-rank must be 0 (full fine-tuning) or a positive rank")
     if accumulate < 1:
         raise TechniqueError("--accumulate must be at least 1")
-    p = TrainPlan(precision=precisions[0] if precisions else ("amp-fp16" if cuda else "fp32"),
-                  attention=attns[0] if attns else "sdpa", optimizer=optimizer,
-                  lora_rank=lora_rank, accumulate=accumulate,
-                  checkpointing="checkpointing" in names, ema="ema" in names,
-                  set_to_none="keep-grads" not in names)
+    p = TrainPlan(
+        precision=precisions[0] if precisions else ("amp-fp16" if cuda else "fp32"),
+        attention=attns[0] if attns else "sdpa",
+        optimizer=optimizer,
+        lora_rank=lora_rank,
+        accumulate=accumulate,
+        checkpointing="checkpointing" in names,
+        ema="ema" in names,
+        set_to_none="keep-grads" not in names,
+    )
     if p.precision == "amp-fp16" and not cuda:
-        raise TechniqueError("amp-fp16 (autocast float16 + GradScaler) needs a CUDA device; "
-                             f"this run is on {device} (use amp-bf16 or fp32)")
+        raise TechniqueError(
+            "amp-fp16 (autocast float16 + GradScaler) needs a CUDA device; "
+            f"this run is on {device} (use amp-bf16 or fp32)"
+        )
     if optimizer == "adamw8bit":
         if not cuda:
-            raise TechniqueError("adamw8bit (bitsandbytes AdamW8bit) needs a CUDA device; "
-                                 f"this run is on {device}")
+            raise TechniqueError(f"adamw8bit (bitsandbytes AdamW8bit) needs a CUDA device; this run is on {device}")
         if not _available("bitsandbytes"):
-            raise TechniqueError("adamw8bit needs the bitsandbytes package "
-                                 "(pip install bitsandbytes)")
+            raise TechniqueError("adamw8bit needs the bitsandbytes package (pip install bitsandbytes)")
     if optimizer == "adafactor" and not _available("transformers"):
-        raise TechniqueError("adafactor is transformers.optimization.Adafactor: "
-                             "pip install transformers")
+        raise TechniqueError("adafactor is transformers.optimization.Adafactor: pip install transformers")
     if lora_rank and not _available("peft"):
         raise TechniqueError("--lora-rank needs the peft package (pip install peft)")
     return p
 
 
 # --- building ------------------------------------------------------------------------------------
+
 
 def make_optimizer(params: list[torch.nn.Parameter], p: TrainPlan, lr: float) -> Any:
     if p.optimizer == "adamw":  # torch's default: foreach on CUDA
@@ -159,8 +191,7 @@ def make_optimizer(params: list[torch.nn.Parameter], p: TrainPlan, lr: float) ->
         from transformers.optimization import Adafactor
 
         # a fixed learning rate, as fine-tuning scripts use it (relative_step needs lr=None)
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False,
-                         warmup_init=False)
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
     return torch.optim.SGD(params, lr=lr)
 
 
@@ -168,8 +199,11 @@ def add_lora(model: torch.nn.Module, rank: int) -> None:
     """peft LoRA on the attention projections (diffusers' LoRA training scripts' targets)."""
     from peft import LoraConfig
 
-    model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian",
-                                 target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+    model.add_adapter(
+        LoraConfig(
+            r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=["to_k", "to_q", "to_v", "to_out.0"]
+        )
+    )
 
 
 def set_attention(model: torch.nn.Module, attention: str) -> None:

@@ -72,8 +72,7 @@ class TrainRecorder(Recorder):
         return f"{name}/{index}"
 
     @contextlib.contextmanager
-    def phase(self, name: str, after: str = STAGE_OTHER,
-              chain: bool = False) -> Iterator[str]:
+    def phase(self, name: str, after: str = STAGE_OTHER, chain: bool = False) -> Iterator[str]:
         """Run a block as ``name/<index>``; ``after`` starts when it ends unless ``chain``
         (then the phase stays open until the next :meth:`mark`, so phases stay contiguous)."""
         label = self.phase_label(name)

@@ -54,12 +54,11 @@ def _local(t: Any) -> Any:
 
 
 def rank_main(rank: int, a: argparse.Namespace) -> None:
+    import record_sidecar as rs
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    import record_sidecar as rs
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(a.port))
     dist.init_process_group(a.backend, rank=rank, world_size=a.world_size)
@@ -70,8 +69,9 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
     lens = [int(x) for x in a.seq_lens.split(",")]
     seq = lens[rank % len(lens)]
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads,
-                                       n_positions=1024, vocab_size=50257))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_positions=1024, vocab_size=50257)
+    )
     torch.manual_seed(1000 + rank)
     record_start = rs.now_us()
     history = rs.start_history(device)
@@ -114,27 +114,50 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
     params = [_local(p) for p in model.parameters()]
     info: dict[str, Any] = rs.sidecar(
-        device, phases=ph.rows, labelled=False, cap=None, history=history, status="ok",
-        record_start_us=record_start, pipeline="gpt2", mode="train", program="user",
-        size="custom", techniques=["amp-bf16", "adamw", a.parallel], height=None, width=None,
-        steps=a.iterations, batch=a.batch, dtype="float32", seed=0,
-        rank=rank, world_size=a.world_size, backend=a.backend, parallel=a.parallel,
+        device,
+        phases=ph.rows,
+        labelled=False,
+        cap=None,
+        history=history,
+        status="ok",
+        record_start_us=record_start,
+        pipeline="gpt2",
+        mode="train",
+        program="user",
+        size="custom",
+        techniques=["amp-bf16", "adamw", a.parallel],
+        height=None,
+        width=None,
+        steps=a.iterations,
+        batch=a.batch,
+        dtype="float32",
+        seed=0,
+        rank=rank,
+        world_size=a.world_size,
+        backend=a.backend,
+        parallel=a.parallel,
         iteration=a.iterations,
         model={"layers": a.layers, "embd": a.embd, "heads": a.heads, "seq_len": seq},
-        train={"optimizer": "adamw", "precision": ("fp32" if not cuda else "amp-bf16" if a.parallel == "ddp"
-                                                    else "fsdp2-bf16-params-fp32-reduce"),
-               "params": {"trainable": sum(p.numel() for p in params),
-                          "trainable_bytes": rs.tensor_bytes(params)},
-               "gradient_bytes": grads, "optimizer_state_bytes": state,
-               **({"ddp_bucket_cap_mb": 25} if a.parallel == "ddp" else
-                  {"fsdp": {"reshard_after_forward": True, "param_dtype": "bfloat16",
-                            "reduce_dtype": "float32"}})},
-        files=[snap.name] if snap else [])
+        train={
+            "optimizer": "adamw",
+            "precision": (
+                "fp32" if not cuda else "amp-bf16" if a.parallel == "ddp" else "fsdp2-bf16-params-fp32-reduce"
+            ),
+            "params": {"trainable": sum(p.numel() for p in params), "trainable_bytes": rs.tensor_bytes(params)},
+            "gradient_bytes": grads,
+            "optimizer_state_bytes": state,
+            **(
+                {"ddp_bucket_cap_mb": 25}
+                if a.parallel == "ddp"
+                else {"fsdp": {"reshard_after_forward": True, "param_dtype": "bfloat16", "reduce_dtype": "float32"}}
+            ),
+        },
+        files=[snap.name] if snap else [],
+    )
     rs.write_json(folder / f"rank{rank}_run.json", info)
     dist.barrier()
     dist.destroy_process_group()
-    print(f"rank {rank}: seq {seq} peak allocated "
-          f"{(info['allocator'] or {}).get('max_memory_allocated')}", flush=True)
+    print(f"rank {rank}: seq {seq} peak allocated {(info['allocator'] or {}).get('max_memory_allocated')}", flush=True)
 
 
 def main() -> int:

@@ -35,32 +35,43 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES: dict[str, list[str]] = {
     "flux-dev-bf16": ["--pipeline", "flux-dev", "--steps", "4", "-t", "bf16"],
     # block-level, one transformer block at a time, no CUDA stream: diffusers' default shape
-    "flux-dev-bf16-group-offload": ["--pipeline", "flux-dev", "--steps", "4", "-t", "bf16",
-                                    "-t", "group-offload"],
-    "flux-dev-bf16-nf4-transformer": ["--pipeline", "flux-dev", "--steps", "4", "-t", "bf16",
-                                      "-t", "nf4-transformer"],
+    "flux-dev-bf16-group-offload": ["--pipeline", "flux-dev", "--steps", "4", "-t", "bf16", "-t", "group-offload"],
+    "flux-dev-bf16-nf4-transformer": ["--pipeline", "flux-dev", "--steps", "4", "-t", "bf16", "-t", "nf4-transformer"],
     "sd35-large-bf16": ["--pipeline", "sd35-large", "--steps", "4", "-t", "bf16"],
-    "sd35-large-bf16-no-t5": ["--pipeline", "sd35-large", "--steps", "4", "-t", "bf16",
-                              "-t", "no-t5"],
+    "sd35-large-bf16-no-t5": ["--pipeline", "sd35-large", "--steps", "4", "-t", "bf16", "-t", "no-t5"],
 }
 
 
 def command(name: str, out: Path, size: str, device: str) -> list[str]:
     """The collect command of one sample (1024² at full size: every pipeline's default)."""
-    return [sys.executable, "-m", "collectors", *SAMPLES[name], "--size", size,
-            "--device", device, "--out", str(out / name)]
+    return [
+        sys.executable,
+        "-m",
+        "collectors",
+        *SAMPLES[name],
+        "--size",
+        size,
+        "--device",
+        device,
+        "--out",
+        str(out / name),
+    ]
 
 
 def run_one(name: str, out: Path, size: str, device: str, timeout_s: float) -> dict[str, Any]:
     """Run one sample in a fresh process; the log goes to DIR/<name>.log."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    )
     cmd = command(name, out, size, device)
     t0 = time.time()
     with open(out / f"{name}.log", "w") as log:
         try:
-            rc: int | str = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                           timeout=max(timeout_s, 1)).returncode
+            rc: int | str = subprocess.run(
+                cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=max(timeout_s, 1)
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     return {"name": name, "rc": rc, "elapsed_s": round(time.time() - t0, 1)}

@@ -29,29 +29,45 @@ FULL = ["--size", "full", "--device", "cuda"]
 # name -> (collect arguments, GPUs needed)
 SAMPLES: dict[str, tuple[list[str], int]] = {
     "sd15-fp16-sdpa": (["--pipeline", "sd15", *FULL, "--steps", "4", "-t", "fp16"], 1),
-    "sd15-fp16-classic": (["--pipeline", "sd15", *FULL, "--steps", "4", "-t", "fp16",
-                           "-t", "classic"], 1),
+    "sd15-fp16-classic": (["--pipeline", "sd15", *FULL, "--steps", "4", "-t", "fp16", "-t", "classic"], 1),
     "sdxl-fp16": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16"], 1),
-    "sdxl-fp16-vae-tiling": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16",
-                              "-t", "vae-tiling"], 1),
+    "sdxl-fp16-vae-tiling": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16", "-t", "vae-tiling"], 1),
     "sdxl-fp32": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp32"], 1),
-    "sdxl-fp16-model-offload": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16",
-                                 "-t", "model-offload"], 1),
-    "sdxl-fp16-sequential-offload": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16",
-                                      "-t", "sequential-offload"], 1),
+    "sdxl-fp16-model-offload": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16", "-t", "model-offload"], 1),
+    "sdxl-fp16-sequential-offload": (
+        ["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16", "-t", "sequential-offload"],
+        1,
+    ),
     # the profiler starts after load: pipe.to() alone adds ~100k Python events (+2 MB gzipped)
-    "sd15-fp16-profile": (["--pipeline", "sd15", *FULL, "--steps", "2", "-t", "fp16",
-                           "--profile", "--profile-scope", "after-load"], 1),
-    "sd15-fp16-profile-1step": (["--pipeline", "sd15", *FULL, "--steps", "1", "-t", "fp16",
-                                 "--profile", "--profile-scope", "after-load"], 1),
-    "pixart-staged-int8-nf4": (["--pipeline", "pixart-sigma", *FULL, "--steps", "3",
-                                "-t", "fp16", "-t", "staged", "-t", "int8",
-                                "-t", "nf4-text-encoder"], 1),
+    "sd15-fp16-profile": (
+        ["--pipeline", "sd15", *FULL, "--steps", "2", "-t", "fp16", "--profile", "--profile-scope", "after-load"],
+        1,
+    ),
+    "sd15-fp16-profile-1step": (
+        ["--pipeline", "sd15", *FULL, "--steps", "1", "-t", "fp16", "--profile", "--profile-scope", "after-load"],
+        1,
+    ),
+    "pixart-staged-int8-nf4": (
+        [
+            "--pipeline",
+            "pixart-sigma",
+            *FULL,
+            "--steps",
+            "3",
+            "-t",
+            "fp16",
+            "-t",
+            "staged",
+            "-t",
+            "int8",
+            "-t",
+            "nf4-text-encoder",
+        ],
+        1,
+    ),
     # a 10 GiB card: SDXL fp16 fits for text encoding and denoising, then OOMs in VAE decode
-    "sdxl-fp16-oom-10gb": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16",
-                            "--memory-limit-gb", "10"], 1),
-    "sdxl-fp16-balanced": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16",
-                            "-t", "balanced"], 2),
+    "sdxl-fp16-oom-10gb": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16", "--memory-limit-gb", "10"], 1),
+    "sdxl-fp16-balanced": (["--pipeline", "sdxl", *FULL, "--steps", "3", "-t", "fp16", "-t", "balanced"], 2),
 }
 
 _TECHS: dict[str, list[str]] = {
@@ -68,30 +84,38 @@ _TECHS: dict[str, list[str]] = {
 # batch 1 (Félix Sanz's setup) for every technique; batch 4 (the HF blog's setup) for the rows
 # the blog published
 TABLE: dict[str, list[str]] = {f"b1-{k}": ["--batch", "1", *v] for k, v in _TECHS.items()}
-TABLE.update({f"b4-{k}": ["--batch", "4", *v] for k, v in {
-    "fp32-classic": ["-t", "fp32", "-t", "classic"],
-    "fp16-classic": _TECHS["fp16-classic"],
-    "fp16": _TECHS["fp16"],
-    "fp16-vae-slicing": _TECHS["fp16-vae-slicing"],
-    "fp16-tiny-vae": _TECHS["fp16-tiny-vae"],
-    "fp16-model-offload": _TECHS["fp16-model-offload"],
-    "fp16-sequential-offload": _TECHS["fp16-sequential-offload"],
-}.items()})
+TABLE.update(
+    {
+        f"b4-{k}": ["--batch", "4", *v]
+        for k, v in {
+            "fp32-classic": ["-t", "fp32", "-t", "classic"],
+            "fp16-classic": _TECHS["fp16-classic"],
+            "fp16": _TECHS["fp16"],
+            "fp16-vae-slicing": _TECHS["fp16-vae-slicing"],
+            "fp16-tiny-vae": _TECHS["fp16-tiny-vae"],
+            "fp16-model-offload": _TECHS["fp16-model-offload"],
+            "fp16-sequential-offload": _TECHS["fp16-sequential-offload"],
+        }.items()
+    }
+)
 
 MAX_SAMPLE_BYTES = 2 * 1024 * 1024
 
 
 def _run(name: str, args: list[str], out: Path, gpus: str, timeout: float) -> dict[str, Any]:
     run_dir = out / name
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "8"))
+    env = dict(
+        os.environ,
+        CUDA_VISIBLE_DEVICES=gpus,
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "8"),
+    )
     cmd = [sys.executable, "-m", "collectors", *args, "--out", str(run_dir)]
     t0 = time.time()
     log = out / f"{name}.log"
     with open(log, "w") as fh:
         try:
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                timeout=max(timeout, 1)).returncode
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=max(timeout, 1)).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
     res = {"name": name, "rc": rc, "elapsed_s": round(time.time() - t0, 1), "gpus": gpus}
@@ -102,12 +126,13 @@ def _run(name: str, args: list[str], out: Path, gpus: str, timeout: float) -> di
 def check_sample(run_dir: Path) -> dict[str, Any]:
     """Sanity checks on one recorded run (no snapviz analyzer needed)."""
     info = json.loads((run_dir / "run.json").read_text())
-    out: dict[str, Any] = {"status": info.get("status"),
-                           "allocator": {k: info["allocator"].get(k) for k in
-                                         ("max_memory_allocated", "max_memory_reserved")}
-                           if info.get("allocator") else None,
-                           "stages": [(s["name"], s["peak_allocated_bytes"], s["wall_s"])
-                                      for s in info["stages"]]}
+    out: dict[str, Any] = {
+        "status": info.get("status"),
+        "allocator": {k: info["allocator"].get(k) for k in ("max_memory_allocated", "max_memory_reserved")}
+        if info.get("allocator")
+        else None,
+        "stages": [(s["name"], s["peak_allocated_bytes"], s["wall_s"]) for s in info["stages"]],
+    }
     snap = run_dir / "snapshot.pickle"
     if snap.exists():
         from snapviz.load.snapshot.safe_pickle import safe_load_pickle  # never plain pickle.load
@@ -126,10 +151,15 @@ def check_sample(run_dir: Path) -> dict[str, Any]:
         ann = Counter(a.get("name") for a in data.get("external_annotations", []))
         out["annotations"] = len(ann)
         out["segments"] = len(data.get("segments", []))
-        out["allocator_settings"] = {k: v for k, v in data.get("allocator_settings", {}).items()
-                                     if k != "roundup_power2_divisions"}
-        active = sum(b["size"] for s in data.get("segments", []) for b in s.get("blocks", [])
-                     if b.get("state") == "active_allocated")
+        out["allocator_settings"] = {
+            k: v for k, v in data.get("allocator_settings", {}).items() if k != "roundup_power2_divisions"
+        }
+        active = sum(
+            b["size"]
+            for s in data.get("segments", [])
+            for b in s.get("blocks", [])
+            if b.get("state") == "active_allocated"
+        )
         out["end_active_bytes"] = active
     trace = run_dir / "trace.json.gz"
     if trace.exists():
@@ -138,8 +168,7 @@ def check_sample(run_dir: Path) -> dict[str, Any]:
         ev = json.load(gzip.open(trace)).get("traceEvents", [])
         out["trace_events"] = len(ev)
         out["trace_memory_events"] = sum(1 for e in ev if e.get("name") == "[memory]")
-        out["trace_user_annotations"] = sorted({e["name"] for e in ev
-                                                if e.get("cat") == "user_annotation"})[:20]
+        out["trace_user_annotations"] = sorted({e["name"] for e in ev if e.get("cat") == "user_annotation"})[:20]
     return out
 
 
@@ -205,8 +234,7 @@ def cmd_samples(out: Path, only: list[str] | None, deadline: float, slots: int) 
     packers.shutdown()
 
 
-def cmd_table(out: Path, steps: int, deadline: float, pipeline: str,
-              only: list[str] | None = None) -> None:
+def cmd_table(out: Path, steps: int, deadline: float, pipeline: str, only: list[str] | None = None) -> None:
     t_end = time.time() + deadline
     names = [n for n in TABLE if not only or n in only]
     # slowest first so a deadline cuts the cheap rows, which are easiest to redo
@@ -219,8 +247,7 @@ def cmd_table(out: Path, steps: int, deadline: float, pipeline: str,
             if left < 30:
                 print(json.dumps({"name": name, "skipped": "deadline"}), flush=True)
                 continue
-            args = ["--pipeline", pipeline, *FULL, "--steps", str(steps), "--no-history",
-                    *TABLE[name]]
+            args = ["--pipeline", pipeline, *FULL, "--steps", str(steps), "--no-history", *TABLE[name]]
             _run(f"table-{name}", args, out, str(gpu), left)
             img = out / f"table-{name}" / "image.png"
             if img.exists():

@@ -57,10 +57,14 @@ class Phases:
         t_us, t_pc = now_us(), time.perf_counter()
         if self._open is not None:
             row = self._open
-            row.update(end_us=t_us, wall_s=round(t_pc - row.pop("_pc"), 6),
-                       peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device) if self.cuda else 0,
-                       peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else 0,
-                       allocated_at_end=alloc, reserved_at_end=res)
+            row.update(
+                end_us=t_us,
+                wall_s=round(t_pc - row.pop("_pc"), 6),
+                peak_allocated_bytes=torch.cuda.max_memory_allocated(self.device) if self.cuda else 0,
+                peak_reserved_bytes=torch.cuda.max_memory_reserved(self.device) if self.cuda else 0,
+                allocated_at_end=alloc,
+                reserved_at_end=res,
+            )
             self.rows.append(row)
             self._open = None
         if self.label:
@@ -69,8 +73,14 @@ class Phases:
             return
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self._open = {"name": name, "start_us": t_us, "_pc": t_pc, "allocated_at_start": alloc,
-                      "reserved_at_start": res, **extra}
+        self._open = {
+            "name": name,
+            "start_us": t_us,
+            "_pc": t_pc,
+            "allocated_at_start": alloc,
+            "reserved_at_start": res,
+            **extra,
+        }
 
     @property
     def current(self) -> dict[str, Any] | None:
@@ -79,10 +89,8 @@ class Phases:
 
 def start_history(device: torch.device, max_entries: int = MAX_ENTRIES) -> dict[str, Any]:
     if device.type == "cuda":
-        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python",
-                                                 context="all")
-    return {"enabled": device.type == "cuda", "context": "all", "stacks": "python",
-            "max_entries": max_entries}
+        torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python", context="all")
+    return {"enabled": device.type == "cuda", "context": "all", "stacks": "python", "max_entries": max_entries}
 
 
 def set_cap(device: torch.device, fraction: float | None) -> dict[str, Any] | None:
@@ -105,32 +113,47 @@ class OomWatch:
             torch._C._cuda_attach_out_of_memory_observer(self._observe)
 
     def _observe(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
-        self.seen = {"device": device, "requested_bytes": int(alloc),
-                     "device_allocated": int(device_alloc), "device_free": int(device_free)}
+        self.seen = {
+            "device": device,
+            "requested_bytes": int(alloc),
+            "device_allocated": int(device_alloc),
+            "device_free": int(device_free),
+        }
 
     def record(self, err: BaseException, phase: dict[str, Any] | None) -> dict[str, Any]:
         text = str(err)
         m = _TRIED.search(text)
         out = dict(self.seen or {})
-        out.update(message_requested=m.group(1) if m else None,
-                   message=text.splitlines()[0][:300] if text else "",
-                   phase=phase["name"] if phase else None)
+        out.update(
+            message_requested=m.group(1) if m else None,
+            message=text.splitlines()[0][:300] if text else "",
+            phase=phase["name"] if phase else None,
+        )
         return out
 
 
-def allocator_doc(device: torch.device, phases: list[dict[str, Any]],
-                  cap: dict[str, Any] | None) -> dict[str, Any] | None:
+def allocator_doc(
+    device: torch.device, phases: list[dict[str, Any]], cap: dict[str, Any] | None
+) -> dict[str, Any] | None:
     if device.type != "cuda":
         return None
     alloc = max((p["peak_allocated_bytes"] for p in phases), default=0)
     res = max((p["peak_reserved_bytes"] for p in phases), default=0)
-    final = {"final_allocated": torch.cuda.memory_allocated(device),
-             "final_reserved": torch.cuda.memory_reserved(device)}
+    final = {
+        "final_allocated": torch.cuda.memory_allocated(device),
+        "final_reserved": torch.cuda.memory_reserved(device),
+    }
     d = device.index if device.index is not None else torch.cuda.current_device()
-    return {"device": d, "max_memory_allocated": alloc, "max_memory_reserved": res, **final,
-            "devices": [{"device": d, "max_memory_allocated": alloc, "max_memory_reserved": res,
-                         **final}],
-            "conf": recorded_alloc_conf(), "cap": cap, "stats": allocator_counters(device)}
+    return {
+        "device": d,
+        "max_memory_allocated": alloc,
+        "max_memory_reserved": res,
+        **final,
+        "devices": [{"device": d, "max_memory_allocated": alloc, "max_memory_reserved": res, **final}],
+        "conf": recorded_alloc_conf(),
+        "cap": cap,
+        "stats": allocator_counters(device),
+    }
 
 
 def versions() -> dict[str, Any]:
@@ -140,25 +163,36 @@ def versions() -> dict[str, Any]:
         except Exception:
             return None
 
-    return {"torch_version": torch.__version__, "transformers_version": v("transformers"),
-            "diffusers_version": None, "python_version": platform.python_version()}
+    return {
+        "torch_version": torch.__version__,
+        "transformers_version": v("transformers"),
+        "diffusers_version": None,
+        "python_version": platform.python_version(),
+    }
 
 
 def command_line() -> str:
     return shlex.join(["python", *sys.argv])
 
 
-def sidecar(device: torch.device, *, phases: list[dict[str, Any]], labelled: bool,
-            cap: dict[str, Any] | None, history: dict[str, Any], status: str,
-            record_start_us: int, **fields: Any) -> dict[str, Any]:
+def sidecar(
+    device: torch.device,
+    *,
+    phases: list[dict[str, Any]],
+    labelled: bool,
+    cap: dict[str, Any] | None,
+    history: dict[str, Any],
+    status: str,
+    record_start_us: int,
+    **fields: Any,
+) -> dict[str, Any]:
     """The run.json document. ``phases[]`` holds the allocator's per-phase figures; ``stages[]``
     repeats them only when the program labelled its phases (``_set_memory_metadata``): a
     snapshot of a program that labels nothing is attributed from the snapshot alone, so its
     timeline is not offered to the analyzer as stage intervals."""
     info: dict[str, Any] = {"schema": "snapviz.run/1", **fields, "status": status}
     info["device"] = str(device)
-    info["device_name"] = (torch.cuda.get_device_name(device) if device.type == "cuda"
-                           else platform.machine())
+    info["device_name"] = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.machine()
     info["num_devices"] = 1
     info.update(versions())
     info["command"] = command_line()

@@ -19,8 +19,21 @@ from pathlib import Path
 from record_samples import _finish_sample, _run  # its neighbour: scripts run from this folder
 
 SD15 = ["--train", "--pipeline", "sd15", "--size", "full", "--device", "cuda", "--batch", "4"]
-SDXL = ["--train", "--pipeline", "sdxl", "--size", "full", "--device", "cuda", "--batch", "1",
-        "-t", "amp-fp16", "--lora-rank", "16"]
+SDXL = [
+    "--train",
+    "--pipeline",
+    "sdxl",
+    "--size",
+    "full",
+    "--device",
+    "cuda",
+    "--batch",
+    "1",
+    "-t",
+    "amp-fp16",
+    "--lora-rank",
+    "16",
+]
 AMP = ["-t", "amp-fp16"]
 
 # name -> collect arguments (SD 1.5 at 512² batch 4; SDXL LoRA at 1024² batch 1)
@@ -71,8 +84,7 @@ def cmd_table(out: Path, names: list[str], steps: int, deadline: float) -> None:
             print(f'{{"name": "table-{name}", "skipped": "deadline"}}', flush=True)
             continue
         args = {**SAMPLES, **EXTRA}[name]
-        _run(f"table-{name}", [*args, "--steps", str(steps), "--no-history", "--sync-stages"],
-             out, "0", left)
+        _run(f"table-{name}", [*args, "--steps", str(steps), "--no-history", "--sync-stages"], out, "0", left)
 
 
 def main(argv: list[str] | None = None) -> None:

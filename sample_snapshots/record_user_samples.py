@@ -45,10 +45,27 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from record_samples import pack_sample  # noqa: E402
 
-GPT2_VARLEN = ["--model", "gpt2", "--batch", "4",
-               "--seq-lens", "512,1024,256,768,1024,384,896,640,1024,512"]
-SD15 = ["--pipeline", "sd15", "--size", "full", "--device", "cuda", "--steps", "4", "-t", "fp16",
-        "--batch", "1", "--stacks", "python", "--context", "all", "--seed", "0"]
+GPT2_VARLEN = ["--model", "gpt2", "--batch", "4", "--seq-lens", "512,1024,256,768,1024,384,896,640,1024,512"]
+SD15 = [
+    "--pipeline",
+    "sd15",
+    "--size",
+    "full",
+    "--device",
+    "cuda",
+    "--steps",
+    "4",
+    "-t",
+    "fp16",
+    "--batch",
+    "1",
+    "--stacks",
+    "python",
+    "--context",
+    "all",
+    "--seed",
+    "0",
+]
 SETTINGS = {  # name suffix -> PYTORCH_CUDA_ALLOC_CONF (None: unset)
     "default": None,
     "expandable": "expandable_segments:True",
@@ -61,13 +78,17 @@ SETTINGS = {  # name suffix -> PYTORCH_CUDA_ALLOC_CONF (None: unset)
 # workspace OOMs and retries smaller; freeing the cache does the rest), so its OOM run is capped
 # at 0.90x and its 1.02x run is kept under its own name.
 CAPPED = {
-    "gpt2": {"gc06": ("garbage_collection_threshold:0.6", 1.25),
-             "cap-oom": (None, 1.02),
-             "cap-expandable": ("expandable_segments:True", 1.02)},
-    "sd15": {"gc06": ("garbage_collection_threshold:0.6", 1.25),
-             "cap102": (None, 1.02),
-             "cap-oom": (None, 0.90),
-             "cap-expandable": ("expandable_segments:True", 1.02)},
+    "gpt2": {
+        "gc06": ("garbage_collection_threshold:0.6", 1.25),
+        "cap-oom": (None, 1.02),
+        "cap-expandable": ("expandable_segments:True", 1.02),
+    },
+    "sd15": {
+        "gc06": ("garbage_collection_threshold:0.6", 1.25),
+        "cap102": (None, 1.02),
+        "cap-oom": (None, 0.90),
+        "cap-expandable": ("expandable_segments:True", 1.02),
+    },
 }
 GROUPS = {  # tar file -> sample name prefixes, in the order the samples are wanted
     "roundup": ["gpt2-train-varlen-roundup", "sd15-fp16-alloc-roundup"],
@@ -85,9 +106,14 @@ class Session:
         self.t_end = self.t0 + deadline
         self.results: dict[str, dict[str, Any]] = {}
         self.lock = threading.Lock()
-        self.env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="2",
-                        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                        HF_DEACTIVATE_ASYNC_LOAD="1")
+        self.env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="2",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DEACTIVATE_ASYNC_LOAD="1",
+        )
         self.env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
 
     def left(self) -> float:
@@ -102,8 +128,9 @@ class Session:
         else:
             with open(self.work / f"{name}.log", "w") as log:
                 try:
-                    res["rc"] = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                               env=self.env, timeout=timeout).returncode
+                    res["rc"] = subprocess.run(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, timeout=timeout
+                    ).returncode
                 except subprocess.TimeoutExpired:
                     res["rc"] = "timeout"
         res["elapsed_s"] = round(time.time() - t, 1)
@@ -121,13 +148,14 @@ def user_train(out: Path, *args: str) -> list[str]:
     extra = TINY_GPT2 if SMOKE[0] else []
     if SMOKE[0] and "--seq-lens" in args:
         i = args.index("--seq-lens") + 1
-        args = (*args[:i], "32,64", *args[i + 1:])
+        args = (*args[:i], "32,64", *args[i + 1 :])
     return [sys.executable, str(HERE / "record_user_train.py"), *args, *extra, "--out", str(out)]
 
 
 def collect(out: Path, *args: str) -> list[str]:
-    base = ([a.replace("full", "tiny").replace("cuda", "cpu").replace("fp16", "fp32") for a in SD15]
-            if SMOKE[0] else SD15)
+    base = (
+        [a.replace("full", "tiny").replace("cuda", "cpu").replace("fp16", "fp32") for a in SD15] if SMOKE[0] else SD15
+    )
     return [sys.executable, "-m", "collectors", *base, *args, "--out", str(out)]
 
 
@@ -145,22 +173,43 @@ def jobs_first(work: Path) -> dict[str, list[str]]:
     for suffix, conf in SETTINGS.items():
         extra = ["--alloc-conf", conf] if conf else []
         if suffix != "maxsplit64":  # the GPT-2 one runs alone, last
-            jobs[f"gpt2-train-varlen-{suffix}"] = user_train(work / f"gpt2-train-varlen-{suffix}",
-                                                             *GPT2_VARLEN, *extra)
+            jobs[f"gpt2-train-varlen-{suffix}"] = user_train(work / f"gpt2-train-varlen-{suffix}", *GPT2_VARLEN, *extra)
         jobs[f"sd15-fp16-alloc-{suffix}"] = collect(work / f"sd15-fp16-alloc-{suffix}", *extra)
     gpt2 = ["--model", "gpt2", "--batch", "4", "--seq-lens", "1024,1024,1024"]
-    jobs["gpt2-train-labels-main-thread"] = user_train(work / "gpt2-train-labels-main-thread",
-                                                       *gpt2, "--labels", "main-thread")
+    jobs["gpt2-train-labels-main-thread"] = user_train(
+        work / "gpt2-train-labels-main-thread", *gpt2, "--labels", "main-thread"
+    )
     jobs["gpt2-train-nolabels"] = user_train(work / "gpt2-train-nolabels", *gpt2)
-    jobs["mlp-train-plain"] = user_train(work / "mlp-train-plain", "--model", "mlp",
-                                         "--steps", "3", "--batch", "4")
-    jobs["ddp-gloo-4rank"] = [sys.executable, str(HERE / "record_ddp_ranks.py"),
-                              "--out", str(work / "ddp-gloo-4rank"), "--world-size", "4",
-                              "--iterations", "4", "--seq-lens", "256,512,768,1024"]
+    jobs["mlp-train-plain"] = user_train(work / "mlp-train-plain", "--model", "mlp", "--steps", "3", "--batch", "4")
+    jobs["ddp-gloo-4rank"] = [
+        sys.executable,
+        str(HERE / "record_ddp_ranks.py"),
+        "--out",
+        str(work / "ddp-gloo-4rank"),
+        "--world-size",
+        "4",
+        "--iterations",
+        "4",
+        "--seq-lens",
+        "256,512,768,1024",
+    ]
     if SMOKE[0]:
-        jobs["ddp-gloo-4rank"] += ["--device", "cpu", "--world-size", "2", "--iterations", "1",
-                                   "--layers", "1", "--embd", "64", "--heads", "2",
-                                   "--seq-lens", "16,32"]
+        jobs["ddp-gloo-4rank"] += [
+            "--device",
+            "cpu",
+            "--world-size",
+            "2",
+            "--iterations",
+            "1",
+            "--layers",
+            "1",
+            "--embd",
+            "64",
+            "--heads",
+            "2",
+            "--seq-lens",
+            "16,32",
+        ]
         jobs["mlp-train-plain"] += ["--device", "cpu", "--batch", "1", "--steps", "1"]
     return jobs
 
@@ -219,10 +268,12 @@ def main() -> int:
     ap.add_argument("--pack", required=True, type=Path, help="where the tar files go")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds for everything")
     ap.add_argument("--only", default="", help="comma-separated job names (default: all)")
-    ap.add_argument("--device-total", type=int, default=None,
-                    help="the card's bytes (default: torch.cuda.get_device_properties)")
-    ap.add_argument("--smoke", action="store_true",
-                    help="tiny versions of every job on the CPU (checks this script, not memory)")
+    ap.add_argument(
+        "--device-total", type=int, default=None, help="the card's bytes (default: torch.cuda.get_device_properties)"
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny versions of every job on the CPU (checks this script, not memory)"
+    )
     a = ap.parse_args()
     SMOKE[0] = a.smoke
     a.out.mkdir(parents=True, exist_ok=True)
@@ -232,8 +283,7 @@ def main() -> int:
     if total is None:
         import torch  # only the card's size: this process allocates nothing on the GPU
 
-        total = (torch.cuda.get_device_properties(0).total_memory
-                 if torch.cuda.is_available() else 150 << 30)
+        total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 150 << 30
     only = {n for n in a.only.split(",") if n}
 
     def want(name: str) -> bool:
@@ -262,10 +312,15 @@ def main() -> int:
         s.run(last, user_train(a.out / last, *GPT2_VARLEN, "--alloc-conf", "max_split_size_mb:64"))
     names = sorted(s.results)
     with ThreadPoolExecutor(max_workers=16) as packers:
-        sizes = dict(zip(names, packers.map(lambda n: pack(a.out, n), names)))
+        sizes = dict(zip(names, packers.map(lambda n: pack(a.out, n), names), strict=True))
     tars = write_tars(a.out, a.pack, names)
-    summary = {"results": s.results, "sizes": sizes, "tars": tars, "device_total": total,
-               "elapsed_s": round(time.time() - s.t0, 1)}
+    summary = {
+        "results": s.results,
+        "sizes": sizes,
+        "tars": tars,
+        "device_total": total,
+        "elapsed_s": round(time.time() - s.t0, 1),
+    }
     (a.pack / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     with tarfile.open(a.pack / "logs.tar", "w") as tar:
         for log in sorted(a.out.glob("*.log")):

@@ -34,16 +34,20 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--labels", choices=["none", "main-thread"], default="none")
-    ap.add_argument("--seq-lens", default="512,1024,256,768,1024,384,896,640",
-                    help="gpt2: one optimizer step per length (comma-separated)")
+    ap.add_argument(
+        "--seq-lens",
+        default="512,1024,256,768,1024,384,896,640",
+        help="gpt2: one optimizer step per length (comma-separated)",
+    )
     ap.add_argument("--steps", type=int, default=3, help="mlp: optimizer steps")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--embd", type=int, default=768)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--alloc-conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF for this run")
-    ap.add_argument("--memory-fraction", type=float, default=None,
-                    help="torch.cuda.set_per_process_memory_fraction (a cap)")
+    ap.add_argument(
+        "--memory-fraction", type=float, default=None, help="torch.cuda.set_per_process_memory_fraction (a cap)"
+    )
     ap.add_argument("--max-entries", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
     return ap.parse_args()
@@ -52,8 +56,7 @@ def parse() -> argparse.Namespace:
 def gpt2_model(a: argparse.Namespace) -> Any:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_positions=1024,
-                     vocab_size=50257)
+    cfg = GPT2Config(n_layer=a.layers, n_embd=a.embd, n_head=a.heads, n_positions=1024, vocab_size=50257)
     return GPT2LMHeadModel(cfg)
 
 
@@ -61,20 +64,30 @@ def mlp_model() -> Any:
     import torch.nn as nn
 
     return nn.Sequential(
-        nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(8),
-        nn.Flatten(), nn.Linear(256 * 8 * 8, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
-        nn.Linear(4096, 1000))
+        nn.Conv2d(3, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(128, 256, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(8),
+        nn.Flatten(),
+        nn.Linear(256 * 8 * 8, 4096),
+        nn.ReLU(),
+        nn.Linear(4096, 4096),
+        nn.ReLU(),
+        nn.Linear(4096, 1000),
+    )
 
 
 def main() -> int:
     a = parse()
     if a.alloc_conf is not None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = a.alloc_conf  # before torch starts CUDA
-    import torch
-
     import record_sidecar as rs
+    import torch
 
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
@@ -133,26 +146,40 @@ def main() -> int:
         torch.cuda.memory._record_memory_history(enabled=None)
     params = list(model.parameters())
     info = rs.sidecar(
-        device, phases=ph.rows, labelled=a.labels == "main-thread", cap=cap, history=history,
-        status=status, record_start_us=record_start,
-        pipeline=a.model, mode="train", program="user", size="custom",
+        device,
+        phases=ph.rows,
+        labelled=a.labels == "main-thread",
+        cap=cap,
+        history=history,
+        status=status,
+        record_start_us=record_start,
+        pipeline=a.model,
+        mode="train",
+        program="user",
+        size="custom",
         techniques=(["amp-bf16", "adamw"] if a.model == "gpt2" else ["fp32", "sgd-momentum"]),
-        height=None, width=None, steps=steps, batch=a.batch,
-        dtype="float32", seed=a.seed,
+        height=None,
+        width=None,
+        steps=steps,
+        batch=a.batch,
+        dtype="float32",
+        seed=a.seed,
         model={"layers": a.layers, "embd": a.embd, "heads": a.heads, "seq_lens": seq_lens}
-        if a.model == "gpt2" else {"kind": "conv+mlp", "input": [a.batch * 16, 3, 128, 128]},
-        train={"optimizer": "adamw" if a.model == "gpt2" else "sgd-momentum",
-               "precision": "amp-bf16" if amp else "fp32",
-               "params": {"trainable": sum(p.numel() for p in params),
-                          "trainable_bytes": rs.tensor_bytes(params)},
-               "gradient_bytes": grads, "optimizer_state_bytes": state,
-               "labels": a.labels},
+        if a.model == "gpt2"
+        else {"kind": "conv+mlp", "input": [a.batch * 16, 3, 128, 128]},
+        train={
+            "optimizer": "adamw" if a.model == "gpt2" else "sgd-momentum",
+            "precision": "amp-bf16" if amp else "fp32",
+            "params": {"trainable": sum(p.numel() for p in params), "trainable_bytes": rs.tensor_bytes(params)},
+            "gradient_bytes": grads,
+            "optimizer_state_bytes": state,
+            "labels": a.labels,
+        },
         oom=oom,
         files=["snapshot.pickle"] if snap else [],
     )
     rs.write_json(a.out / "run.json", info)
-    print(f"{a.out}: {status} peak allocated "
-          f"{(info['allocator'] or {}).get('max_memory_allocated')}", flush=True)
+    print(f"{a.out}: {status} peak allocated {(info['allocator'] or {}).get('max_memory_allocated')}", flush=True)
     return 0
 
 

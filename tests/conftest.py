@@ -2,15 +2,16 @@
 
 No torch and no GPU: every snapshot here is made by the reference allocator model.
 """
+
 from __future__ import annotations
 
 import gzip
 import lzma
 import os
 import pickle
-import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,7 @@ def write_pickle(tmp_path: Path) -> Callable[..., Path]:
             raw = lzma.compress(raw)
         elif compress == "bz2":
             import bz2
+
             raw = bz2.compress(raw)
         path = tmp_path / name
         path.write_bytes(raw)

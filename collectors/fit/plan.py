@@ -34,22 +34,60 @@ GIB = 2**30
 # the collectors' technique names (collectors/techniques.py); one that the installed collectors do
 # not know is skipped with the collector's own reason, as the matrix skips a CUDA-only variant.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "flux": ("bf16", "bf16,vae-tiling", "bf16,layerwise-fp8", "bf16,layerwise-fp8,vae-tiling",
-             "bf16,int8", "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-text-encoder",
-             "bf16,nf4-transformer,nf4-text-encoder,vae-tiling", "bf16,group-offload", "bf16,group-offload,vae-tiling",
-             "bf16,model-offload", "bf16,nf4-transformer,model-offload", "bf16,sequential-offload"),
-    "sd35": ("bf16", "bf16,vae-tiling", "bf16,no-t5", "bf16,no-t5,vae-tiling", "bf16,layerwise-fp8",
-             "bf16,nf4-transformer", "bf16,nf4-transformer,nf4-text-encoder", "bf16,group-offload",
-             "bf16,model-offload", "bf16,no-t5,model-offload", "bf16,sequential-offload"),
+    "flux": (
+        "bf16",
+        "bf16,vae-tiling",
+        "bf16,layerwise-fp8",
+        "bf16,layerwise-fp8,vae-tiling",
+        "bf16,int8",
+        "bf16,nf4-transformer",
+        "bf16,nf4-transformer,nf4-text-encoder",
+        "bf16,nf4-transformer,nf4-text-encoder,vae-tiling",
+        "bf16,group-offload",
+        "bf16,group-offload,vae-tiling",
+        "bf16,model-offload",
+        "bf16,nf4-transformer,model-offload",
+        "bf16,sequential-offload",
+    ),
+    "sd35": (
+        "bf16",
+        "bf16,vae-tiling",
+        "bf16,no-t5",
+        "bf16,no-t5,vae-tiling",
+        "bf16,layerwise-fp8",
+        "bf16,nf4-transformer",
+        "bf16,nf4-transformer,nf4-text-encoder",
+        "bf16,group-offload",
+        "bf16,model-offload",
+        "bf16,no-t5,model-offload",
+        "bf16,sequential-offload",
+    ),
 }
 DEFAULT_CARDS = ("48GiB", "24GiB", "16GiB", "12GiB")
 BASELINE = "bf16"
 
 # Techniques that lower the peak (rule 4); dtypes and attention implementations are not here.
-MEMORY_SAVING = frozenset({
-    "vae-tiling", "vae-slicing", "tiny-vae", "layerwise-fp8", "fp8", "qint8", "qfloat8",
-    "nf4-transformer", "nf4-text-encoder", "int8", "no-t5", "group-offload", "group-offload-leaf", "offload-stream", "model-offload", "sequential-offload", "staged",
-})
+MEMORY_SAVING = frozenset(
+    {
+        "vae-tiling",
+        "vae-slicing",
+        "tiny-vae",
+        "layerwise-fp8",
+        "fp8",
+        "qint8",
+        "qfloat8",
+        "nf4-transformer",
+        "nf4-text-encoder",
+        "int8",
+        "no-t5",
+        "group-offload",
+        "group-offload-leaf",
+        "offload-stream",
+        "model-offload",
+        "sequential-offload",
+        "staged",
+    }
+)
 # Techniques that change nothing resident after the load stage (rule 3).
 WEIGHT_NEUTRAL = frozenset({"vae-tiling", "vae-slicing", "sdpa"})
 # Measuring order: a combination that offloads is slow to measure (every step moves weights), so
@@ -64,7 +102,7 @@ class FitError(MatrixError):
 
 @dataclass(frozen=True)
 class Card:
-    label: str        # "24 GiB", as the user wrote it, normalised
+    label: str  # "24 GiB", as the user wrote it, normalised
     bytes: int
 
     @property
@@ -117,6 +155,7 @@ def measuring_order(variants: Iterable[Variant]) -> list[Variant]:
 
 # ----------------------------------------------------------------------------- pruning
 
+
 @dataclass(frozen=True)
 class Measured:
     """What one finished run of a combination under a card's cap proves."""
@@ -124,26 +163,37 @@ class Measured:
     label: str
     techniques: tuple[str, ...]
     card: Card
-    status: str                          # ok | oom | unsupported | failed | timeout
-    peak_bytes: int | None = None        # ok: max_memory_allocated; oom: largest completed stage peak
-    load_bytes: int | None = None        # peak allocated of the load stage (the weights), when it completed
-    reserved_bytes: int | None = None    # ok: max_memory_reserved
+    status: str  # ok | oom | unsupported | failed | timeout
+    peak_bytes: int | None = None  # ok: max_memory_allocated; oom: largest completed stage peak
+    load_bytes: int | None = None  # peak allocated of the load stage (the weights), when it completed
+    reserved_bytes: int | None = None  # ok: max_memory_reserved
 
 
-def measured_from(label: str, techniques: tuple[str, ...], card: Card, status: str,
-                  run: dict[str, Any] | None) -> Measured:
+def measured_from(
+    label: str, techniques: tuple[str, ...], card: Card, status: str, run: dict[str, Any] | None
+) -> Measured:
     """The facts a run.json gives (see :class:`Measured`); nothing for a run that left none."""
     stages = [s for s in (run or {}).get("stages") or [] if s.get("end_us") is not None and not s.get("open")]
     peaks = [int(s["peak_allocated_bytes"]) for s in stages if s.get("peak_allocated_bytes") is not None]
-    loads = [int(s["peak_allocated_bytes"]) for s in stages
-             if s.get("name") == "load" and s.get("peak_allocated_bytes") is not None]
+    loads = [
+        int(s["peak_allocated_bytes"])
+        for s in stages
+        if s.get("name") == "load" and s.get("peak_allocated_bytes") is not None
+    ]
     peak: int | None = max(peaks) if peaks else None
     alloc = (run or {}).get("allocator") or {}
     if status == "ok" and alloc.get("max_memory_allocated") is not None:
         peak = int(alloc["max_memory_allocated"])
     reserved = alloc.get("max_memory_reserved") if status == "ok" else None
-    return Measured(label, tuple(techniques), card, status, peak, loads[0] if loads else None,
-                    int(reserved) if reserved is not None else None)
+    return Measured(
+        label,
+        tuple(techniques),
+        card,
+        status,
+        peak,
+        loads[0] if loads else None,
+        int(reserved) if reserved is not None else None,
+    )
 
 
 def fits_without_running(v: Variant, card: Card, measured: Sequence[Measured]) -> Measured | None:
@@ -155,8 +205,12 @@ def fits_without_running(v: Variant, card: Card, measured: Sequence[Measured]) -
     have been the same, allocation for allocation."""
     mine = set(v.techniques)
     for m in measured:
-        if (m.status == "ok" and set(m.techniques) == mine and m.reserved_bytes is not None
-                and m.reserved_bytes <= card.bytes):
+        if (
+            m.status == "ok"
+            and set(m.techniques) == mine
+            and m.reserved_bytes is not None
+            and m.reserved_bytes <= card.bytes
+        ):
             return m
     return None
 
@@ -189,6 +243,8 @@ def prune_reason(v: Variant, card: Card, measured: Sequence[Measured]) -> str | 
     for m in measured:  # rule 4: a strictly more memory-saving combination
         other = set(m.techniques)
         if other > mine and (other - mine) <= MEMORY_SAVING and (why := _own_bound(m, card)):
-            return (f"`{m.label}` saves strictly more memory and still cannot fit: {why} "
-                    "(assumes adding a memory-saving technique never raises the peak)")
+            return (
+                f"`{m.label}` saves strictly more memory and still cannot fit: {why} "
+                "(assumes adding a memory-saving technique never raises the peak)"
+            )
     return None

@@ -29,33 +29,65 @@ PRUNING_RULE = (
     "proves it cannot fit: it ran out of memory under a cap at least as large; its peak allocated, "
     "measured under another cap, exceeds this one; its weights alone (the load stage's peak, also "
     "measured with a combination that differs only by VAE tiling/slicing) exceed it; or a strictly "
-    "more memory-saving combination (a superset of its techniques) cannot fit by those rules.")
-STATUS_TEXT = {"ok": "fits", "oom": "out of memory", "unsupported": "unsupported", "timeout": "timeout",
-               "failed": "failed"}
+    "more memory-saving combination (a superset of its techniques) cannot fit by those rules."
+)
+STATUS_TEXT = {
+    "ok": "fits",
+    "oom": "out of memory",
+    "unsupported": "unsupported",
+    "timeout": "timeout",
+    "failed": "failed",
+}
 
 
 def _row_dict(row: FitRow, batch: int) -> dict[str, Any]:
     base = {"label": row.variant.label, "techniques": list(row.variant.techniques), "decided_by": row.decided_by}
     if row.simulated is not None:  # no run of its own: peaks from the simulator, no times
         sim = row.simulated
-        return {**base, "status": "fits" if sim.fits else "oom", "reason": sim.reason, "inferred": False,
-                "peak_allocated_bytes": sim.peak_allocated_bytes, "peak_reserved_bytes": sim.peak_reserved_bytes,
-                "stages": {}, "call_s": None, "time_per_image_s": None, "step_median_s": None,
-                "run_dir": sim.source_run_dir}
+        return {
+            **base,
+            "status": "fits" if sim.fits else "oom",
+            "reason": sim.reason,
+            "inferred": False,
+            "peak_allocated_bytes": sim.peak_allocated_bytes,
+            "peak_reserved_bytes": sim.peak_reserved_bytes,
+            "stages": {},
+            "call_s": None,
+            "time_per_image_s": None,
+            "step_median_s": None,
+            "run_dir": sim.source_run_dir,
+        }
     if row.result is None:
-        return {**base, "status": "pruned", "reason": row.pruned, "peak_allocated_bytes": None,
-                "peak_reserved_bytes": None, "stages": {}, "call_s": None, "time_per_image_s": None,
-                "step_median_s": None, "run_dir": None}
+        return {
+            **base,
+            "status": "pruned",
+            "reason": row.pruned,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "stages": {},
+            "call_s": None,
+            "time_per_image_s": None,
+            "step_median_s": None,
+            "run_dir": None,
+        }
     res = row.result
     m = res.measure or {}
     call = m.get("call_s")
-    return {**base, "status": "fits" if res.ok else res.status, "reason": row.inferred or res.reason,
-            "inferred": row.inferred is not None,
-            "peak_allocated_bytes": m.get("peak_allocated_bytes"), "peak_reserved_bytes": m.get("peak_reserved_bytes"),
-            "stages": {g: (m.get("stages") or {}).get(g, {}).get("peak_allocated_bytes") for g in STAGE_GROUPS}
-            if m else {},
-            "call_s": call, "time_per_image_s": round(call / batch, 6) if call is not None else None,
-            "step_median_s": m.get("step_median_s"), "run_dir": str(res.run_dir)}
+    return {
+        **base,
+        "status": "fits" if res.ok else res.status,
+        "reason": row.inferred or res.reason,
+        "inferred": row.inferred is not None,
+        "peak_allocated_bytes": m.get("peak_allocated_bytes"),
+        "peak_reserved_bytes": m.get("peak_reserved_bytes"),
+        "stages": {g: (m.get("stages") or {}).get(g, {}).get("peak_allocated_bytes") for g in STAGE_GROUPS}
+        if m
+        else {},
+        "call_s": call,
+        "time_per_image_s": round(call / batch, 6) if call is not None else None,
+        "step_median_s": m.get("step_median_s"),
+        "run_dir": str(res.run_dir),
+    }
 
 
 def _card_matrix(opts: MatrixOptions, card: Card, rows: Sequence[FitRow]) -> dict[str, Any] | None:
@@ -72,8 +104,14 @@ def _card_matrix(opts: MatrixOptions, card: Card, rows: Sequence[FitRow]) -> dic
     return matrix_dict(card_opts, ran, base, [], notes, None)
 
 
-def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow], skipped: list[dict[str, str]],
-             notes: list[str], run_info: dict[str, Any] | None) -> dict[str, Any]:
+def fit_dict(
+    opts: MatrixOptions,
+    cards: Sequence[Card],
+    rows: Sequence[FitRow],
+    skipped: list[dict[str, str]],
+    notes: list[str],
+    run_info: dict[str, Any] | None,
+) -> dict[str, Any]:
     info = run_info or {}
     out_cards = []
     for card in cards:
@@ -81,22 +119,39 @@ def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow],
         items = [_row_dict(r, opts.batch) for r in mine]
         fitting = [i for i in items if i["status"] == "fits" and i["call_s"] is not None]
         fastest = min(fitting, key=lambda i: i["call_s"])["label"] if fitting else None
-        out_cards.append({"label": card.label, "bytes": card.bytes, "fastest": fastest,
-                          "fits": [i["label"] for i in items if i["status"] == "fits"],
-                          "pruned": sum(1 for i in items if i["status"] == "pruned"),
-                          "rows": items, "matrix": _card_matrix(opts, card, mine)})
+        out_cards.append(
+            {
+                "label": card.label,
+                "bytes": card.bytes,
+                "fastest": fastest,
+                "fits": [i["label"] for i in items if i["status"] == "fits"],
+                "pruned": sum(1 for i in items if i["status"] == "pruned"),
+                "rows": items,
+                "matrix": _card_matrix(opts, card, mine),
+            }
+        )
     return {
-        "schema": SCHEMA, "pipeline": opts.pipeline, "size": opts.size, "device": opts.device,
-        "device_name": info.get("device_name"), "torch_version": info.get("torch_version"),
+        "schema": SCHEMA,
+        "pipeline": opts.pipeline,
+        "size": opts.size,
+        "device": opts.device,
+        "device_name": info.get("device_name"),
+        "torch_version": info.get("torch_version"),
         "diffusers_version": info.get("diffusers_version"),
-        "steps": opts.steps, "height": info.get("height", opts.height), "width": info.get("width", opts.width),
-        "batch": opts.batch, "history": opts.history, "out": str(opts.out),
+        "steps": opts.steps,
+        "height": info.get("height", opts.height),
+        "width": info.get("width", opts.width),
+        "batch": opts.batch,
+        "history": opts.history,
+        "out": str(opts.out),
         "memory_metric_text": "CUDA caching allocator under a cap equal to the card "
-                              "(torch.cuda.set_per_process_memory_fraction): max_memory_allocated / "
-                              "max_memory_reserved, per stage after reset_peak_memory_stats(); the CUDA "
-                              "context is not counted",
-        "time_text": (f"time per image: wall time of the pipe() call divided by the batch, at {opts.steps} "
-                      f"denoising step{'s' if opts.steps != 1 else ''}; step s: median of steps 1..N-1"),
+        "(torch.cuda.set_per_process_memory_fraction): max_memory_allocated / "
+        "max_memory_reserved, per stage after reset_peak_memory_stats(); the CUDA "
+        "context is not counted",
+        "time_text": (
+            f"time per image: wall time of the pipe() call divided by the batch, at {opts.steps} "
+            f"denoising step{'s' if opts.steps != 1 else ''}; step s: median of steps 1..N-1"
+        ),
         "pruning_rule": PRUNING_RULE,
         # a refused combination is asked once and its one result shown on every card
         "runs": len({str(r.result.run_dir) for r in rows if r.result is not None}),
@@ -105,11 +160,14 @@ def fit_dict(opts: MatrixOptions, cards: Sequence[Card], rows: Sequence[FitRow],
         "inferred": sum(1 for r in rows if r.inferred is not None),
         # cells the allocator simulator decided from a larger card's recording (--history)
         "simulated": sum(1 for r in rows if r.simulated is not None),
-        "cards": out_cards, "skipped": skipped, "notes": notes,
+        "cards": out_cards,
+        "skipped": skipped,
+        "notes": notes,
     }
 
 
 # ----------------------------------------------------------------------------- rendering
+
 
 def _gib(n: Any) -> str:
     return fmt_bytes(n) if n is not None else ""
@@ -123,10 +181,17 @@ def fit_table(card: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         sim = r.get("decided_by") == "simulated"
         if r["status"] == "fits":
             t, s = r["time_per_image_s"], r["step_median_s"]
-            rows.append([r["label"], "yes (simulated)" if sim else "yes", _gib(r["peak_allocated_bytes"]),
-                         _gib(r["peak_reserved_bytes"]),
-                         *(_gib(r["stages"].get(g)) for g in STAGE_GROUPS),
-                         f"{t:.2f}" if t is not None else "", f"{s:.3f}" if s is not None else ""])
+            rows.append(
+                [
+                    r["label"],
+                    "yes (simulated)" if sim else "yes",
+                    _gib(r["peak_allocated_bytes"]),
+                    _gib(r["peak_reserved_bytes"]),
+                    *(_gib(r["stages"].get(g)) for g in STAGE_GROUPS),
+                    f"{t:.2f}" if t is not None else "",
+                    f"{s:.3f}" if s is not None else "",
+                ]
+            )
         else:
             what = "pruned" if r["status"] == "pruned" else STATUS_TEXT.get(r["status"], r["status"])
             what += " (simulated)" if sim else ""
@@ -136,26 +201,34 @@ def fit_table(card: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def _title(doc: dict[str, Any]) -> str:
     res = f"{doc['width']}×{doc['height']}" if doc.get("width") else "default resolution"
-    return (f"Will it fit? {doc['pipeline']} ({doc['size']}, {res}, batch {doc['batch']}, {doc['steps']} steps) "
-            f"on {doc.get('device_name') or doc['device']}")
+    return (
+        f"Will it fit? {doc['pipeline']} ({doc['size']}, {res}, batch {doc['batch']}, {doc['steps']} steps) "
+        f"on {doc.get('device_name') or doc['device']}"
+    )
 
 
 def _fastest_line(doc: dict[str, Any], card: dict[str, Any], code: Any) -> str:
     if card["fastest"] is None:
         return f"Nothing measured fits {card['label']}."
     row = next(r for r in card["rows"] if r["label"] == card["fastest"])
-    return (f"Fastest that fits {card['label']}: {code(card['fastest'])}, {row['time_per_image_s']:.2f} s per image "
-            f"at {doc['steps']} steps, peak {_gib(row['peak_allocated_bytes'])}.")
+    return (
+        f"Fastest that fits {card['label']}: {code(card['fastest'])}, {row['time_per_image_s']:.2f} s per image "
+        f"at {doc['steps']} steps, peak {_gib(row['peak_allocated_bytes'])}."
+    )
 
 
 def render_fit_markdown(doc: dict[str, Any]) -> str:
     doc = bounded_doc(doc)
-    out = [f"## {md_text(_title(doc))}", "",
-           f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. "
-           f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}, {doc['pruned']} pruned, "
-           f"{doc.get('inferred', 0)} fit{'s' if doc.get('inferred', 0) != 1 else ''} inferred from a larger cap's run, "
-           f"{doc.get('simulated', 0)} cell{'s' if doc.get('simulated', 0) != 1 else ''} simulated from a larger "
-           "card's snapshot (the rest measured).", ""]
+    out = [
+        f"## {md_text(_title(doc))}",
+        "",
+        f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. "
+        f"{doc['runs']} run{'s' if doc['runs'] != 1 else ''}, {doc['pruned']} pruned, "
+        f"{doc.get('inferred', 0)} fit{'s' if doc.get('inferred', 0) != 1 else ''} inferred from a larger cap's run, "
+        f"{doc.get('simulated', 0)} cell{'s' if doc.get('simulated', 0) != 1 else ''} simulated from a larger "
+        "card's snapshot (the rest measured).",
+        "",
+    ]
     for card in doc["cards"]:
         out += [f"### {md_text(card['label'])} card", "", _fastest_line(doc, card, md_code), ""]
         head, rows = fit_table(card)
@@ -183,14 +256,24 @@ def fit_card_html(doc: dict[str, Any]) -> str:
     from snapviz.render.html.page import card_open, html_table
 
     # str(...): the parts are joined as text (Markup + str would escape the str)
-    parts: list[str] = [str(card_open(printable(_title(doc), None),
-                                      printable(f"{doc['memory_metric_text']}. {doc['time_text']}.", None), "sv-fit"))]
+    parts: list[str] = [
+        str(
+            card_open(
+                printable(_title(doc), None),
+                printable(f"{doc['memory_metric_text']}. {doc['time_text']}.", None),
+                "sv-fit",
+            )
+        )
+    ]
     for i, card in enumerate(doc["cards"]):
         head, rows = fit_table(card)
-        table = html_table([printable(h, None) for h in head], [[printable(c, None) for c in r] for r in rows],
-                           f"sv-fit-table-{i}")
-        parts.append(f"<h3>{esc(printable(card['label'], None))} card</h3>"
-                     f"<p>{esc(printable(_fastest_line(doc, card, str), None))}</p><div class=\"sv-cmp-wrap\">{table}</div>")
+        table = html_table(
+            [printable(h, None) for h in head], [[printable(c, None) for c in r] for r in rows], f"sv-fit-table-{i}"
+        )
+        parts.append(
+            f"<h3>{esc(printable(card['label'], None))} card</h3>"
+            f'<p>{esc(printable(_fastest_line(doc, card, str), None))}</p><div class="sv-cmp-wrap">{table}</div>'
+        )
     parts.append(f'<p class="sv-hint">{esc(printable(doc["pruning_rule"], None))}</p></section>')
     return "".join(parts)
 

@@ -56,15 +56,20 @@ def plan_rows(cards: Sequence[Card], variants: Sequence[Variant]) -> list[tuple[
     return [(c, v) for c in sorted(cards, key=lambda c: -c.bytes) for v in order]
 
 
-def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
-            on_done: OnDone | None = None, simulate: Simulate | None = None) -> list[FitRow]:
+def run_fit(
+    cards: Sequence[Card],
+    variants: Sequence[Variant],
+    run_one: RunOne,
+    on_done: OnDone | None = None,
+    simulate: Simulate | None = None,
+) -> list[FitRow]:
     """Run (or prune) every candidate on every card, one at a time: the pruning of the next
     candidate depends on what the previous ones measured. ``simulate``: a candidate that completed
     under a larger card is simulated on this one (:mod:`.simulated`) before it is run; where the
     simulator decides, the cell is ``simulated``, not run. Simulated cells prune nothing."""
     measured: list[Measured] = []
     rows: list[FitRow] = []
-    refused: dict[str, VariantResult] = {}   # the collector's refusal does not depend on the cap
+    refused: dict[str, VariantResult] = {}  # the collector's refusal does not depend on the cap
     results: dict[tuple[str, int], VariantResult] = {}
     for card, v in plan_rows(cards, variants):
         why = prune_reason(v, card, measured)
@@ -72,10 +77,16 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
         if why is not None:
             row = FitRow(card, v, pruned=why)
         elif same is not None:
-            row = FitRow(card, v, result=results[(same.label, same.card.bytes)],
-                         inferred=(f"the run under the {same.card.label} cap never reserved more than "
-                                   f"{(same.reserved_bytes or 0) / 2**30:.2f} GiB, so the {card.label} cap was never "
-                                   "met: the run under it would be the same"))
+            row = FitRow(
+                card,
+                v,
+                result=results[(same.label, same.card.bytes)],
+                inferred=(
+                    f"the run under the {same.card.label} cap never reserved more than "
+                    f"{(same.reserved_bytes or 0) / 2**30:.2f} GiB, so the {card.label} cap was never "
+                    "met: the run under it would be the same"
+                ),
+            )
         elif v.label in refused:
             row = FitRow(card, v, result=refused[v.label])
         elif simulate is not None and (sim := _simulated(v, card, measured, results, simulate)) is not None:
@@ -93,11 +104,18 @@ def run_fit(cards: Sequence[Card], variants: Sequence[Variant], run_one: RunOne,
     return rows
 
 
-def _simulated(v: Variant, card: Card, measured: Sequence[Measured],
-               results: dict[tuple[str, int], VariantResult], simulate: Simulate) -> Simulated | None:
+def _simulated(
+    v: Variant,
+    card: Card,
+    measured: Sequence[Measured],
+    results: dict[tuple[str, int], VariantResult],
+    simulate: Simulate,
+) -> Simulated | None:
     """The simulator's verdict on ``card`` from the smallest larger card ``v`` completed on."""
-    done = sorted((m for m in measured if m.label == v.label and m.status == "ok" and m.card.bytes > card.bytes),
-                  key=lambda m: m.card.bytes)
+    done = sorted(
+        (m for m in measured if m.label == v.label and m.status == "ok" and m.card.bytes > card.bytes),
+        key=lambda m: m.card.bytes,
+    )
     for m in done:
         sim = simulate(results[(m.label, m.card.bytes)], m.card, card)
         if sim is not None:

@@ -53,6 +53,8 @@ def simulate_card(res: VariantResult, source: Card, card: Card) -> Simulated | N
         return Simulated(True, why, sim.peak_allocated, sim.peak_reserved, str(res.run_dir))
     assert sim.oom is not None
     stage = f" in {r.stage_at_oom}" if r.stage_at_oom else ""
-    why = (f"{src}: out of memory at event {sim.oom.event_index:,}{stage} (a {fmt_bytes(sim.oom.requested_bytes)} "
-           f"request with {fmt_bytes(sim.oom.allocated_bytes)} allocated, {fmt_bytes(sim.oom.reserved_bytes)} reserved)")
+    why = (
+        f"{src}: out of memory at event {sim.oom.event_index:,}{stage} (a {fmt_bytes(sim.oom.requested_bytes)} "
+        f"request with {fmt_bytes(sim.oom.allocated_bytes)} allocated, {fmt_bytes(sim.oom.reserved_bytes)} reserved)"
+    )
     return Simulated(False, why, sim.peak_allocated, sim.peak_reserved, str(res.run_dir))

@@ -27,17 +27,33 @@ def run_json_summary(info: dict[str, Any], label: str, source: str, warn: bool =
         if s.get("end_us") is None or s.get("open"):
             continue
         a = s.get("rss_peak_bytes") if rss else s.get("peak_allocated_bytes")
-        stages.append({"name": s["name"], "peak_allocated_bytes": int(a or 0),
-                       "peak_reserved_bytes": 0 if rss else int(s.get("peak_reserved_bytes") or 0)})
+        stages.append(
+            {
+                "name": s["name"],
+                "peak_allocated_bytes": int(a or 0),
+                "peak_reserved_bytes": 0 if rss else int(s.get("peak_reserved_bytes") or 0),
+            }
+        )
     warnings = []
     if rss and warn:
-        warnings.append("CPU run: peaks are process RSS (sampled every 5 ms, Python and torch included), "
-                        "not CUDA allocator numbers; reserved is not measured")
-    return {"schema": SUMMARY_SCHEMA, "source": source, "label": label,
-            "peak": {"allocated_bytes": m["peak_allocated_bytes"], "reserved_bytes": m["peak_reserved_bytes"] or 0,
-                     "stage": m["peak_stage"]},
-            "stages": stages, "stage_source": "run.json",
-            "history": {"events": 0, "truncated": False}, "warnings": warnings}
+        warnings.append(
+            "CPU run: peaks are process RSS (sampled every 5 ms, Python and torch included), "
+            "not CUDA allocator numbers; reserved is not measured"
+        )
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "source": source,
+        "label": label,
+        "peak": {
+            "allocated_bytes": m["peak_allocated_bytes"],
+            "reserved_bytes": m["peak_reserved_bytes"] or 0,
+            "stage": m["peak_stage"],
+        },
+        "stages": stages,
+        "stage_source": "run.json",
+        "history": {"events": 0, "truncated": False},
+        "warnings": warnings,
+    }
 
 
 def _snapshot_digest(run_dir: Path, label: str) -> Any:
@@ -68,13 +84,13 @@ def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> 
             try:
                 digest = _snapshot_digest(run_dir, r["label"])
             except Exception as err:  # noqa: BLE001 - the run.json numbers still make a comparison
-                r.setdefault("notes", []).append(f"snapshot not analysed ({type(err).__name__}: {err}); "
-                                                 "compared from run.json")
+                r.setdefault("notes", []).append(
+                    f"snapshot not analysed ({type(err).__name__}: {err}); compared from run.json"
+                )
         if digest is None:
             info = json.loads((run_dir / "run.json").read_text())
             # the RSS caveat once, on the base, not on every run
-            digest = digest_summary(run_json_summary(info, r["label"], str(run_dir), warn=not digests),
-                                    r["label"])
+            digest = digest_summary(run_json_summary(info, r["label"], str(run_dir), warn=not digests), r["label"])
         digests.append(digest)
     cmp = compare_runs(digests)
     return cmp, compare_dict(cmp)
@@ -82,27 +98,46 @@ def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> 
 
 # ----------------------------------------------------------------------------- document
 
-def matrix_dict(opts: MatrixOptions, rows: list[dict[str, Any]], baseline: str | None,
-                skipped: list[dict[str, str]], notes: list[str],
-                compare_doc: dict[str, Any] | None) -> dict[str, Any]:
+
+def matrix_dict(
+    opts: MatrixOptions,
+    rows: list[dict[str, Any]],
+    baseline: str | None,
+    skipped: list[dict[str, str]],
+    notes: list[str],
+    compare_doc: dict[str, Any] | None,
+) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     metric = ok[0]["measure"]["memory_metric"] if ok else ("allocator" if opts.device == "cuda" else "rss")
     first: dict[str, Any] = next((json.loads((Path(r["run_dir"]) / "run.json").read_text()) for r in ok), {})
     return {
         "schema": SCHEMA,
-        "pipeline": opts.pipeline, "size": opts.size, "device": opts.device,
-        "device_name": first.get("device_name"), "torch_version": first.get("torch_version"),
+        "pipeline": opts.pipeline,
+        "size": opts.size,
+        "device": opts.device,
+        "device_name": first.get("device_name"),
+        "torch_version": first.get("torch_version"),
         "diffusers_version": first.get("diffusers_version"),
-        "steps": opts.steps, "height": first.get("height", opts.height), "width": first.get("width", opts.width),
-        "batch": opts.batch, "history": opts.history, "jobs": opts.jobs, "out": str(opts.out),
+        "steps": opts.steps,
+        "height": first.get("height", opts.height),
+        "width": first.get("width", opts.width),
+        "batch": opts.batch,
+        "history": opts.history,
+        "jobs": opts.jobs,
+        "out": str(opts.out),
         "baseline": baseline,
         "memory_metric": metric,
-        "memory_metric_text": ("CUDA caching allocator: torch.cuda.max_memory_allocated / max_memory_reserved, "
-                               "reset at every stage boundary" if metric == "allocator" else
-                               "process RSS (CPU run, no CUDA allocator): peak resident set size per stage, "
-                               "Python, torch and the weights included"),
-        "time_text": ("call s: wall time of the pipe() call (every stage after the initial load); step s: median "
-                      "wall time of denoise steps 1..N-1 (step 0 carries warm-up)"),
+        "memory_metric_text": (
+            "CUDA caching allocator: torch.cuda.max_memory_allocated / max_memory_reserved, "
+            "reset at every stage boundary"
+            if metric == "allocator"
+            else "process RSS (CPU run, no CUDA allocator): peak resident set size per stage, "
+            "Python, torch and the weights included"
+        ),
+        "time_text": (
+            "call s: wall time of the pipe() call (every stage after the initial load); step s: median "
+            "wall time of denoise steps 1..N-1 (step 0 carries warm-up)"
+        ),
         "ranking_rule": RANKING_RULE,
         "variants": rows,
         "skipped": skipped,

@@ -9,14 +9,15 @@ from snapviz.vocab import CANONICAL_STAGES, stage_group, stage_step
 
 # the table's per-stage columns: the inference pipeline's canonical stages (the matrix runs
 # inference only), without the catch-all "other" and the training phases that follow it
-STAGE_GROUPS: tuple[str, ...] = CANONICAL_STAGES[:CANONICAL_STAGES.index("other")]
+STAGE_GROUPS: tuple[str, ...] = CANONICAL_STAGES[: CANONICAL_STAGES.index("other")]
 
 RANKING_RULE = (
     "Ranking, against the baseline: (1) variants that lower peak memory and make the pipe() call "
     "no slower come first, most memory saved first; (2) then variants that lower peak memory at a "
     "time cost, by memory saved per extra second of the pipe() call, highest first; (3) then "
     "variants that save no memory, least memory added first, then fastest. Failed and skipped "
-    "variants are listed last, unranked.")
+    "variants are listed last, unranked."
+)
 
 
 def measure(info: dict[str, Any]) -> dict[str, Any]:
@@ -36,8 +37,7 @@ def measure(info: dict[str, Any]) -> dict[str, Any]:
         rows = [s for s in stages if stage_group(s["name"]) == g]
         av = [v for v in map(a, rows) if v is not None]
         rv = [v for v in map(r, rows) if v is not None]
-        per_stage[g] = {"peak_allocated_bytes": max(av) if av else None,
-                        "peak_reserved_bytes": max(rv) if rv else None}
+        per_stage[g] = {"peak_allocated_bytes": max(av) if av else None, "peak_reserved_bytes": max(rv) if rv else None}
     if alloc:
         peak, reserved = int(alloc["max_memory_allocated"]), int(alloc["max_memory_reserved"])
     else:
@@ -53,18 +53,25 @@ def measure(info: dict[str, Any]) -> dict[str, Any]:
     first = next((i for i, s in enumerate(stages) if stage_group(s["name"]) != "load"), len(stages))
     call_s = sum(float(s.get("wall_s") or 0.0) for s in stages[first:]) if first < len(stages) else None
     load_s = sum(float(s.get("wall_s") or 0.0) for s in stages[:first])
-    steps = {step: float(s["wall_s"]) for s in stages
-             if stage_group(s["name"]) == "denoise" and (step := stage_step(s["name"])) is not None
-             and s.get("wall_s") is not None}
+    steps = {
+        step: float(s["wall_s"])
+        for s in stages
+        if stage_group(s["name"]) == "denoise"
+        and (step := stage_step(s["name"])) is not None
+        and s.get("wall_s") is not None
+    }
     # step 0 carries CUDA/cuDNN warm-up (and offload's first transfer): leave it out when we can
     later = [t for k, t in steps.items() if k > 0] or list(steps.values())
     return {
         "memory_metric": metric,
-        "peak_allocated_bytes": peak, "peak_reserved_bytes": reserved, "peak_stage": peak_stage,
+        "peak_allocated_bytes": peak,
+        "peak_reserved_bytes": reserved,
+        "peak_stage": peak_stage,
         "stages": per_stage,
         "call_s": round(call_s, 6) if call_s is not None else None,
         "step_median_s": round(statistics.median(later), 6) if later else None,
-        "steps_timed": len(later), "load_s": round(load_s, 6),
+        "steps_timed": len(later),
+        "load_s": round(load_s, 6),
         "build_s": info.get("build_s"),
     }
 
@@ -96,8 +103,11 @@ def rank_results(rows: list[dict[str, Any]], baseline: str) -> list[dict[str, An
         }
         for g in STAGE_GROUPS:
             rel[g] = _rel(m["stages"][g]["peak_allocated_bytes"], bm["stages"][g]["peak_allocated_bytes"])
-        r["vs_baseline"] = {"saved_bytes": saved, "extra_call_s": round(extra, 6) if extra is not None else None,
-                            "relative": rel}
+        r["vs_baseline"] = {
+            "saved_bytes": saved,
+            "extra_call_s": round(extra, 6) if extra is not None else None,
+            "relative": rel,
+        }
         if r["label"] == baseline:
             r.update(tier=None, score=None, rank=None, verdict="baseline")
             continue

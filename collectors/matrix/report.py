@@ -20,7 +20,7 @@ CODE, TEXT, PLAIN = "code", "text", "plain"
 
 class Cell(NamedTuple):
     value: str
-    kind: str = PLAIN             # CODE: a label; TEXT: words from files; PLAIN: our own numbers
+    kind: str = PLAIN  # CODE: a label; TEXT: words from files; PLAIN: our own numbers
 
 
 def _pct(r: float | None) -> str:
@@ -39,15 +39,25 @@ def _secs(v: float | None, digits: int) -> str:
 def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[Cell]]]:
     """The matrix table: header and one row of cells per variant, in the document's order."""
     rss = doc["memory_metric"] == "rss"
-    head = ["#", "variant", "peak RSS" if rss else "peak allocated", *([] if rss else ["peak reserved"]),
-            *(f"{g}" for g in STAGE_GROUPS), "call s", "step s", "memory saved per extra s"]
+    head = [
+        "#",
+        "variant",
+        "peak RSS" if rss else "peak allocated",
+        *([] if rss else ["peak reserved"]),
+        *(f"{g}" for g in STAGE_GROUPS),
+        "call s",
+        "step s",
+        "memory saved per extra s",
+    ]
     rows: list[list[Cell]] = []
     for r in doc["variants"]:
         m = r.get("measure")
         if r["status"] != "ok" or m is None or r.get("vs_baseline") is None:
             what = {"oom": "OOM", "unsupported": "unsupported", "timeout": "timeout"}.get(r["status"], "failed")
-            rows.append([Cell("✗"), Cell(r["label"], CODE), Cell(f"{what}: {r['reason'] or ''}".strip(), TEXT)]
-                        + [Cell("")] * (len(head) - 3))
+            rows.append(
+                [Cell("✗"), Cell(r["label"], CODE), Cell(f"{what}: {r['reason'] or ''}".strip(), TEXT)]
+                + [Cell("")] * (len(head) - 3)
+            )
             continue
         rel = r["vs_baseline"]["relative"]
         is_base = r["label"] == doc["baseline"]
@@ -63,18 +73,33 @@ def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[Cell]]]:
             ranking = Cell(f"{fmt_bytes(int(r['score']))}/s")
         else:
             ranking = Cell(r["verdict"] or "", TEXT)
-        rows.append([
-            Cell("base" if is_base else str(r["rank"])),
-            Cell(r["label"], CODE),
-            cell(fmt_bytes(m["peak_allocated_bytes"]), rel["peak_allocated"]),
-            *([] if rss else [Cell("n/a") if m["peak_reserved_bytes"] is None
-                              else cell(fmt_bytes(m["peak_reserved_bytes"]), rel["peak_reserved"])]),
-            *((Cell("—") if m["stages"][g]["peak_allocated_bytes"] is None else
-               cell(fmt_bytes(m["stages"][g]["peak_allocated_bytes"]), rel[g])) for g in STAGE_GROUPS),
-            cell(_secs(m["call_s"], 2), rel["call_s"]),
-            cell(_secs(m["step_median_s"], 3), rel["step_median_s"]),
-            ranking,
-        ])
+        rows.append(
+            [
+                Cell("base" if is_base else str(r["rank"])),
+                Cell(r["label"], CODE),
+                cell(fmt_bytes(m["peak_allocated_bytes"]), rel["peak_allocated"]),
+                *(
+                    []
+                    if rss
+                    else [
+                        Cell("n/a")
+                        if m["peak_reserved_bytes"] is None
+                        else cell(fmt_bytes(m["peak_reserved_bytes"]), rel["peak_reserved"])
+                    ]
+                ),
+                *(
+                    (
+                        Cell("—")
+                        if m["stages"][g]["peak_allocated_bytes"] is None
+                        else cell(fmt_bytes(m["stages"][g]["peak_allocated_bytes"]), rel[g])
+                    )
+                    for g in STAGE_GROUPS
+                ),
+                cell(_secs(m["call_s"], 2), rel["call_s"]),
+                cell(_secs(m["step_median_s"], 3), rel["step_median_s"]),
+                ranking,
+            ]
+        )
     return head, rows
 
 
@@ -86,12 +111,16 @@ def _notes(doc: dict[str, Any], code: Callable[[Any], str], text: Callable[[Any]
     for r in doc["variants"]:
         notes += [f"{code(r['label'])}: {text(n)}" for n in r.get("notes") or []]
     if doc["memory_metric"] == "rss":
-        notes.append("RSS differs by tens of MiB between identical processes (allocator arenas, threads): "
-                     "on CPU only differences well above that mean anything")
+        notes.append(
+            "RSS differs by tens of MiB between identical processes (allocator arenas, threads): "
+            "on CPU only differences well above that mean anything"
+        )
     if doc["jobs"] > 1:
         where = "one GPU each, sharing the host CPUs" if doc["device"] == "cuda" else "sharing the CPU"
-        notes.append(f"{doc['jobs']} variants ran at once ({where}): peaks are per process and unaffected, "
-                     "but times can move; treat small time differences as noise")
+        notes.append(
+            f"{doc['jobs']} variants ran at once ({where}): peaks are per process and unaffected, "
+            "but times can move; treat small time differences as noise"
+        )
     return notes
 
 
@@ -113,17 +142,30 @@ def render_matrix_markdown(doc: dict[str, Any]) -> str:
     doc = {**bounded_doc(doc), **own}
     res = f"{md_text(doc.get('width'))}×{md_text(doc.get('height'))}" if doc.get("width") else "default resolution"
     on = md_text(doc.get("device_name") or doc["device"])
-    out = [f"## Technique matrix: {md_text(doc['pipeline'])} ({md_text(doc['size'])}, {res}, batch {md_text(doc['batch'])}, "
-           f"{md_text(doc['steps'])} steps) on {on}", ""]
-    setup = [f"torch {md_text(doc['torch_version'])}" if doc.get("torch_version") else None,
-             f"diffusers {md_text(doc['diffusers_version'])}" if doc.get("diffusers_version") else None,
-             "memory history on (times include its overhead)" if doc["history"] and doc["device"] == "cuda"
-             else ("no memory history" if doc["device"] == "cuda" else None),
-             None if doc["jobs"] == 0 else f"{doc['jobs']} variants at a time" if doc["jobs"] > 1 else "one variant at a time",
-             "each variant in a fresh process"]
+    out = [
+        f"## Technique matrix: {md_text(doc['pipeline'])} ({md_text(doc['size'])}, {res}, batch {md_text(doc['batch'])}, "
+        f"{md_text(doc['steps'])} steps) on {on}",
+        "",
+    ]
+    setup = [
+        f"torch {md_text(doc['torch_version'])}" if doc.get("torch_version") else None,
+        f"diffusers {md_text(doc['diffusers_version'])}" if doc.get("diffusers_version") else None,
+        "memory history on (times include its overhead)"
+        if doc["history"] and doc["device"] == "cuda"
+        else ("no memory history" if doc["device"] == "cuda" else None),
+        None
+        if doc["jobs"] == 0
+        else f"{doc['jobs']} variants at a time"
+        if doc["jobs"] > 1
+        else "one variant at a time",
+        "each variant in a fresh process",
+    ]
     out.append("Setup: " + ", ".join(s for s in setup if s) + ".")
-    against = (f"Percentages are against the baseline {md_code(doc['baseline'])}." if doc.get("baseline")
-               else "No variant ran, so nothing is ranked.")
+    against = (
+        f"Percentages are against the baseline {md_code(doc['baseline'])}."
+        if doc.get("baseline")
+        else "No variant ran, so nothing is ranked."
+    )
     out.append(f"Memory: {doc['memory_metric_text']}. Times: {doc['time_text']}. {against}")
     out.append("")
     head, rows = table_cells(doc)
@@ -151,6 +193,7 @@ def render_full_markdown(doc: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- HTML
 
+
 def _line(text: Any) -> str:
     # one visible line, as in the Markdown (control characters shown as escapes); the page kit escapes it
     return printable(text, None)
@@ -167,9 +210,12 @@ def matrix_card_html(doc: dict[str, Any], ident: str = "sv-matrix") -> str:
     table = html_table([_line(h) for h in head], [[_line(c.value) for c in row] for row in rows], "sv-matrix-table")
     items = "".join(f"<li>{esc(_line(n))}</li>" for n in _notes(bounded_doc(doc), str, str))
     # str(...): Markup + str would escape the str (the table's markup)
-    return (str(card_open("Technique matrix", f"{_line(doc['memory_metric_text'])}. {_line(doc['time_text'])}.", ident))
-            + f'<div class="sv-cmp-wrap">{table}</div><p class="sv-hint">{esc(_line(doc["ranking_rule"]))}</p>'
-            + (f"<ul>{items}</ul>" if items else "") + "</section>")
+    return (
+        str(card_open("Technique matrix", f"{_line(doc['memory_metric_text'])}. {_line(doc['time_text'])}.", ident))
+        + f'<div class="sv-cmp-wrap">{table}</div><p class="sv-hint">{esc(_line(doc["ranking_rule"]))}</p>'
+        + (f"<ul>{items}</ul>" if items else "")
+        + "</section>"
+    )
 
 
 def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:

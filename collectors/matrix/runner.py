@@ -30,7 +30,7 @@ from .variants import DEFAULT_BASELINE, MatrixError, Variant, dispatch_order, ru
 class MatrixOptions:
     pipeline: str
     size: str = "tiny"
-    device: str = "cpu"            # resolved: "cuda" or "cpu"
+    device: str = "cpu"  # resolved: "cuda" or "cpu"
     steps: int = 4
     height: int | None = None
     width: int | None = None
@@ -44,8 +44,20 @@ class MatrixOptions:
     out: Path = Path("runs/matrix")
 
     def collect_args(self, v: Variant, run_dir: Path) -> list[str]:
-        args = ["--pipeline", self.pipeline, "--size", self.size, "--device", self.device,
-                "--steps", str(self.steps), "--batch", str(self.batch), "--seed", str(self.seed)]
+        args = [
+            "--pipeline",
+            self.pipeline,
+            "--size",
+            self.size,
+            "--device",
+            self.device,
+            "--steps",
+            str(self.steps),
+            "--batch",
+            str(self.batch),
+            "--seed",
+            str(self.seed),
+        ]
         if self.height:
             args += ["--height", str(self.height)]
         if self.width:
@@ -69,7 +81,7 @@ class MatrixOptions:
 @dataclass
 class VariantResult:
     variant: Variant
-    status: str                    # ok | oom | unsupported | failed | timeout
+    status: str  # ok | oom | unsupported | failed | timeout
     reason: str | None
     run_dir: Path
     log: Path
@@ -108,15 +120,16 @@ def _last_error_line(log: Path) -> str | None:
     for ln in reversed(lines):
         # the collector's one error line (snapviz.cli.errors), without the pointer to its --help
         if ln.startswith(_ERROR_PREFIX):
-            return _HELP_HINT.sub("", ln[len(_ERROR_PREFIX):])
+            return _HELP_HINT.sub("", ln[len(_ERROR_PREFIX) :])
     for ln in reversed(lines):
         if not ln.startswith(("denoise", "[transformers]", "There are modules")):
             return clip(ln, 300)
     return None
 
 
-def classify(rc: int | None, timed_out: bool, run_dir: Path, log: Path,
-             timeout_s: float | None = None) -> tuple[str, str | None, dict[str, Any] | None]:
+def classify(
+    rc: int | None, timed_out: bool, run_dir: Path, log: Path, timeout_s: float | None = None
+) -> tuple[str, str | None, dict[str, Any] | None]:
     """(status, reason, run.json) of one finished collector process."""
     info: dict[str, Any] | None = None
     rj = run_dir / "run.json"
@@ -146,8 +159,9 @@ def classify(rc: int | None, timed_out: bool, run_dir: Path, log: Path,
 class _Runner:
     """Run variants on ``len(slots)`` workers; each worker owns one GPU (or none on CPU)."""
 
-    def __init__(self, opts: MatrixOptions, slots: list[str | None],
-                 on_done: Callable[[int, int, VariantResult], None]) -> None:
+    def __init__(
+        self, opts: MatrixOptions, slots: list[str | None], on_done: Callable[[int, int, VariantResult], None]
+    ) -> None:
         self.opts, self.slots, self.on_done = opts, slots, on_done
         self._procs: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
@@ -162,8 +176,9 @@ class _Runner:
         with open(log, "wb") as fh:
             fh.write(("$ " + " ".join(cmd) + "\n").encode())
             fh.flush()
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=_env(self.opts, gpu))
+            proc = subprocess.Popen(
+                cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env(self.opts, gpu)
+            )
             with self._lock:
                 self._procs.add(proc)
                 if self._stop.is_set():  # interrupted while this one was starting
@@ -178,8 +193,7 @@ class _Runner:
                 with self._lock:
                     self._procs.discard(proc)
         status, reason, info = classify(rc, timed_out, run_dir, log, self.opts.timeout_s)
-        res = VariantResult(v, status, reason, run_dir, log, rc, round(time.perf_counter() - t0, 2),
-                            gpu, run=info)
+        res = VariantResult(v, status, reason, run_dir, log, rc, round(time.perf_counter() - t0, 2), gpu, run=info)
         if status == "ok" and info is not None:
             res.measure = measure(info)
         return res
@@ -226,8 +240,12 @@ def run_one(opts: MatrixOptions, v: Variant, gpu: str | None = None) -> VariantR
     return _Runner(opts, [gpu], lambda i, n, r: None).run_one(v, gpu)
 
 
-def run_variants(opts: MatrixOptions, variants: Sequence[Variant], slots: list[str | None],
-                 on_done: Callable[[int, int, VariantResult], None] | None = None) -> list[VariantResult]:
+def run_variants(
+    opts: MatrixOptions,
+    variants: Sequence[Variant],
+    slots: list[str | None],
+    on_done: Callable[[int, int, VariantResult], None] | None = None,
+) -> list[VariantResult]:
     """Run every variant in its own collector process; results in ``variants`` order."""
     return _Runner(opts, slots, on_done or (lambda i, n, r: None)).run(variants)
 
@@ -242,28 +260,56 @@ def results_from_dir(out_dir: Path, baseline: str | None = None) -> tuple[Matrix
         if info is None:
             continue
         variant = Variant(label=rd.name, techniques=tuple(rd.name.split("+")))
-        res = VariantResult(variant=variant, status=status, reason=reason, run_dir=rd, log=log, returncode=0,
-                            elapsed_s=float(info.get("wall_s") or 0.0), gpu=None, run=info,
-                            measure=measure(info) if status == "ok" else None)
+        res = VariantResult(
+            variant=variant,
+            status=status,
+            reason=reason,
+            run_dir=rd,
+            log=log,
+            returncode=0,
+            elapsed_s=float(info.get("wall_s") or 0.0),
+            gpu=None,
+            run=info,
+            measure=measure(info) if status == "ok" else None,
+        )
         results.append(res)
         first = first or info
     if not results or first is None:
         raise MatrixError(f"{out_dir}: no variant run directories (with run.json) in it")
     labels = [r.variant.label for r in results]
     base = baseline if baseline in labels else (DEFAULT_BASELINE if DEFAULT_BASELINE in labels else labels[0])
-    opts = MatrixOptions(pipeline=str(first.get("pipeline")), size=str(first.get("size")),
-                         device="cuda" if first.get("device", "").startswith("cuda") else "cpu",
-                         steps=int(first.get("steps") or 0), height=first.get("height"), width=first.get("width"),
-                         batch=int(first.get("batch") or 1), history=bool((first.get("history") or {}).get("enabled", True)),
-                         jobs=0, out=out_dir)  # jobs=0: concurrency not known from the files
+    opts = MatrixOptions(
+        pipeline=str(first.get("pipeline")),
+        size=str(first.get("size")),
+        device="cuda" if first.get("device", "").startswith("cuda") else "cpu",
+        steps=int(first.get("steps") or 0),
+        height=first.get("height"),
+        width=first.get("width"),
+        batch=int(first.get("batch") or 1),
+        history=bool((first.get("history") or {}).get("enabled", True)),
+        jobs=0,
+        out=out_dir,
+    )  # jobs=0: concurrency not known from the files
     return opts, results, base
 
 
 def variant_row(res: VariantResult) -> dict[str, Any]:
-    return {"label": res.variant.label, "techniques": list(res.variant.techniques),
-            "status": res.status, "reason": res.reason, "run_dir": str(res.run_dir), "log": str(res.log),
-            "returncode": res.returncode, "elapsed_s": res.elapsed_s, "gpu": res.gpu,
-            "command": (res.run or {}).get("command"),
-            "recorded_techniques": (res.run or {}).get("techniques"),
-            "measure": res.measure, "vs_baseline": None, "tier": None, "score": None, "rank": None,
-            "verdict": None}
+    return {
+        "label": res.variant.label,
+        "techniques": list(res.variant.techniques),
+        "status": res.status,
+        "reason": res.reason,
+        "run_dir": str(res.run_dir),
+        "log": str(res.log),
+        "returncode": res.returncode,
+        "elapsed_s": res.elapsed_s,
+        "gpu": res.gpu,
+        "command": (res.run or {}).get("command"),
+        "recorded_techniques": (res.run or {}).get("techniques"),
+        "measure": res.measure,
+        "vs_baseline": None,
+        "tier": None,
+        "score": None,
+        "rank": None,
+        "verdict": None,
+    }

@@ -13,13 +13,30 @@ from dataclasses import dataclass
 # The standard toolbox per pipeline (docs/design.md "what to do"). On CPU, fp16 becomes fp32
 # (CPU has no usable fp16 kernels here) and CUDA-only variants are skipped with the reason.
 DEFAULT_VARIANTS: dict[str, tuple[str, ...]] = {
-    "sdxl": ("fp32", "fp16", "fp16,classic", "fp16,vae-slicing", "fp16,vae-tiling",
-             "fp16,tiny-vae", "fp16,model-offload", "fp16,sequential-offload", "bf16"),
-    "sd15": ("fp32", "fp16", "fp16,classic", "fp16,sliced", "fp16,vae-slicing",
-             "fp16,vae-tiling", "fp16,tiny-vae", "fp16,model-offload",
-             "fp16,sequential-offload", "bf16"),
-    "pixart-sigma": ("fp16", "bf16", "fp16,vae-tiling", "fp16,model-offload",
-                     "fp16,staged,int8,nf4-text-encoder"),
+    "sdxl": (
+        "fp32",
+        "fp16",
+        "fp16,classic",
+        "fp16,vae-slicing",
+        "fp16,vae-tiling",
+        "fp16,tiny-vae",
+        "fp16,model-offload",
+        "fp16,sequential-offload",
+        "bf16",
+    ),
+    "sd15": (
+        "fp32",
+        "fp16",
+        "fp16,classic",
+        "fp16,sliced",
+        "fp16,vae-slicing",
+        "fp16,vae-tiling",
+        "fp16,tiny-vae",
+        "fp16,model-offload",
+        "fp16,sequential-offload",
+        "bf16",
+    ),
+    "pixart-sigma": ("fp16", "bf16", "fp16,vae-tiling", "fp16,model-offload", "fp16,staged,int8,nf4-text-encoder"),
 }
 DEFAULT_BASELINE = "fp16"
 
@@ -34,12 +51,11 @@ class MatrixError(ValueError):
 
 @dataclass(frozen=True)
 class Variant:
-    label: str                    # "fp16+vae-tiling": techniques joined by "+"
+    label: str  # "fp16+vae-tiling": techniques joined by "+"
     techniques: tuple[str, ...]
 
 
-def parse_variant(text: str, known: Iterable[str] | None = None,
-                  aliases: dict[str, str] | None = None) -> Variant:
+def parse_variant(text: str, known: Iterable[str] | None = None, aliases: dict[str, str] | None = None) -> Variant:
     """``"fp16,vae-tiling"`` (or ``"fp16+vae-tiling"``) -> Variant; names checked when ``known``."""
     aliases = aliases or {}
     known_set = set(known) if known is not None else None
@@ -50,8 +66,9 @@ def parse_variant(text: str, known: Iterable[str] | None = None,
             continue
         name = aliases.get(part, part)
         if known_set is not None and name not in known_set:
-            raise MatrixError(f"--variant {text!r}: unknown technique {part!r}; choose from: "
-                              f"{', '.join(sorted(known_set))}")
+            raise MatrixError(
+                f"--variant {text!r}: unknown technique {part!r}; choose from: {', '.join(sorted(known_set))}"
+            )
         if name not in names:
             names.append(name)
     if not names:
@@ -83,8 +100,9 @@ def default_variants(pipeline: str, device: str) -> tuple[list[Variant], list[st
     return out, notes
 
 
-def screen_variants(variants: Sequence[Variant], *, device: str,
-                    pipeline: str) -> tuple[list[Variant], list[dict[str, str]]]:
+def screen_variants(
+    variants: Sequence[Variant], *, device: str, pipeline: str
+) -> tuple[list[Variant], list[dict[str, str]]]:
     """Split ``variants`` into runnable ones and skipped ones (with the collector's own reason).
 
     Used for the default set only: a variant the user asked for always runs, and a refusal

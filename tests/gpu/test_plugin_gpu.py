@@ -6,6 +6,7 @@ Allocates known tensors under ``@pytest.mark.limit_gpu_memory`` and checks that 
 limit passes/fails as it should and that snapviz's replayed peak equals
 ``torch.cuda.max_memory_allocated()``.
 """
+
 from __future__ import annotations
 
 import glob

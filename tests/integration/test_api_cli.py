@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import snapviz
+from paths import ROOT, SAMPLES
 from snapviz.render.json_summary import render_json
 from snapviz.safe_text import bounded_doc
-from paths import ROOT, SAMPLES
 
 GOLDEN = ROOT / "tests" / "data" / "golden"
 

@@ -1,5 +1,6 @@
 """A snapshot whose allocator settings the replay cannot honour is reported approximate in
 every sink, never as exact: terminal, Markdown, JSON, HTML and the picture's title."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,18 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_every_sink_says_approximate(outputs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     tmp: Path = outputs["tmp"]
     with pytest.raises(SystemExit) as ei:
-        main(["analyze", str(outputs["src"]), "--json", str(tmp / "s.json"), "--markdown", str(tmp / "s.md"),
-              "-o", str(tmp / "r.html")])
+        main(
+            [
+                "analyze",
+                str(outputs["src"]),
+                "--json",
+                str(tmp / "s.json"),
+                "--markdown",
+                str(tmp / "s.md"),
+                "-o",
+                str(tmp / "r.html"),
+            ]
+        )
     assert (ei.value.code or 0) == 0
     term = capsys.readouterr().out
     doc = json.loads((tmp / "s.json").read_text())
@@ -39,7 +50,7 @@ def test_every_sink_says_approximate(outputs: dict[str, Any], capsys: pytest.Cap
     assert "no allocator settings recorded" in reason
     assert "peak allocated about " in term and "approximate figures:" in term
     md = (tmp / "s.md").read_text()
-    assert "(approximate)" in md and f"**about " in md and "approximate figures:" in md
+    assert "(approximate)" in md and "**about " in md and "approximate figures:" in md
     html = (tmp / "r.html").read_text()
     assert "Peak about " in html and "approximate figures:" in html
     an = analyze_run(load(str(outputs["src"])))

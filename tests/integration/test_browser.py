@@ -4,6 +4,7 @@ Needs Debian's ``chromium`` (CI installs it with apt) and the ``playwright`` Pyt
 package (the ``test`` extra; its wheel bundles the driver, and the system Chromium is
 used, so ``playwright install`` is never run). Skipped only when no Chromium exists.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from browser import chromium_path, check_report_in_browser, playwright_available
+from browser import check_report_in_browser, chromium_path, playwright_available
 
 pytestmark = [
     pytest.mark.skipif(chromium_path() is None, reason="no Chromium binary (apt-get install chromium)"),
@@ -22,15 +23,14 @@ pytestmark = [
 @pytest.fixture(scope="module", autouse=True)
 def _needs_playwright() -> None:
     if not playwright_available():
-        pytest.fail("the browser tests need the 'playwright' Python package: pip install -e '.[test]'",
-                    pytrace=False)
+        pytest.fail("the browser tests need the 'playwright' Python package: pip install -e '.[test]'", pytrace=False)
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``snapviz analyze RUN -o report.html`` on a synthetic SD-like run (via the CLI)."""
-    from snapviz.cli import main
     from sdrun import write_run
+    from snapviz.cli import main
 
     d = tmp_path_factory.mktemp("browser")
     run = write_run(str(d / "run"), steps=4, filler=40, evil=True)
@@ -156,8 +156,8 @@ def test_by_event_tab_shows_the_event_axis(report: Path, tmp_path_factory: pytes
 
 
 def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
-    from snapviz.render.html import render_trace_html
     from sdrun import fake_trace_analysis
+    from snapviz.render.html import render_trace_html
 
     tan, doc = fake_trace_analysis()
     path = tmp_path_factory.mktemp("trace") / "trace-report.html"
@@ -170,8 +170,8 @@ def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 def test_end_state_only_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
     import synth
-    from snapviz.render.html import render_html
     from sdrun import _analyse
+    from snapviz.render.html import render_html
 
     an, doc = _analyse(synth.random_workload(seed=1, n_ops=200).snapshot(layout="segments", marker=False))
     path = tmp_path_factory.mktemp("legacy") / "legacy.html"
@@ -244,8 +244,9 @@ def test_a_page_that_fetches_is_caught(tmp_path: Path) -> None:
     """The check itself: a page reaching for a CDN or throwing is reported, not passed."""
     from snapviz.render.html import build_page
 
-    page = build_page("bad", ['<img src="https://cdn.example.invalid/x.png">',
-                              "<script>throw new Error('boom')</script>"])
+    page = build_page(
+        "bad", ['<img src="https://cdn.example.invalid/x.png">', "<script>throw new Error('boom')</script>"]
+    )
     p = tmp_path / "bad.html"
     p.write_text(page, encoding="utf-8")
     res = check_report_in_browser(str(p), str(tmp_path))

@@ -1,7 +1,7 @@
 """``snapviz check``: size parsing, gate evaluation, CI lines, exit codes 0/1/2, JUnit XML."""
+
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
@@ -11,26 +11,46 @@ from typing import Any
 
 import pytest
 
+from snapviz.analyses.gate import evaluate_gates
+from snapviz.errors import InputError
+from snapviz.units import parse_percent, parse_size
 from synth import GiB, MiB, Sim, make_frames
 
-from snapviz.analyses.gate import evaluate_gates
-from snapviz.units import parse_percent, parse_size
-from snapviz.errors import InputError
 
-
-@pytest.mark.parametrize("text, expected", [
-    ("12GiB", 12 * GiB), ("800MiB", 800 * MiB), ("12GB", 12_000_000_000), ("1.5 GiB", 3 * GiB // 2),
-    ("123456", 123456), ("0.5KiB", 512), ("2 tib", 2 << 40), ("1e9", 10**9), ("1.5e3 MB", 1_500_000_000),
-    ("7b", 7), (" 8 GiB ", 8 * GiB), (4096, 4096),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("12GiB", 12 * GiB),
+        ("800MiB", 800 * MiB),
+        ("12GB", 12_000_000_000),
+        ("1.5 GiB", 3 * GiB // 2),
+        ("123456", 123456),
+        ("0.5KiB", 512),
+        ("2 tib", 2 << 40),
+        ("1e9", 10**9),
+        ("1.5e3 MB", 1_500_000_000),
+        ("7b", 7),
+        (" 8 GiB ", 8 * GiB),
+        (4096, 4096),
+    ],
+)
 def test_parse_size(text: Any, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text, message", [
-    ("12XB", "unknown unit 'XB'"), ("12 G", "ambiguous unit 'G'"), ("", "invalid size ''"), ("-1GiB", "invalid size"),
-    ("GiB", "invalid size"), ("1,5GiB", "invalid size"), ("twelve", "invalid size"), ("1e30", "implausibly large"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("12XB", "unknown unit 'XB'"),
+        ("12 G", "ambiguous unit 'G'"),
+        ("", "invalid size ''"),
+        ("-1GiB", "invalid size"),
+        ("GiB", "invalid size"),
+        ("1,5GiB", "invalid size"),
+        ("twelve", "invalid size"),
+        ("1e30", "implausibly large"),
+    ],
+)
 def test_parse_size_rejects(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(")):
         parse_size(text, "--max-peak")
@@ -43,6 +63,7 @@ def test_parse_percent() -> None:
 
 
 # --------------------------------------------------------------------------- a run to check
+
 
 def run_snapshot(vae: int = 700 * MiB, seed: int = 0) -> tuple[dict[str, Any], dict[str, int]]:
     """1 GiB weights, two 300 MiB steps, a decode buffer; truth = allocator peaks per stage."""
@@ -72,6 +93,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     from snapviz.cli import main
+
     with pytest.raises(SystemExit) as exc:
         main(args)
     out, err = capsys.readouterr()
@@ -83,26 +105,53 @@ def test_evaluate_gates_on_a_summary(runs: dict[str, Any]) -> None:
 
     doc = document_input(runs["run"])
     t = runs["run_truth"]
-    res = evaluate_gates(doc, max_peak=t["peak"], stage_limits=[("vae_decode", t["vae_decode"] - 1), ("denoise/1", 2 * GiB)])
+    res = evaluate_gates(
+        doc, max_peak=t["peak"], stage_limits=[("vae_decode", t["vae_decode"] - 1), ("denoise/1", 2 * GiB)]
+    )
     assert [(r.name, r.passed, r.actual) for r in res] == [
-        ("peak_allocated", True, t["peak"]), ("stage:vae_decode", False, t["vae_decode"]), ("stage:denoise/1", True, t["denoise/1"])]
-    with pytest.raises(InputError, match=r"stage 'decode' is not in .* \(stages: load, denoise, denoise/0..denoise/1, vae_decode\)"):
+        ("peak_allocated", True, t["peak"]),
+        ("stage:vae_decode", False, t["vae_decode"]),
+        ("stage:denoise/1", True, t["denoise/1"]),
+    ]
+    with pytest.raises(
+        InputError, match=r"stage 'decode' is not in .* \(stages: load, denoise, denoise/0..denoise/1, vae_decode\)"
+    ):
         evaluate_gates(doc, stage_limits=[("decode", GiB)])
 
 
 def test_pass_prints_pass_lines_and_exits_0(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, err = _cli(["check", runs["run"], "--max-peak", "12GiB", "--max-reserved", "14GiB",
-                         "--max-stage-peak", "vae_decode=8GiB"], capsys)
+    rc, out, err = _cli(
+        ["check", runs["run"], "--max-peak", "12GiB", "--max-reserved", "14GiB", "--max-stage-peak", "vae_decode=8GiB"],
+        capsys,
+    )
     assert rc == 0, err
-    assert out.splitlines()[:3] == ["PASS peak allocated 1.68 GiB <= 12.00 GiB", "PASS peak reserved 2.28 GiB <= 14.00 GiB",
-                                    "PASS stage vae_decode 1.68 GiB <= 8.00 GiB"]
+    assert out.splitlines()[:3] == [
+        "PASS peak allocated 1.68 GiB <= 12.00 GiB",
+        "PASS peak reserved 2.28 GiB <= 14.00 GiB",
+        "PASS stage vae_decode 1.68 GiB <= 8.00 GiB",
+    ]
     assert out.splitlines()[3].startswith("3 passed, 0 failed")
 
 
-def test_fail_prints_fail_lines_and_exits_1(runs: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_fail_prints_fail_lines_and_exits_1(
+    runs: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     xml = tmp_path / "memory.xml"
-    rc, out, err = _cli(["check", runs["run"], "--max-peak", "2GB", "--max-stage-peak", "vae_decode=1.5GiB",
-                         "--max-stage-peak", "denoise=1.5GiB", "--junit-xml", str(xml)], capsys)
+    rc, out, err = _cli(
+        [
+            "check",
+            runs["run"],
+            "--max-peak",
+            "2GB",
+            "--max-stage-peak",
+            "vae_decode=1.5GiB",
+            "--max-stage-peak",
+            "denoise=1.5GiB",
+            "--junit-xml",
+            str(xml),
+        ],
+        capsys,
+    )
     assert rc == 1
     lines = out.splitlines()
     assert lines[0] == "PASS peak allocated 1.68 GiB <= 1.86 GiB"
@@ -124,24 +173,31 @@ def test_baseline_increase(runs: dict[str, Any], capsys: pytest.CaptureFixture[s
     # bigger: vae 900 MiB instead of 700 MiB -> peak +11.6%
     rc, out, _ = _cli(["check", runs["bigger"], "--baseline", runs["run"], "--max-increase", "5%"], capsys)
     assert rc == 1
-    assert out.splitlines()[0] == ("FAIL peak allocated vs baseline 1.88 GiB > 1.77 GiB "
-                                   "(baseline 1.68 GiB, +11.6%, allowed +5.0%)")
+    assert out.splitlines()[0] == (
+        "FAIL peak allocated vs baseline 1.88 GiB > 1.77 GiB (baseline 1.68 GiB, +11.6%, allowed +5.0%)"
+    )
     rc, out, _ = _cli(["check", runs["bigger"], "--baseline", runs["run"], "--max-increase", "12%"], capsys)
-    assert rc == 0 and out.startswith("PASS peak allocated vs baseline 1.88 GiB <= 1.89 GiB (baseline 1.68 GiB, +11.6%, allowed +12.0%)")
+    assert rc == 0 and out.startswith(
+        "PASS peak allocated vs baseline 1.88 GiB <= 1.89 GiB (baseline 1.68 GiB, +11.6%, allowed +12.0%)"
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["{run}", "--max-peak", "12XB"], "snapviz: error: --max-peak: unknown unit 'XB' in '12XB'"),
-    (["{run}", "--max-peak", "12 G"], "ambiguous unit 'G'"),
-    (["{run}", "--max-stage-peak", "vae_decode"], "--max-stage-peak: expected STAGE=SIZE"),
-    (["{dir}/missing.pickle", "--max-peak", "1GiB"], "missing.pickle: no such file or directory"),
-    (["{run}", "--max-stage-peak", "upscale=1GiB"], "stage 'upscale' is not in"),
-    (["{run}"], "nothing to check"),
-    (["{run}", "--baseline", "{run}"], "--baseline and --max-increase go together"),
-    (["{run}", "--max-increase", "5%"], "--baseline and --max-increase go together"),
-])
-def test_bad_input_exits_2_with_one_line_and_no_xml(runs: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                    args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{run}", "--max-peak", "12XB"], "snapviz: error: --max-peak: unknown unit 'XB' in '12XB'"),
+        (["{run}", "--max-peak", "12 G"], "ambiguous unit 'G'"),
+        (["{run}", "--max-stage-peak", "vae_decode"], "--max-stage-peak: expected STAGE=SIZE"),
+        (["{dir}/missing.pickle", "--max-peak", "1GiB"], "missing.pickle: no such file or directory"),
+        (["{run}", "--max-stage-peak", "upscale=1GiB"], "stage 'upscale' is not in"),
+        (["{run}"], "nothing to check"),
+        (["{run}", "--baseline", "{run}"], "--baseline and --max-increase go together"),
+        (["{run}", "--max-increase", "5%"], "--baseline and --max-increase go together"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_no_xml(
+    runs: dict[str, Any], capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str
+) -> None:
     xml = tmp_path / "never.xml"
     rc, out, err = _cli(["check", *[a.format(**runs) for a in args], "--junit-xml", str(xml)], capsys)
     assert rc == 2
@@ -157,15 +213,24 @@ def test_unknown_stage_names_the_stages_that_exist(runs: dict[str, Any], capsys:
 
 def test_console_script_exit_codes(runs: dict[str, Any]) -> None:
     """The real entry point, in a subprocess: exit statuses as CI sees them."""
+
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "snapviz", "check", *args], capture_output=True, text=True, timeout=120)
-    ok, bad, usage = run(runs["run"], "--max-peak", "2GiB"), run(runs["run"], "--max-peak", "1GiB"), run(runs["run"], "--max-peak", "x")
+        return subprocess.run(
+            [sys.executable, "-m", "snapviz", "check", *args], capture_output=True, text=True, timeout=120
+        )
+
+    ok, bad, usage = (
+        run(runs["run"], "--max-peak", "2GiB"),
+        run(runs["run"], "--max-peak", "1GiB"),
+        run(runs["run"], "--max-peak", "x"),
+    )
     assert (ok.returncode, bad.returncode, usage.returncode) == (0, 1, 2)
     assert "FAIL peak allocated 1.68 GiB > 1.00 GiB (+68.4%)" in bad.stdout
     assert usage.stderr.count("\n") == 1
 
 
 # --------------------------------------------------------------------------- a summary JSON as input
+
 
 def test_check_and_compare_read_back_a_summary_json(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     """An earlier ``analyze --json`` is an input of ``check`` (and ``--baseline``) and ``compare``:
@@ -185,14 +250,21 @@ def test_check_and_compare_read_back_a_summary_json(runs: dict[str, Any], capsys
     assert code == 0, err
 
 
-@pytest.mark.parametrize("edit, field", [
-    (lambda doc: doc["peak"].pop("allocated_bytes"), "peak: missing field 'allocated_bytes'"),
-    (lambda doc: doc["peak"].update(allocated_bytes="3 GiB"), "peak.allocated_bytes: expected an integer, got a string"),
-    (lambda doc: doc["stages"][0].update(surprise=1), "stages[0]: unknown field 'surprise'"),
-    (lambda doc: doc.update(warnings="none"), "warnings: expected a list, got a string"),
-])
-def test_check_refuses_a_malformed_summary_json(runs: dict[str, Any], capsys: pytest.CaptureFixture[str],
-                                                 edit: Any, field: str) -> None:
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda doc: doc["peak"].pop("allocated_bytes"), "peak: missing field 'allocated_bytes'"),
+        (
+            lambda doc: doc["peak"].update(allocated_bytes="3 GiB"),
+            "peak.allocated_bytes: expected an integer, got a string",
+        ),
+        (lambda doc: doc["stages"][0].update(surprise=1), "stages[0]: unknown field 'surprise'"),
+        (lambda doc: doc.update(warnings="none"), "warnings: expected a list, got a string"),
+    ],
+)
+def test_check_refuses_a_malformed_summary_json(
+    runs: dict[str, Any], capsys: pytest.CaptureFixture[str], edit: Any, field: str
+) -> None:
     import json
 
     js = runs["dir"] / "bad.summary.json"

@@ -1,5 +1,6 @@
 """`snapviz analyze` on hostile or broken input, as a user runs it: a fresh process, exit
 code 2, exactly one line on stderr, no traceback, nothing executed, no output file left."""
+
 from __future__ import annotations
 
 import gzip
@@ -10,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from paths import ROOT
 
+from paths import ROOT
 
 
 class _Payload:
@@ -51,16 +52,30 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for name, path in _cases(tmp, marker).items():
         html, js = tmp / f"{name}.html", tmp / f"{name}.json"
-        p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(path), "-o", str(html), "--json", str(js)],
-                           capture_output=True, text=True, env=env, cwd=tmp, timeout=120)
+        p = subprocess.run(
+            [sys.executable, "-m", "snapviz", "analyze", str(path), "-o", str(html), "--json", str(js)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,
+            timeout=120,
+        )
         out[name] = (p.returncode, p.stdout, p.stderr, html.exists() or js.exists(), path)
     out["_marker"] = (marker.exists(),)
     out["_leftovers"] = (sorted(f.name for f in tmp.iterdir() if f.name.startswith(".snapviz-")),)
     return out
 
 
-CASES = ["reduce_os_system", "reduce_eval_gzip", "truncated", "empty", "random_bytes", "not_a_snapshot",
-         "directory", "missing"]
+CASES = [
+    "reduce_os_system",
+    "reduce_eval_gzip",
+    "truncated",
+    "empty",
+    "random_bytes",
+    "not_a_snapshot",
+    "directory",
+    "missing",
+]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -79,9 +94,21 @@ def test_nothing_ran_and_no_temp_files(results: dict) -> None:
 
 
 def test_bad_option_is_exit_2(tmp_path: Path) -> None:
-    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"),
-                        "-o", str(tmp_path / "no" / "such" / "dir" / "r.html")],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"),
+            "-o",
+            str(tmp_path / "no" / "such" / "dir" / "r.html"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        timeout=120,
+    )
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
 
@@ -102,23 +129,29 @@ def _run_with_stdout(tmp: Path, args: list[str], stdout: str) -> subprocess.Comp
         p.wait(timeout=120)
         return subprocess.CompletedProcess(cmd, p.returncode, b"", err)
     if stdout == "closed":
-        return subprocess.run(cmd, stderr=subprocess.PIPE, env=env, cwd=tmp, timeout=120,
-                              preexec_fn=lambda: os.close(1))
+        return subprocess.run(
+            cmd, stderr=subprocess.PIPE, env=env, cwd=tmp, timeout=120, preexec_fn=lambda: os.close(1)
+        )
     with open("/dev/full", "wb") as full:
         return subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, env=env, cwd=tmp, timeout=120)
 
 
 def _big_snapshot(tmp: Path) -> Path:
     path = tmp / "s.pickle"
-    trace = [{"action": "alloc", "addr": 512 * i, "size": 512, "frames": [{"name": f"f{i}", "filename": "x.py",
-                                                                           "line": i}]} for i in range(3000)]
+    trace = [
+        {"action": "alloc", "addr": 512 * i, "size": 512, "frames": [{"name": f"f{i}", "filename": "x.py", "line": i}]}
+        for i in range(3000)
+    ]
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}))
     return path
 
 
 @pytest.mark.parametrize("stdout", ["closed", "dev_full", "pipe_closed_early"])
-@pytest.mark.parametrize("args", [["analyze", "{in}", "--json", "-"], ["analyze", "{in}"],
-                                  ["check", "{in}", "--max-peak", "1GiB"]], ids=["json-", "terminal", "check"])
+@pytest.mark.parametrize(
+    "args",
+    [["analyze", "{in}", "--json", "-"], ["analyze", "{in}"], ["check", "{in}", "--max-peak", "1GiB"]],
+    ids=["json-", "terminal", "check"],
+)
 def test_stdout_failures_are_one_line(tmp_path: Path, stdout: str, args: list[str]) -> None:
     if stdout == "dev_full" and not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")

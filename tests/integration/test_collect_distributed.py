@@ -1,5 +1,6 @@
 """``collectors.record`` under torch.distributed: two gloo ranks on the CPU (spawned processes,
 loopback only) each write ``OUT/rank<R>/run.json`` with their rank and the world size."""
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,25 @@ def test_collect_train_under_torchrun_runs_ddp_one_folder_per_rank(tmp_path: Pat
     if not torchrun.exists():
         pytest.skip("torchrun is not installed beside this Python")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [str(torchrun), "--nproc_per_node", "2", "--master_port", str(_free_port()), "-m", "snapviz",
-           "collect", "--train", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1"]
+    cmd = [
+        str(torchrun),
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "snapviz",
+        "collect",
+        "--train",
+        "--pipeline",
+        "sd15",
+        "--size",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (job,) = list((tmp_path / "runs").iterdir())

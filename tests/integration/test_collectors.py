@@ -17,21 +17,46 @@ from click.testing import CliRunner  # noqa: E402
 from collectors.cli import collect  # noqa: E402
 
 REQUIRED_RUN_KEYS = {
-    "schema", "pipeline", "size", "techniques", "height", "width", "steps", "batch", "dtype",
-    "device", "device_name", "num_devices", "torch_version", "diffusers_version",
-    "transformers_version", "command", "status", "history", "alloc_conf", "allocator",
-    "stages", "wall_s",
+    "schema",
+    "pipeline",
+    "size",
+    "techniques",
+    "height",
+    "width",
+    "steps",
+    "batch",
+    "dtype",
+    "device",
+    "device_name",
+    "num_devices",
+    "torch_version",
+    "diffusers_version",
+    "transformers_version",
+    "command",
+    "status",
+    "history",
+    "alloc_conf",
+    "allocator",
+    "stages",
+    "wall_s",
 }
 REQUIRED_STAGE_KEYS = {
-    "name", "start_us", "end_us", "wall_s", "peak_allocated_bytes", "peak_reserved_bytes",
-    "allocated_at_start", "allocated_at_end", "per_device", "rss_peak_bytes",
+    "name",
+    "start_us",
+    "end_us",
+    "wall_s",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "allocated_at_start",
+    "allocated_at_end",
+    "per_device",
+    "rss_peak_bytes",
 }
 
 
 def _collect(tmp_path: Path, *args: str) -> tuple[object, Path]:
     out = tmp_path / "run"
-    result = CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", *args,
-                                          "--out", str(out)])
+    result = CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", *args, "--out", str(out)])
     return result, out
 
 
@@ -66,8 +91,7 @@ def _assert_contract(info: dict, steps: int) -> list[str]:
         ("pixart-sigma", ["sliced", "vae-tiling"], ["fp32", "sliced", "vae-tiling"]),
     ],
 )
-def test_stage_order_and_run_json(tmp_path: Path, pipeline: str, techniques: list[str],
-                                  expect: list[str]) -> None:
+def test_stage_order_and_run_json(tmp_path: Path, pipeline: str, techniques: list[str], expect: list[str]) -> None:
     args = ["--pipeline", pipeline, "--steps", "3"]
     for t in techniques:
         args += ["-t", t]
@@ -75,8 +99,7 @@ def test_stage_order_and_run_json(tmp_path: Path, pipeline: str, techniques: lis
     assert result.exit_code == 0, result.output
     info = _run_json(out)
     names = _assert_contract(info, steps=3)
-    assert names == ["load", "text_encode", "denoise/0", "denoise/1", "denoise/2",
-                     "vae_decode", "other"]
+    assert names == ["load", "text_encode", "denoise/0", "denoise/1", "denoise/2", "vae_decode", "other"]
     assert info["techniques"] == expect
     assert info["pipeline"] == pipeline and info["steps"] == 3
     assert info["device"] == "cpu" and info["allocator"] is None
@@ -89,8 +112,7 @@ def test_stage_order_and_run_json(tmp_path: Path, pipeline: str, techniques: lis
 
 
 def test_staged_pixart_repeats_load(tmp_path: Path) -> None:
-    result, out = _collect(tmp_path, "--pipeline", "pixart-sigma", "--steps", "2",
-                           "-t", "staged")
+    result, out = _collect(tmp_path, "--pipeline", "pixart-sigma", "--steps", "2", "-t", "staged")
     assert result.exit_code == 0, result.output
     info = _run_json(out)
     names = _assert_contract(info, steps=2)
@@ -116,8 +138,7 @@ def test_profile_trace_has_memory_and_stage_ranges(tmp_path: Path) -> None:
 
 
 def test_profile_after_load_skips_load_range(tmp_path: Path) -> None:
-    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1", "--profile",
-                           "--profile-scope", "after-load")
+    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1", "--profile", "--profile-scope", "after-load")
     assert result.exit_code == 0, result.output
     with gzip.open(out / "trace.json.gz", "rt") as fh:
         events = json.load(fh)["traceEvents"]
@@ -139,8 +160,7 @@ def test_profile_after_load_skips_load_range(tmp_path: Path) -> None:
         (["--height", "100"], "multiples of 8"),
     ],
 )
-def test_impossible_options_exit_2_with_one_line(tmp_path: Path, args: list[str],
-                                                 needle: str) -> None:
+def test_impossible_options_exit_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
     result, out = _collect(tmp_path, "--pipeline", "sd15", *args)
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
@@ -156,8 +176,7 @@ def test_record_api_with_user_pipeline(tmp_path: Path) -> None:
     pipe = build_pipeline("sd15", "tiny", torch.float32)
     pipe.set_progress_bar_config(disable=True)
     cls = type(pipe)
-    with collectors.record(pipe, tmp_path / "mine", device="cpu",
-                           meta={"pipeline": "sd15"}) as rec:
+    with collectors.record(pipe, tmp_path / "mine", device="cpu", meta={"pipeline": "sd15"}) as rec:
         with rec.stage("load"):
             pipe.to("cpu")
         pipe("a cat", num_inference_steps=2, height=64, width=64)
@@ -165,8 +184,20 @@ def test_record_api_with_user_pipeline(tmp_path: Path) -> None:
     assert type(pipe) is cls  # hooks removed, class restored
     info = _run_json(tmp_path / "mine")
     names = [s["name"] for s in info["stages"]]
-    assert names == ["other", "load", "other", "text_encode", "denoise/0", "denoise/1",
-                     "vae_decode", "other", "text_encode", "denoise/0", "vae_decode", "other"]
+    assert names == [
+        "other",
+        "load",
+        "other",
+        "text_encode",
+        "denoise/0",
+        "denoise/1",
+        "vae_decode",
+        "other",
+        "text_encode",
+        "denoise/0",
+        "vae_decode",
+        "other",
+    ]
     # hooks are gone: calling again outside the recorder records nothing more
     pipe("a cow", num_inference_steps=1, height=64, width=64)
     assert len(_run_json(tmp_path / "mine")["stages"]) == len(names)
@@ -178,8 +209,16 @@ def test_alloc_conf_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     allocator, so there it is only recorded (run.json and the reproducing command)."""
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)  # restored after the test
     conf = "roundup_power2_divisions:[256:1,512:2,>:4],garbage_collection_threshold:0.6"
-    result, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "1", "--alloc-conf", conf,
-                           *(["--train", "--batch", "1"] if train else []))
+    result, out = _collect(
+        tmp_path,
+        "--pipeline",
+        "sd15",
+        "--steps",
+        "1",
+        "--alloc-conf",
+        conf,
+        *(["--train", "--batch", "1"] if train else []),
+    )
     assert result.exit_code == 0, result.output
     info = _run_json(out)
     assert info["alloc_conf"] == conf

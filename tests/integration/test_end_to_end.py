@@ -1,4 +1,5 @@
 """snapviz collect -> snapviz analyze on CPU, end to end, for several technique combinations."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,20 @@ def _run(argv: list[str]) -> int:
 @pytest.mark.parametrize("techniques", COMBOS, ids=["+".join(c) for c in COMBOS])
 def test_collect_then_analyze(tmp_path: Path, techniques: list[str]) -> None:
     out = tmp_path / "run"
-    args = ["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "2", "--profile",
-            "--out", str(out)]
+    args = [
+        "collect",
+        "--pipeline",
+        "sd15",
+        "--size",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--profile",
+        "--out",
+        str(out),
+    ]
     for t in techniques:
         args += ["--technique", t]
     assert _run(args) == 0
@@ -36,7 +49,12 @@ def test_collect_then_analyze(tmp_path: Path, techniques: list[str]) -> None:
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["stage_source"] == "annotations"
     names = [s["name"] for s in doc["stages"]]
-    assert names[:3] == ["text_encode", "denoise", "vae_decode"] or names[:4] == ["load", "text_encode", "denoise", "vae_decode"]
+    assert names[:3] == ["text_encode", "denoise", "vae_decode"] or names[:4] == [
+        "load",
+        "text_encode",
+        "denoise",
+        "vae_decode",
+    ]
     denoise = next(s for s in doc["stages"] if s["name"] == "denoise")
     assert [st["name"] for st in denoise["steps"]] == ["denoise/0", "denoise/1"]
     # the trace's CPU allocator totals peak somewhere inside the recorded stages
@@ -56,8 +74,10 @@ def test_cpu_run_without_profile_flag_is_analysable(tmp_path: Path) -> None:
     """What a new user without a GPU types first: no --profile. The run directory must still
     hold a memory record (the trace, profiled by default on CPU) that analyze reads."""
     out = tmp_path / "run"
-    assert _run(["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1",
-                 "--out", str(out)]) == 0
+    assert (
+        _run(["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1", "--out", str(out)])
+        == 0
+    )
     rj = json.loads((out / "run.json").read_text())
     assert rj["profile"] is True and (out / "trace.json.gz").is_file()
     assert _run(["analyze", str(out), "--json", str(tmp_path / "s.json"), "-q"]) == 0
@@ -68,8 +88,25 @@ def test_cpu_run_without_profile_flag_is_analysable(tmp_path: Path) -> None:
 
 def test_cpu_run_refuses_no_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    assert _run(["collect", "--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "1",
-                 "--no-profile", "--out", str(out)]) == 2
+    assert (
+        _run(
+            [
+                "collect",
+                "--pipeline",
+                "sd15",
+                "--size",
+                "tiny",
+                "--device",
+                "cpu",
+                "--steps",
+                "1",
+                "--no-profile",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nothing to analyse" in err[0]
     assert not out.exists()

@@ -11,6 +11,7 @@ plain json/pickle, not with snapviz's own analyses.
   peak equals the running sum of requested sizes plus the end state's
   ``requested_size`` of blocks from before the recording.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -20,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from paths import EXTERNAL
 from placeholders import placeholder_lines, placeholder_strings
-
 from snapviz.cli import main
 
 FILES = sorted(p.name for p in EXTERNAL.glob("*") if p.suffix in (".pickle", ".gz")) if EXTERNAL.is_dir() else []
@@ -63,7 +64,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, st
 class _Capture:
     """stdout/stderr of one in-process CLI run (module-scoped fixtures cannot use capsys)."""
 
-    def __enter__(self) -> "_Capture":
+    def __enter__(self) -> _Capture:
         import contextlib
         import io
 
@@ -89,7 +90,7 @@ SNAPSHOTS = [n for n in FILES if n.endswith(".pickle")]
 def test_analyses_with_exit_0_and_no_stderr(reports: dict, name: str) -> None:
     rc, _, err, doc, md = reports[name]
     assert rc == 0, err
-    assert err == ""                       # no library warnings, no progress noise
+    assert err == ""  # no library warnings, no progress noise
     # a file that recorded no GPU memory says so (issue 21) instead of a peak
     assert (doc["peak"]["allocated_bytes"] > 0 or doc.get("not_recorded")) and md
 
@@ -157,15 +158,16 @@ def test_trace_peak_through_the_trace_loader(name: str) -> None:
     from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     path = str(EXTERNAL / name)
-    doc = trace_summary_dict(analyze_trace_run(Run(source=path, label=name, snapshot=None,
-                                                   trace=load_chrome_trace(path), run_json=None)))
+    doc = trace_summary_dict(
+        analyze_trace_run(Run(source=path, label=name, snapshot=None, trace=load_chrome_trace(path), run_json=None))
+    )
     label, peak, exact = _expected_trace_peak(name)
     assert (doc["device"], doc["peak"]["allocated_bytes"], doc["peak"]["exact"]) == (label, peak, exact)
 
 
 def test_trace_device_flag_picks_or_names_the_devices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """--device N on a trace works as on a snapshot: the device, or exit 2 naming those that exist."""
-    name = "hta_df_index_resolver_rank1.json.gz"   # rank 1 of 2: memory on cuda:1 only
+    name = "hta_df_index_resolver_rank1.json.gz"  # rank 1 of 2: memory on cuda:1 only
     if name not in FILES:
         pytest.skip(f"{name} absent")
     rc, _, err = _analyze(["analyze", str(EXTERNAL / name), "--device", "0", "-q"], capsys)
@@ -181,9 +183,14 @@ def test_trace_device_flag_picks_or_names_the_devices(capsys: pytest.CaptureFixt
 def _raw_snapshot_truth(name: str, dev: int = 0) -> dict[str, int]:
     """Plain-Python figures from the raw pickle, for device ``dev``."""
     with open(EXTERNAL / name, "rb") as f:
-        snap = pickle.load(f)   # a trusted corpus file; snapviz itself never unpickles like this
-    live = [b for s in snap["segments"] if s.get("device", 0) == dev for b in s["blocks"]
-            if b["state"] == "active_allocated"]
+        snap = pickle.load(f)  # a trusted corpus file; snapviz itself never unpickles like this
+    live = [
+        b
+        for s in snap["segments"]
+        if s.get("device", 0) == dev
+        for b in s["blocks"]
+        if b["state"] == "active_allocated"
+    ]
     trace = snap["device_traces"][dev]
     requested: dict[int, int] = {}
     running, series = 0, []
@@ -194,15 +201,18 @@ def _raw_snapshot_truth(name: str, dev: int = 0) -> dict[str, int]:
             running += e["size"]
         elif act in ("free_requested", "free"):
             running -= requested.pop(e["addr"], e["size"])
-        elif act == "free_completed" and e["addr"] in requested:   # its free_requested was not recorded
+        elif act == "free_completed" and e["addr"] in requested:  # its free_requested was not recorded
             running -= requested.pop(e["addr"])
         series.append(running)
     end_allocated = sum(b["size"] for b in live)
     end_requested = sum(b.get("requested_size", b["size"]) for b in live)
     # what the end state requested that the history did not: blocks from before the recording
     base = min(max(end_requested - running, 0), end_allocated)
-    return {"end_allocated": end_allocated, "peak_requested": max([base] + [base + x for x in series]),
-            "events": len(trace)}
+    return {
+        "end_allocated": end_allocated,
+        "peak_requested": max([base] + [base + x for x in series]),
+        "events": len(trace),
+    }
 
 
 @pytest.mark.parametrize("name", SNAPSHOTS)
@@ -225,8 +235,8 @@ def test_snapshot_replay_against_the_raw_file(reports: dict, name: str) -> None:
     assert rep.end_state_matches is True and h["end_state_matches"] is True
     assert int(rep.events["allocated"].iat[-1]) == t["end_allocated"] == h["final_allocated_bytes"]
     assert p["allocated_bytes"] == rep.peak_allocated == int(rep.events["allocated"].max())
-    assert p["requested_bytes"] == t["peak_requested"]         # pre-recording blocks: their requested_size
-    assert p["requested_bytes"] <= p["allocated_bytes"]        # rounding only ever adds
+    assert p["requested_bytes"] == t["peak_requested"]  # pre-recording blocks: their requested_size
+    assert p["requested_bytes"] <= p["allocated_bytes"]  # rounding only ever adds
 
 
 def test_synthetic_mosaic_file_is_called_out(reports: dict) -> None:
@@ -298,8 +308,12 @@ def test_end_state_files_are_itemised_by_their_frames(reports: dict, name: str, 
     with pytest.raises(SystemExit) as exc:
         main(["analyze", str(EXTERNAL / name), "-o", str(html), "-q"])
     assert exc.value.code == 0
-    for where, text in (("terminal", term), ("markdown", md), ("json", json.dumps(doc["warnings"])),
-                        ("html", html.read_text())):
+    for where, text in (
+        ("terminal", term),
+        ("markdown", md),
+        ("json", json.dumps(doc["warnings"])),
+        ("html", html.read_text()),
+    ):
         assert END_STATE_ONLY in text, where
         assert "before the recorded history began" not in text, where
 

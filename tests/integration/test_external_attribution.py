@@ -4,6 +4,7 @@ Each fact asserted here was checked by hand against the file (its stacks, annota
 op names); see the corpus README for where each file comes from. Skipped when the corpus
 is absent.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from paths import EXTERNAL
 
+from paths import EXTERNAL
 from snapviz.analyses import trace_ops
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.stages import annotation_intervals, stage_group
@@ -85,11 +86,12 @@ def test_cs336_sites_are_python_lines() -> None:
         if has_python:
             n_python += 1
             assert ".py:" in site and not site.startswith("[C++]"), site
-        else:   # the autograd engine thread: its node, marked as C++, and the Python line of backward()
+        else:  # the autograd engine thread: its node, marked as C++, and the Python line of backward()
             assert site.startswith("[C++] ") and "unwind" not in site and "CachingAllocator" not in site, site
             if "Backward" in site:
-                assert site.endswith("backward() called at cs336-a2-systems/cs336_systems/benchmark.py:229 "
-                                     "run_memory_foward_fullstep)"), site
+                assert site.endswith(
+                    "backward() called at cs336-a2-systems/cs336_systems/benchmark.py:229 run_memory_foward_fullstep)"
+                ), site
     assert n_python > 50
     opt = next(s for s in doc["stages"] if s["name"] == "optimizer")["intervals"][0]["top_allocations"]
     assert opt[0]["site"] == "assignment1/cs336_basics/optimizers.py:82 step"
@@ -113,7 +115,7 @@ def test_selectn_llama_scores_live_at_the_peak() -> None:
     att = doc["attention"]
     assert att["materialized"] and "softmax over a matmul in forward" in att["implementation"]
     assert att["largest"]["bytes"] == GiB and att["largest"]["site"].endswith("modeling_llama.py:330 forward")
-    assert att["largest"]["shape"] is None   # no geometry in the file: the shape is not guessed
+    assert att["largest"]["shape"] is None  # no geometry in the file: the shape is not guessed
     assert att["peak_live_bytes"] == 2 * GiB
     rep = an.replay
     live = live_at(rep, rep.peak_index)
@@ -137,12 +139,18 @@ def test_mosaic_synthetic_attention_not_determined() -> None:
     assert doc["attention"]["implementation"] == "not determined" and not doc["attention"]["fused"]
 
 
-@pytest.mark.parametrize("name, verdict", [
-    ("tracelens_h100_qwen05b.json.gz", "fused (SDPA/flash)"),    # aten::scaled_dot_product_attention -> flash
-    ("tracelens_mi300_vllm_decode.pt.trace.json.gz", "fused (vLLM paged attention)"),   # vllm::unified_attention_with_output
-    ("hta_df_index_resolver_rank1.json.gz", "not determined"),   # bmm/baddbmm, no shapes, no softmax, no SDPA
-    ("kineto_resnet50_v100_2021.pt.trace.json.gz", "not determined"),  # a CNN
-])
+@pytest.mark.parametrize(
+    "name, verdict",
+    [
+        ("tracelens_h100_qwen05b.json.gz", "fused (SDPA/flash)"),  # aten::scaled_dot_product_attention -> flash
+        (
+            "tracelens_mi300_vllm_decode.pt.trace.json.gz",
+            "fused (vLLM paged attention)",
+        ),  # vllm::unified_attention_with_output
+        ("hta_df_index_resolver_rank1.json.gz", "not determined"),  # bmm/baddbmm, no shapes, no softmax, no SDPA
+        ("kineto_resnet50_v100_2021.pt.trace.json.gz", "not determined"),  # a CNN
+    ],
+)
 def test_trace_attention_verdicts(name: str, verdict: str) -> None:
     ops = trace_ops.attention_ops(load_chrome_trace(str(_path(name))))
     att = attention_verdict(ops)
@@ -166,8 +174,11 @@ def test_kineto_2021_peak_is_inside_its_profiler_step() -> None:
 
     path = _path("kineto_resnet50_v100_2021.pt.trace.json.gz")
     raw = json.load(gzip.open(path))["traceEvents"]
-    steps = {e["name"]: (e["ts"], e["ts"] + e["dur"]) for e in raw
-             if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"}
+    steps = {
+        e["name"]: (e["ts"], e["ts"] + e["dur"])
+        for e in raw
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X"
+    }
     assert {e.get("cat") for e in raw if str(e.get("name", "")).startswith("ProfilerStep#")} == {"Operator"}
     doc = analyze(path).summary()
     peak = doc["peak"]
@@ -176,7 +187,7 @@ def test_kineto_2021_peak_is_inside_its_profiler_step() -> None:
     assert inside == ["ProfilerStep#5"], (t, steps)
     assert peak["stage"] == "step/5"
     assert [s["name"] for s in doc["stages"]] == ["step"]
-    assert doc["attention"]["implementation"] == "not determined"   # a CNN: its ops are read now, still no attention
+    assert doc["attention"]["implementation"] == "not determined"  # a CNN: its ops are read now, still no attention
 
 
 def test_codeloc_gnn_node_softmax_is_not_attention() -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from paths import ROOT
 
 pytest.importorskip("torch")
@@ -24,8 +25,7 @@ STAGES_2 = ["load", "text_encode", "denoise/0", "denoise/1", "vae_decode", "othe
 
 
 def _collect(out: Path, *args: str) -> object:
-    return CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", "--steps", "2", *args,
-                                        "--out", str(out)])
+    return CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", "--steps", "2", *args, "--out", str(out)])
 
 
 def _analyze(run: Path, tmp_path: Path) -> dict:
@@ -89,8 +89,13 @@ def test_impossible_options_exit_2_with_one_line(tmp_path: Path, args: list[str]
 
 
 def _script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "sample_snapshots" / "record_flux_samples.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sample_snapshots" / "record_flux_samples.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 def test_sample_script_dry_run_lists_the_five_gpu_samples(tmp_path: Path) -> None:
@@ -99,8 +104,13 @@ def test_sample_script_dry_run_lists_the_five_gpu_samples(tmp_path: Path) -> Non
     lines = res.stdout.splitlines()
     assert len(lines) == 5
     assert all("--size full --device cuda" in ln for ln in lines)
-    wanted = ["flux-dev --steps 4 -t bf16 --size", "-t group-offload", "-t nf4-transformer",
-              "sd35-large --steps 4 -t bf16 --size", "-t no-t5"]
+    wanted = [
+        "flux-dev --steps 4 -t bf16 --size",
+        "-t group-offload",
+        "-t nf4-transformer",
+        "sd35-large --steps 4 -t bf16 --size",
+        "-t no-t5",
+    ]
     assert [next(i for i, ln in enumerate(lines) if w in ln) for w in wanted] == [0, 1, 2, 3, 4]
     assert _script("--out", str(tmp_path), "--only", "nope").returncode == 2
 
@@ -108,8 +118,16 @@ def test_sample_script_dry_run_lists_the_five_gpu_samples(tmp_path: Path) -> Non
 def test_sample_script_on_cpu_records_what_cpu_allows(tmp_path: Path) -> None:
     """The CPU path: a tiny sample is recorded and packed; a CUDA-only one fails, is reported in
     its summary line with the reason, and does not stop the script."""
-    res = _script("--out", str(tmp_path), "--size", "tiny", "--device", "cpu",
-                  "--only", "sd35-large-bf16-no-t5,flux-dev-bf16-nf4-transformer")
+    res = _script(
+        "--out",
+        str(tmp_path),
+        "--size",
+        "tiny",
+        "--device",
+        "cpu",
+        "--only",
+        "sd35-large-bf16-no-t5,flux-dev-bf16-nf4-transformer",
+    )
     lines = [json.loads(ln) for ln in res.stdout.splitlines()]
     assert [ln["name"] for ln in lines] == ["flux-dev-bf16-nf4-transformer", "sd35-large-bf16-no-t5"]
     nf4, no_t5 = lines
@@ -140,13 +158,15 @@ def test_layerwise_fp8_stores_the_transformer_in_fp8(tmp_path: Path) -> None:
     assert pipe("a cat", num_inference_steps=1, height=64, width=64).images[0].size == (64, 64)
 
 
-@pytest.mark.parametrize("technique,module,cls", [("qint8", "optimum.quanto", "QLinear"),
-                                                   ("int8", "torchao", "Linear")])
+@pytest.mark.parametrize(
+    "technique,module,cls", [("qint8", "optimum.quanto", "QLinear"), ("int8", "torchao", "Linear")]
+)
 def test_weight_quantization_replaces_the_denoiser_weights(technique: str, module: str, cls: str) -> None:
     pytest.importorskip(module)
     pipe, _ = _tiny("pixart-sigma", ["fp32", technique])
     q = pipe.transformer.transformer_blocks[0].attn1.to_q
     assert type(q).__name__ == cls
     assert type(q.weight).__name__ not in ("Parameter", "Tensor")  # a quantized tensor subclass
-    assert pipe("a cat", num_inference_steps=1, height=64, width=64, clean_caption=False,
-                use_resolution_binning=False).images[0].size == (64, 64)
+    assert pipe(
+        "a cat", num_inference_steps=1, height=64, width=64, clean_caption=False, use_resolution_binning=False
+    ).images[0].size == (64, 64)

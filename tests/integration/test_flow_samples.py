@@ -4,16 +4,21 @@ per-stage peaks against run.json's allocator truth, and what each technique must
 from __future__ import annotations
 
 import pytest
-from paths import SAMPLES
-from strip import strip_labels
 
+from paths import SAMPLES
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run, load
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
+from strip import strip_labels
 
-NAMES = ("flux-dev-bf16", "flux-dev-bf16-group-offload", "flux-dev-bf16-nf4-transformer",
-         "sd35-large-bf16", "sd35-large-bf16-no-t5")
+NAMES = (
+    "flux-dev-bf16",
+    "flux-dev-bf16-group-offload",
+    "flux-dev-bf16-nf4-transformer",
+    "sd35-large-bf16",
+    "sd35-large-bf16-no-t5",
+)
 _DOCS: dict[str, tuple[dict, dict]] = {}
 
 
@@ -49,8 +54,9 @@ def test_stage_peaks_match_the_allocator(name: str) -> None:
         assert _close(it["peak_reserved_bytes"], stage["peak_reserved_bytes"]), (name, stage["name"])
         checked += 1
     assert checked >= len(rj["stages"]) - 2  # every stage but an empty `other`
-    assert (SAMPLES / name / "snapshot.pickle.xz").stat().st_size + (SAMPLES / name / "run.json").stat().st_size \
-        <= 2 * 1024 * 1024
+    assert (SAMPLES / name / "snapshot.pickle.xz").stat().st_size + (
+        SAMPLES / name / "run.json"
+    ).stat().st_size <= 2 * 1024 * 1024
 
 
 def _stage_peak(rj: dict, prefix: str) -> int:

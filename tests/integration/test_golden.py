@@ -4,6 +4,7 @@ They pin behaviour across refactors (a change of layout must not change a report
 change of output regenerates them, and the diff of ``tests/data/golden/`` is then reviewed like
 code: ``SNAPVIZ_UPDATE_GOLDEN=1 python -m pytest tests/integration/test_golden.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from paths import ROOT
 
 GOLDEN = ROOT / "tests" / "data" / "golden"
@@ -28,10 +30,24 @@ def _normalise(text: str) -> str:
 def _outputs(sample: str, tmp: Path) -> dict[str, str]:
     """The three text outputs as a user gets them: one CLI run, in a fresh process."""
     js, md = tmp / "summary.json", tmp / "summary.md"
-    proc = subprocess.run([sys.executable, "-m", "snapviz", "analyze", f"sample_snapshots/{sample}",
-                           "--json", str(js), "--markdown", str(md)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            f"sample_snapshots/{sample}",
+            "--json",
+            str(js),
+            "--markdown",
+            str(md),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"},
+    )
     assert proc.returncode == 0, proc.stderr
     terminal = "\n".join(line for line in proc.stdout.splitlines() if not line.startswith("  wrote ")) + "\n"
     return {"json": js.read_text(), "md": md.read_text(), "txt": terminal}

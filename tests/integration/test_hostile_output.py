@@ -5,6 +5,7 @@ that is (or leads to) an input, a special file, or an unwritable place is refuse
 2 and one stderr line before any work, and nothing changes on disk; outputs are committed
 together; strings from a hostile snapshot come out clipped and escaped for each sink.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -19,28 +20,38 @@ import stat
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 import synth
-from synth import MiB
 from paths import ROOT
+from synth import MiB
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONDONTWRITEBYTECODE="1")
 
 # What a stranger's file can carry into a report: HTML, links, images, table breaks, code-span
 # breaks, terminal title/colour escapes, a fake extra line, C1 CSI and DEL.
-PAYLOAD = ("<img src=x onerror=alert(1)> [a](http://x) ![i](http://y) <svg/onload=1> <script>alert(1)</script> "
-           "| `tick` ``two`` *b* _i_ \x1b]0;title\x07 \x1b[31mred\r\n  peak allocated 1.00 GiB (all good)\n\x9b2J\x7f\\")
+PAYLOAD = (
+    "<img src=x onerror=alert(1)> [a](http://x) ![i](http://y) <svg/onload=1> <script>alert(1)</script> "
+    "| `tick` ``two`` *b* _i_ \x1b]0;title\x07 \x1b[31mred\r\n  peak allocated 1.00 GiB (all good)\n\x9b2J\x7f\\"
+)
 # Control characters a terminal acts on (tab and newline excepted: they are the layout).
 TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def run_sv(*args: str, cwd: Path, preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=300, preexec_fn=preexec_fn)
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=preexec_fn,
+    )
 
 
 def tree_state(d: Path) -> dict[str, Any]:
@@ -113,8 +124,16 @@ DESTROYING = {
     "analyze --markdown input": ["analyze", "a.pickle", "--markdown", "a.pickle"],
     "analyze --json ./input": ["analyze", "a.pickle", "--json", "./sub/../a.pickle"],
     "check --junit-xml input": ["check", "a.pickle", "--max-peak", "1GiB", "--junit-xml", "a.pickle"],
-    "check --junit-xml baseline": ["check", "a.pickle", "--baseline", "b.pickle", "--max-increase", "5%",
-                                   "--junit-xml", "b.pickle"],
+    "check --junit-xml baseline": [
+        "check",
+        "a.pickle",
+        "--baseline",
+        "b.pickle",
+        "--max-increase",
+        "5%",
+        "--junit-xml",
+        "b.pickle",
+    ],
     "compare a b -o b": ["compare", "a.pickle", "b.pickle", "-o", "b.pickle"],
     "compare a b --markdown a": ["compare", "a.pickle", "b.pickle", "--markdown", "a.pickle"],
     "ranks glob --json a member": ["ranks", "*.pickle", "--json", "a.pickle"],
@@ -127,20 +146,53 @@ DESTROYING = {
     "analyze input --json hardlink-to-input": ["analyze", "a.pickle", "--json", "hard.json"],
     # issue 26: a run.json path loads its whole folder; rules files and merged traces are inputs too
     "analyze RUN/run.json --json RUN/snapshot": ["analyze", "run/run.json", "--json", "run/snapshot.pickle"],
-    "check RUN/run.json --junit-xml RUN/snapshot": ["check", "run/run.json", "--max-peak", "1GiB",
-                                                    "--junit-xml", "run/snapshot.pickle"],
+    "check RUN/run.json --junit-xml RUN/snapshot": [
+        "check",
+        "run/run.json",
+        "--max-peak",
+        "1GiB",
+        "--junit-xml",
+        "run/snapshot.pickle",
+    ],
     "analyze RUN/run.json --markdown RUN/trace": ["analyze", "tr/run.json", "--markdown", "tr/trace.json.gz"],
     "analyze input --rules R --json R": ["analyze", "a.pickle", "--rules", "rules.json", "--json", "rules.json"],
-    "analyze input --rules R --json link-to-R": ["analyze", "a.pickle", "--rules", "rules.json",
-                                                  "--json", "rules-link.json"],
+    "analyze input --rules R --json link-to-R": [
+        "analyze",
+        "a.pickle",
+        "--rules",
+        "rules.json",
+        "--json",
+        "rules-link.json",
+    ],
     "check RUN/run.json --baseline RUN2/run.json --junit-xml RUN2/trace": [
-        "check", "run/run.json", "--baseline", "tr/run.json", "--max-increase", "5%", "--junit-xml",
-        "tr/trace.json.gz"],
-    "analyze input --merge-into T --perfetto x --json T": ["analyze", "a.pickle", "--perfetto", "m.json",
-                                                           "--merge-into", "tr/trace.json.gz",
-                                                           "--json", "tr/trace.json.gz"],
-    "matrix --from-dir D --json D/variant/run.json": ["matrix", "--pipeline", "sd15", "--from-dir", "var",
-                                                      "--json", "var/fp16/run.json"],
+        "check",
+        "run/run.json",
+        "--baseline",
+        "tr/run.json",
+        "--max-increase",
+        "5%",
+        "--junit-xml",
+        "tr/trace.json.gz",
+    ],
+    "analyze input --merge-into T --perfetto x --json T": [
+        "analyze",
+        "a.pickle",
+        "--perfetto",
+        "m.json",
+        "--merge-into",
+        "tr/trace.json.gz",
+        "--json",
+        "tr/trace.json.gz",
+    ],
+    "matrix --from-dir D --json D/variant/run.json": [
+        "matrix",
+        "--pipeline",
+        "sd15",
+        "--from-dir",
+        "var",
+        "--json",
+        "var/fp16/run.json",
+    ],
 }
 
 
@@ -191,8 +243,10 @@ def test_special_output_stays_special(work: Path, case: str, flag: str) -> None:
 def test_a_device_like_dev_null_stays_a_device(work: Path) -> None:
     _null_device(work / "null")
     st = os.stat(work / "null")
-    for args in (["analyze", "a.pickle", "--json", "null"], ["check", "a.pickle", "--max-peak", "1GiB",
-                                                            "--junit-xml", "null"]):
+    for args in (
+        ["analyze", "a.pickle", "--json", "null"],
+        ["check", "a.pickle", "--max-peak", "1GiB", "--junit-xml", "null"],
+    ):
         p = run_sv(*args, cwd=work)
         assert p.returncode == 2 and "character device" in one_error_line(p)
     after = os.stat(work / "null")
@@ -239,14 +293,25 @@ def _limit_file_size() -> None:
 def test_outputs_are_committed_together(work: Path) -> None:
     (work / "old.json").write_text("previous report")
     before = tree_state(work)
-    p = run_sv("analyze", "a.pickle", "--json", "old.json", "--markdown", "new.md", "-o", "r.html",
-               cwd=work, preexec_fn=_limit_file_size)
+    p = run_sv(
+        "analyze",
+        "a.pickle",
+        "--json",
+        "old.json",
+        "--markdown",
+        "new.md",
+        "-o",
+        "r.html",
+        cwd=work,
+        preexec_fn=_limit_file_size,
+    )
     assert p.returncode == 2, p.stderr
     assert "r.html" in one_error_line(p)
     assert tree_state(work) == before, "an output was written although a later one failed"
 
 
 # ----------------------------------------------------------------------------- escaping and bounds
+
 
 def _payload_snapshot(long_name: str | None = None, frames_per_alloc: int = 3) -> dict[str, Any]:
     """Payloads in stage labels, annotations, frame names and file names, and allocator
@@ -257,8 +322,10 @@ def _payload_snapshot(long_name: str | None = None, frames_per_alloc: int = 3) -
         sim.set_label(st)
         sim.annotate(st, "START")
         for i in range(3):
-            fr = [{"filename": PAYLOAD + ".py", "line": 10 + j, "name": long_name or (PAYLOAD + str(i))}
-                  for j in range(frames_per_alloc)]
+            fr = [
+                {"filename": PAYLOAD + ".py", "line": 10 + j, "name": long_name or (PAYLOAD + str(i))}
+                for j in range(frames_per_alloc)
+            ]
             handles.append(sim.alloc((i + 1) * 3 * MiB, frames=fr))
         sim.annotate(st, "END")
     snap = sim.snapshot()
@@ -274,9 +341,22 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("run", "run2"):
         (d / name).mkdir()
         (d / name / "snapshot.pickle").write_bytes(pickle.dumps(_payload_snapshot(), protocol=4))
-        (d / name / "run.json").write_text(json.dumps({
-            "schema": "snapviz.run/1", "pipeline": PAYLOAD, "size": PAYLOAD, "dtype": PAYLOAD, "height": 64, "width": 64,
-            "techniques": [PAYLOAD, "fp16"], "torch_version": PAYLOAD, "device_name": PAYLOAD, "command": PAYLOAD}))
+        (d / name / "run.json").write_text(
+            json.dumps(
+                {
+                    "schema": "snapviz.run/1",
+                    "pipeline": PAYLOAD,
+                    "size": PAYLOAD,
+                    "dtype": PAYLOAD,
+                    "height": 64,
+                    "width": 64,
+                    "techniques": [PAYLOAD, "fp16"],
+                    "torch_version": PAYLOAD,
+                    "device_name": PAYLOAD,
+                    "command": PAYLOAD,
+                }
+            )
+        )
     # a control character and an escape sequence in the input's own file name
     (d / "snap\x01\x1b[2J.pickle").write_bytes(pickle.dumps(_payload_snapshot(), protocol=4))
     return d
@@ -290,7 +370,7 @@ def assert_safe_markdown(md: str) -> None:
     parser = MarkdownIt("commonmark", {"html": True}).enable("table")
     html = parser.render(md)
     for tag in ("<img", "<a ", "<a>", "<svg", "<script"):
-        assert tag not in html, (tag, html[html.find(tag) - 200: html.find(tag) + 200])
+        assert tag not in html, (tag, html[html.find(tag) - 200 : html.find(tag) + 200])
     tokens = parser.parse(md)
     assert not [t for t in tokens if t.type == "html_block"]
     inline = [c for t in tokens if t.children for c in t.children]
@@ -313,6 +393,7 @@ def assert_safe_markdown(md: str) -> None:
 def strict_json(text: str) -> Any:
     def refuse(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -330,8 +411,18 @@ def test_analyze_outputs_are_escaped(hostile: Path, tmp_path: Path) -> None:
 
 
 def test_compare_outputs_are_escaped(hostile: Path, tmp_path: Path) -> None:
-    p = run_sv("compare", str(hostile / "run"), str(hostile / "run2"), "--label", PAYLOAD, "--markdown", "c.md",
-               "--json", "c.json", cwd=tmp_path)
+    p = run_sv(
+        "compare",
+        str(hostile / "run"),
+        str(hostile / "run2"),
+        "--label",
+        PAYLOAD,
+        "--markdown",
+        "c.md",
+        "--json",
+        "c.json",
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert_safe_markdown((tmp_path / "c.md").read_text())
     strict_json((tmp_path / "c.json").read_text())
@@ -369,6 +460,7 @@ def test_output_size_follows_the_report_not_the_strings(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- the helpers themselves
 
+
 def test_safe_text_helpers() -> None:
     from snapviz.safe_text import bound, clip, md_code, printable, xml_text
 
@@ -376,7 +468,7 @@ def test_safe_text_helpers() -> None:
     assert c.endswith("… (1,000 chars)") and clip(c) == c and len(c) < 330
     assert md_code("a `b` ``c``") == "``` a `b` ``c`` ```" and md_code("x|y") == "`x\\|y`"
     assert printable("a\nb\x1b[31m\x9b") == "a\\nb\\x1b[31m\\x9b"
-    ET.fromstring(f"<a b='{xml_text(chr(1) + chr(0xfffe))}'/>")
+    ET.fromstring(f"<a b='{xml_text(chr(1) + chr(0xFFFE))}'/>")
     deep: list[Any] = []
     node = deep
     for _ in range(100_000):  # deeper than Python's recursion limit
@@ -407,8 +499,9 @@ def test_ranks_and_history_outputs_are_escaped(hostile: Path, tmp_path: Path, ve
 # included) and a lone surrogate (legal in a pickle and as a JSON escape, unencodable as UTF-8).
 CONTROLS = "\x1b]0;t\x07 \x08\r\x85\x9b \u061c \u202e \u2067 \ud800 end"
 # Raw characters no output may contain (tab and newline excepted: they are the layout).
-RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                         "\ud800-\udfff]")
+RAW_CONTROL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def _controls_snapshot() -> dict[str, Any]:
@@ -438,14 +531,29 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _assert_clean_text(name: str, data: bytes) -> str:
     text = data.decode("utf-8")  # strict: a lone surrogate cannot have been written raw
     m = RAW_CONTROL.search(text)
-    assert m is None, (name, repr(text[max(0, m.start() - 80): m.end() + 80]))
+    assert m is None, (name, repr(text[max(0, m.start() - 80) : m.end() + 80]))
     return text
 
 
 def test_every_sink_is_clean(controls: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    p = run_sv("analyze", str(controls / "c.pickle"), "--json", "r.json", "--markdown", "r.md", "-o", "r.html",
-               "--svg", "r.svg", "--png", "r.png", "--perfetto", "r.perfetto.json", cwd=tmp_path)
+    p = run_sv(
+        "analyze",
+        str(controls / "c.pickle"),
+        "--json",
+        "r.json",
+        "--markdown",
+        "r.md",
+        "-o",
+        "r.html",
+        "--svg",
+        "r.svg",
+        "--png",
+        "r.png",
+        "--perfetto",
+        "r.perfetto.json",
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     _assert_clean_text("stdout+stderr", (p.stdout + p.stderr).encode("utf-8", "surrogatepass"))
@@ -469,17 +577,21 @@ def test_every_sink_is_clean(controls: Path, tmp_path: Path) -> None:
 
 def test_a_file_name_that_is_not_utf8_is_read(controls: Path, tmp_path: Path) -> None:
     path = os.path.join(os.fsencode(controls), b"dir\xff", b"snap\xfe.pickle")
-    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", path, "--json", "o.json", "--markdown", "-"],
-                       cwd=tmp_path, env=ENV, capture_output=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", path, "--json", "o.json", "--markdown", "-"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     _assert_clean_text("stdout+stderr", p.stdout + p.stderr)
     strict_json(_assert_clean_text("o.json", (tmp_path / "o.json").read_bytes()))
 
 
 def test_notebook_page_is_clean(controls: Path) -> None:
-    from snapviz.notebook import report
-
     import snapviz
+    from snapviz.notebook import report
 
     r = report(snapviz.analyze(str(controls / "c.pickle")))
     _assert_clean_text("notebook", r._repr_html_().encode("utf-8"))

@@ -1,6 +1,7 @@
 """What each entry point imports: pandas only once a file is read, Bokeh only for HTML.
 
 Module lists, not timings (timings live in benchmarks/bench_speed.py)."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,16 @@ import sys
 
 from paths import ROOT, SAMPLES
 
-PROBE = "import sys, runpy; sys.argv = {argv!r}; {run}\nprint('MODULES=' + __import__('json').dumps(sorted(sys.modules)))"
+PROBE = (
+    "import sys, runpy; sys.argv = {argv!r}; {run}\nprint('MODULES=' + __import__('json').dumps(sorted(sys.modules)))"
+)
 
 
 def _modules(code: str) -> set[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120
+    )
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("MODULES="))
     return {m.split(".")[0] for m in json.loads(line.removeprefix("MODULES="))}
 

@@ -33,16 +33,34 @@ VARIANTS = ["fp32", "fp32,vae-tiling", "fp32,model-offload"]  # the last needs C
 def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("matrix")
     out = root / "runs"
-    args = ["--pipeline", "sd15", "--size", "tiny", "--device", "cpu", "--steps", "2",
-            "--jobs", "3", "--timeout", "120", "--out", str(out),
-            "--json", str(root / "m.json"), "--markdown", str(root / "m.md"), "-o", str(root / "m.html")]
+    args = [
+        "--pipeline",
+        "sd15",
+        "--size",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--jobs",
+        "3",
+        "--timeout",
+        "120",
+        "--out",
+        str(out),
+        "--json",
+        str(root / "m.json"),
+        "--markdown",
+        str(root / "m.md"),
+        "-o",
+        str(root / "m.html"),
+    ]
     for v in VARIANTS:
         args += ["--variant", v]
     # a forced terminal: the variants' progress bar is drawn (on stderr) as on a TTY
     result = CliRunner().invoke(matrix, args, env={"SNAPVIZ_PROGRESS": "always"})
     assert result.exit_code == 0, (result.output, result.exception)
-    return {"result": result, "root": root, "out": out,
-            "doc": json.loads((root / "m.json").read_text())}
+    return {"result": result, "root": root, "out": out, "doc": json.loads((root / "m.json").read_text())}
 
 
 def test_every_variant_ran_in_its_own_process(ran: dict[str, Any]) -> None:
@@ -140,25 +158,43 @@ def test_one_comparison_report_via_compare(ran: dict[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- rules, no processes
 
+
 def _row(label: str, peak: int, call: float, status: str = "ok") -> dict[str, Any]:
     stages = {g: {"peak_allocated_bytes": peak, "peak_reserved_bytes": None} for g in mx.STAGE_GROUPS}
-    m = {"memory_metric": "allocator", "peak_allocated_bytes": peak, "peak_reserved_bytes": peak,
-         "stages": stages, "call_s": call, "step_median_s": call / 10}
-    return {"label": label, "status": status, "measure": m if status == "ok" else None,
-            "vs_baseline": None, "tier": None, "score": None, "rank": None, "verdict": None}
+    m = {
+        "memory_metric": "allocator",
+        "peak_allocated_bytes": peak,
+        "peak_reserved_bytes": peak,
+        "stages": stages,
+        "call_s": call,
+        "step_median_s": call / 10,
+    }
+    return {
+        "label": label,
+        "status": status,
+        "measure": m if status == "ok" else None,
+        "vs_baseline": None,
+        "tier": None,
+        "score": None,
+        "rank": None,
+        "verdict": None,
+    }
 
 
 def test_ranking_rule_on_known_numbers() -> None:
     G = 2**30
-    rows = [_row("base", 12 * G, 3.0), _row("bigger", 13 * G, 2.0), _row("same", 12 * G, 2.5),
-            _row("offload", 5 * G, 10.0),          # saves 7 GiB for 7 s: 1 GiB/s
-            _row("tiling", 8 * G, 4.0),            # saves 4 GiB for 1 s: 4 GiB/s
-            _row("tiny-vae", 7 * G, 2.0),          # saves 5 GiB and 1 s
-            _row("bf16", 9 * G, 2.9),              # saves 3 GiB and 0.1 s
-            _row("oom", 0, 0.0, status="oom")]
+    rows = [
+        _row("base", 12 * G, 3.0),
+        _row("bigger", 13 * G, 2.0),
+        _row("same", 12 * G, 2.5),
+        _row("offload", 5 * G, 10.0),  # saves 7 GiB for 7 s: 1 GiB/s
+        _row("tiling", 8 * G, 4.0),  # saves 4 GiB for 1 s: 4 GiB/s
+        _row("tiny-vae", 7 * G, 2.0),  # saves 5 GiB and 1 s
+        _row("bf16", 9 * G, 2.9),  # saves 3 GiB and 0.1 s
+        _row("oom", 0, 0.0, status="oom"),
+    ]
     ordered = mx.rank_results(rows, "base")
-    assert [r["label"] for r in ordered] == ["base", "tiny-vae", "bf16", "tiling", "offload",
-                                             "same", "bigger", "oom"]
+    assert [r["label"] for r in ordered] == ["base", "tiny-vae", "bf16", "tiling", "offload", "same", "bigger", "oom"]
     by = {r["label"]: r for r in ordered}
     assert by["tiling"]["score"] == pytest.approx(4 * G)
     assert by["offload"]["score"] == pytest.approx(G)
@@ -179,15 +215,18 @@ def test_default_set_on_cpu_swaps_fp16_and_skips_cuda_only() -> None:
     assert mx.dispatch_order(gpu)[0].label == "fp16+staged+int8+nf4-text-encoder"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--variant", "fp16,bogus"], "unknown technique 'bogus'"),
-    (["--variant", "fp32", "--variant", "fp32"], "given twice"),
-    (["--variant", "fp32", "--baseline", "bf16"], "--baseline bf16 is not one of the variants"),
-    (["--memory-limit-gb", "4"], "--memory-limit-gb caps the CUDA caching allocator"),
-    (["--height", "60", "--width", "64"], "multiples of 8"),
-    (["--json", "-", "--markdown", "-"], "only one output can go to stdout"),
-    (["--jobs", "0"], "--jobs"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--variant", "fp16,bogus"], "unknown technique 'bogus'"),
+        (["--variant", "fp32", "--variant", "fp32"], "given twice"),
+        (["--variant", "fp32", "--baseline", "bf16"], "--baseline bf16 is not one of the variants"),
+        (["--memory-limit-gb", "4"], "--memory-limit-gb caps the CUDA caching allocator"),
+        (["--height", "60", "--width", "64"], "multiples of 8"),
+        (["--json", "-", "--markdown", "-"], "only one output can go to stdout"),
+        (["--jobs", "0"], "--jobs"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     out = tmp_path / "never"
     result = CliRunner().invoke(matrix, ["--pipeline", "sd15", "--device", "cpu", "--out", str(out), *args])
@@ -201,11 +240,17 @@ def test_bad_options_exit_2_with_one_line(tmp_path: Path, args: list[str], messa
 
 
 def test_module_entry_point_and_no_torch_at_import() -> None:
-    code = ("import sys, collectors.cli, collectors.matrix; "
-            "assert 'torch' not in sys.modules, 'torch imported at module level'")
+    code = (
+        "import sys, collectors.cli, collectors.matrix; "
+        "assert 'torch' not in sys.modules, 'torch imported at module level'"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
-    res = subprocess.run([sys.executable, "-m", "collectors.matrix", "--pipeline", "sd15", "--device", "cpu",
-                          "--variant", "fp32,nope"], cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "collectors.matrix", "--pipeline", "sd15", "--device", "cpu", "--variant", "fp32,nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [res.stderr.strip()]
     assert "unknown technique 'nope'" in res.stderr
@@ -219,17 +264,28 @@ def test_table_columns_are_the_inference_stages() -> None:
 def test_matrix_card_is_a_page_kit_card_with_escaped_text() -> None:
     """Without a comparison the page is the matrix card alone, built with the shared card and table."""
     G = 2**30
-    rows = mx.rank_results([_row("base", 12 * G, 3.0), _row("tiling", 8 * G, 4.0),
-                            _row("oom", 0, 0.0, status="oom")], "base")
+    rows = mx.rank_results(
+        [_row("base", 12 * G, 3.0), _row("tiling", 8 * G, 4.0), _row("oom", 0, 0.0, status="oom")], "base"
+    )
     for r in rows:
         r.setdefault("reason", "out of memory <b>")
         r.setdefault("verdict", None)
-    doc = {"memory_metric": rows[0]["measure"]["memory_metric"], "baseline": "base", "variants": rows,
-           "ranking_rule": mx.RANKING_RULE, "memory_metric_text": "RSS <i>", "time_text": "call s",
-           "notes": ["a <note>"], "skipped": [], "jobs": 1, "device": "cpu", "pipeline": "sd15"}
+    doc = {
+        "memory_metric": rows[0]["measure"]["memory_metric"],
+        "baseline": "base",
+        "variants": rows,
+        "ranking_rule": mx.RANKING_RULE,
+        "memory_metric_text": "RSS <i>",
+        "time_text": "call s",
+        "notes": ["a <note>"],
+        "skipped": [],
+        "jobs": 1,
+        "device": "cpu",
+        "pipeline": "sd15",
+    }
     html = mx.render_matrix_html(doc, None)
-    card = html[html.index('<section class="sv-card" id="sv-matrix">'):]
-    card = card[:card.index("</section>")]
+    card = html[html.index('<section class="sv-card" id="sv-matrix">') :]
+    card = card[: card.index("</section>")]
     head, cells = mx.table_cells(doc)
     assert card.count("<tr>") == 1 + len(cells) and card.count("<th>") == len(head)
     assert "RSS &lt;i&gt;" in card and "a &lt;note&gt;" in card and "OOM: out of memory &lt;b&gt;" in card
@@ -245,10 +301,24 @@ def test_matrix_markdown_states_the_ranking_rule_whole() -> None:
         r.setdefault("reason", None)
         r.setdefault("verdict", None)
     long_name = " ".join(["vae-tiling"] * 40)  # a long file-derived string with words
-    doc = {"memory_metric": rows[0]["measure"]["memory_metric"], "baseline": "base", "variants": rows,
-           "ranking_rule": mx.RANKING_RULE, "memory_metric_text": "RSS", "time_text": "call s",
-           "notes": [], "skipped": [], "jobs": 1, "device": "cpu", "pipeline": "sd15", "size": "tiny",
-           "batch": 1, "steps": 2, "history": False, "device_name": long_name}
+    doc = {
+        "memory_metric": rows[0]["measure"]["memory_metric"],
+        "baseline": "base",
+        "variants": rows,
+        "ranking_rule": mx.RANKING_RULE,
+        "memory_metric_text": "RSS",
+        "time_text": "call s",
+        "notes": [],
+        "skipped": [],
+        "jobs": 1,
+        "device": "cpu",
+        "pipeline": "sd15",
+        "size": "tiny",
+        "batch": 1,
+        "steps": 2,
+        "history": False,
+        "device_name": long_name,
+    }
     md = mx.render_matrix_markdown(doc)
     assert len(mx.RANKING_RULE) > 300 and f"**{mx.RANKING_RULE}**" in md
     cut = md.split(" on ", 1)[1].splitlines()[0]

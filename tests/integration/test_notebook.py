@@ -4,6 +4,7 @@ Also ``snapviz.show`` / the display hooks without a kernel. The notebook needs t
 diffusers (part 1 records the tiny pipeline on a CPU); skipped without them or without
 nbclient/ipykernel (the ``test`` extra installs those).
 """
+
 from __future__ import annotations
 
 import html
@@ -17,8 +18,8 @@ from typing import Any
 import pytest
 
 import snapviz
-from snapviz.notebook import Report, report
 from paths import ROOT
+from snapviz.notebook import Report, report
 
 SAMPLES = ROOT / "sample_snapshots"
 NOTEBOOK = ROOT / "docs" / "notebook.ipynb"
@@ -29,7 +30,7 @@ def test_report_of_a_path_holds_the_page_and_the_summary() -> None:
     assert isinstance(rep, Report) and len(repr(rep)) < 300 and "save(path)" in repr(rep)
     assert rep.summary["peak"]["allocated_bytes"] == 2831357440
     frame = rep._repr_html_()
-    assert frame.startswith("<iframe") and frame.count("<") == 2      # the page is one escaped attribute
+    assert frame.startswith("<iframe") and frame.count("<") == 2  # the page is one escaped attribute
     assert html.unescape(re.search(r'srcdoc="([^"]*)"', frame).group(1)) == rep.page
     assert "https://" not in rep.page.split("<body", 1)[0].replace("https://bokeh.org", "")  # inline resources
     assert "2.64 GiB" in rep._repr_markdown_()
@@ -37,11 +38,19 @@ def test_report_of_a_path_holds_the_page_and_the_summary() -> None:
 
 def test_show_outside_a_notebook_writes_the_page_and_returns_its_path(tmp_path: Path) -> None:
     """Issue 21: ``snapviz.show()`` in a script returned the 2.7 MB page (a REPL printed all of it)."""
-    code = ("import snapviz, os\n"
-            f"p = snapviz.show({str(SAMPLES / 'sd15-fp16-sdpa')!r})\n"
-            "print(repr(p)); print(os.path.getsize(p))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    code = (
+        "import snapviz, os\n"
+        f"p = snapviz.show({str(SAMPLES / 'sd15-fp16-sdpa')!r})\n"
+        "print(repr(p)); print(os.path.getsize(p))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     path_repr, size = res.stdout.splitlines()
     path = Path(eval(path_repr))  # a str: its repr is a quoted path
@@ -82,10 +91,11 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pytest.importorskip("diffusers")
     nb = nbformat.read(str(NOTEBOOK), as_version=4)
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")   # the kernel imports this checkout
+    os.environ["PYTHONPATH"] = str(ROOT) + (os.pathsep + old if old else "")  # the kernel imports this checkout
     try:
-        nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+        nbclient.NotebookClient(
+            nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+        ).execute()
     finally:
         if old is None:
             os.environ.pop("PYTHONPATH", None)
@@ -95,11 +105,16 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_notebook_executes_and_shows_three_reports(executed: Any) -> None:
-    frames = [o["data"]["text/html"] for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if "text/html" in o.get("data", {}) and o["data"]["text/html"].startswith("<iframe")]
-    assert len(frames) == 3          # the CPU run, the H200 sample (an analysis), the comparison
+    frames = [
+        o["data"]["text/html"]
+        for c in executed.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "text/html" in o.get("data", {}) and o["data"]["text/html"].startswith("<iframe")
+    ]
+    assert len(frames) == 3  # the CPU run, the H200 sample (an analysis), the comparison
     text = "".join(o.get("text", "") for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert "replayed peak 2,824,281,088 B, allocator 2,824,281,088 B" in text   # sample_snapshots/README.md
+    assert "replayed peak 2,824,281,088 B, allocator 2,824,281,088 B" in text  # sample_snapshots/README.md
 
 
 def test_saved_notebook_renders_in_chromium(executed: Any, tmp_path: Path) -> None:
@@ -110,18 +125,32 @@ def test_saved_notebook_renders_in_chromium(executed: Any, tmp_path: Path) -> No
         pytest.skip("no Chromium / playwright")
     from playwright.sync_api import sync_playwright
 
-    outputs = [o["data"]["text/html"] for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
-               if "text/html" in o.get("data", {})]
+    outputs = [
+        o["data"]["text/html"]
+        for c in executed.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "text/html" in o.get("data", {})
+    ]
     page_path = tmp_path / "notebook.html"
     page_path.write_text("<!DOCTYPE html><html><body>" + "\n".join(outputs) + "</body></html>", encoding="utf-8")
     problems: list[str] = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium_path(), headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+        browser = pw.chromium.launch(
+            executable_path=chromium_path(),
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
+        )
         try:
             ctx = browser.new_context(offline=True, viewport={"width": 1200, "height": 1000})
-            ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
-                      else (problems.append(f"blocked {r.request.url}"), r.abort()))
+            ctx.route(
+                "**/*",
+                lambda r: (
+                    r.continue_()
+                    if r.request.url.startswith(("file:", "data:", "blob:", "about:"))
+                    else (problems.append(f"blocked {r.request.url}"), r.abort())
+                ),
+            )
             page = ctx.new_page()
             page.on("console", lambda m: problems.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(f"pageerror: {e}"))
@@ -130,9 +159,11 @@ def test_saved_notebook_renders_in_chromium(executed: Any, tmp_path: Path) -> No
             assert len(frames) == 3
             roots = []
             for f in frames:
-                f.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].roots().length > 0",
-                                    timeout=60000)
+                f.wait_for_function(
+                    "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.documents[0].roots().length > 0",
+                    timeout=60000,
+                )
                 roots.append(f.evaluate("() => Bokeh.documents.reduce((n, d) => n + d.roots().length, 0)"))
         finally:
             browser.close()
-    assert problems == [] and all(r >= 2 for r in roots), (problems, roots)   # a comparison page has 2 roots
+    assert problems == [] and all(r >= 2 for r in roots), (problems, roots)  # a comparison page has 2 roots

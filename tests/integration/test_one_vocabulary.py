@@ -7,6 +7,7 @@ Each output is read back the way a reader sees it (the Markdown's and the termin
 parsed, the picture's legend entries and the HTML area are read at the peak's sample), never
 from the analysis' own tables.
 """
+
 from __future__ import annotations
 
 import re
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from paths import SAMPLES
 from snapviz.analyses.document import from_json
 from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
@@ -26,7 +28,6 @@ from snapviz.render.html.snapshot_data import report_data
 from snapviz.render.markdown import render_markdown
 from snapviz.render.picture import picture_data
 from snapviz.render.terminal import render_terminal
-from paths import SAMPLES
 
 RUNS = ["train-sd15-amp-fp16", "sd15-fp16-classic"]
 
@@ -111,12 +112,23 @@ def test_old_names_compare_with_new_ones() -> None:
     compares with today's: the same category on both sides, not two."""
     from snapviz.analyses.digest import digest_summary
 
-    old = {"peak": {"allocated_bytes": 30, "stage": "denoise"}, "stages": [],
-           "categories": [{"category": "weights", "bytes": 10}, {"category": "weights: T5", "bytes": 5},
-                          {"category": "activations", "bytes": 8}, {"category": "saved activations", "bytes": 2},
-                          {"category": "gradients & optimizer", "bytes": 5}]}
+    old = {
+        "peak": {"allocated_bytes": 30, "stage": "denoise"},
+        "stages": [],
+        "categories": [
+            {"category": "weights", "bytes": 10},
+            {"category": "weights: T5", "bytes": 5},
+            {"category": "activations", "bytes": 8},
+            {"category": "saved activations", "bytes": 2},
+            {"category": "gradients & optimizer", "bytes": 5},
+        ],
+    }
     got = digest_summary(old, "old").categories
     assert dict(zip(got["category"], got["bytes"], strict=True)) == {
-        "parameter": 10, "parameter: T5": 5, "activation": 10, "gradients & optimizer": 5}
+        "parameter": 10,
+        "parameter: T5": 5,
+        "activation": 10,
+        "gradients & optimizer": 5,
+    }
     assert canonical_category("before recording: weights") == "before recording: parameter"
     assert canonical_category("my cache") == "my cache"

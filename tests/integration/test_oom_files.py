@@ -1,6 +1,7 @@
 """OOM first on the files that showed the problem (issue 21 item 2): the bundled OOM sample and
 a third-party OOM dump lead with the failed request, its size equal to the trace's own ``oom``
 entry (read here with plain pickle/lzma, not snapviz) and its site."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,26 @@ from paths import EXTERNAL, SAMPLES
 from snapviz.cli import main
 
 OOM_FIELDS = {
-    "requested_bytes", "stream", "site", "stack", "stage", "allocated_bytes", "reserved_bytes", "cap_bytes",
-    "cap_source", "device_free_bytes", "free_reserved_bytes", "largest_free_block_bytes", "verdict", "bytes_short",
-    "live_categories", "live_sites", "advice", "headline", "verdict_text", "fix",
+    "requested_bytes",
+    "stream",
+    "site",
+    "stack",
+    "stage",
+    "allocated_bytes",
+    "reserved_bytes",
+    "cap_bytes",
+    "cap_source",
+    "device_free_bytes",
+    "free_reserved_bytes",
+    "largest_free_block_bytes",
+    "verdict",
+    "bytes_short",
+    "live_categories",
+    "live_sites",
+    "advice",
+    "headline",
+    "verdict_text",
+    "fix",
 }
 
 

@@ -5,6 +5,7 @@ offline machine cannot; so the file is checked against the Chrome trace event fo
 (the JSON importer's rules: required keys per phase, numeric finite ``ts``, slices of one
 thread that nest, async begin/end pairs) and its tracks are rebuilt as a viewer would.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from paths import ROOT
 
+from paths import ROOT
 from snapviz.analyses.summary import analyze_run
 from snapviz.errors import InputError
 from snapviz.load import load
@@ -82,7 +83,9 @@ def counter(events: list[dict[str, Any]], pid: int, name: str) -> list[tuple[flo
 
 
 @pytest.fixture(scope="module", params=["sd15-fp16-classic", "sdxl-fp16-oom-10gb", "sd15-fp16-classic-expandable"])
-def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+def exported(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     d = SAMPLES / request.param
     an = analyze_run(load(str(d)))
     out = tmp_path_factory.mktemp("pf") / "mem.json.gz"
@@ -114,7 +117,7 @@ def test_slices_markers_and_allocations(exported: Any) -> None:
     groups = [s["name"].split("/", 1)[0] for s in run["stages"]]
     merged = [g for k, g in enumerate(groups) if k == 0 or g != groups[k - 1]]
     # run.json's trailing 'other' stage may allocate nothing, so the snapshot has no event in it
-    assert len(stage_slices) >= 4 and stage_slices == merged[:len(stage_slices)]
+    assert len(stage_slices) >= 4 and stage_slices == merged[: len(stage_slices)]
     steps = [e["name"] for e in ev if e["ph"] == "X" and e["tid"] == 3]
     assert steps == [f"denoise/{i}" for i in range(run["steps"])]
     peak = [e for e in ev if e["ph"] == "i" and e["name"].startswith("peak")]
@@ -151,7 +154,7 @@ def test_merge_keeps_every_user_event_and_adds_ours_on_its_clock(merged: Any) ->
     orig = read_trace((PROFILED / "trace.json.gz").read_bytes())
     ours = [e for e in doc["traceEvents"] if e.get("pid") == PID_BASE + an.device]
     theirs = [e for e in doc["traceEvents"] if e.get("pid") != PID_BASE + an.device]
-    assert theirs == orig["traceEvents"]                      # verbatim, in order
+    assert theirs == orig["traceEvents"]  # verbatim, in order
     assert doc["baseTimeNanoseconds"] == orig["baseTimeNanoseconds"]
     validate(ours)
     assert max(v for _, v in counter(ours, PID_BASE + an.device, "allocated")) == an.replay.peak_allocated
@@ -168,8 +171,14 @@ def test_merge_keeps_every_user_event_and_adds_ours_on_its_clock(merged: Any) ->
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
 
 
 def test_cli_refuses_to_overwrite_the_trace(tmp_path: Path) -> None:
@@ -210,17 +219,27 @@ def test_merge_refuses_a_trace_recorded_days_away(tmp_path: Path) -> None:
     assert not out.exists()
     r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into", str(old), "--merge-anyway", "-q")
     assert r.returncode == 0 and out.is_file(), r.stderr
-    r = _cli("analyze", str(PROFILED), "--perfetto", str(out), "--merge-into",   # the same run: merged as before
-             str(PROFILED / "trace.json.gz"), "-q")
+    r = _cli(
+        "analyze",
+        str(PROFILED),
+        "--perfetto",
+        str(out),
+        "--merge-into",  # the same run: merged as before
+        str(PROFILED / "trace.json.gz"),
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("text", [
-    '{"traceEvents": []}',
-    ' \ufeff{"meta": {"traceEvents": [1]}, "x": "traceEvents", "s": "a\\"traceEvents\\": [", '
-    '"traceEvents" : [ {"ph": "i", "ts": 1} ], "after": 2}',
-    '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1.5, "dur": 2}]}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"traceEvents": []}',
+        ' \ufeff{"meta": {"traceEvents": [1]}, "x": "traceEvents", "s": "a\\"traceEvents\\": [", '
+        '"traceEvents" : [ {"ph": "i", "ts": 1} ], "after": 2}',
+        '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1.5, "dur": 2}]}',
+    ],
+)
 def test_splice_keeps_every_byte_of_the_users_trace(tmp_path: Path, text: str) -> None:
     """The merged trace is the user's bytes with our events inserted first in the top-level
     traceEvents list: streamed, nothing of theirs parsed or re-serialized (issue 26)."""
@@ -234,9 +253,12 @@ def test_splice_keeps_every_byte_of_the_users_trace(tmp_path: Path, text: str) -
     merged, orig = json.loads(out.decode().lstrip(" \ufeff")), json.loads(src.lstrip(" \ufeff"))
     assert merged["traceEvents"] == ours + orig["traceEvents"]
     assert {k: v for k, v in merged.items() if k != "traceEvents"} == {
-        k: v for k, v in orig.items() if k != "traceEvents"}
-    assert out.replace(b",".join(json.dumps(e, separators=(",", ":")).encode() for e in ours), b"").replace(
-        b"[,", b"[") == src.encode()
+        k: v for k, v in orig.items() if k != "traceEvents"
+    }
+    assert (
+        out.replace(b",".join(json.dumps(e, separators=(",", ":")).encode() for e in ours), b"").replace(b"[,", b"[")
+        == src.encode()
+    )
     (tmp_path / "bad.json").write_text('{"meta": {"traceEvents": []}}')
     with pytest.raises(InputError, match="no traceEvents list"):
         splice_events(str(tmp_path / "bad.json"), ours)

@@ -1,4 +1,5 @@
 """--png/--svg pictures of real samples, decoded and checked pixel by pixel."""
+
 from __future__ import annotations
 
 import io
@@ -14,14 +15,22 @@ import pytest
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
+from paths import ROOT  # noqa: E402
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
 from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
-from paths import ROOT  # noqa: E402
-from snapviz.render.picture import (MIN_STAGE_SHARE, PEAK_COLOR, PEAK_STAGE_SHARE,  # noqa: E402
-                                    compare_picture_data, picture_data, render_compare_picture,
-                                    render_timeline_picture, stage_axis, timeline_figure)
+from snapviz.render.picture import (  # noqa: E402
+    MIN_STAGE_SHARE,
+    PEAK_COLOR,
+    PEAK_STAGE_SHARE,
+    compare_picture_data,
+    picture_data,
+    render_compare_picture,
+    render_timeline_picture,
+    stage_axis,
+    timeline_figure,
+)
 
 SAMPLES = ROOT / "sample_snapshots"
 
@@ -70,20 +79,20 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
     px = _pixels(render_timeline_picture(an, doc, "png"))
     assert px.shape == (440, 900, 3)
     red = _mask(px, PEAK_COLOR)
-    assert red.sum() > 60                            # a filled marker, not just anti-aliased text
+    assert red.sum() > 60  # a filled marker, not just anti-aliased text
     # the marker's column follows the peak's time: rightmost for the OOM run's final decode
     _, xs = np.nonzero(red)
     x_frac = d["peak"]["x"]
-    big = np.bincount(xs).argmax() / px.shape[1]     # the column with most red: the marker's centre
+    big = np.bincount(xs).argmax() / px.shape[1]  # the column with most red: the marker's centre
     assert abs(big - (0.07 + 0.915 * x_frac)) < 0.04, (big, x_frac)
-    assert _mask(px, "#1f3b73").sum() > 200          # the allocated line
+    assert _mask(px, "#1f3b73").sum() > 200  # the allocated line
 
 
 def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
     an, doc, _ = run
     svg = render_timeline_picture(an, doc, "svg")
     root = ET.fromstring(svg)
-    assert root.get("width") == "648pt"              # 9 in: 900 px at 100 dpi
+    assert root.get("width") == "648pt"  # 9 in: 900 px at 100 dpi
     text = svg.decode()
     assert "allocated" in text and "peak" in text
 
@@ -93,7 +102,7 @@ def test_compare_picture_overlays_runs_aligned_by_stage() -> None:
     cmp = compare_runs(digests)
     d = compare_picture_data(cmp, compare_dict(cmp))
     assert [r["label"] for r in d["runs"]] == ["sd15-fp16-sdpa", "sd15-fp16-classic"]
-    assert [r["peak_bytes"] for r in d["runs"]] == [2831357440, 3324129280]     # README table
+    assert [r["peak_bytes"] for r in d["runs"]] == [2831357440, 3324129280]  # README table
     slots = list(cmp.slots)
     # classic peaks in a denoise step, sdpa in vae_decode: the markers sit in those slots
     assert slots[int(d["runs"][1]["peak_x"])].startswith("denoise/")
@@ -106,8 +115,14 @@ def test_compare_picture_overlays_runs_aligned_by_stage() -> None:
 
 def test_cli_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "t.png"
-    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(SAMPLES / "sd15-fp16-sdpa"), "--png", str(out), "-q"],
-                       cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(SAMPLES / "sd15-fp16-sdpa"), "--png", str(out), "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert _pixels(out.read_bytes()).shape == (440, 900, 3)
 
@@ -118,9 +133,25 @@ def test_markdown_shows_the_picture_relative_to_itself(tmp_path: Path) -> None:
     (tmp_path / "md").mkdir()
     (tmp_path / "img dir").mkdir()
     md, png = tmp_path / "md" / "s.md", tmp_path / "img dir" / "t.png"
-    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(SAMPLES / "sd15-fp16-sdpa"), "--png", str(png),
-                        "--markdown", str(md), "-q"],
-                       cwd=ROOT, capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(SAMPLES / "sd15-fp16-sdpa"),
+            "--png",
+            str(png),
+            "--markdown",
+            str(md),
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "![memory timeline](../img%20dir/t.png)" in md.read_text().splitlines()[:4]
     assert png.stat().st_size > 10_000
@@ -142,12 +173,14 @@ def test_labels_do_not_overlap_and_the_peak_label_is_off_the_lines(sample: str) 
     labels = [t for t in ax.texts if t.get_visible()]
     boxes = [Text.get_window_extent(t, r) for t in labels]  # the words, not an annotation's leader line
     for i, a in enumerate(boxes):
-        assert all(not a.overlaps(b) for b in boxes[i + 1:]), [t.get_text() for t in labels]
+        assert all(not a.overlaps(b) for b in boxes[i + 1 :]), [t.get_text() for t in labels]
     assert {t.get_text().split(" ")[0] for t in labels} >= {"load", doc["peak"]["stage"].split("/")[0]}
-    [peak_label] = [c for c in ax.get_children() if type(c).__name__ == "Annotation" and c.get_text().startswith("peak")]
+    [peak_label] = [
+        c for c in ax.get_children() if type(c).__name__ == "Annotation" and c.get_text().startswith("peak")
+    ]
     top = ax.transData.transform((0, max(d["allocated"].max(), d["reserved"].max()) / 2**30))[1]
 
-    assert Text.get_window_extent(peak_label, r).y0 > top    # its words (not its leader) above every line
+    assert Text.get_window_extent(peak_label, r).y0 > top  # its words (not its leader) above every line
     span = next(s for s in d["spans"] if s["start"] <= d["peak"]["x"] <= s["end"])
     assert span["end"] - span["start"] >= PEAK_STAGE_SHARE - 1e-9
 
@@ -166,15 +199,51 @@ def test_a_trace_gets_a_picture_and_every_output(tmp_path: Path) -> None:
     trace = SAMPLES / "sd15-fp16-profile-1step" / "trace.json.gz"
     png, md, js = tmp_path / "t.png", tmp_path / "t.md", tmp_path / "t.json"
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(trace), "--png", str(png), "--markdown", str(md),
-                        "--json", str(js), "-q"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(trace),
+            "--png",
+            str(png),
+            "--markdown",
+            str(md),
+            "--json",
+            str(js),
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     px = _pixels(png.read_bytes())
     assert px.shape == (440, 900, 3) and _mask(px, PEAK_COLOR).sum() > 60 and _mask(px, "#1f3b73").sum() > 200
     assert md.is_file() and js.is_file()
     # what cannot be made is refused before any work, and nothing else is written
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(trace), "--perfetto", str(out), "--json",
-                        str(tmp_path / "x.json"), "-q"], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snapviz",
+            "analyze",
+            str(trace),
+            "--perfetto",
+            str(out),
+            "--json",
+            str(tmp_path / "x.json"),
+            "-q",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is a trace only" in r.stderr
     assert not out.exists() and not (tmp_path / "x.json").exists()

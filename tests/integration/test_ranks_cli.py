@@ -1,5 +1,6 @@
 """``snapviz ranks`` / ``history`` from the command line: on a Dask ``LocalCluster`` (loopback
 only, no network) the same JSON as through the local process pool; exit codes and outputs."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT), "SNAPVIZ_PROGRESS": "never"}
 
 
 def snapviz(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", *args], capture_output=True, text=True, timeout=300,
-                          env=env or ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", *args], capture_output=True, text=True, timeout=300, env=env or ENV
+    )
 
 
 @pytest.fixture(scope="module")
@@ -29,19 +31,27 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[fleet_synt
     return root, truth
 
 
-def test_dask_local_cluster_gives_the_process_pools_json(job: tuple[Path, list[fleet_synth.RankTruth]],
-                                                         tmp_path: Path) -> None:
+def test_dask_local_cluster_gives_the_process_pools_json(
+    job: tuple[Path, list[fleet_synth.RankTruth]], tmp_path: Path
+) -> None:
     distributed = pytest.importorskip("distributed")
     root, truth = job
     pool_json = tmp_path / "pool.json"
     r = snapviz("ranks", str(root), "-j", "2", "--json", str(pool_json), "-q")
     assert r.returncode == 0, r.stderr
     dask_json = tmp_path / "dask.json"
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, host="127.0.0.1",
-                                  protocol="tcp", dashboard_address=None) as cluster:
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, host="127.0.0.1", protocol="tcp", dashboard_address=None
+    ) as cluster:
         # the address through the environment, as a CI farm would set it
-        r = snapviz("ranks", str(root), "--json", str(dask_json), "-q",
-                    env={**ENV, "SNAPVIZ_DASK_SCHEDULER": cluster.scheduler_address})
+        r = snapviz(
+            "ranks",
+            str(root),
+            "--json",
+            str(dask_json),
+            "-q",
+            env={**ENV, "SNAPVIZ_DASK_SCHEDULER": cluster.scheduler_address},
+        )
     assert r.returncode == 0, r.stderr
     on_dask, on_pool = json.loads(dask_json.read_text()), json.loads(pool_json.read_text())
     assert on_dask == on_pool
@@ -54,8 +64,14 @@ def test_dask_local_cluster_gives_the_process_pools_json(job: tuple[Path, list[f
 def test_unreachable_scheduler_is_one_line(job: tuple[Path, list[fleet_synth.RankTruth]]) -> None:
     pytest.importorskip("distributed")
     root, _ = job
-    r = snapviz("ranks", str(root), "--scheduler", "tcp://127.0.0.1:9", "-q",
-                env={**ENV, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"})
+    r = snapviz(
+        "ranks",
+        str(root),
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+        "-q",
+        env={**ENV, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"},
+    )
     assert r.returncode == 2 and "Dask scheduler" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -84,14 +100,32 @@ def test_outputs_and_refusals(job: tuple[Path, list[fleet_synth.RankTruth]], tmp
 
 def test_history_cli(tmp_path: Path) -> None:
     names = ["r1", "r2", "r3"]
-    fleet_synth.write_run_dirs(str(tmp_path), [10, 10, 20], extra={i: {"date": f"2026-12-0{i + 1}"} for i in range(3)},
-                               folder_of=lambda r: names[r])
+    fleet_synth.write_run_dirs(
+        str(tmp_path),
+        [10, 10, 20],
+        extra={i: {"date": f"2026-12-0{i + 1}"} for i in range(3)},
+        folder_of=lambda r: names[r],
+    )
     out = tmp_path / "h.json"
-    r = snapviz("history", str(tmp_path / "r*"), "--order-by", "date", "-j", "1", "--json", str(out),
-                "-o", str(tmp_path / "h.html"))
+    r = snapviz(
+        "history",
+        str(tmp_path / "r*"),
+        "--order-by",
+        "date",
+        "-j",
+        "1",
+        "--json",
+        str(out),
+        "-o",
+        str(tmp_path / "h.html"),
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "snapviz.history/1" and [x["order_key"] for x in doc["runs"]] == ["2026-12-01", "2026-12-02", "2026-12-03"]
+    assert doc["schema"] == "snapviz.history/1" and [x["order_key"] for x in doc["runs"]] == [
+        "2026-12-01",
+        "2026-12-02",
+        "2026-12-03",
+    ]
     assert any("jumped" in v and "r3" in v for v in doc["verdict"])
     assert doc["verdict"][0] in r.stdout
     r = snapviz("history", str(tmp_path), "--jump", "lots")
@@ -104,16 +138,17 @@ def test_history_cli(tmp_path: Path) -> None:
     best = min(x["peak"]["allocated_bytes"] for x in doc["runs"])
     assert r.returncode == 1 and "FAIL peak allocated vs baseline" in r.stdout
     from snapviz.units import fmt_bytes
+
     assert f"baseline {fmt_bytes(best)}" in r.stdout
 
 
 # real jobs recorded on one H200: (folder, world size, backend). NCCL refuses two ranks on one
 # GPU, so its samples are one rank; gloo lets several ranks share the GPU.
 RANK_SAMPLES = [
-    ("ddp-gloo-4rank", 4, "gloo"),               # transformers GPT-2 under DDP, torchtitan layout
-    ("fsdp2-gloo-2rank", 2, "gloo"),             # the same model under FSDP2 (fully_shard)
+    ("ddp-gloo-4rank", 4, "gloo"),  # transformers GPT-2 under DDP, torchtitan layout
+    ("fsdp2-gloo-2rank", 2, "gloo"),  # the same model under FSDP2 (fully_shard)
     ("fsdp2-nccl-1rank", 1, "nccl"),
-    ("train-sd15-ddp-gloo-2rank", 2, "gloo"),    # torchrun -m snapviz collect --train
+    ("train-sd15-ddp-gloo-2rank", 2, "gloo"),  # torchrun -m snapviz collect --train
     ("train-sd15-ddp-nccl-1rank", 1, "nccl"),
 ]
 

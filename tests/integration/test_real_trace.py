@@ -1,17 +1,17 @@
 """A real profiler trace from our collectors (H200, SD 1.5 fp16, 512², 1 step, SDPA)
 against the run's allocator truth: the trace's [memory] events carry the allocator's own
 totals, so per-stage peaks must equal run.json's, and op shapes must match the geometry."""
+
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from paths import ROOT
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.trace_ops import analyze_trace
 from snapviz.load import load
-from paths import ROOT
 
 SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-profile-1step"
 pytestmark = pytest.mark.skipif(not (SAMPLE / "trace.json.gz").is_file(), reason="profiled sample missing")
@@ -44,11 +44,11 @@ def test_attention_ops_have_the_geometry_of_the_run(trace_and_truth: tuple) -> N
     ta, truth = trace_and_truth
     ops = ta.attention_ops
     assert len(ops) and not ops["materializes_scores"].any()  # SDPA: nothing materialized
-    tokens = (truth["height"] // 8) * (truth["width"] // 8)   # 64x64 latent at level 0
+    tokens = (truth["height"] // 8) * (truth["width"] // 8)  # 64x64 latent at level 0
     cfg_batch = 2 * truth["batch"]
     unet = ops[(ops["stage"] == "denoise/0") & ops["name"].str.contains("scaled_dot_product")]
     shapes = {tuple(s) for s in unet["score_shape"]}
-    assert (cfg_batch * 8, tokens, tokens) in shapes          # SD 1.5: 8 heads at every level
+    assert (cfg_batch * 8, tokens, tokens) in shapes  # SD 1.5: 8 heads at every level
     text = ops[ops["stage"] == "text_encode"]
     assert {tuple(s)[1:] for s in text["score_shape"]} == {(77, 77)}
 

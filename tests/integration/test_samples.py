@@ -4,6 +4,7 @@ Every sample in sample_snapshots/ was recorded by our collectors on a real GPU; 
 holds what torch.cuda.max_memory_allocated()/max_memory_reserved() reported in the same
 process, overall and per stage (after reset_peak_memory_stats() at each stage start).
 """
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,10 @@ import pathlib
 
 import pytest
 
+from paths import ROOT
 from snapviz.analyses.document import from_json
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import load
-from paths import ROOT
 
 SAMPLES = sorted(p.parent for p in ROOT.glob("sample_snapshots/*/snapshot.pickle*"))
 
@@ -31,7 +32,9 @@ def test_samples_cover_both_roundup_forms() -> None:
     """Issue 28: runs under roundup_power2_divisions, one number and per interval, are among the
     samples whose replayed peaks must equal the allocator's (test_overall_peaks_match_allocator)."""
     confs = [json.loads((p / "run.json").read_text()).get("alloc_conf") or "" for p in SAMPLES]
-    assert any(c.startswith("roundup_power2_divisions:") and c[len("roundup_power2_divisions:"):].isdigit() for c in confs)
+    assert any(
+        c.startswith("roundup_power2_divisions:") and c[len("roundup_power2_divisions:") :].isdigit() for c in confs
+    )
     assert any(c.startswith("roundup_power2_divisions:[") for c in confs)
 
 
@@ -135,7 +138,7 @@ def test_allocator_truth_is_the_shown_devices(sample: tuple) -> None:
         assert f"| {truth['max_memory_allocated']:,} |" in render_markdown(from_json(doc))
         badge = allocator_truth(doc)
         assert badge is not None and badge.status == "match", (path.name, device, badge)
-        if len(docs) > 1:   # the device was chosen: the warning says so, not "highest peak"
+        if len(docs) > 1:  # the device was chosen: the warning says so, not "highest peak"
             chosen = [w for w in doc["warnings"] if "devices in this snapshot" in w]
             assert chosen == [f"{len(docs)} devices in this snapshot; showing device {device} (chosen with --device)"]
 
@@ -151,11 +154,17 @@ def test_device_flag_on_the_balanced_sample() -> None:
     dev1 = next(d for d in rj["allocator"]["devices"] if d["device"] == 1)
     out = subprocess.run(
         [sys.executable, "-m", "snapviz", "analyze", str(path), "--device", "1", "--json", "-", "-q"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        check=True,
     )
     doc = json.loads(out.stdout)
     assert doc["device"] == 1
-    assert doc["peak"]["allocated_bytes"] == dev1["max_memory_allocated"] == doc["allocator_truth"]["max_memory_allocated"]
+    assert (
+        doc["peak"]["allocated_bytes"] == dev1["max_memory_allocated"] == doc["allocator_truth"]["max_memory_allocated"]
+    )
     assert doc["peak"]["reserved_bytes"] == dev1["max_memory_reserved"] == doc["allocator_truth"]["max_memory_reserved"]
     assert "showing device 1 (chosen with --device)" in " ".join(doc["warnings"])
     assert "highest peak" not in " ".join(doc["warnings"])

@@ -3,24 +3,24 @@ sample's own categories, beside the saving the H200 measured when the technique 
 (run.json's max_memory_allocated of both). docs/training.md holds the same table; this test
 recomputes every row of it.
 """
+
 from __future__ import annotations
 
 import json
 import re
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from paths import ROOT, SAMPLES
 from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.training_advice import Estimate, training_estimates
 from snapviz.load import load
 from snapviz.render.html.snapshot_data import report_data
-from paths import ROOT, SAMPLES
 
-RUNS = ROOT / "docs" / "training-runs"   # timing runs (run.json only) for variants without a snapshot sample
+RUNS = ROOT / "docs" / "training-runs"  # timing runs (run.json only) for variants without a snapshot sample
 # technique, base sample, twin (a sample, or a timing run where no snapshot sample exists)
 PAIRS = [
     ("checkpointing", "train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt"),
@@ -59,9 +59,14 @@ def _row(technique: str, base: str, twin: str) -> dict[str, float]:
     base_peak = _run_json(base)["allocator"]["max_memory_allocated"]
     twin_peak = _run_json(twin)["allocator"]["max_memory_allocated"]
     measured = base_peak - twin_peak
-    return {"base_peak": base_peak / GB, "est_peak": est.new_peak / GB, "twin_peak": twin_peak / GB,
-            "est_saving": est.saving / GB, "measured": measured / GB,
-            "error": (est.saving - measured) / measured if measured > UNMOVED * base_peak else float("nan")}
+    return {
+        "base_peak": base_peak / GB,
+        "est_peak": est.new_peak / GB,
+        "twin_peak": twin_peak / GB,
+        "est_saving": est.saving / GB,
+        "measured": measured / GB,
+        "error": (est.saving - measured) / measured if measured > UNMOVED * base_peak else float("nan"),
+    }
 
 
 def _doc_rows() -> dict[tuple[str, str, str], list[str]]:
@@ -81,10 +86,12 @@ def _doc_rows() -> dict[tuple[str, str, str], list[str]]:
 @pytest.mark.parametrize(("technique", "base", "twin"), PAIRS, ids=[f"{t}-{w}" for t, _, w in PAIRS])
 def test_estimate_within_25_percent_of_the_twin(technique: str, base: str, twin: str) -> None:
     r = _row(technique, base, twin)
-    if r["error"] == r["error"]:   # not NaN: the peak moved
+    if r["error"] == r["error"]:  # not NaN: the peak moved
         assert abs(r["error"]) <= TOLERANCE, r
-    else:   # neither moves the peak (it is the optimizer step): the estimated peak is the measured one
-        assert abs(r["est_saving"]) <= UNMOVED * r["base_peak"] and r["est_peak"] == pytest.approx(r["twin_peak"], rel=0.01), r
+    else:  # neither moves the peak (it is the optimizer step): the estimated peak is the measured one
+        assert abs(r["est_saving"]) <= UNMOVED * r["base_peak"] and r["est_peak"] == pytest.approx(
+            r["twin_peak"], rel=0.01
+        ), r
 
 
 @pytest.mark.slow
@@ -94,8 +101,14 @@ def test_docs_table_is_these_pairs() -> None:
     for technique, base, twin in PAIRS:
         r = _row(technique, base, twin)
         cells = rows[(technique, base, twin.removeprefix("runs/"))]
-        want = [f"{r['base_peak']:.2f}", f"{r['est_peak']:.2f}", f"{r['twin_peak']:.2f}", f"{r['est_saving']:.2f}",
-                f"{r['measured']:.2f}", "peak unmoved" if r["error"] != r["error"] else f"{r['error']:+.1%}"]
+        want = [
+            f"{r['base_peak']:.2f}",
+            f"{r['est_peak']:.2f}",
+            f"{r['twin_peak']:.2f}",
+            f"{r['est_saving']:.2f}",
+            f"{r['measured']:.2f}",
+            "peak unmoved" if r["error"] != r["error"] else f"{r['error']:+.1%}",
+        ]
         assert cells == want, (technique, base, twin)
 
 
@@ -106,15 +119,23 @@ def test_advice_names_the_technique_on_the_base_not_on_the_twin() -> None:
     for technique, base, twin in PAIRS:
         est, doc = _analysed(base)
         advised = {a["technique"]: a for a in doc["advice"] if a.get("kind") == "training"}
-        names = {"checkpointing": "gradient checkpointing", "adamw8bit": "8-bit AdamW / Adafactor", "lora": "LoRA",
-                 "set_to_none": "zero_grad(set_to_none=True)", "amp": "mixed precision (AMP bf16/fp16)",
-                 "bf16": "pure bf16 weights", "accumulation": "gradient accumulation (smaller micro-batch)",
-                 "fused": "fused AdamW"}
+        names = {
+            "checkpointing": "gradient checkpointing",
+            "adamw8bit": "8-bit AdamW / Adafactor",
+            "lora": "LoRA",
+            "set_to_none": "zero_grad(set_to_none=True)",
+            "amp": "mixed precision (AMP bf16/fp16)",
+            "bf16": "pure bf16 weights",
+            "accumulation": "gradient accumulation (smaller micro-batch)",
+            "fused": "fused AdamW",
+        }
         moved = _row(technique, base, twin)["error"] == _row(technique, base, twin)["error"]
         if moved:
             assert advised[names[technique]]["estimated_peak_bytes"] == est[technique].new_peak
-        if not twin.startswith("runs/") and technique != "set_to_none":   # the keep-grads twin is the plain run
-            assert names[technique] not in {a["technique"] for a in summary_dict(analyze_run(load(str(SAMPLES / twin))))["advice"]}
+        if not twin.startswith("runs/") and technique != "set_to_none":  # the keep-grads twin is the plain run
+            assert names[technique] not in {
+                a["technique"] for a in summary_dict(analyze_run(load(str(SAMPLES / twin))))["advice"]
+            }
 
 
 @pytest.mark.slow
@@ -128,7 +149,9 @@ def test_reports_carry_the_training_view() -> None:
     steps = doc["training"]["steps"]
     assert [s["step"] for s in steps] == [0, 1]
     worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
-    assert worst["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"] and worst["peak_phase"] == doc["peak"]["stage"]
+    assert (
+        worst["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"] and worst["peak_phase"] == doc["peak"]["stage"]
+    )
     assert sum(worst["categories_at_peak"].values()) == worst["peak_allocated_bytes"]
     data = report_data(an, doc, report_view(an, 20000))
     ct = data.category_timeline

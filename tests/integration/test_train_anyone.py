@@ -11,18 +11,18 @@ The cs336 LLM training step (third party, external corpus) has no run.json: what
 there follows from AdamW itself (one gradient and two moments per parameter) and from the
 allocator's own peak.
 """
+
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from paths import EXTERNAL, SAMPLES
 from snapviz.analyses.categories import live_by_category
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
 from snapviz.category_vocab import BEFORE_RECORDING, DDP_BUCKETS, GRADIENT, OPTIMIZER_STATE
 from snapviz.load import load
-from paths import EXTERNAL, SAMPLES
 
 PHASES = ("forward", "backward", "optimizer", "zero_grad")
 DDP = SAMPLES / "ddp-gloo-4rank" / "memory_snapshot" / "iteration_4"

@@ -1,5 +1,6 @@
 """snapviz collect --train on CPU with tiny configs: phases, run.json, techniques, exit codes,
 and collect -> analyze end to end."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,7 @@ from snapviz.cli import main  # noqa: E402
 
 def _collect(tmp_path: Path, *args: str, name: str = "run") -> tuple[object, Path]:
     out = tmp_path / name
-    result = CliRunner().invoke(collect, ["--train", "--device", "cpu", "--size", "tiny", *args,
-                                          "--out", str(out)])
+    result = CliRunner().invoke(collect, ["--train", "--device", "cpu", "--size", "tiny", *args, "--out", str(out)])
     return result, out
 
 
@@ -38,16 +38,25 @@ def test_train_then_analyze(tmp_path: Path) -> None:
     res, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "2", "--profile")
     assert res.exit_code == 0, res.output
     info = json.loads((out / "run.json").read_text())
-    assert _phases(info) == ["load", "forward/0", "backward/0", "optimizer/0", "zero_grad/0",
-                             "forward/1", "backward/1", "optimizer/1", "zero_grad/1", "other"]
+    assert _phases(info) == [
+        "load",
+        "forward/0",
+        "backward/0",
+        "optimizer/0",
+        "zero_grad/0",
+        "forward/1",
+        "backward/1",
+        "optimizer/1",
+        "zero_grad/1",
+        "other",
+    ]
     _contiguous(info)
     train = info["train"]
     params = train["params"]
     assert params["frozen"] == 0 and params["trainable"] > 0
     # fp32 AdamW: gradients = weights, two fp32 moments per trainable weight
     assert train["gradient_bytes"] == params["trainable_bytes"] == 4 * params["trainable"]
-    assert train["optimizer_state_bytes"] == {"exp_avg": 4 * params["trainable"],
-                                              "exp_avg_sq": 4 * params["trainable"]}
+    assert train["optimizer_state_bytes"] == {"exp_avg": 4 * params["trainable"], "exp_avg_sq": 4 * params["trainable"]}
     assert len(train["step_wall_s"]) == 2
     assert [s["step"] for s in info["stages"][1:-1]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert "--train" in info["command"] and info["mode"] == "train"
@@ -61,24 +70,37 @@ def test_train_then_analyze(tmp_path: Path) -> None:
 
 
 def test_accumulation_indexes_micro_batches(tmp_path: Path) -> None:
-    res, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "2", "--accumulate", "2",
-                        "--no-history")
+    res, out = _collect(tmp_path, "--pipeline", "sd15", "--steps", "2", "--accumulate", "2", "--no-history")
     assert res.exit_code == 0, res.output
     info = json.loads((out / "run.json").read_text())
     assert _phases(info)[1:-1] == [
-        "forward/0", "backward/0", "forward/1", "backward/1", "optimizer/0", "zero_grad/0",
-        "forward/2", "backward/2", "forward/3", "backward/3", "optimizer/1", "zero_grad/1"]
+        "forward/0",
+        "backward/0",
+        "forward/1",
+        "backward/1",
+        "optimizer/0",
+        "zero_grad/0",
+        "forward/2",
+        "backward/2",
+        "forward/3",
+        "backward/3",
+        "optimizer/1",
+        "zero_grad/1",
+    ]
     assert [s.get("micro") for s in info["stages"][1:7]] == [0, 0, 1, 1, None, None]
     assert info["train"]["effective_batch"] == 2
 
 
-@pytest.mark.parametrize("pipeline,args", [
-    ("sdxl", ["--lora-rank", "4", "-t", "checkpointing", "-t", "amp-bf16"]),
-    ("pixart-sigma", ["-t", "ema", "-t", "keep-grads", "--optimizer", "adafactor"]),
-    ("sd15", ["-t", "bf16", "-t", "classic", "--optimizer", "sgd"]),
-    ("sd15", ["--optimizer", "adamw-fused", "--batch", "2"]),
-], ids=["sdxl-lora-ckpt-ampbf16", "pixart-ema-keep-adafactor", "sd15-bf16-classic-sgd",
-        "sd15-fused-b2"])
+@pytest.mark.parametrize(
+    "pipeline,args",
+    [
+        ("sdxl", ["--lora-rank", "4", "-t", "checkpointing", "-t", "amp-bf16"]),
+        ("pixart-sigma", ["-t", "ema", "-t", "keep-grads", "--optimizer", "adafactor"]),
+        ("sd15", ["-t", "bf16", "-t", "classic", "--optimizer", "sgd"]),
+        ("sd15", ["--optimizer", "adamw-fused", "--batch", "2"]),
+    ],
+    ids=["sdxl-lora-ckpt-ampbf16", "pixart-ema-keep-adafactor", "sd15-bf16-classic-sgd", "sd15-fused-b2"],
+)
 def test_techniques(tmp_path: Path, pipeline: str, args: list[str]) -> None:
     if "--lora-rank" in args:
         pytest.importorskip("peft")
@@ -107,15 +129,18 @@ def test_techniques(tmp_path: Path, pipeline: str, args: list[str]) -> None:
     assert train["checkpointing"] == ("checkpointing" in args)
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["-t", "amp-fp16"], "amp-fp16 (autocast float16 + GradScaler) needs a CUDA device"),
-    (["--optimizer", "adamw8bit"], "adamw8bit (bitsandbytes AdamW8bit) needs a CUDA device"),
-    (["--optimizer", "lion"], "unknown optimizer 'lion'"),
-    (["-t", "fp16"], "fp16 is an inference technique"),
-    (["-t", "vae-tiling"], "vae-tiling is an inference technique"),
-    (["-t", "fp32", "-t", "bf16"], "pick one precision"),
-    (["--model", "/nonexistent"], "--model is not supported with --train"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["-t", "amp-fp16"], "amp-fp16 (autocast float16 + GradScaler) needs a CUDA device"),
+        (["--optimizer", "adamw8bit"], "adamw8bit (bitsandbytes AdamW8bit) needs a CUDA device"),
+        (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+        (["-t", "fp16"], "fp16 is an inference technique"),
+        (["-t", "vae-tiling"], "vae-tiling is an inference technique"),
+        (["-t", "fp32", "-t", "bf16"], "pick one precision"),
+        (["--model", "/nonexistent"], "--model is not supported with --train"),
+    ],
+)
 def test_impossible_training_options_exit_2(tmp_path: Path, args: list[str], needle: str) -> None:
     res, out = _collect(tmp_path, "--pipeline", "sd15", *args)
     assert res.exit_code == 2, res.output
@@ -125,8 +150,9 @@ def test_impossible_training_options_exit_2(tmp_path: Path, args: list[str], nee
 
 
 def test_training_options_need_train(tmp_path: Path) -> None:
-    result = CliRunner().invoke(collect, ["--pipeline", "sd15", "--device", "cpu",
-                                          "--accumulate", "2", "--out", str(tmp_path / "x")])
+    result = CliRunner().invoke(
+        collect, ["--pipeline", "sd15", "--device", "cpu", "--accumulate", "2", "--out", str(tmp_path / "x")]
+    )
     assert result.exit_code == 2 and "need --train" in result.output
 
 
@@ -150,5 +176,14 @@ def test_record_api_around_own_loop(tmp_path: Path) -> None:
             rec.next_step()
     info = json.loads((tmp_path / "mine" / "run.json").read_text())
     names = [s["name"] for s in info["stages"] if s["name"] != "other"]
-    assert names == ["load", "forward/0", "backward/0", "optimizer/0", "zero_grad/0",
-                     "forward/1", "backward/1", "optimizer/1", "zero_grad/1"]
+    assert names == [
+        "load",
+        "forward/0",
+        "backward/0",
+        "optimizer/0",
+        "zero_grad/0",
+        "forward/1",
+        "backward/1",
+        "optimizer/1",
+        "zero_grad/1",
+    ]

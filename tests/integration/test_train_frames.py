@@ -4,6 +4,7 @@ annotations taken out (tests/support/strip.py), and an LLM training step someone
 The truth is run.json's allocator peaks per phase (max_memory_allocated after a reset at each
 phase's start), which the labelled analysis matches to the byte (test_train_samples.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -11,15 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from paths import EXTERNAL, SAMPLES
-from strip import strip_labels
 
+from paths import EXTERNAL, SAMPLES
 from snapviz.analyses.stages import annotation_intervals
 from snapviz.analyses.summary import Analysis, analyze_run
 from snapviz.load import Run
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC
+from strip import strip_labels
 
 TRAIN = sorted(p.parent for p in SAMPLES.glob("train-*/snapshot.pickle*"))
 PHASES = ("forward", "backward", "optimizer", "zero_grad")
@@ -33,13 +34,17 @@ def _unlabelled(path: Path) -> tuple[dict, Analysis]:
 
 
 def test_strip_labels_takes_out_labels_and_annotations_only() -> None:
-    raw = {"segments": [], "external_annotations": [{"stage": "START", "name": "x", "time_us": 1}],
-           "device_traces": [[{"action": "alloc", "addr": 0, "size": 512, "user_metadata": "forward/0",
-                               "time_us": 2, "frames": []}]]}
+    raw = {
+        "segments": [],
+        "external_annotations": [{"stage": "START", "name": "x", "time_us": 1}],
+        "device_traces": [
+            [{"action": "alloc", "addr": 0, "size": 512, "user_metadata": "forward/0", "time_us": 2, "frames": []}]
+        ],
+    }
     out = strip_labels(raw)
     assert "external_annotations" not in out and out["segments"] == []
     assert out["device_traces"] == [[{"action": "alloc", "addr": 0, "size": 512, "time_us": 2, "frames": []}]]
-    assert raw["device_traces"][0][0]["user_metadata"] == "forward/0"   # the input is left alone
+    assert raw["device_traces"][0][0]["user_metadata"] == "forward/0"  # the input is left alone
 
 
 @pytest.mark.slow

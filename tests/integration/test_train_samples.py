@@ -4,6 +4,7 @@ run.json holds torch.cuda.max_memory_allocated()/max_memory_reserved() per phase
 reset_peak_memory_stats() at each phase start) and, from the tensors themselves after the last
 optimizer step, the gradient and optimizer-state bytes.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -11,17 +12,26 @@ import pathlib
 import pandas as pd
 import pytest
 
+from paths import ROOT
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.analyses.training import classify_allocations, live_by_category
 from snapviz.load import load
-from paths import ROOT
 
 ROOT = ROOT / "sample_snapshots"
 SAMPLES = sorted(p.parent for p in ROOT.glob("train-*/snapshot.pickle*"))
-EXPECTED = {"train-sd15-fp32", "train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt",
-            "train-sd15-amp-fp16-adamw8bit", "train-sd15-amp-fp16-accum4",
-            "train-sd15-amp-fp16-lora16", "train-sdxl-lora16", "train-sdxl-lora16-ckpt",
-            "train-sd15-amp-fp16-adamw-fused", "train-sd15-amp-fp16-keep-grads", "train-sd15-amp-fp16-ema"}
+EXPECTED = {
+    "train-sd15-fp32",
+    "train-sd15-amp-fp16",
+    "train-sd15-amp-fp16-ckpt",
+    "train-sd15-amp-fp16-adamw8bit",
+    "train-sd15-amp-fp16-accum4",
+    "train-sd15-amp-fp16-lora16",
+    "train-sdxl-lora16",
+    "train-sdxl-lora16-ckpt",
+    "train-sd15-amp-fp16-adamw-fused",
+    "train-sd15-amp-fp16-keep-grads",
+    "train-sd15-amp-fp16-ema",
+}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -81,7 +91,7 @@ def test_gradient_and_state_bytes_follow_the_parameter_count(sample: tuple) -> N
     path, rj, _ = sample
     train = rj["train"]
     params = train["params"]
-    (dtype, n), = params["trainable_dtypes"].items()
+    ((dtype, n),) = params["trainable_dtypes"].items()
     assert n == params["trainable"]
     width = DTYPE_BYTES[dtype]
     # one gradient per trainable weight, in the weight's dtype
@@ -114,6 +124,7 @@ def test_analyzer_categories_match_the_tensors(categorized: tuple) -> None:
 def test_checkpointing_shrinks_saved_activations() -> None:
     """The lesson's claim, read from the snapshots: with checkpointing far fewer bytes are
     saved for backward at the forward peak, and autocast's weight copies appear under AMP only."""
+
     def at_forward_peak(name: str) -> dict[str, int]:
         run = load(str(ROOT / name))
         an = analyze_run(run)
@@ -121,8 +132,10 @@ def test_checkpointing_shrinks_saved_activations() -> None:
         fwd = an.stages[an.stages["name"] == "forward/1"].iloc[0]
         return live_by_category(allocs, int(fwd["peak_row"]))
 
-    amp, ckpt, fp32, lora = (at_forward_peak(n) for n in (
-        "train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt", "train-sd15-fp32", "train-sdxl-lora16"))
+    amp, ckpt, fp32, lora = (
+        at_forward_peak(n)
+        for n in ("train-sd15-amp-fp16", "train-sd15-amp-fp16-ckpt", "train-sd15-fp32", "train-sdxl-lora16")
+    )
     assert ckpt["saved activations"] < 0.2 * amp["saved activations"]
     # no cast: fp32 runs without autocast, and LoRA's frozen base is already fp16
     assert fp32["autocast weight copies"] == 0 and lora["autocast weight copies"] == 0
@@ -137,7 +150,10 @@ def test_categories_at_every_phase_peak_add_up_to_it(sample: tuple) -> None:
     path, rj, doc = sample
     training = doc["training"]
     for block in (*training["phases"], *training["steps"]):
-        assert sum(block["categories_at_peak"].values()) == block["peak_allocated_bytes"], (path.name, block["name"] if "name" in block else block)
+        assert sum(block["categories_at_peak"].values()) == block["peak_allocated_bytes"], (
+            path.name,
+            block["name"] if "name" in block else block,
+        )
     top = max(s["peak_allocated_bytes"] for s in rj["stages"])
     holders = {s["name"] for s in rj["stages"] if s["peak_allocated_bytes"] == top}
     assert doc["peak"]["stage"] in holders, (path.name, doc["peak"]["stage"], holders)

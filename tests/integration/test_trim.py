@@ -1,4 +1,5 @@
 """``snapviz trim`` on real snapshots: the trimmed file replays its window exactly."""
+
 from __future__ import annotations
 
 import io
@@ -11,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from paths import ROOT
 
+from paths import ROOT
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.trim import Window, trim_snapshot, window_from_stage, window_from_times, window_from_top
@@ -38,8 +39,11 @@ def original(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any]]:
 def _windows(an: Any) -> list[Window]:
     t = an.replay.events["time_us"].to_numpy()
     span = (t[-1] - t[0]) / 1e6
-    return [window_from_stage(an, "vae_decode"), window_from_stage(an, "denoise"),
-            window_from_times(an, f"{span / 3:.3f}:{2 * span / 3:.3f}")]
+    return [
+        window_from_stage(an, "vae_decode"),
+        window_from_stage(an, "denoise"),
+        window_from_times(an, f"{span / 3:.3f}:{2 * span / 3:.3f}"),
+    ]
 
 
 def _assert_window_replays_exactly(an: Any, trimmed_path: Path, w: Window) -> Any:
@@ -49,10 +53,10 @@ def _assert_window_replays_exactly(an: Any, trimmed_path: Path, w: Window) -> An
     a = an.replay.events["allocated"].to_numpy()
     r = an.replay.events["reserved"].to_numpy()
     assert len(rep.events) == w.last - w.first + 1
-    assert np.array_equal(rep.events["allocated"].to_numpy(), a[w.first:w.last + 1])
-    assert np.array_equal(rep.events["reserved"].to_numpy(), r[w.first:w.last + 1])
+    assert np.array_equal(rep.events["allocated"].to_numpy(), a[w.first : w.last + 1])
+    assert np.array_equal(rep.events["reserved"].to_numpy(), r[w.first : w.last + 1])
     before = int(a[w.first - 1]) if w.first else an.replay.baseline_allocated
-    assert rep.peak_allocated == max(before, int(a[w.first:w.last + 1].max()))
+    assert rep.peak_allocated == max(before, int(a[w.first : w.last + 1].max()))
     assert rep.end_state_matches is not False
     return run
 
@@ -66,8 +70,11 @@ def test_trimmed_windows_replay_like_the_original(original: Any, tmp_path: Path)
         # frames kept: every allocation names the same source line as in the original
         ev, orig = run.snapshot.events, an.replay.events
         rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
-        assert rows.size and all(run.snapshot.stack(int(ev["stack_id"].iat[i])) ==
-                                 an.run.snapshot.stack(int(orig["stack_id"].iat[w.first + i])) for i in rows[:200])
+        assert rows.size and all(
+            run.snapshot.stack(int(ev["stack_id"].iat[i]))
+            == an.run.snapshot.stack(int(orig["stack_id"].iat[w.first + i]))
+            for i in rows[:200]
+        )
 
 
 def test_peak_window_holds_the_allocator_exact_peak(original: Any, tmp_path: Path) -> None:
@@ -116,8 +123,14 @@ def test_external_training_snapshot_with_cpp_frames(tmp_path: Path) -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", "trim", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", "trim", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
 
 
 def test_cli(tmp_path: Path) -> None:
@@ -125,7 +138,7 @@ def test_cli(tmp_path: Path) -> None:
     r = _cli(str(SAMPLES / "sd15-fp16-classic"), "--stage", "denoise/1", "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert "kept entries 6,972–11,087 of 20,220" in r.stdout and "3.10 GiB" in r.stdout
-    assert analyze_run(load(str(out))).replay.peak_allocated == 3324129280   # README: the run's peak is in denoise/1
+    assert analyze_run(load(str(out))).replay.peak_allocated == 3324129280  # README: the run's peak is in denoise/1
     bad = [
         (["--stage", "denoise/1", "--top", "3"], "exactly one of"),
         (["--stage", "denoise/9"], "no such stage"),

@@ -9,9 +9,9 @@ import pickle
 from pathlib import Path
 
 import pytest
+
 import synth
 from paths import SAMPLES
-
 from snapviz.analyses.oom import FRAGMENTED, oom_card, oom_fix, oom_fix_short, pick_advice
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.whatif import ADVICE_CONF, FIT_CARDS, what_if
@@ -124,8 +124,9 @@ def test_oom_fix_line_names_the_setting_and_the_card_the_simulation_fits(tmp_pat
     # every sink says the same lines: terminal, Markdown, JSON, HTML; the picture its short form
     js, md, html = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "r.html"
     with pytest.raises(SystemExit) as exc:
-        main(["analyze", str(SAMPLES / "sdxl-fp16-oom-10gb"), "--json", str(js), "--markdown", str(md),
-              "-o", str(html)])
+        main(
+            ["analyze", str(SAMPLES / "sdxl-fp16-oom-10gb"), "--json", str(js), "--markdown", str(md), "-o", str(html)]
+        )
     assert exc.value.code == 0
     page = html.read_text()
     got = json.loads(js.read_text())["oom"]
@@ -154,9 +155,17 @@ def test_oom_no_setting_fits_says_so_and_checks_with_whatif() -> None:
 
 def test_oom_not_reproduced_keeps_the_rule_of_thumb_and_says_not_simulated() -> None:
     oom = {
-        "verdict": FRAGMENTED, "bytes_short": 1 << 20, "stage": "x", "advice": None,
-        "simulation": {"simulated": False, "reason": "from event 3: ...", "setting": None,
-                       "settings_tried": [], "cards": []},
+        "verdict": FRAGMENTED,
+        "bytes_short": 1 << 20,
+        "stage": "x",
+        "advice": None,
+        "simulation": {
+            "simulated": False,
+            "reason": "from event 3: ...",
+            "setting": None,
+            "settings_tried": [],
+            "cards": [],
+        },
     }
     oom["advice"] = pick_advice(oom, [])
     assert oom["advice"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"

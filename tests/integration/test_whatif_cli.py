@@ -45,10 +45,24 @@ def test_whatif_on_the_oom_sample_one_story(tmp_path: Path) -> None:
     assert doc["schema"] == "snapviz.whatif/1"
     assert doc["fidelity"]["reproduced"] is True
     rows = {(s["alloc_conf"], s["gpu_memory_bytes"]): s for s in doc["scenarios"]}
-    assert set(rows) == {(None, None), (None, 12 << 30), ("expandable_segments:True", None),
-                         ("expandable_segments:True", 12 << 30)}
-    keys = {"alloc_conf", "gpu_memory_bytes", "peak_reserved_bytes", "peak_allocated_bytes", "fragmentation_bytes",
-            "device_mallocs", "device_frees", "retries", "oom", "reproduces_recording"}
+    assert set(rows) == {
+        (None, None),
+        (None, 12 << 30),
+        ("expandable_segments:True", None),
+        ("expandable_segments:True", 12 << 30),
+    }
+    keys = {
+        "alloc_conf",
+        "gpu_memory_bytes",
+        "peak_reserved_bytes",
+        "peak_allocated_bytes",
+        "fragmentation_bytes",
+        "device_mallocs",
+        "device_frees",
+        "retries",
+        "oom",
+        "reproduces_recording",
+    }
     assert all(keys <= set(s) for s in doc["scenarios"])
     rec = rows[(None, None)]
     run_json = json.loads((OOM / "run.json").read_text())
@@ -110,8 +124,13 @@ def test_whatif_small_card_reports_the_oom_where_it_happens(tmp_path: Path) -> N
 
 def test_whatif_bad_options_exit_2_and_write_nothing(tmp_path: Path) -> None:
     out = tmp_path / "w.json"
-    for args in (["--alloc-conf", "max_split_size_mb:nope"], ["--alloc-conf", "bogus_option:1"],
-                 ["--gpu-memory", "12 G"], ["--gpu-memory", "0"], ["-o", str(SD15 / "run.json")]):
+    for args in (
+        ["--alloc-conf", "max_split_size_mb:nope"],
+        ["--alloc-conf", "bogus_option:1"],
+        ["--gpu-memory", "12 G"],
+        ["--gpu-memory", "0"],
+        ["-o", str(SD15 / "run.json")],
+    ):
         p = _snapviz("whatif", str(SD15), *args, "--json", str(out))
         assert p.returncode == 2, (args, p.stderr)
         assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
@@ -134,8 +153,9 @@ def test_check_fits_gates_on_a_simulated_card(tmp_path: Path) -> None:
     p = _snapviz("check", str(OOM), "--fits", "8GiB", "--fits", "24GiB", "--junit-xml", str(junit))
     assert p.returncode == 1, p.stderr
     lines = p.stdout.splitlines()
-    assert any(x.startswith("FAIL fits a 8.00 GiB card") and "out of memory at event" in x and "vae_decode" in x
-               for x in lines)
+    assert any(
+        x.startswith("FAIL fits a 8.00 GiB card") and "out of memory at event" in x and "vae_decode" in x for x in lines
+    )
     assert any(x.startswith("PASS fits a 24.00 GiB card") for x in lines)
     assert junit.exists()
     p = _snapviz("check", str(SD15), "--fits", "8GiB")
@@ -146,8 +166,18 @@ def test_check_fits_gates_on_a_simulated_card(tmp_path: Path) -> None:
 
 def test_compare_whatif_shows_the_run_beside_its_simulated_twin(tmp_path: Path) -> None:
     out = tmp_path / "c"
-    p = _snapviz("compare", str(OOM), "--whatif", "expandable_segments:True", "--whatif", "max_split_size_mb:128",
-                 "--json", f"{out}.json", "--markdown", f"{out}.md")
+    p = _snapviz(
+        "compare",
+        str(OOM),
+        "--whatif",
+        "expandable_segments:True",
+        "--whatif",
+        "max_split_size_mb:128",
+        "--json",
+        f"{out}.json",
+        "--markdown",
+        f"{out}.md",
+    )
     assert p.returncode == 0, p.stderr
     tw = json.loads(Path(f"{out}.json").read_text())["whatif"]
     rec, *twins = tw["rows"]
@@ -156,8 +186,20 @@ def test_compare_whatif_shows_the_run_beside_its_simulated_twin(tmp_path: Path) 
     assert not rec["simulated"] and rec["peak_reserved_bytes"] == run_json["allocator"]["max_memory_reserved"]
     assert rec["peak_allocated_bytes"] == run_json["allocator"]["max_memory_allocated"]
     assert rec["oom"]["event_index"] == tw["recorded"]["oom_event_index"]
-    w = json.loads(_snapviz("whatif", str(OOM), "--alloc-conf", "expandable_segments:True", "--alloc-conf",
-                            "max_split_size_mb:128", "--gpu-memory", "80GiB", "--json", "-").stdout)
+    w = json.loads(
+        _snapviz(
+            "whatif",
+            str(OOM),
+            "--alloc-conf",
+            "expandable_segments:True",
+            "--alloc-conf",
+            "max_split_size_mb:128",
+            "--gpu-memory",
+            "80GiB",
+            "--json",
+            "-",
+        ).stdout
+    )
     by = {s["alloc_conf"]: s for s in w["scenarios"] if s["gpu_memory_bytes"] is None}
     # the recording's fragmentation and segment counts are what the reproduced simulation says
     for k in ("fragmentation_bytes", "device_mallocs", "device_frees"):

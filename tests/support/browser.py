@@ -11,16 +11,23 @@ driver) against the system Chromium (Debian ``chromium``): ``playwright install`
 never needed. Every request that is not ``file:``/``data:``/``blob:``/``about:`` is
 aborted and recorded, so a report that reaches for a CDN fails the check.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Debian's /usr/bin/chromium is a shell wrapper; Playwright needs the real binary.
-_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/lib/chromium-browser/chromium-browser",
-               "/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+_CANDIDATES = (
+    "/usr/lib/chromium/chromium",
+    "/usr/lib/chromium-browser/chromium-browser",
+    "/usr/bin/chromium",
+    "/usr/bin/chromium-browser",
+    "/usr/bin/google-chrome",
+)
 
 
 def chromium_path() -> str | None:
@@ -83,9 +90,14 @@ _PROBE = """
 """
 
 
-def check_report_in_browser(path: str, screenshot_dir: str | None = None, width: int = 1400, height: int = 2400,
-                            timeout_ms: int = 30000,
-                            interact: Callable[[Any], dict[str, Any]] | None = None) -> dict[str, Any]:
+def check_report_in_browser(
+    path: str,
+    screenshot_dir: str | None = None,
+    width: int = 1400,
+    height: int = 2400,
+    timeout_ms: int = 30000,
+    interact: Callable[[Any], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Load ``path`` over file:// with the network blocked; return what happened.
 
     Keys: ``errors`` (console errors, page errors, and blocked network requests),
@@ -114,20 +126,28 @@ def check_report_in_browser(path: str, screenshot_dir: str | None = None, width:
             route.abort()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=exe, headless=True,
-                                     args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                                           "--no-first-run", "--disable-extensions"])
+        browser = pw.chromium.launch(
+            executable_path=exe,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-extensions"],
+        )
         try:
-            ctx = browser.new_context(viewport={"width": width, "height": min(height, 1600)}, offline=True,
-                                      device_scale_factor=1)
+            ctx = browser.new_context(
+                viewport={"width": width, "height": min(height, 1600)}, offline=True, device_scale_factor=1
+            )
             ctx.route("**/*", on_route)
             page = ctx.new_page()
-            page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on(
+                "console",
+                lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type in ("error", "warning") else None,
+            )
             page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
             page.goto(url, wait_until="load", timeout=timeout_ms)
             page.wait_for_function(
                 "() => window.Bokeh && window.Bokeh.documents && window.Bokeh.documents.length > 0 && "
-                "window.Bokeh.documents[0].roots().length > 0", timeout=timeout_ms)
+                "window.Bokeh.documents[0].roots().length > 0",
+                timeout=timeout_ms,
+            )
             # Views are built asynchronously after the document, and snapviz pages add the roots
             # below the first screen one per frame (render/html/assets/lazy_embed.js): wait until
             # every root is added and every view has finished rendering. (Document.is_idle stays
@@ -144,10 +164,19 @@ def check_report_in_browser(path: str, screenshot_dir: str | None = None, width:
             extra = interact(page) if interact is not None else {}
         finally:
             browser.close()
-    return {"errors": errors + [f"blocked request: {u}" for u in blocked], "blocked": blocked,
-            "roots": int(probe.get("roots", 0)), "documents": int(probe.get("documents", 0)),
-            "doc_roots": probe.get("doc_roots", []),
-            "canvases": int(probe.get("canvases", 0)), "plots": int(probe.get("plots", 0)),
-            "tables": int(probe.get("tables", 0)), "table_rows": int(probe.get("table_rows", 0)),
-            "bokeh_version": probe.get("version"), "screenshot": shot, "text": text,
-            "table_text": "\n".join(cells), **extra}
+    return {
+        "errors": errors + [f"blocked request: {u}" for u in blocked],
+        "blocked": blocked,
+        "roots": int(probe.get("roots", 0)),
+        "documents": int(probe.get("documents", 0)),
+        "doc_roots": probe.get("doc_roots", []),
+        "canvases": int(probe.get("canvases", 0)),
+        "plots": int(probe.get("plots", 0)),
+        "tables": int(probe.get("tables", 0)),
+        "table_rows": int(probe.get("table_rows", 0)),
+        "bokeh_version": probe.get("version"),
+        "screenshot": shot,
+        "text": text,
+        "table_text": "\n".join(cells),
+        **extra,
+    }

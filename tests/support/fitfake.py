@@ -34,22 +34,45 @@ TRUTH: dict[str, tuple[float, float, float]] = {
 def run_json(label: str, cap: int, steps: int = 2) -> dict[str, Any]:
     """What the collector writes: the stages up to an OOM, or all of them with allocator truth."""
     peak, load, call = (int(TRUTH[label][0] * G), int(TRUTH[label][1] * G), TRUTH[label][2])
-    stages = [{"name": "load", "start_us": 0, "end_us": 1, "peak_allocated_bytes": load,
-               "peak_reserved_bytes": load, "wall_s": 5.0}]
+    stages = [
+        {
+            "name": "load",
+            "start_us": 0,
+            "end_us": 1,
+            "peak_allocated_bytes": load,
+            "peak_reserved_bytes": load,
+            "wall_s": 5.0,
+        }
+    ]
     if load > cap:
         stages[0].update(end_us=None, open=True)
         return {"status": "oom", "oom": {"stage": "load"}, "stages": stages}
     names = ["text_encode", *(f"denoise/{i}" for i in range(steps)), "vae_decode"]
     for i, n in enumerate(names):
         p = peak if n == "vae_decode" else (load + peak) // 2
-        stages.append({"name": n, "start_us": i + 1, "end_us": i + 2, "peak_allocated_bytes": p,
-                       "peak_reserved_bytes": p, "wall_s": call / len(names)})
+        stages.append(
+            {
+                "name": n,
+                "start_us": i + 1,
+                "end_us": i + 2,
+                "peak_allocated_bytes": p,
+                "peak_reserved_bytes": p,
+                "wall_s": call / len(names),
+            }
+        )
     if peak > cap:
         stages[-1].update(end_us=None, open=True)
         return {"status": "oom", "oom": {"stage": "vae_decode"}, "stages": stages}
-    return {"schema": "snapviz.run/1", "status": "ok", "pipeline": "flux-dev", "height": 1024, "width": 1024,
-            "device_name": "NVIDIA H200", "stages": stages,
-            "allocator": {"max_memory_allocated": peak, "max_memory_reserved": peak + RESERVE_SLACK}}
+    return {
+        "schema": "snapviz.run/1",
+        "status": "ok",
+        "pipeline": "flux-dev",
+        "height": 1024,
+        "width": 1024,
+        "device_name": "NVIDIA H200",
+        "stages": stages,
+        "allocator": {"max_memory_allocated": peak, "max_memory_reserved": peak + RESERVE_SLACK},
+    }
 
 
 class FakeRunner:
@@ -63,7 +86,16 @@ class FakeRunner:
         rd.mkdir(parents=True)
         (rd / "run.json").write_text(json.dumps(info))
         status = info["status"]
-        res = VariantResult(v, status, None if status == "ok" else "CUDA out of memory", rd, rd.with_suffix(".log"),
-                            0 if status == "ok" else 1, 1.0, "0", run=info)
+        res = VariantResult(
+            v,
+            status,
+            None if status == "ok" else "CUDA out of memory",
+            rd,
+            rd.with_suffix(".log"),
+            0 if status == "ok" else 1,
+            1.0,
+            "0",
+            run=info,
+        )
         res.measure = measure(info) if status == "ok" else None
         return res

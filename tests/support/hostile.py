@@ -8,6 +8,7 @@ peak RSS (``os.wait4``). An address-space cap keeps a regression from taking the
 down: it is above the 4 GiB the tests allow, so an unbounded loader still fails them.
 Used by tests/unit/test_hostile_load.py and benchmarks/fuzz_loader.py.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -20,14 +21,15 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
 from paths import ROOT
 
-AS_CAP = 6 << 30          # address-space cap for the child (a safety net, not the bound tested)
-RSS_BOUND = 4 << 30       # what the tests allow
-TIME_BOUND = 30.0         # seconds
+AS_CAP = 6 << 30  # address-space cap for the child (a safety net, not the bound tested)
+RSS_BOUND = 4 << 30  # what the tests allow
+TIME_BOUND = 30.0  # seconds
 
 
 @dataclass
@@ -36,7 +38,7 @@ class Result:
     stdout: str
     stderr: str
     wall_s: float
-    maxrss: int           # bytes
+    maxrss: int  # bytes
     timed_out: bool
 
     @property
@@ -95,6 +97,7 @@ def digest(path: Path) -> str | None:
 
 # ----------------------------------------------------------------------------- pickles
 
+
 def _gz(raw: bytes) -> bytes:
     return gzip.compress(raw, 9)
 
@@ -112,7 +115,7 @@ def _entry(**kw: object) -> dict:
 
 
 def deep_tuple(n: int) -> bytes:
-    return b"K\x01" + b"\x85" * n            # ((((1,),),),...) n deep
+    return b"K\x01" + b"\x85" * n  # ((((1,),),),...) n deep
 
 
 def billion_laughs(levels: int, fanout: int = 10) -> list:
@@ -126,18 +129,36 @@ def billion_laughs(levels: int, fanout: int = 10) -> list:
 
 def _trace(n: int) -> list[dict]:
     """``n`` distinct alloc/free pairs: a plain trace, 33 bytes of pickle per entry."""
-    return [_entry(addr=(1 << 20) + 512 * (i // 2), time_us=i, action="alloc" if i % 2 == 0 else "free_completed",
-                   frames=[]) for i in range(2 * n)]
+    return [
+        _entry(
+            addr=(1 << 20) + 512 * (i // 2), time_us=i, action="alloc" if i % 2 == 0 else "free_completed", frames=[]
+        )
+        for i in range(2 * n)
+    ]
 
 
 def _segment(blocks: list) -> dict:
-    return {"device": 0, "address": 1 << 20, "total_size": 2 << 20, "stream": 0, "segment_type": "large",
-            "allocated_size": 0, "active_size": 0, "requested_size": 0, "blocks": blocks}
+    return {
+        "device": 0,
+        "address": 1 << 20,
+        "total_size": 2 << 20,
+        "stream": 0,
+        "segment_type": "large",
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "blocks": blocks,
+    }
 
 
 def _block(i: int) -> dict:
-    return {"address": (1 << 20) + 512 * i, "size": 512, "requested_size": 512, "state": "active_allocated",
-            "frames": []}
+    return {
+        "address": (1 << 20) + 512 * i,
+        "size": 512,
+        "requested_size": 512,
+        "state": "active_allocated",
+        "frames": [],
+    }
 
 
 def shared_row_pickles(scale: int) -> dict[str, bytes]:
@@ -153,11 +174,13 @@ def shared_row_pickles(scale: int) -> dict[str, bytes]:
         # one entry dict repeated through one device's trace
         "same_entry_repeated": pickle.dumps({"segments": [], "device_traces": [[entry] * scale]}, protocol=4),
         # one segment (and its block list) repeated
-        "shared_segment_blocks": pickle.dumps({"segments": [_segment(blocks)] * (scale // 10),
-                                               "device_traces": [trace[:2]]}, protocol=4),
+        "shared_segment_blocks": pickle.dumps(
+            {"segments": [_segment(blocks)] * (scale // 10), "device_traces": [trace[:2]]}, protocol=4
+        ),
         # one annotation repeated
-        "same_annotation_repeated": pickle.dumps({"segments": [], "device_traces": [trace[:2]],
-                                                  "external_annotations": [ann] * scale}, protocol=4),
+        "same_annotation_repeated": pickle.dumps(
+            {"segments": [], "device_traces": [trace[:2]], "external_annotations": [ann] * scale}, protocol=4
+        ),
     }
 
 
@@ -171,8 +194,10 @@ def many_stages(kind: str, n: int) -> dict:
         ev.append(_entry(addr=a, time_us=2 * i, user_metadata=meta, frames=[]))
         ev.append(_entry(addr=a, time_us=2 * i + 1, user_metadata=meta, frames=[], action="free_completed"))
         if kind == "annotations":
-            ann += [{"device": 0, "time_us": 2 * i, "name": f"range{i}", "stage": "START"},
-                    {"device": 0, "time_us": 2 * i + 1, "name": f"range{i}", "stage": "END"}]
+            ann += [
+                {"device": 0, "time_us": 2 * i, "name": f"range{i}", "stage": "START"},
+                {"device": 0, "time_us": 2 * i + 1, "name": f"range{i}", "stage": "END"},
+            ]
     return {"segments": [], "device_traces": [ev], **({"external_annotations": ann} if ann else {})}
 
 
@@ -188,38 +213,80 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     c["deep_tuple_frozenset_gz"] = (_gz(b"\x80\x04(" + deep_tuple(200_000) + b"\x91."), "nesting depth")
     c["flat_frozenset"] = (b"\x80\x04(K\x01K\x02\x91.", "builds a frozenset")
     c["tuple_dict_key"] = (b"\x80\x02}(K\x01K\x02\x86K\x03u.", "dict key")
-    c["deep_tuple_action_gz"] = (_gz(_snapshot_with(b"DEEP", deep_tuple(200_000), {
-        "segments": [], "device_traces": [[_entry(action="DEEP")]]})), "nesting depth")
+    c["deep_tuple_action_gz"] = (
+        _gz(_snapshot_with(b"DEEP", deep_tuple(200_000), {"segments": [], "device_traces": [[_entry(action="DEEP")]]})),
+        "nesting depth",
+    )
     laughs = billion_laughs(30)
-    c["billion_laughs_frame_name"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
-        frames=[{"name": laughs, "filename": "x.py", "line": 1}])]]}, protocol=4), "shared references")
-    c["billion_laughs_settings"] = (pickle.dumps({"segments": [], "device_traces": [[_entry()]],
-                                                 "allocator_settings": {"x": laughs}}, protocol=2), "shared references")
+    c["billion_laughs_frame_name"] = (
+        pickle.dumps(
+            {"segments": [], "device_traces": [[_entry(frames=[{"name": laughs, "filename": "x.py", "line": 1}])]]},
+            protocol=4,
+        ),
+        "shared references",
+    )
+    c["billion_laughs_settings"] = (
+        pickle.dumps({"segments": [], "device_traces": [[_entry()]], "allocator_settings": {"x": laughs}}, protocol=2),
+        "shared references",
+    )
     # The same over the fast-path size: the grammar check passes it (it cannot hurt the
     # unpickler), and the reader never walks it: the name becomes bounded text.
-    c["billion_laughs_padded_2MiB"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
-        frames=[{"name": laughs, "filename": "x.py", "line": 1}])] + [_entry(addr=(1 << 20) + 512 * (i + 1), time_us=i)
-                                                                    for i in range(40_000)]]}, protocol=4), "")
+    c["billion_laughs_padded_2MiB"] = (
+        pickle.dumps(
+            {
+                "segments": [],
+                "device_traces": [
+                    [_entry(frames=[{"name": laughs, "filename": "x.py", "line": 1}])]
+                    + [_entry(addr=(1 << 20) + 512 * (i + 1), time_us=i) for i in range(40_000)]
+                ],
+            },
+            protocol=4,
+        ),
+        "",
+    )
     # One name just under the string limit, shared by 2,000 frames of 50 entries (issue 9's
     # "9 KB input"): every per-frame step would hash, copy or print 16 MiB; the loader cuts it.
     big = "x" * ((16 << 20) - 64)
     shared = [{"name": big, "filename": big, "line": i} for i in range(2000)]
-    c["name_16MiB_in_2000_frames_xz"] = (lzma.compress(pickle.dumps({"segments": [], "device_traces": [[_entry(
-        addr=(1 << 20) + 512 * i, time_us=i, frames=shared) for i in range(50)]]}, protocol=4)), "")
+    c["name_16MiB_in_2000_frames_xz"] = (
+        lzma.compress(
+            pickle.dumps(
+                {
+                    "segments": [],
+                    "device_traces": [[_entry(addr=(1 << 20) + 512 * i, time_us=i, frames=shared) for i in range(50)]],
+                },
+                protocol=4,
+            )
+        ),
+        "",
+    )
     c["memo_index_2_31"] = (b"\x80\x02Nr\xff\xff\xff\x7f.", "memo index")
     c["binunicode8_length_2_62"] = (b"\x80\x04\x8d" + (1 << 62).to_bytes(8, "little") + b"abc.", "length of one string")
-    c["string_32MiB_plain"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(
-        frames=[{"name": "n" * (32 << 20), "filename": "x.py", "line": 1}])]]}, protocol=4), "length of one string")
+    c["string_32MiB_plain"] = (
+        pickle.dumps(
+            {
+                "segments": [],
+                "device_traces": [[_entry(frames=[{"name": "n" * (32 << 20), "filename": "x.py", "line": 1}])]],
+            },
+            protocol=4,
+        ),
+        "length of one string",
+    )
     c["size_2_63_minus_1"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(size=(1 << 63) - 1)]]}), "2**62")
     c["size_negative"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(size=-512)]]}), "2**62")
     c["addr_2_62"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(addr=1 << 62)]]}), "2**62")
-    c["valid_control"] = (pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}), "")
+    c["valid_control"] = (
+        pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}),
+        "",
+    )
     # issue 26: rows repeated by shared references, on the unpickler's path (under 24 MiB) ...
     for name, data in shared_row_pickles(100_000).items():
         c[name] = (data, "shared references")
     # ... and on the compiled tape's: the issue's 8-device file (25 MiB of pickle, 0.9 MB of xz)
-    c["shared_trace_8_devices_25MiB_xz"] = (lzma.compress(pickle.dumps(
-        {"segments": [], "device_traces": [_trace(375_000)] * 8}, protocol=4), preset=1), "shared references")
+    c["shared_trace_8_devices_25MiB_xz"] = (
+        lzma.compress(pickle.dumps({"segments": [], "device_traces": [_trace(375_000)] * 8}, protocol=4), preset=1),
+        "shared references",
+    )
     # issue 26: 300,000 stage names ran > 180 s, 300,000 steps 47 s, 500,000 annotation names > 180 s;
     # scaled to 50,000 each (linear now: 300,000 names or steps take 18 s): grouped, exit 0
     for kind in ("names", "steps", "annotations"):
@@ -233,8 +300,10 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
         p.write_bytes(data)
         out[name] = (p, word)
     out["gzip_bomb_512MiB"] = (_bomb(d / "bomb.pickle.gz", b"\x80\x04", 512 << 20), "decompressed size")
-    out["gzip_string_300MiB"] = (_bomb(d / "bigstr.pickle.gz", b"\x80\x04\x8d" + (300 << 20).to_bytes(8, "little"), 300 << 20),
-                                 "decompressed size")
+    out["gzip_string_300MiB"] = (
+        _bomb(d / "bigstr.pickle.gz", b"\x80\x04\x8d" + (300 << 20).to_bytes(8, "little"), 300 << 20),
+        "decompressed size",
+    )
     return out
 
 
@@ -253,8 +322,10 @@ def _bomb(path: Path, head: bytes, n: int, fill: bytes = b"\x00", tail: bytes = 
 
 # ----------------------------------------------------------------------------- traces
 
-_MEM = ('{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": %d, '
-        '"args": {"Addr": %d, "Bytes": %d, "Total Allocated": %d, "Total Reserved": 2097152, "Device Id": 0, "Device Type": 1}}')
+_MEM = (
+    '{"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": %d, '
+    '"args": {"Addr": %d, "Bytes": %d, "Total Allocated": %d, "Total Reserved": 2097152, "Device Id": 0, "Device Type": 1}}'
+)
 
 
 def memory_events() -> str:
@@ -266,29 +337,50 @@ def trace_cases(d: Path) -> dict[str, tuple[Path, str]]:
     n = 20_000_000
     c["deep_array_gz"] = (_gz(b'{"traceEvents": [' + b"[" * n + b"]" * n + b"]}"), "nesting depth")
     k = 65_536
-    c["nested_traceEvents_keys_gz"] = (_gz(b'{"m": ' + b'{"traceEvents": ' * k + b"1" + b"}" * k + b', "traceEvents": []}'),
-                                       "nesting depth")
+    c["nested_traceEvents_keys_gz"] = (
+        _gz(b'{"m": ' + b'{"traceEvents": ' * k + b"1" + b"}" * k + b', "traceEvents": []}'),
+        "nesting depth",
+    )
     many = ", ".join(['{"traceEvents": 0}'] * 65_536)
-    c["many_traceEvents_keys_gz"] = (_gz(('{"m": [' + many + '], "traceEvents": [' + memory_events() + "]}").encode()), "")
-    c["metadata_26KB_first"] = (('{"metadata": {' + ", ".join(f'"k{i}": "{"v" * 40}"' for i in range(500))
-                                 + '}, "traceEvents": [' + memory_events() + "]}").encode(), "")
+    c["many_traceEvents_keys_gz"] = (
+        _gz(('{"m": [' + many + '], "traceEvents": [' + memory_events() + "]}").encode()),
+        "",
+    )
+    c["metadata_26KB_first"] = (
+        (
+            '{"metadata": {'
+            + ", ".join(f'"k{i}": "{"v" * 40}"' for i in range(500))
+            + '}, "traceEvents": ['
+            + memory_events()
+            + "]}"
+        ).encode(),
+        "",
+    )
     c["leading_whitespace"] = ((" \n\t" * 40_000 + '{"traceEvents": [' + memory_events() + "]}").encode(), "")
     # issue 26: a trace with 50,000 distinct record_function ranges (grouped, exit 0)
-    ranges = ", ".join(f'{{"ph": "X", "cat": "user_annotation", "name": "range{i}", "pid": 1, "tid": 1, '
-                       f'"ts": {2 * i}, "dur": 1}}' for i in range(50_000))
+    ranges = ", ".join(
+        f'{{"ph": "X", "cat": "user_annotation", "name": "range{i}", "pid": 1, "tid": 1, "ts": {2 * i}, "dur": 1}}'
+        for i in range(50_000)
+    )
     c["range_names_50k"] = (('{"traceEvents": [' + ranges + ", " + memory_events() + "]}").encode(), "")
     out = {}
     for name, (data, word) in c.items():
         p = d / f"{name}.json"
         p.write_bytes(data)
         out[name] = (p, word)
-    out["long_string_200MiB_gz"] = (_bomb(d / "longstr.json.gz", b'{"traceEvents": [{"name": "', 200 << 20, b"a", b'"}]}'),
-                                    "length of one string")
-    out["gzip_bomb_whitespace"] = (_bomb(d / "ws.json.gz", b'{"traceEvents": [', 512 << 20, b" ", b"]}"), "decompressed size")
+    out["long_string_200MiB_gz"] = (
+        _bomb(d / "longstr.json.gz", b'{"traceEvents": [{"name": "', 200 << 20, b"a", b'"}]}'),
+        "length of one string",
+    )
+    out["gzip_bomb_whitespace"] = (
+        _bomb(d / "ws.json.gz", b'{"traceEvents": [', 512 << 20, b" ", b"]}"),
+        "decompressed size",
+    )
     return out
 
 
 # ----------------------------------------------------------------------------- special files
+
 
 def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
     fifo = d / "snapshot.pickle"
@@ -298,8 +390,12 @@ def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
     run = d / "run"
     run.mkdir()
     os.mkfifo(run / "run.json")
-    out = {"fifo_pickle": (fifo, "FIFO"), "fifo_trace": (tfifo, "FIFO"), "dev_zero": (Path("/dev/zero"), "device"),
-           "run_json_fifo": (run / "run.json", "FIFO")}
+    out = {
+        "fifo_pickle": (fifo, "FIFO"),
+        "fifo_trace": (tfifo, "FIFO"),
+        "dev_zero": (Path("/dev/zero"), "device"),
+        "run_json_fifo": (run / "run.json", "FIFO"),
+    }
     # issue 26: files of a run folder that are links into /proc (regular files by stat)
     for name, member in (("run_snapshot_proc_mem", "snapshot.pickle"), ("run_trace_proc_mem", "trace.json")):
         rd = d / name
@@ -309,7 +405,9 @@ def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
         out[name] = (rd, "/proc")
     # a valid gzip member followed by 100 MiB of zero padding (sparse: 4 KB on disk)
     pad = d / "padded.pickle.gz"
-    member = gzip.compress(pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}))
+    member = gzip.compress(
+        pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]})
+    )
     with open(pad, "wb") as f:
         f.write(member)
         f.truncate(len(member) + (100 << 20))
@@ -318,4 +416,7 @@ def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
 
 
 BUILDERS: dict[str, Callable[[Path], dict[str, tuple[Path, str]]]] = {
-    "pickle": pickle_cases, "trace": trace_cases, "special": special_cases}
+    "pickle": pickle_cases,
+    "trace": trace_cases,
+    "special": special_cases,
+}

@@ -1,9 +1,11 @@
 """What a missing value looks like when it leaks into a report (issue 8: no "None", "-1",
 "device None", "event -1", "in before recording" or empty placeholders in any output)."""
+
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 PLACEHOLDERS = re.compile(r"\bNone\b|\bnan\b|(?<![\w.:/-])-1(?![\d.])|device None|event -1|in before recording|``")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 import synth
 
 GiB = 1 << 30
@@ -23,48 +24,68 @@ MiB = 1 << 20
 # shaped like diffusers' so attention and sites are recognised.
 # --------------------------------------------------------------------------------------
 
+
 def _frame(name: str, filename: str, line: int) -> dict[str, Any]:
     return {"name": name, "filename": filename, "line": line}
 
 
 SP = "/usr/lib/python3/site-packages/"
 STACKS = {
-    "weights": [_frame("_apply", SP + "torch/nn/modules/module.py", 900),
-                _frame("load_model_dict_into_meta", SP + "diffusers/models/model_loading_utils.py", 231),
-                _frame("from_pretrained", SP + "diffusers/pipelines/pipeline_utils.py", 812),
-                _frame("<module>", "/home/u/run_sd.py", 12)],
-    "text": [_frame("forward", SP + "transformers/models/clip/modeling_clip.py", 310),
-             _frame("encode_prompt", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 420),
-             _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 960),
-             _frame("<module>", "/home/u/run_sd.py", 20)],
-    "act": [_frame("forward", SP + "diffusers/models/resnet.py", 372),
-            _frame("_call_impl", SP + "torch/nn/modules/module.py", 1750),
-            _frame("forward", SP + "diffusers/models/unets/unet_2d_blocks.py", 1281),
-            _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
-            _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
-            _frame("<module>", "/home/u/run_sd.py", 20)],
-    "attn": [_frame("get_attention_scores", SP + "diffusers/models/attention_processor.py", 719),
-             _frame("__call__", SP + "diffusers/models/attention_processor.py", 1510),
-             _frame("forward", SP + "diffusers/models/attention_processor.py", 560),
-             _frame("forward", SP + "diffusers/models/attention.py", 1003),
-             _frame("forward", SP + "diffusers/models/transformers/transformer_2d.py", 427),
-             _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
-             _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
-             _frame("<module>", "/home/u/run_sd.py", 20)],
-    "latents": [_frame("prepare_latents", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 700),
-                _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 990),
-                _frame("<module>", "/home/u/run_sd.py", 20)],
-    "vae": [_frame("forward", SP + "diffusers/models/autoencoders/vae.py", 330),
-            _frame("decode", SP + "diffusers/models/autoencoders/autoencoder_kl.py", 290),
-            _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1080),
-            _frame("<module>", "/home/u/run_sd.py", 20)],
+    "weights": [
+        _frame("_apply", SP + "torch/nn/modules/module.py", 900),
+        _frame("load_model_dict_into_meta", SP + "diffusers/models/model_loading_utils.py", 231),
+        _frame("from_pretrained", SP + "diffusers/pipelines/pipeline_utils.py", 812),
+        _frame("<module>", "/home/u/run_sd.py", 12),
+    ],
+    "text": [
+        _frame("forward", SP + "transformers/models/clip/modeling_clip.py", 310),
+        _frame("encode_prompt", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 420),
+        _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 960),
+        _frame("<module>", "/home/u/run_sd.py", 20),
+    ],
+    "act": [
+        _frame("forward", SP + "diffusers/models/resnet.py", 372),
+        _frame("_call_impl", SP + "torch/nn/modules/module.py", 1750),
+        _frame("forward", SP + "diffusers/models/unets/unet_2d_blocks.py", 1281),
+        _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
+        _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
+        _frame("<module>", "/home/u/run_sd.py", 20),
+    ],
+    "attn": [
+        _frame("get_attention_scores", SP + "diffusers/models/attention_processor.py", 719),
+        _frame("__call__", SP + "diffusers/models/attention_processor.py", 1510),
+        _frame("forward", SP + "diffusers/models/attention_processor.py", 560),
+        _frame("forward", SP + "diffusers/models/attention.py", 1003),
+        _frame("forward", SP + "diffusers/models/transformers/transformer_2d.py", 427),
+        _frame("forward", SP + "diffusers/models/unets/unet_2d_condition.py", 1216),
+        _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1030),
+        _frame("<module>", "/home/u/run_sd.py", 20),
+    ],
+    "latents": [
+        _frame("prepare_latents", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 700),
+        _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 990),
+        _frame("<module>", "/home/u/run_sd.py", 20),
+    ],
+    "vae": [
+        _frame("forward", SP + "diffusers/models/autoencoders/vae.py", 330),
+        _frame("decode", SP + "diffusers/models/autoencoders/autoencoder_kl.py", 290),
+        _frame("__call__", SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", 1080),
+        _frame("<module>", "/home/u/run_sd.py", 20),
+    ],
     # A hostile site: the report must escape it everywhere.
     "evil": [_frame("<script>alert(1)</script>", "/home/u/<b>evil</b>.py", 7)],
 }
 
 
-def make_run(steps: int = 4, filler: int = 0, with_attention: bool = True, evil: bool = False, oom: bool = False,
-             seed: int = 0, max_entries: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def make_run(
+    steps: int = 4,
+    filler: int = 0,
+    with_attention: bool = True,
+    evil: bool = False,
+    oom: bool = False,
+    seed: int = 0,
+    max_entries: int | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(snapshot dict, run.json dict) of a small SD-like run on ``synth.Sim`` (the
     reference allocator model). ``filler`` adds that many short-lived activations per
     step (about 3 trace events each); ``evil`` an allocation whose frames hold HTML."""
@@ -105,7 +126,7 @@ def make_run(steps: int = 4, filler: int = 0, with_attention: bool = True, evil:
             sim.free(alloc(int(rng.integers(1, 16 * 1024)) * 1024 + 100, "act"))
         if with_attention:
             for _ in range(3):
-                sim.free(alloc(16 * 4096 * 4096 * 2, "attn"))   # [16, 4096, 4096] fp16 = 512 MiB
+                sim.free(alloc(16 * 4096 * 4096 * 2, "attn"))  # [16, 4096, 4096] fp16 = 512 MiB
         for h in acts:
             sim.free(h)
     stage("vae_decode", 0.6, 6)
@@ -122,13 +143,26 @@ def make_run(steps: int = 4, filler: int = 0, with_attention: bool = True, evil:
     stage("other", 0.0)
     stages.pop()
     snap = sim.snapshot(marker=False)
-    run = {"schema": "snapviz.run/1", "pipeline": "sd15", "size": "full", "techniques": ["fp16", "classic-attention"],
-           "height": 512, "width": 512, "steps": steps, "batch": 1, "dtype": "fp16",
-           "device_name": "NVIDIA H200", "torch_version": "2.11.0+cu128", "diffusers_version": "0.42.1",
-           "command": "python -m collectors.record --pipeline sd15 --technique fp16",
-           "allocator": {"max_memory_allocated": max(s["peak_allocated_bytes"] for s in stages),
-                         "max_memory_reserved": max(s["peak_reserved_bytes"] for s in stages)},
-           "stages": stages}
+    run = {
+        "schema": "snapviz.run/1",
+        "pipeline": "sd15",
+        "size": "full",
+        "techniques": ["fp16", "classic-attention"],
+        "height": 512,
+        "width": 512,
+        "steps": steps,
+        "batch": 1,
+        "dtype": "fp16",
+        "device_name": "NVIDIA H200",
+        "torch_version": "2.11.0+cu128",
+        "diffusers_version": "0.42.1",
+        "command": "python -m collectors.record --pipeline sd15 --technique fp16",
+        "allocator": {
+            "max_memory_allocated": max(s["peak_allocated_bytes"] for s in stages),
+            "max_memory_reserved": max(s["peak_reserved_bytes"] for s in stages),
+        },
+        "stages": stages,
+    }
     del weights
     return snap, run
 
@@ -144,7 +178,9 @@ def write_run(dirpath: str, **kw: Any) -> str:
     return dirpath
 
 
-def _analyse(snap: dict[str, Any], run: dict[str, Any] | None = None, source: str = "snap") -> tuple[Any, dict[str, Any]]:
+def _analyse(
+    snap: dict[str, Any], run: dict[str, Any] | None = None, source: str = "snap"
+) -> tuple[Any, dict[str, Any]]:
     from snapviz.analyses.summary import analyze_run, summary_dict
     from snapviz.load import Run
     from snapviz.load.snapshot.builder import snapshot_from_dict
@@ -163,12 +199,28 @@ def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:
     timeline = pd.DataFrame({"time_us": t, "allocated": alloc, "reserved": alloc + 64 * MiB})
     cuts = np.linspace(0, n - 1, 5).astype(int)
     names = ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
-    stages = pd.DataFrame({"name": names, "start_us": t[cuts[:-1]], "end_us": t[cuts[1:]],
-                           "peak_allocated_bytes": [int(alloc[a:b + 1].max()) for a, b in zip(cuts[:-1], cuts[1:])]})
-    ops = pd.DataFrame({"name": ["aten::_scaled_dot_product_flash_attention"] * 3, "stage": names[1:],
-                        "shape": [[2, 8, 4096, 64]] * 3, "dur_us": [120.5, 118.0, 119.25]})
+    stages = pd.DataFrame(
+        {
+            "name": names,
+            "start_us": t[cuts[:-1]],
+            "end_us": t[cuts[1:]],
+            "peak_allocated_bytes": [int(alloc[a : b + 1].max()) for a, b in zip(cuts[:-1], cuts[1:])],
+        }
+    )
+    ops = pd.DataFrame(
+        {
+            "name": ["aten::_scaled_dot_product_flash_attention"] * 3,
+            "stage": names[1:],
+            "shape": [[2, 8, 4096, 64]] * 3,
+            "dur_us": [120.5, 118.0, 119.25],
+        }
+    )
     pi = int(np.argmax(alloc))
-    doc = {"schema": "snapviz.trace_summary/1", "source": "trace.json.gz",
-           "peak": {"allocated_bytes": int(alloc[pi]), "reserved_bytes": int(alloc[pi] + 64 * MiB)},
-           "attention": {"implementation": "fused (SDPA)"}, "warnings": ["trace has no snapshot"]}
+    doc = {
+        "schema": "snapviz.trace_summary/1",
+        "source": "trace.json.gz",
+        "peak": {"allocated_bytes": int(alloc[pi]), "reserved_bytes": int(alloc[pi] + 64 * MiB)},
+        "attention": {"implementation": "fused (SDPA)"},
+        "warnings": ["trace has no snapshot"],
+    }
     return SimpleNamespace(timeline=timeline, stages=stages, attention_ops=ops), doc

@@ -47,6 +47,7 @@ Typical use::
     snap = sim.snapshot()            # the dict torch would pickle
     sim.peak_allocated(0)            # ground truth
 """
+
 from __future__ import annotations
 
 import bisect
@@ -122,11 +123,27 @@ class SimOOM(Exception):
 
 
 class _Block:
-    __slots__ = ("device", "stream", "size", "requested_size", "pool", "ptr", "allocated", "mapped",
-                 "prev", "next", "event_count", "stream_uses", "ctx", "seg_ctx", "es", "uid")
+    __slots__ = (
+        "device",
+        "stream",
+        "size",
+        "requested_size",
+        "pool",
+        "ptr",
+        "allocated",
+        "mapped",
+        "prev",
+        "next",
+        "event_count",
+        "stream_uses",
+        "ctx",
+        "seg_ctx",
+        "es",
+        "uid",
+    )
     _next_uid = 0
 
-    def __init__(self, device: int, stream: int, size: int, pool: "_Pool", ptr: int) -> None:
+    def __init__(self, device: int, stream: int, size: int, pool: _Pool, ptr: int) -> None:
         self.device = device
         self.stream = stream
         self.size = size
@@ -139,8 +156,8 @@ class _Block:
         self.next: _Block | None = None
         self.event_count = 0
         self.stream_uses: set[int] = set()
-        self.ctx: list[dict[str, Any]] | None = None       # context_when_allocated
-        self.seg_ctx: list[dict[str, Any]] | None = None   # context_when_segment_allocated
+        self.ctx: list[dict[str, Any]] | None = None  # context_when_allocated
+        self.seg_ctx: list[dict[str, Any]] | None = None  # context_when_segment_allocated
         self.es: _ExpandableSegment | None = None
         _Block._next_uid += 1
         self.uid = _Block._next_uid
@@ -148,7 +165,7 @@ class _Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def splice(self, before: "_Block | None", after: "_Block | None") -> None:
+    def splice(self, before: _Block | None, after: _Block | None) -> None:
         if before is not None:
             assert before.next is after
             before.next = self
@@ -251,10 +268,10 @@ class _Entry:
     time_us: int
     label: str
     compile_context: str
-    allocated_after: int   # ground truth: allocator's allocated_bytes after this entry
+    allocated_after: int  # ground truth: allocator's allocated_bytes after this entry
     reserved_after: int
     requested_after: int
-    block_size: int = 0    # ground truth: the block behind an alloc/free entry
+    block_size: int = 0  # ground truth: the block behind an alloc/free entry
 
 
 @dataclass
@@ -271,12 +288,12 @@ class _Device:
     total_reserved: int = 0
     allocated: int = 0
     reserved: int = 0
-    requested: int = 0        # requested bytes of allocated blocks (not torch's active-based stat)
+    requested: int = 0  # requested bytes of allocated blocks (not torch's active-based stat)
     peak_allocated: int = 0
     peak_reserved: int = 0
     peak_requested: int = 0
     trace: deque[_Entry] = field(default_factory=deque)
-    dropped: int = 0          # entries that fell out of the ring buffer
+    dropped: int = 0  # entries that fell out of the ring buffer
     before_window: tuple[int, int, int] = (0, 0, 0)  # (alloc, res, req) just before trace[0]
     # running values used to stamp entries; kept apart from the stats on purpose so a
     # wrong delta shows up in check_consistency()
@@ -305,13 +322,17 @@ class Handle:
         return f"Handle(dev={self.device}, addr={self.addr:#x}, nbytes={self.nbytes}, block={self.block.size})"
 
 
-def make_frames(name: str, filename: str = "/work/pipeline.py", line: int = 1, depth: int = 4,
-                cpp: bool = False) -> list[dict[str, Any]]:
+def make_frames(
+    name: str, filename: str = "/work/pipeline.py", line: int = 1, depth: int = 4, cpp: bool = False
+) -> list[dict[str, Any]]:
     """A plausible stack, innermost first (``frames[0]`` is the allocation site)."""
     fr = [{"filename": filename, "line": line, "name": name}]
-    outer = [("forward", "/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1750),
-             ("__call__", "/usr/lib/python3/site-packages/diffusers/pipelines/pipeline.py", 980),
-             ("run", "/work/run.py", 40), ("<module>", "/work/run.py", 77)]
+    outer = [
+        ("forward", "/usr/lib/python3/site-packages/torch/nn/modules/module.py", 1750),
+        ("__call__", "/usr/lib/python3/site-packages/diffusers/pipelines/pipeline.py", 980),
+        ("run", "/work/run.py", 40),
+        ("<module>", "/work/run.py", 77),
+    ]
     fr.extend({"filename": f, "line": ln, "name": n} for n, f, ln in outer[: max(0, depth - 1)])
     if cpp:  # stacks="all": C++ frames interleaved, filename '??' or '', line 0
         fr.insert(0, {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::malloc"})
@@ -329,12 +350,23 @@ class Sim:
     ``start_recording``, e.g. after loading weights).
     """
 
-    def __init__(self, *, devices: int = 1, capacity: int = 140 * GiB, expandable: bool = False,
-                 max_split_size: int | None = None, record: bool = True, max_entries: int | None = None,
-                 context: str | None = "all", event_delay: tuple[int, int] = (1, 6), seed: int = 0,
-                 segment_gap: int = 0, start_time_us: int = 1_796_003_367_980_133,
-                 cuda_malloc: Any = None, roundup_power2_divisions: int | dict[int, int] | list[int] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        devices: int = 1,
+        capacity: int = 140 * GiB,
+        expandable: bool = False,
+        max_split_size: int | None = None,
+        record: bool = True,
+        max_entries: int | None = None,
+        context: str | None = "all",
+        event_delay: tuple[int, int] = (1, 6),
+        seed: int = 0,
+        segment_gap: int = 0,
+        start_time_us: int = 1_796_003_367_980_133,
+        cuda_malloc: Any = None,
+        roundup_power2_divisions: int | dict[int, int] | list[int] | None = None,
+    ) -> None:
         self.rng = random.Random(seed)
         # ``cuda_malloc(device, size) -> address``: where cudaMalloc puts a segment (default:
         # first fit in a synthetic address space). Replaying a real trace passes the real ones.
@@ -365,8 +397,9 @@ class Sim:
             self.start_recording(max_entries=max_entries, context=context)
 
     # ------------------------------------------------------------------ recording
-    def start_recording(self, max_entries: int | None = None, context: str | None = "all",
-                        clear: bool = True, reset_peak: bool = True) -> None:
+    def start_recording(
+        self, max_entries: int | None = None, context: str | None = "all", clear: bool = True, reset_peak: bool = True
+    ) -> None:
         """``_record_memory_history(enabled="all", max_entries=...)``; also resets peaks so
         ``peak_*`` is "since recording began" (what a collector does)."""
         self.recording = True
@@ -403,7 +436,7 @@ class Sim:
         if self.recording:
             self.annotations.append({"stage": stage, "name": name, "device": device, "time_us": self._tick()})
 
-    def stage(self, name: str, device: int = 0) -> "_StageCtx":
+    def stage(self, name: str, device: int = 0) -> _StageCtx:
         """``with sim.stage("denoise/3"):`` labels entries and records START/END."""
         return _StageCtx(self, name, device)
 
@@ -416,9 +449,19 @@ class Sim:
         dev.dropped += 1
         dev.before_window = (e.allocated_after, e.reserved_after, e.requested_after)
 
-    def _record(self, dev: _Device, action: str, addr: int, size: int, stream: int,
-                ctx: list[dict[str, Any]] | None, d_alloc: int = 0, d_res: int = 0, d_req: int = 0,
-                block_size: int = 0) -> None:
+    def _record(
+        self,
+        dev: _Device,
+        action: str,
+        addr: int,
+        size: int,
+        stream: int,
+        ctx: list[dict[str, Any]] | None,
+        d_alloc: int = 0,
+        d_res: int = 0,
+        d_req: int = 0,
+        block_size: int = 0,
+    ) -> None:
         dev.t_alloc += d_alloc
         dev.t_res += d_res
         dev.t_req += d_req
@@ -426,8 +469,20 @@ class Sim:
             return
         if self.context is None or self.context == "state":
             ctx = None
-        e = _Entry(action, addr, size, stream, ctx, self._tick(), self.label, self.compile_context,
-                   dev.t_alloc, dev.t_res, dev.t_req, block_size)
+        e = _Entry(
+            action,
+            addr,
+            size,
+            stream,
+            ctx,
+            self._tick(),
+            self.label,
+            self.compile_context,
+            dev.t_alloc,
+            dev.t_res,
+            dev.t_req,
+            block_size,
+        )
         dev.trace.append(e)
         if self.max_entries is not None and len(dev.trace) > self.max_entries:
             self._drop_oldest(dev)
@@ -517,8 +572,14 @@ class Sim:
                         assert nb is None or nb.allocated or nb.event_count or not nb.mapped, (b, nb)
 
     # ------------------------------------------------------------------ public API
-    def alloc(self, nbytes: int, stream: int = 0, device: int = 0, frames: list[dict[str, Any]] | None = None,
-              label: str | None = None) -> Handle:
+    def alloc(
+        self,
+        nbytes: int,
+        stream: int = 0,
+        device: int = 0,
+        frames: list[dict[str, Any]] | None = None,
+        label: str | None = None,
+    ) -> Handle:
         """``torch.empty(nbytes, dtype=uint8, device=f"cuda:{device}")`` on ``stream``."""
         old = self.label
         if label is not None:
@@ -559,8 +620,16 @@ class Sim:
         for dev in self.devices:
             self._release_cached_blocks(dev, frames)
 
-    def snapshot(self, *, layout: str = "dict", omit: tuple[str, ...] = (), settings: bool = True,
-                 annotations: bool = True, marker: bool = True, overflow_flag: bool = False) -> Any:
+    def snapshot(
+        self,
+        *,
+        layout: str = "dict",
+        omit: tuple[str, ...] = (),
+        settings: bool = True,
+        annotations: bool = True,
+        marker: bool = True,
+        overflow_flag: bool = False,
+    ) -> Any:
         """What ``torch.cuda.memory._snapshot()`` returns now.
 
         ``layout``: ``"dict"`` (2.11), ``"segments"`` (a bare list of segments, as
@@ -656,10 +725,16 @@ class Sim:
             if head.prev is not None and head.prev.mapped:
                 continue
             seg: dict[str, Any] = {
-                "device": dev.index, "address": head.ptr, "total_size": 0, "allocated_size": 0,
-                "active_size": 0, "requested_size": 0, "stream": head.stream,
+                "device": dev.index,
+                "address": head.ptr,
+                "total_size": 0,
+                "allocated_size": 0,
+                "active_size": 0,
+                "requested_size": 0,
+                "stream": head.stream,
                 "segment_type": "small" if head.pool.is_small else "large",
-                "segment_pool_id": (0, 0), "is_expandable": head.es is not None,
+                "segment_pool_id": (0, 0),
+                "is_expandable": head.es is not None,
                 "frames": head.seg_ctx if (head.seg_ctx is not None and self.context) else [],
                 "blocks": [],
             }
@@ -668,10 +743,15 @@ class Sim:
             while b is not None and b.mapped:
                 active = b.allocated or b.event_count > 0 or bool(b.stream_uses)
                 state = "active_allocated" if b.allocated else ("active_pending_free" if active else "inactive")
-                seg["blocks"].append({
-                    "address": addr, "size": b.size, "requested_size": b.requested_size, "state": state,
-                    "frames": b.ctx if (b.ctx is not None and self.context) else [],
-                })
+                seg["blocks"].append(
+                    {
+                        "address": addr,
+                        "size": b.size,
+                        "requested_size": b.requested_size,
+                        "state": state,
+                        "frames": b.ctx if (b.ctx is not None and self.context) else [],
+                    }
+                )
                 seg["total_size"] += b.size
                 if b.allocated:
                     seg["allocated_size"] += b.size
@@ -721,9 +801,14 @@ class Sim:
             # best fit counts the unmapped address space right after a block
             def esize(x: _Block) -> int:
                 return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
+
             j = i + 1
-            while (pool.by_key[keys[i]].es is not None and j < len(keys) and keys[j][0] == stream
-                   and esize(pool.by_key[keys[j]]) < esize(pool.by_key[keys[i]])):
+            while (
+                pool.by_key[keys[i]].es is not None
+                and j < len(keys)
+                and keys[j][0] == stream
+                and esize(pool.by_key[keys[j]]) < esize(pool.by_key[keys[i]])
+            ):
                 i, j = j, j + 1
             b = pool.by_key[keys[i]]
         if size < self.max_split and b.size >= self.max_split:
@@ -733,8 +818,9 @@ class Sim:
         pool.remove(b)
         return b
 
-    def _alloc_block(self, dev: _Device, pool: _Pool, size: int, alloc_size: int, stream: int,
-                     ctx: list[dict[str, Any]] | None) -> _Block | None:
+    def _alloc_block(
+        self, dev: _Device, pool: _Pool, size: int, alloc_size: int, stream: int, ctx: list[dict[str, Any]] | None
+    ) -> _Block | None:
         if self.expandable:
             return self._try_allocate_expandable_block(dev, pool, size, stream, ctx)
         if dev.total_reserved + alloc_size > dev.capacity:
@@ -748,8 +834,16 @@ class Sim:
         b.seg_ctx = ctx
         return b
 
-    def _alloc_found_block(self, dev: _Device, pool: _Pool, block: _Block, size: int, orig_size: int,
-                           stream: int, ctx: list[dict[str, Any]] | None) -> _Block:
+    def _alloc_found_block(
+        self,
+        dev: _Device,
+        pool: _Pool,
+        block: _Block,
+        size: int,
+        orig_size: int,
+        stream: int,
+        ctx: list[dict[str, Any]] | None,
+    ) -> _Block:
         if self._should_split(block, size):
             remaining = block
             block = _Block(dev.index, stream, size, pool, remaining.ptr)
@@ -765,8 +859,17 @@ class Sim:
         block.allocated = True
         block.requested_size = orig_size
         block.ctx = ctx
-        self._record(dev, "alloc", block.ptr, orig_size, block.stream, ctx, d_alloc=block.size, d_req=orig_size,
-                     block_size=block.size)
+        self._record(
+            dev,
+            "alloc",
+            block.ptr,
+            orig_size,
+            block.stream,
+            ctx,
+            d_alloc=block.size,
+            d_req=orig_size,
+            block_size=block.size,
+        )
         dev.active.add(block)
         self._stat_alloc(dev, block.size, orig_size)
         return block
@@ -776,8 +879,17 @@ class Sim:
         block.allocated = False
         self._stat_alloc(dev, -block.size, -block.requested_size)
         fctx = ctx if (ctx is not None and self.context == "all") else block.ctx
-        self._record(dev, "free_requested", block.ptr, block.requested_size, block.stream, fctx,
-                     d_alloc=-block.size, d_req=-block.requested_size, block_size=block.size)
+        self._record(
+            dev,
+            "free_requested",
+            block.ptr,
+            block.requested_size,
+            block.stream,
+            fctx,
+            d_alloc=-block.size,
+            d_req=-block.requested_size,
+            block_size=block.size,
+        )
         if block.stream_uses:
             streams = sorted(block.stream_uses)
             block.stream_uses = set()
@@ -790,8 +902,15 @@ class Sim:
 
     def _free_block(self, dev: _Device, block: _Block, ctx: list[dict[str, Any]] | None) -> None:
         assert not block.allocated and block.event_count == 0 and not block.stream_uses
-        self._record(dev, "free_completed", block.ptr, block.requested_size, block.stream,
-                     ctx if ctx is not None else block.ctx, block_size=block.size)
+        self._record(
+            dev,
+            "free_completed",
+            block.ptr,
+            block.requested_size,
+            block.stream,
+            ctx if ctx is not None else block.ctx,
+            block_size=block.size,
+        )
         block.ctx = None
         for cand in (block.prev, block.next):
             self._try_merge(block, cand)
@@ -799,8 +918,7 @@ class Sim:
         block.pool.insert(block)
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:
-        if (src is None or src.allocated or src.event_count > 0 or src.stream_uses
-                or dst.mapped != src.mapped):
+        if src is None or src.allocated or src.event_count > 0 or src.stream_uses or dst.mapped != src.mapped:
             return 0
         if src.mapped:
             src.pool.remove(src)
@@ -844,8 +962,7 @@ class Sim:
 
     def _release_block(self, dev: _Device, b: _Block, ctx: list[dict[str, Any]] | None) -> None:
         assert b.es is None
-        self._record(dev, "segment_free", b.ptr, b.size, b.stream, ctx if ctx is not None else b.seg_ctx,
-                     d_res=-b.size)
+        self._record(dev, "segment_free", b.ptr, b.size, b.stream, ctx if ctx is not None else b.seg_ctx, d_res=-b.size)
         assert dev.va is not None
         if not self.cuda_malloc:
             dev.va.release(b.ptr, b.size)
@@ -879,8 +996,9 @@ class Sim:
         self._release_blocks(dev, dev.small, ctx)
         return True
 
-    def _release_available_cached_blocks(self, dev: _Device, pool: _Pool, size: int, stream: int,
-                                         ctx: list[dict[str, Any]] | None) -> bool:
+    def _release_available_cached_blocks(
+        self, dev: _Device, pool: _Pool, size: int, stream: int, ctx: list[dict[str, Any]] | None
+    ) -> bool:
         if self.max_split == SIZE_MAX:
             return False
         key_size = max(size, self.max_split)
@@ -939,8 +1057,9 @@ class Sim:
         pool.insert_unmapped(cand)
         return cand
 
-    def _try_allocate_expandable_block(self, dev: _Device, pool: _Pool, size: int, stream: int,
-                                       ctx: list[dict[str, Any]] | None) -> _Block | None:
+    def _try_allocate_expandable_block(
+        self, dev: _Device, pool: _Pool, size: int, stream: int, ctx: list[dict[str, Any]] | None
+    ) -> _Block | None:
         cand = self._find_expandable_block(dev, pool, stream, size)
         if not cand.mapped and not self._map_block(dev, cand, min(cand.size, size), ctx):
             return None
@@ -1015,8 +1134,7 @@ class Sim:
         pool.insert_unmapped(b)
         dev.total_reserved -= usize
         self._stat_res(dev, -usize)
-        self._record(dev, "segment_unmap", uptr, usize, b.stream, ctx if ctx is not None else b.seg_ctx,
-                     d_res=-usize)
+        self._record(dev, "segment_unmap", uptr, usize, b.stream, ctx if ctx is not None else b.seg_ctx, d_res=-usize)
 
 
 class _StageCtx:
@@ -1052,8 +1170,21 @@ def diffusion_size(rng: random.Random, attention: bool = True) -> int:
             return rng.choice((4, 8, 1280, 2560, 5120, 320 * 4, 77 * 768 * 2, 2 * 1280 * 2))
         return _odd(rng, 1, kSmallSize)
     if r < 0.55:  # just around the pool / rounding thresholds
-        return rng.choice((kSmallSize, kSmallSize + 1, kSmallSize + 511, 2 * MiB, 10 * MiB - 1, 10 * MiB,
-                           10 * MiB + 1, 20 * MiB - 512, 20 * MiB, 19 * MiB + 1, 12 * MiB + 1536))
+        return rng.choice(
+            (
+                kSmallSize,
+                kSmallSize + 1,
+                kSmallSize + 511,
+                2 * MiB,
+                10 * MiB - 1,
+                10 * MiB,
+                10 * MiB + 1,
+                20 * MiB - 512,
+                20 * MiB,
+                19 * MiB + 1,
+                12 * MiB + 1536,
+            )
+        )
     if r < 0.80:
         return _odd(rng, kSmallSize + 1, 10 * MiB)
     if r < 0.97:
@@ -1065,12 +1196,27 @@ def diffusion_size(rng: random.Random, attention: bool = True) -> int:
     return _odd(rng, 100 * MiB, 600 * MiB)  # VAE decoder feature maps
 
 
-def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: int = 1,
-                    expandable: bool = False, delayed_frees: bool = False, empty_cache_every: int | None = None,
-                    max_entries: int | None = None, record_from: float = 0.0, capacity: int = 140 * GiB,
-                    budget: int = 24 * GiB, max_split_size: int | None = None, attention: bool = True,
-                    context: str | None = "all", cpp_frames: bool = False, segment_gap: int = 0,
-                    oom: bool = False, roundup_power2_divisions: int | dict[int, int] | None = None) -> Sim:
+def random_workload(
+    seed: int,
+    n_ops: int = 1500,
+    *,
+    devices: int = 1,
+    streams: int = 1,
+    expandable: bool = False,
+    delayed_frees: bool = False,
+    empty_cache_every: int | None = None,
+    max_entries: int | None = None,
+    record_from: float = 0.0,
+    capacity: int = 140 * GiB,
+    budget: int = 24 * GiB,
+    max_split_size: int | None = None,
+    attention: bool = True,
+    context: str | None = "all",
+    cpp_frames: bool = False,
+    segment_gap: int = 0,
+    oom: bool = False,
+    roundup_power2_divisions: int | dict[int, int] | None = None,
+) -> Sim:
     """Run a diffusion-like random workload and return the model (call ``.snapshot()``).
 
     ``record_from``: fraction of the ops after which recording starts (and peaks are
@@ -1078,12 +1224,23 @@ def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: 
     (``capacity`` small) and carry on, as a pipeline that catches OOM would.
     """
     rng = random.Random(seed * 7919 + 17)
-    sim = Sim(devices=devices, capacity=capacity, expandable=expandable, max_split_size=max_split_size,
-              record=record_from <= 0, max_entries=max_entries, context=context, seed=seed, segment_gap=segment_gap,
-              roundup_power2_divisions=roundup_power2_divisions)
-    stream_ids = [0, *SIDE_STREAMS][:max(1, streams)]
-    sites = [make_frames(f"op{i}", f"/work/models/unet_{i % 5}.py", 10 + i, depth=rng.randint(1, 5), cpp=cpp_frames)
-             for i in range(24)]
+    sim = Sim(
+        devices=devices,
+        capacity=capacity,
+        expandable=expandable,
+        max_split_size=max_split_size,
+        record=record_from <= 0,
+        max_entries=max_entries,
+        context=context,
+        seed=seed,
+        segment_gap=segment_gap,
+        roundup_power2_divisions=roundup_power2_divisions,
+    )
+    stream_ids = [0, *SIDE_STREAMS][: max(1, streams)]
+    sites = [
+        make_frames(f"op{i}", f"/work/models/unet_{i % 5}.py", 10 + i, depth=rng.randint(1, 5), cpp=cpp_frames)
+        for i in range(24)
+    ]
     free_sites = [make_frames(f"free{i}", "/work/pipeline.py", 200 + i) for i in range(4)]
     live: list[list[Handle]] = [[] for _ in range(devices)]
     persistent: set[int] = set()
@@ -1145,8 +1302,7 @@ def random_workload(seed: int, n_ops: int = 1500, *, devices: int = 1, streams: 
     return sim
 
 
-def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
-                     max_split_size: int | None = None) -> Sim:
+def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None, max_split_size: int | None = None) -> Sim:
     """Re-run a real snapshot's history through the model: only the *requests* (alloc
     sizes and streams, frees, ``empty_cache`` bursts) and cudaMalloc's addresses go in;
     block sizes, splits, reuse, placement and the trace come out of the model, so they
@@ -1175,8 +1331,13 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
     mss = settings.get("max_split_size")
     if max_split_size is None and isinstance(mss, int) and 0 < mss < 1 << 62:
         max_split_size = mss
-    sim = Sim(devices=max(1, len(traces)), cuda_malloc=cuda_malloc, capacity=capacity or 140 * GiB,
-              max_split_size=max_split_size, roundup_power2_divisions=divisions)
+    sim = Sim(
+        devices=max(1, len(traces)),
+        cuda_malloc=cuda_malloc,
+        capacity=capacity or 140 * GiB,
+        max_split_size=max_split_size,
+        roundup_power2_divisions=divisions,
+    )
     for dev, tr in enumerate(traces):
         live: dict[int, Handle] = {}
         in_burst = False
@@ -1187,8 +1348,9 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
             if a == "segment_alloc":
                 pending[dev].append((e["addr"], e["size"]))
             elif a == "alloc":
-                live[e["addr"]] = sim.alloc(e["size"], stream=e["stream"], device=dev, frames=e.get("frames"),
-                                            label=e.get("user_metadata"))
+                live[e["addr"]] = sim.alloc(
+                    e["size"], stream=e["stream"], device=dev, frames=e.get("frames"), label=e.get("user_metadata")
+                )
             elif a == "free_requested":
                 if e["addr"] not in live:
                     raise ValueError("history incomplete (a free without its alloc)")
@@ -1198,8 +1360,9 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None,
                 sim.free(live.pop(e["addr"]), frames=e.get("frames"), label=e.get("user_metadata"))
             elif a == "oom":
                 try:
-                    sim.alloc(e["size"], stream=e["stream"], device=dev, frames=e.get("frames"),
-                              label=e.get("user_metadata"))
+                    sim.alloc(
+                        e["size"], stream=e["stream"], device=dev, frames=e.get("frames"), label=e.get("user_metadata")
+                    )
                 except SimOOM:
                     pass
                 else:
@@ -1214,7 +1377,6 @@ def handcrafted_split_sim(remainder_plus: int, *, expandable: bool = False) -> t
     """A 20 MiB large-pool segment with a 15 MiB free tail, then a request that leaves
     ``1 MiB + remainder_plus`` of it: split only if the remainder is *more* than 1 MiB."""
     sim = Sim(expandable=expandable)
-    sim.alloc(5 * MiB)                           # new 20 MiB segment, split: [5 MiB | 15 MiB free]
-    b = sim.alloc(14 * MiB - remainder_plus)     # best fit: the 15 MiB tail
+    sim.alloc(5 * MiB)  # new 20 MiB segment, split: [5 MiB | 15 MiB free]
+    b = sim.alloc(14 * MiB - remainder_plus)  # best fit: the 15 MiB tail
     return sim, b
-

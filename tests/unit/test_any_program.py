@@ -6,6 +6,7 @@ knows which allocations are score matrices. Frames mirror a hand-written model: 
 ``attention`` that builds ``q @ k.T`` and calls the user's own ``softmax``, a loss outside
 any module, ``Tensor.backward``, an optimizer and ``zero_grad``.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
+
+from paths import ROOT
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.sites import SiteNamer
@@ -26,21 +27,32 @@ from snapviz.analyses.stages import label_events
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.model import A_ALLOC
-from paths import ROOT
+from synth import MiB, Sim
 
 USER = "/home/me/"
-UNWIND = [{"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
-          {"name": "torch::CapturedTraceback::gather(bool, bool, bool)", "filename": "??", "line": 0},
-          {"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
-           "filename": "CUDACachingAllocator.cpp", "line": 0}]
+UNWIND = [
+    {"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
+    {"name": "torch::CapturedTraceback::gather(bool, bool, bool)", "filename": "??", "line": 0},
+    {
+        "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+        "filename": "CUDACachingAllocator.cpp",
+        "line": 0,
+    },
+]
 
 
 def f(name: str, path: str, line: int) -> dict[str, Any]:
     return {"name": name, "filename": path if path.startswith("/") else SP + path, "line": line}
 
 
-def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate: bool = False,
-                 torch_optimizer: bool = True, att_fn: str = "forward") -> tuple[dict[str, Any], np.ndarray, list[int]]:
+def training_run(
+    steps: int = 2,
+    cpp: bool = False,
+    sdpa: bool = False,
+    annotate: bool = False,
+    torch_optimizer: bool = True,
+    att_fn: str = "forward",
+) -> tuple[dict[str, Any], np.ndarray, list[int]]:
     """(snapshot dict, the phase label of every trace entry, the score matrix sizes allocated).
 
     ``cpp``: stacks="all" (unwinder and allocator frames first, the autograd thread's C++
@@ -54,27 +66,51 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
     def S(*frames: dict[str, Any], op: str = "at::_ops::empty::call(...)") -> list[dict[str, Any]]:
         key = (tuple(tuple(sorted(x.items())) for x in frames), op)
         if key not in cache:
-            cache[key] = ([*UNWIND, {"name": op, "filename": "", "line": 0}] if cpp else []) + list(frames) + (
-                [{"name": "_start", "filename": "??", "line": 0}] if cpp else [])
+            cache[key] = (
+                ([*UNWIND, {"name": op, "filename": "", "line": 0}] if cpp else [])
+                + list(frames)
+                + ([{"name": "_start", "filename": "??", "line": 0}] if cpp else [])
+            )
         return cache[key]
 
     main = [f("train", USER + "train.py", 20), f("<module>", USER + "train.py", 50)]
-    call = [f("_call_impl", "torch/nn/modules/module.py", 1750), f("_wrapped_call_impl", "torch/nn/modules/module.py", 1739)]
+    call = [
+        f("_call_impl", "torch/nn/modules/module.py", 1750),
+        f("_wrapped_call_impl", "torch/nn/modules/module.py", 1739),
+    ]
     fwd = [f("forward", USER + "model.py", 80), *call, *main]
     att = [f(att_fn, USER + "model.py", 60), *call, f("forward", USER + "model.py", 78), *call, *fwd]
     soft = f("softmax", USER + "model.py", 12)
-    opt = ([f("step", USER + "optim.py", 40), f("wrapper", "torch/optim/optimizer.py", 493)] if torch_optimizer
-           else [f("step", USER + "optim.py", 40)]) + [f("train", USER + "train.py", 26), main[1]]
-    bwd = [f("_engine_run_backward", "torch/autograd/graph.py", 825), f("backward", "torch/autograd/__init__.py", 347),
-           f("backward", "torch/_tensor.py", 581), f("train", USER + "train.py", 24), main[1]]
+    opt = (
+        [f("step", USER + "optim.py", 40), f("wrapper", "torch/optim/optimizer.py", 493)]
+        if torch_optimizer
+        else [f("step", USER + "optim.py", 40)]
+    ) + [f("train", USER + "train.py", 26), main[1]]
+    bwd = [
+        f("_engine_run_backward", "torch/autograd/graph.py", 825),
+        f("backward", "torch/autograd/__init__.py", 347),
+        f("backward", "torch/_tensor.py", 581),
+        f("train", USER + "train.py", 24),
+        main[1],
+    ]
     zg = [f("zero_grad", "torch/optim/optimizer.py", 950), f("train", USER + "train.py", 27), main[1]]
-    engine = [{"name": "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)", "filename": "??", "line": 0},
-              {"name": "torch::autograd::Engine::evaluate_function(...)", "filename": "??", "line": 0},
-              {"name": "torch::autograd::Engine::thread_main(...)", "filename": "??", "line": 0}]
+    engine = [
+        {
+            "name": "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)",
+            "filename": "??",
+            "line": 0,
+        },
+        {"name": "torch::autograd::Engine::evaluate_function(...)", "filename": "??", "line": 0},
+        {"name": "torch::autograd::Engine::thread_main(...)", "filename": "??", "line": 0},
+    ]
     B, H, L, D = 4, 8, 512, 64
     score = B * H * L * L * 2
     scores: list[int] = []
-    weights = sim.alloc(64 * MiB, frames=S(f("_apply", "torch/nn/modules/module.py", 900), f("to", "torch/nn/modules/module.py", 1160), *main), label="load")
+    weights = sim.alloc(
+        64 * MiB,
+        frames=S(f("_apply", "torch/nn/modules/module.py", 900), f("to", "torch/nn/modules/module.py", 1160), *main),
+        label="load",
+    )
     grads: list[Any] = []
     state: list[Any] = []
     for i in range(steps):
@@ -87,21 +123,31 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
         for layer in range(2):
             q = sim.alloc(B * H * L * D * 2, frames=S(f(att_fn, USER + "model.py", 55), *att[1:]))
             if sdpa:
-                o = sim.alloc(B * H * L * D * 2, frames=S(*att, op="at::_ops::_scaled_dot_product_flash_attention::call(...)"))
+                o = sim.alloc(
+                    B * H * L * D * 2, frames=S(*att, op="at::_ops::_scaled_dot_product_flash_attention::call(...)")
+                )
             else:
-                s_ = sim.alloc(score, frames=S(f(att_fn, USER + "model.py", 61), *att[1:], op="at::_ops::bmm::call(...)"))
-                p = sim.alloc(score, frames=S(soft, f(att_fn, USER + "model.py", 62), *att[1:], op="at::_ops::div_Tensor::call(...)"))
+                s_ = sim.alloc(
+                    score, frames=S(f(att_fn, USER + "model.py", 61), *att[1:], op="at::_ops::bmm::call(...)")
+                )
+                p = sim.alloc(
+                    score,
+                    frames=S(soft, f(att_fn, USER + "model.py", 62), *att[1:], op="at::_ops::div_Tensor::call(...)"),
+                )
                 sim.free(s_, frames=S(f(att_fn, USER + "model.py", 62), *att[1:]))
                 scores += [score, score]
-                o = sim.alloc(B * H * L * D * 2, frames=S(f(att_fn, USER + "model.py", 63), *att[1:], op="at::_ops::bmm::call(...)"))
-                acts.append(p)   # kept for backward
+                o = sim.alloc(
+                    B * H * L * D * 2,
+                    frames=S(f(att_fn, USER + "model.py", 63), *att[1:], op="at::_ops::bmm::call(...)"),
+                )
+                acts.append(p)  # kept for backward
             sim.free(q, frames=S(*att))
             acts.append(o)
-        loss = sim.alloc(512, frames=S(f("cross_entropy", USER + "train.py", 22), main[1]))   # outside any module
+        loss = sim.alloc(512, frames=S(f("cross_entropy", USER + "train.py", 22), main[1]))  # outside any module
         sim.set_label("backward" + tag)
         g0 = sim.alloc(512, frames=S(f("_make_grads", "torch/autograd/__init__.py", 90), *bwd[1:]))
         for a in acts:
-            g = sim.alloc(B * H * L * D * 2, frames=S(*engine) if cpp else [])   # the autograd thread: no Python
+            g = sim.alloc(B * H * L * D * 2, frames=S(*engine) if cpp else [])  # the autograd thread: no Python
             sim.free(a, frames=S(*engine) if cpp else [])
             grads.append(g)
         sim.free(g0, frames=S(*bwd))
@@ -132,17 +178,19 @@ def training_run(steps: int = 2, cpp: bool = False, sdpa: bool = False, annotate
 
 def analyse(d: dict[str, Any], rules: str | None = None) -> Any:
     snap = load_dict(d)
-    return analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None),
-                       rules=load_rules(rules))
+    return analyze_run(
+        Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None), rules=load_rules(rules)
+    )
 
 
 # --- stages -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("cpp", [False, True], ids=["python", "cpp"])
 def test_training_phases_for_an_unknown_model(cpp: bool) -> None:
     d, truth, _ = training_run(cpp=cpp)
     snap = load_dict(d)
-    assert label_from_frames(snap, snap.device_events(0)) is None   # not a pipeline the rules know
+    assert label_from_frames(snap, snap.device_events(0)) is None  # not a pipeline the rules know
     got = label_events(snap, snap.device_events(0), 0)
     assert got.source == "phases"
     np.testing.assert_array_equal(got.labels, truth)
@@ -183,6 +231,7 @@ def test_stage_table_holds_the_peak_stage() -> None:
 
 # --- sites --------------------------------------------------------------------------------------------
 
+
 def test_sites_skip_cpp_frames_to_the_python_line() -> None:
     d, _, _ = training_run(cpp=True)
     an = analyse(d)
@@ -194,19 +243,23 @@ def test_sites_skip_cpp_frames_to_the_python_line() -> None:
         frames = snap.stack(int(sid))
         if any(fr["line"] > 0 for fr in frames):
             assert not site.startswith("[C++]") and ".py:" in site and "torch/" not in site, site
-        else:   # the autograd thread: the node, marked as C++, and the line that ran backward()
-            assert site == ("[C++] torch::autograd::generated::BmmBackward0::apply "
-                            "(autograd thread, backward() called at home/me/train.py:24 train)"), site
+        else:  # the autograd thread: the node, marked as C++, and the line that ran backward()
+            assert site == (
+                "[C++] torch::autograd::generated::BmmBackward0::apply "
+                "(autograd thread, backward() called at home/me/train.py:24 train)"
+            ), site
     q_stack = next(i for i, st in enumerate(snap.stacks) if any(snap.stack(i)[k]["line"] == 55 for k in range(len(st))))
     assert snap.stack(q_stack)[0]["name"] == "torch::unwind::unwind()"
-    assert sites.site(q_stack) == "home/me/model.py:55 forward"   # not the unwinder, not torch's _call_impl
+    assert sites.site(q_stack) == "home/me/model.py:55 forward"  # not the unwinder, not torch's _call_impl
     assert sites.stack_text(q_stack).splitlines()[0] == "home/me/model.py:55 forward"
 
 
 # --- attention ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cpp, att_fn", [(True, "forward"), (False, "attention")],
-                         ids=["cpp-qk-producer", "python-attention-function"])
+
+@pytest.mark.parametrize(
+    "cpp, att_fn", [(True, "forward"), (False, "attention")], ids=["cpp-qk-producer", "python-attention-function"]
+)
 def test_hand_written_attention_is_materialized(cpp: bool, att_fn: str) -> None:
     """The evidence that the softmax is attention's: the bmm (Q·K^T) that built its input
     (C++ frames), or a function named for attention (Python frames only)."""
@@ -216,7 +269,7 @@ def test_hand_written_attention_is_materialized(cpp: bool, att_fn: str) -> None:
     assert s["materialized"] and s["count"] == len(scores)
     assert sorted(an.attention["requested_bytes"].tolist()) == sorted(scores)
     assert f"softmax over a matmul in {att_fn}" in s["implementation"]
-    assert s["largest"]["shape"] is None   # no geometry to factor the size: not guessed
+    assert s["largest"]["shape"] is None  # no geometry to factor the size: not guessed
 
 
 def test_softmax_without_attention_evidence_is_not_scores() -> None:
@@ -234,18 +287,26 @@ def test_sdpa_frames_say_fused() -> None:
 
 
 def test_no_evidence_is_not_determined() -> None:
-    s = analyse(training_run(sdpa=True)[0]).attention_summary   # Python frames only: the kernel is invisible
+    s = analyse(training_run(sdpa=True)[0]).attention_summary  # Python frames only: the kernel is invisible
     assert s["count"] == 0 and not s["fused"] and s["implementation"] == "not determined"
 
 
 # --- rules are explicit -------------------------------------------------------------------------------
 
+
 def test_rules_do_not_leak_between_analyses(tmp_path: Path) -> None:
     """A rules file used for one analysis of a snapshot is not silently reused by the next."""
     d, _, _ = training_run()
     rules = tmp_path / "r.json"
-    rules.write_text(json.dumps({"schema": "snapviz.rules/1", "extends": "builtin", "rules": [
-        {"name": "denoise", "function": "^forward$", "file": "model\\.py$", "priority": 100}]}))
+    rules.write_text(
+        json.dumps(
+            {
+                "schema": "snapviz.rules/1",
+                "extends": "builtin",
+                "rules": [{"name": "denoise", "function": "^forward$", "file": "model\\.py$", "priority": 100}],
+            }
+        )
+    )
     snap = load_dict(d)
     run = Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None)
     with_rules = analyze_run(run, rules=load_rules(str(rules)))
@@ -257,13 +318,18 @@ def test_rules_do_not_leak_between_analyses(tmp_path: Path) -> None:
 def test_bad_rules_schema_exits_2_with_one_line(tmp_path: Path) -> None:
     d, _, _ = training_run(steps=1)
     import pickle
+
     snap_path = tmp_path / "s.pickle"
     snap_path.write_bytes(pickle.dumps(d))
     rules = tmp_path / "r.json"
     rules.write_text(json.dumps({"schema": "snapviz.rules/9", "rules": []}))
     out = tmp_path / "o.json"
-    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(snap_path), "--rules", str(rules), "--json", str(out), "-q"],
-                       capture_output=True, text=True, cwd=ROOT)
+    p = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(snap_path), "--rules", str(rules), "--json", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "schema" in p.stderr
     assert not out.exists()
 
@@ -271,7 +337,11 @@ def test_bad_rules_schema_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_compile_context_is_the_compile_stage() -> None:
     """Entries recorded while torch.compile compiles carry a compile_context: their own stage."""
     sim = Sim()
-    fwd = [f("forward", USER + "model.py", 80), f("_call_impl", "torch/nn/modules/module.py", 1750), f("<module>", USER + "run.py", 3)]
+    fwd = [
+        f("forward", USER + "model.py", 80),
+        f("_call_impl", "torch/nn/modules/module.py", 1750),
+        f("<module>", USER + "run.py", 3),
+    ]
     want = []
     for ctx, n in (("N/A", 2), ("[0/0]", 3), ("N/A", 2)):
         sim.compile_context = ctx
@@ -299,7 +369,8 @@ def test_profiler_ranges_do_not_relabel_a_recognised_pipeline() -> None:
         {"stage": "START", "name": "ProfilerStep#7", "device": 0, "time_us": tr[0]["time_us"] - 1},
         {"stage": "START", "name": "Optimizer.step#SGD.step", "device": 0, "time_us": tr[len(tr) // 2]["time_us"]},
         {"stage": "END", "name": "Optimizer.step#SGD.step", "device": 0, "time_us": tr[len(tr) // 2 + 5]["time_us"]},
-        {"stage": "END", "name": "ProfilerStep#7", "device": 0, "time_us": tr[-1]["time_us"] + 1}]
+        {"stage": "END", "name": "ProfilerStep#7", "device": 0, "time_us": tr[-1]["time_us"] + 1},
+    ]
     snap = load_dict(d)
     got = label_events(snap, snap.device_events(0), 0)
     assert got.source == "frames"

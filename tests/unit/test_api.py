@@ -13,10 +13,10 @@ import pytest
 
 import snapviz
 import snapviz.api
+from paths import ROOT, SAMPLES
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
-from paths import ROOT, SAMPLES
 
 CLASSIC = SAMPLES / "sd15-fp16-classic"
 SDPA = SAMPLES / "sd15-fp16-sdpa"
@@ -152,9 +152,8 @@ def test_compare_with_a_trace_only_run(classic: Analysis, trace_run_dir: Path) -
 def test_loaded_objects_print_short() -> None:
     """Issue 21: ``print(run)`` dumped ~60,000 characters of tables. Every loaded or analysed object
     prints one short line that says what it is: kind, source, devices, events, peak."""
-    from paths import ROOT
-
     import snapviz
+    from paths import ROOT
 
     sample = ROOT / "sample_snapshots" / "sd15-fp16-profile-1step"
     run = snapviz.load(str(sample))
@@ -162,14 +161,19 @@ def test_loaded_objects_print_short() -> None:
     an = snapviz.analyze(str(sample))
     cmp = snapviz.compare(str(sample), str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"))
     peak = an.replay.peak_allocated
-    for obj, kind, facts in ((run, "Run", ["trace entries", "memory events", "run.json"]),
-                             (run.snapshot, "Snapshot", ["devices [0]", f"{len(run.snapshot.events):,} trace entries"]),
-                             (run.trace, "ChromeTrace", [f"{run.trace.event_count:,} events"]),
-                             (an, "Analysis", ["cuda:0", f"({peak:,} B)", an.peak_stage]),
-                             (an.replay, "ReplayResult", [f"peak allocated {peak:,} B"]),
-                             (cmp, "Comparison", ["1 other run(s)", "sd15-fp16-sdpa"]),
-                             (snapviz.analyze(str(sample / "trace.json.gz")), "TraceRunAnalysis",
-                              ["cuda:0", "memory events", "peak allocated"])):
+    for obj, kind, facts in (
+        (run, "Run", ["trace entries", "memory events", "run.json"]),
+        (run.snapshot, "Snapshot", ["devices [0]", f"{len(run.snapshot.events):,} trace entries"]),
+        (run.trace, "ChromeTrace", [f"{run.trace.event_count:,} events"]),
+        (an, "Analysis", ["cuda:0", f"({peak:,} B)", an.peak_stage]),
+        (an.replay, "ReplayResult", [f"peak allocated {peak:,} B"]),
+        (cmp, "Comparison", ["1 other run(s)", "sd15-fp16-sdpa"]),
+        (
+            snapviz.analyze(str(sample / "trace.json.gz")),
+            "TraceRunAnalysis",
+            ["cuda:0", "memory events", "peak allocated"],
+        ),
+    ):
         text = repr(obj)
         assert text.startswith(f"<{kind} ") and "\n" not in text and len(text) < 600, text
         assert all(f in text for f in facts), (kind, text)

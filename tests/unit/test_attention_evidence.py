@@ -11,29 +11,44 @@ are Q·K^T score matrices and which softmax inputs are something else. Two progr
 * a GNN's node scores, ``torch.softmax(h @ w, 0)`` with ``h @ w`` a matrix-vector product
   (``at::_ops::mv``), and a classifier's logits from ``nn.Linear``: softmaxes, not attention.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
 
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
+from synth import MiB, Sim
 
 USER = "/home/me/net.py"
-UNWIND = [{"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
-          {"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
-           "filename": "CUDACachingAllocator.cpp", "line": 0}]
-CALL = [{"name": "_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1750},
-        {"name": "_wrapped_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1739}]
-MAIN = [{"name": "train", "filename": "/home/me/train.py", "line": 20}, {"name": "<module>", "filename": "/home/me/train.py", "line": 50}]
+UNWIND = [
+    {"name": "torch::unwind::unwind()", "filename": "??", "line": 0},
+    {
+        "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)",
+        "filename": "CUDACachingAllocator.cpp",
+        "line": 0,
+    },
+]
+CALL = [
+    {"name": "_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1750},
+    {"name": "_wrapped_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1739},
+]
+MAIN = [
+    {"name": "train", "filename": "/home/me/train.py", "line": 20},
+    {"name": "<module>", "filename": "/home/me/train.py", "line": 50},
+]
 
 
 def _stack(ops: list[str], py: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [*UNWIND, *({"name": f"at::_ops::{op}::call(at::Tensor const&)", "filename": "", "line": 0} for op in ops), *py]
+    return [
+        *UNWIND,
+        *({"name": f"at::_ops::{op}::call(at::Tensor const&)", "filename": "", "line": 0} for op in ops),
+        *py,
+    ]
 
 
 def _at(line: int, fn: str = "forward", inner: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -45,29 +60,31 @@ NN_SOFTMAX = [F_SOFTMAX, {"name": "forward", "filename": SP + "torch/nn/modules/
 
 
 def _analyse(sim: Sim) -> tuple[Any, dict[str, Any]]:
-    an = analyze_run(Run(source="<synthetic>", label="x", snapshot=load_dict(sim.snapshot(marker=False)), trace=None,
-                         run_json=None), rules=load_rules())
+    an = analyze_run(
+        Run(source="<synthetic>", label="x", snapshot=load_dict(sim.snapshot(marker=False)), trace=None, run_json=None),
+        rules=load_rules(),
+    )
     return an, summary_dict(an)
 
 
 @pytest.mark.parametrize("softmax", ["nn.Softmax", "torch.softmax"])
 def test_hand_written_qk_softmax_is_found(softmax: str) -> None:
     B, H, L, D = 2, 8, 1024, 64
-    score = B * H * L * L * 2                      # fp16 [B, H, L, L]: 32 MiB
+    score = B * H * L * L * 2  # fp16 [B, H, L, L]: 32 MiB
     sim = Sim()
     weights = sim.alloc(256 * MiB, frames=_stack(["empty"], _at(10, "__init__")))
     scores_live_at_peak = 0
     for _layer in range(2):
         q = sim.alloc(B * H * L * D * 2, frames=_stack(["linear", "matmul", "mm"], _at(40)))
         k = sim.alloc(B * H * L * D * 2, frames=_stack(["linear", "matmul", "mm"], _at(41)))
-        s = sim.alloc(score, frames=_stack(["matmul", "bmm"], _at(43)))           # q @ k.transpose(-2, -1)
-        s2 = sim.alloc(score, frames=_stack(["mul_Tensor"], _at(43)))             # * scale
+        s = sim.alloc(score, frames=_stack(["matmul", "bmm"], _at(43)))  # q @ k.transpose(-2, -1)
+        s2 = sim.alloc(score, frames=_stack(["mul_Tensor"], _at(43)))  # * scale
         sim.free(s, frames=_at(43))
         if softmax == "nn.Softmax":
             p = sim.alloc(score, frames=_stack(["softmax_int", "_softmax"], _at(44, inner=NN_SOFTMAX)))
         else:
             p = sim.alloc(score, frames=_stack(["softmax_int", "_softmax"], _at(44)))
-        o = sim.alloc(B * H * L * D * 2, frames=_stack(["matmul", "bmm"], _at(45)))   # probs @ v: not scores
+        o = sim.alloc(B * H * L * D * 2, frames=_stack(["matmul", "bmm"], _at(45)))  # probs @ v: not scores
         scores_live_at_peak = 2 * score
         peak = sim.peak_allocated(0)
         sim.free(s2, frames=_at(46))
@@ -75,12 +92,12 @@ def test_hand_written_qk_softmax_is_found(softmax: str) -> None:
             sim.free(h, frames=_at(46))
     an, doc = _analyse(sim)
     att = doc["attention"]
-    assert att["materialized"] and att["count"] == 2 * 3          # per layer: q@k^T, its scaled copy, the softmax
+    assert att["materialized"] and att["count"] == 2 * 3  # per layer: q@k^T, its scaled copy, the softmax
     assert set(an.attention["requested_bytes"].tolist()) == {score}
     assert att["implementation"] == "materialized: softmax over a matmul in forward"
     assert doc["peak"]["allocated_bytes"] == peak
     cats = {c["category"]: c["bytes"] for c in doc["categories"]}
-    assert cats["attention scores"] == scores_live_at_peak        # the scaled scores and the probabilities
+    assert cats["attention scores"] == scores_live_at_peak  # the scaled scores and the probabilities
     assert any("scaled_dot_product_attention" in a["how"] for a in doc["advice"])
     assert not weights.freed
 
@@ -94,9 +111,9 @@ def test_gnn_node_scores_and_logits_are_not_attention() -> None:
     feats = sim.alloc(512 * MiB, frames=_stack(["empty"], _at(10, "__init__")))
     for _ in range(3):
         h = sim.alloc(n_nodes * 1024 * 4, frames=_stack(["linear", "matmul", "mm"], _at(195, "update_nodes")))
-        e = sim.alloc(node, frames=_stack(["matmul", "mv"], _at(198, "update_nodes")))         # h @ w: [N]
+        e = sim.alloc(node, frames=_stack(["matmul", "mv"], _at(198, "update_nodes")))  # h @ w: [N]
         a = sim.alloc(node, frames=_stack(["softmax_int", "_softmax"], _at(199, "update_nodes", [F_SOFTMAX])))
-        logits = sim.alloc(node, frames=_stack(["linear", "addmm"], _at(230, "classify")))     # nn.Linear
+        logits = sim.alloc(node, frames=_stack(["linear", "addmm"], _at(230, "classify")))  # nn.Linear
         probs = sim.alloc(node, frames=_stack(["softmax_int", "_softmax"], _at(231, "classify", NN_SOFTMAX)))
         for x in (h, e, a, logits, probs):
             sim.free(x, frames=_at(240))
@@ -109,14 +126,20 @@ def test_gnn_node_scores_and_logits_are_not_attention() -> None:
     assert not feats.freed
 
 
-@pytest.mark.parametrize("ops, verdict", [
-    (["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention"], "fused (SDPA/flash): 1 call(s)"),
-    (["vllm::unified_attention_with_output"], "fused (vLLM paged attention): 1 call(s)"),
-    (["flash_attn::_flash_attn_forward"], "fused (flash-attn): 1 call(s)"),
-    (["xformers::efficient_attention_forward_cutlass"], "fused (xFormers): 1 call(s)"),
-    (["aiter::mha_fwd"], "fused (ROCm aiter/CK): 1 call(s)"),
-    (["aten::relu"], "not determined"),
-])
+@pytest.mark.parametrize(
+    "ops, verdict",
+    [
+        (
+            ["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention"],
+            "fused (SDPA/flash): 1 call(s)",
+        ),
+        (["vllm::unified_attention_with_output"], "fused (vLLM paged attention): 1 call(s)"),
+        (["flash_attn::_flash_attn_forward"], "fused (flash-attn): 1 call(s)"),
+        (["xformers::efficient_attention_forward_cutlass"], "fused (xFormers): 1 call(s)"),
+        (["aiter::mha_fwd"], "fused (ROCm aiter/CK): 1 call(s)"),
+        (["aten::relu"], "not determined"),
+    ],
+)
 def test_fused_kernels_are_named_for_what_they_are(ops: list[str], verdict: str, tmp_path: Any) -> None:
     """A trace's fused attention op: SDPA's are "SDPA/flash"; vLLM's paged attention,
     flash-attn, xFormers and ROCm aiter/CK kernels are not called SDPA."""
@@ -127,20 +150,43 @@ def test_fused_kernels_are_named_for_what_they_are(ops: list[str], verdict: str,
     from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     t0 = 1_700_000_000_000_000
-    events = [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 1, "tid": 1, "ts": t0 + i, "dur": 100 - 2 * i,
-               "args": {"Input Dims": [[1, 8, 128, 64], [1, 8, 128, 64], [1, 8, 128, 64]]}} for i, n in enumerate(ops)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": n,
+            "pid": 1,
+            "tid": 1,
+            "ts": t0 + i,
+            "dur": 100 - 2 * i,
+            "args": {"Input Dims": [[1, 8, 128, 64], [1, 8, 128, 64], [1, 8, 128, 64]]},
+        }
+        for i, n in enumerate(ops)
+    ]
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     att = attention_verdict(trace_ops.attention_ops(load_chrome_trace(str(p))))
     assert att["implementation"].startswith(verdict), att
 
 
-@pytest.mark.parametrize("frame, verdict", [
-    ({"name": "_scaled_dot_product_flash_attention", "filename": "", "line": 0}, "fused (SDPA/flash)"),
-    ({"name": "paged_attention_forward", "filename": SP + "transformers/integrations/flash_paged.py", "line": 30},
-     "fused (paged attention)"),
-    ({"name": "flash_attn_func", "filename": SP + "flash_attn/flash_attn_interface.py", "line": 800}, "fused (flash-attn)"),
-])
+@pytest.mark.parametrize(
+    "frame, verdict",
+    [
+        ({"name": "_scaled_dot_product_flash_attention", "filename": "", "line": 0}, "fused (SDPA/flash)"),
+        (
+            {
+                "name": "paged_attention_forward",
+                "filename": SP + "transformers/integrations/flash_paged.py",
+                "line": 30,
+            },
+            "fused (paged attention)",
+        ),
+        (
+            {"name": "flash_attn_func", "filename": SP + "flash_attn/flash_attn_interface.py", "line": 800},
+            "fused (flash-attn)",
+        ),
+    ],
+)
 def test_fused_frames_are_named_for_what_they_are(frame: dict[str, Any], verdict: str) -> None:
     sim = Sim()
     h = sim.alloc(8 * MiB, frames=[frame, *_at(50)])

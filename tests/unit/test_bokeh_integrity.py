@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from bokeh.core.validation.check import check_integrity
-from paths import SAMPLES
 
 import snapviz.render.html.bokeh_json as bokeh_json
+from paths import SAMPLES
 from snapviz.cli import main
 
 SDXL = SAMPLES / "sdxl-fp16" / "snapshot.pickle.xz"

@@ -10,6 +10,7 @@
 * The interval algorithms that replaced per-range loops give the loops' results.
 The end-to-end measurements (RSS, time, input unchanged) are in test_hostile_load.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ import pytest
 import hostile
 from snapviz.analyses.stages import OTHER_STAGES, annotation_intervals, bound_labels, label_by_intervals
 from snapviz.load.limits import ENV, LimitExceeded, Limits
-from snapviz.load.snapshot.pickle_scan import scan_pickle
 from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.pickle_scan import scan_pickle
 
 numba = pytest.importorskip("numba")
 
@@ -67,8 +68,13 @@ def test_both_pickle_readers_bound_shared_rows_alike(name: str, monkeypatch: pyt
 def test_distinct_rows_are_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain trace of distinct entries passes a zero limit on both paths."""
     monkeypatch.setenv(ENV["shared_rows"], "0")
-    data = pickle.dumps({"segments": [hostile._segment([hostile._block(i) for i in range(5)])],
-                         "device_traces": [hostile._trace(500), hostile._trace(300)]}, protocol=4)
+    data = pickle.dumps(
+        {
+            "segments": [hostile._segment([hostile._block(i) for i in range(5)])],
+            "device_traces": [hostile._trace(500), hostile._trace(300)],
+        },
+        protocol=4,
+    )
     a, b = _dict_path(data), _tape_path(data)
     assert len(a.events) == len(b.events) == 1_600
 
@@ -78,7 +84,10 @@ def test_object_limit_is_the_same_on_the_exact_and_compiled_scans(token: bytes) 
     data = hostile.empty_containers(token, 5_000)
     lim = Limits(objects=4_000)
     errors = []
-    for scan in (lambda d, li: scan_pickle(d, "f.pickle", li, exact=True), lambda d, li: fast_scan_compiled(d, "f.pickle", li)):
+    for scan in (
+        lambda d, li: scan_pickle(d, "f.pickle", li, exact=True),
+        lambda d, li: fast_scan_compiled(d, "f.pickle", li),
+    ):
         with pytest.raises(LimitExceeded) as info:
             scan(data, lim)
         errors.append(str(info.value))
@@ -140,8 +149,13 @@ def test_stage_limit_in_json_and_terminal(tmp_path: Path) -> None:
     src.write_bytes(pickle.dumps(_many_stages_snapshot(300), protocol=4))
     env = {**__import__("os").environ, "PYTHONPATH": str(hostile.ROOT), ENV["stages"]: "20"}
     out = tmp_path / "s.json"
-    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(src), "--json", str(out)],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(src), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
     note = [w for w in doc["warnings"] if ENV["stages"] in w]
@@ -155,17 +169,40 @@ def test_trace_ranges_are_bounded(tmp_path: Path) -> None:
     ev = []
     for i in range(400):
         ev.append({"ph": "X", "cat": "user_annotation", "name": f"r{i}x", "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5})
-        ev.append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 10 * i + 1,
-                   "args": {"Addr": 1 << 20, "Bytes": 512 if i % 2 == 0 else -512,
-                            "Total Allocated": 512 if i % 2 == 0 else 0, "Total Reserved": 2097152,
-                            "Device Id": 0, "Device Type": 1}})
+        ev.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": 10 * i + 1,
+                "args": {
+                    "Addr": 1 << 20,
+                    "Bytes": 512 if i % 2 == 0 else -512,
+                    "Total Allocated": 512 if i % 2 == 0 else 0,
+                    "Total Reserved": 2097152,
+                    "Device Id": 0,
+                    "Device Type": 1,
+                },
+            }
+        )
     src = tmp_path / "t.json"
     src.write_text(json.dumps({"traceEvents": ev}))
-    env = {**__import__("os").environ, "PYTHONPATH": str(hostile.ROOT), ENV["stages"]: "30",
-           ENV["stage_intervals"]: "50"}
+    env = {
+        **__import__("os").environ,
+        "PYTHONPATH": str(hostile.ROOT),
+        ENV["stages"]: "30",
+        ENV["stage_intervals"]: "50",
+    }
     out = tmp_path / "s.json"
-    p = subprocess.run([sys.executable, "-m", "snapviz", "analyze", str(src), "--json", str(out), "-q"],
-                       capture_output=True, text=True, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(src), "--json", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     doc = json.loads(out.read_text())
     note = " ".join(w for w in doc["warnings"] if ENV["stage_intervals"] in w)
@@ -186,7 +223,7 @@ def _painted(times: np.ndarray, iv: pd.DataFrame, default: str) -> np.ndarray:
     order = np.lexsort((np.arange(len(iv)), -iv["end_us"].to_numpy().astype(np.float64), iv["start_us"].to_numpy()))
     s = iv.iloc[order]
     for name, a, b in zip(s["name"].tolist(), s["start_us"].to_numpy(), s["end_us"].to_numpy(), strict=True):
-        labels[np.searchsorted(times, a, "left"):np.searchsorted(times, b, "right")] = name
+        labels[np.searchsorted(times, a, "left") : np.searchsorted(times, b, "right")] = name
     return labels
 
 
@@ -211,8 +248,14 @@ def test_interval_algorithms_equal_their_loops() -> None:
         iv = pd.DataFrame({"name": [f"n{i}" for i in range(m)], "start_us": s, "end_us": s + rng.integers(-2, 20, m)})
         assert (label_by_intervals(times, iv, "u") == _painted(times, iv, "u")).all()
         k = int(rng.integers(0, 25))
-        ann = pd.DataFrame({"device": 0, "time_us": rng.integers(0, 15, k), "name": rng.choice(["a", "b", "c"], k),
-                            "stage": rng.choice(["START", "END", "X"], k, p=[0.45, 0.45, 0.1])})
+        ann = pd.DataFrame(
+            {
+                "device": 0,
+                "time_us": rng.integers(0, 15, k),
+                "name": rng.choice(["a", "b", "c"], k),
+                "stage": rng.choice(["START", "END", "X"], k, p=[0.45, 0.45, 0.1]),
+            }
+        )
         assert annotation_intervals(SimpleNamespace(annotations=ann)).values.tolist() == _paired(ann).values.tolist()
 
 
@@ -221,7 +264,9 @@ def test_nested_ranges_are_not_quadratic() -> None:
     import time
 
     n = 200_000
-    iv = pd.DataFrame({"name": [f"r{i}" for i in range(n)], "start_us": np.arange(n), "end_us": 2 * n - 1 - np.arange(n)})
+    iv = pd.DataFrame(
+        {"name": [f"r{i}" for i in range(n)], "start_us": np.arange(n), "end_us": 2 * n - 1 - np.arange(n)}
+    )
     t0 = time.process_time()
     got = label_by_intervals(np.arange(2 * n), iv)
     assert time.process_time() - t0 < 10

@@ -6,6 +6,7 @@ made, with what a person reading the pipeline would call it (weights moved in by
 that live across steps, VAE decode buffers). The categories must come back from frames
 and lifetimes, with labels from the collector or from the frames themselves.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from synth import MiB, Sim
 from test_frame_rules import SP, diffusion_run, frames_labels, load_dict
-from snapviz.analyses.categories import (BEFORE_RECORDING, CATEGORIES, allocation_table, category_names,
-                                         category_timeline, live_categories)
+
+from snapviz.analyses.categories import (
+    BEFORE_RECORDING,
+    CATEGORIES,
+    allocation_table,
+    category_names,
+    category_timeline,
+    live_categories,
+)
 from snapviz.analyses.decimate import decimate_minmax
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet, load_rules
@@ -25,10 +32,12 @@ from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.category_vocab import canonical_category
 from snapviz.model import A_ALLOC, Snapshot
+from synth import MiB, Sim
 
 
-def categorize_allocs(snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray,
-                      rules: RuleSet | None = None) -> np.ndarray:
+def categorize_allocs(
+    snap: Snapshot, rep: ReplayResult, labels: np.ndarray, rows: np.ndarray, rules: RuleSet | None = None
+) -> np.ndarray:
     """The allocation table's category at each of ``rows`` (alloc event rows)."""
     t = allocation_table(snap, rep, labels, rules)
     return t.set_index("row")["category"].astype(object).reindex(rows).to_numpy()
@@ -49,10 +58,18 @@ def truth_and_rows(pr: Any, rep: Any) -> tuple[np.ndarray, np.ndarray]:
     return rows, np.array([canonical_category(by_idx[i]) for i in idx], dtype=object)
 
 
-@pytest.mark.parametrize("case", [
-    dict(pipe="sd15"), dict(pipe="sdxl"), dict(pipe="pixart", steps=3), dict(pipe="sd15", attention="sdpa"),
-    dict(pipe="sd15", offload="model"), dict(pipe="sd15", offload="sequential"),
-], ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(pipe="sd15"),
+        dict(pipe="sdxl"),
+        dict(pipe="pixart", steps=3),
+        dict(pipe="sd15", attention="sdpa"),
+        dict(pipe="sd15", offload="model"),
+        dict(pipe="sd15", offload="sequential"),
+    ],
+    ids=lambda c: "-".join(str(v) for v in c.values()),
+)
 @pytest.mark.parametrize("source", ["collector labels", "frames"])
 def test_every_allocation_gets_its_category(case: dict[str, Any], source: str) -> None:
     pr = diffusion_run(**case)
@@ -65,7 +82,9 @@ def test_every_allocation_gets_its_category(case: dict[str, Any], source: str) -
     rows, truth = truth_and_rows(pr, rep)
     got = categorize_allocs(snap, rep, labels, rows)
     bad = np.flatnonzero(got != truth)
-    assert not len(bad), [(truth[i], got[i], SiteNamer(snap).site(int(rep.events["stack_id"].iat[rows[i]]))) for i in bad[:6]]
+    assert not len(bad), [
+        (truth[i], got[i], SiteNamer(snap).site(int(rep.events["stack_id"].iat[rows[i]]))) for i in bad[:6]
+    ]
 
 
 def test_categorize_live_adds_up_to_the_peak() -> None:
@@ -88,7 +107,7 @@ def test_category_timeline_is_a_stacked_area_of_the_live_bytes() -> None:
     pr = diffusion_run("sd15", steps=3)
     snap, rep, labels = frames_labels(pr)
     ev = rep.events
-    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels), max_points=10 ** 9)
+    tl = category_timeline(rep, labels, allocation_table(snap, rep, labels), max_points=10**9)
     assert list(tl.columns) == ["row", "time_us", "stage", "allocated", *CATEGORIES, BEFORE_RECORDING]
     assert len(tl) == len(ev)
     cats = list(CATEGORIES) + [BEFORE_RECORDING]
@@ -119,8 +138,10 @@ def test_category_timeline_decimates_and_keeps_the_peak() -> None:
     assert int(tl["allocated"].max()) == rep.peak_allocated
     assert tl["row"].is_monotonic_increasing
     # the timeline samples with the one min/max decimator
-    assert tl["row"].tolist() == decimate_minmax(np.arange(len(rep.events)), rep.events["allocated"].to_numpy(),
-                                                 max_points=200).tolist()
+    assert (
+        tl["row"].tolist()
+        == decimate_minmax(np.arange(len(rep.events)), rep.events["allocated"].to_numpy(), max_points=200).tolist()
+    )
 
 
 def test_memory_from_before_the_recording() -> None:
@@ -128,8 +149,14 @@ def test_memory_from_before_the_recording() -> None:
     sim = Sim(record=False)
     w = [sim.alloc(64 * MiB, frames=None) for _ in range(3)]
     sim.start_recording()
-    fwd = [{"name": "forward", "filename": SP + "diffusers/models/unets/unet_2d_condition.py", "line": 1143},
-           {"name": "__call__", "filename": SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py", "line": 962}]
+    fwd = [
+        {"name": "forward", "filename": SP + "diffusers/models/unets/unet_2d_condition.py", "line": 1143},
+        {
+            "name": "__call__",
+            "filename": SP + "diffusers/pipelines/stable_diffusion/pipeline_stable_diffusion.py",
+            "line": 962,
+        },
+    ]
     a = sim.alloc(8 * MiB, frames=fwd)
     sim.free(a, frames=fwd)
     snap = load_dict(sim.snapshot(marker=False))
@@ -150,12 +177,21 @@ def training_snapshot(evidence: bool) -> tuple[dict[str, Any], dict[int, str]]:
     tr = sim.devices[0].trace
     user = {"name": "<module>", "filename": "/home/me/train.py", "line": 50}
     build = [{"name": "__init__", "filename": SP + "torch/nn/modules/linear.py", "line": 106}, user]
-    fwd = [{"name": "forward", "filename": SP + "torch/nn/modules/linear.py", "line": 125},
-           {"name": "forward", "filename": SP + "diffusers/models/unets/unet_2d_condition.py", "line": 1143}, user]
-    bwd = [{"name": "_engine_run_backward", "filename": SP + "torch/autograd/graph.py", "line": 829},
-           {"name": "backward", "filename": SP + "torch/_tensor.py", "line": 625}, user]
-    opt = [{"name": "_single_tensor_adam", "filename": SP + "torch/optim/adam.py", "line": 400},
-           {"name": "step", "filename": SP + "torch/optim/optimizer.py", "line": 480}, user]
+    fwd = [
+        {"name": "forward", "filename": SP + "torch/nn/modules/linear.py", "line": 125},
+        {"name": "forward", "filename": SP + "diffusers/models/unets/unet_2d_condition.py", "line": 1143},
+        user,
+    ]
+    bwd = [
+        {"name": "_engine_run_backward", "filename": SP + "torch/autograd/graph.py", "line": 829},
+        {"name": "backward", "filename": SP + "torch/_tensor.py", "line": 625},
+        user,
+    ]
+    opt = [
+        {"name": "_single_tensor_adam", "filename": SP + "torch/optim/adam.py", "line": 400},
+        {"name": "step", "filename": SP + "torch/optim/optimizer.py", "line": 480},
+        user,
+    ]
 
     def a(n: int, frames: Any, cat: str) -> Any:
         h = sim.alloc(n, frames=frames)
@@ -212,15 +248,41 @@ def test_user_category_rule(tmp_path: Path) -> None:
     """A user rule adds a category (a LoRA's weights, moved in by peft)."""
     pr = diffusion_run("sd15", steps=2)
     d = pr.snapshot_dict(labels=False)
-    lora = [{"name": "_move_adapter_to_device", "filename": SP + "peft/tuners/lora/layer.py", "line": 300},
-            {"name": "<module>", "filename": "/home/me/run.py", "line": 3}]
+    lora = [
+        {"name": "_move_adapter_to_device", "filename": SP + "peft/tuners/lora/layer.py", "line": 300},
+        {"name": "<module>", "filename": "/home/me/run.py", "line": 3},
+    ]
     tr = d["device_traces"][0]
     t0 = tr[-1]["time_us"]
-    tr.append({"action": "alloc", "addr": 1 << 45, "size": 4 * MiB, "stream": 0, "time_us": t0 + 1, "frames": lora,
-               "user_metadata": "", "compile_context": "N/A"})
+    tr.append(
+        {
+            "action": "alloc",
+            "addr": 1 << 45,
+            "size": 4 * MiB,
+            "stream": 0,
+            "time_us": t0 + 1,
+            "frames": lora,
+            "user_metadata": "",
+            "compile_context": "N/A",
+        }
+    )
     rules = tmp_path / "r.json"
-    rules.write_text(json.dumps({"extends": "builtin", "rules": [
-        {"kind": "category", "name": "lora adapters", "function": "^_move_adapter_to_device$", "file": "peft/", "priority": 400}]}))
+    rules.write_text(
+        json.dumps(
+            {
+                "extends": "builtin",
+                "rules": [
+                    {
+                        "kind": "category",
+                        "name": "lora adapters",
+                        "function": "^_move_adapter_to_device$",
+                        "file": "peft/",
+                        "priority": 400,
+                    }
+                ],
+            }
+        )
+    )
     snap = load_dict(d)
     rep = replay_allocator(snap, 0)
     rs = load_rules(str(rules))
@@ -238,6 +300,7 @@ def test_training_lifetime_in_the_one_column(set_to_none: bool) -> None:
     words, what it leaves undecided judged by frames (the autograd thread's never-freed cuBLAS
     workspace is autograd's), and every phase's categories add up to its peak."""
     from test_training_categories import _train
+
     from snapviz.analyses.categories import is_training_run, live_by_category
     from snapviz.analyses.stages import stage_intervals, stage_table
 
@@ -245,12 +308,22 @@ def test_training_lifetime_in_the_one_column(set_to_none: bool) -> None:
     assert is_training_run(labels)
     t = allocation_table(snap, rep, labels)
     ev = rep.events
-    stages = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
-                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
+    stages = stage_table(
+        stage_intervals(labels, ev["time_us"].to_numpy()),
+        ev["allocated"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        rep.baseline_allocated,
+        rep.baseline_reserved,
+    )
     opt = stages[stages["name"] == "optimizer/1"].iloc[0]
     live = {c: b for c, b in live_by_category(t, int(opt["peak_row"])).items() if b}
-    assert live == {"parameter": 24 * MiB, "gradient": 24 * MiB, "optimizer state": 48 * MiB,
-                    "temporary": 24 * MiB, "autograd detail": 32 * MiB}
+    assert live == {
+        "parameter": 24 * MiB,
+        "gradient": 24 * MiB,
+        "optimizer state": 48 * MiB,
+        "temporary": 24 * MiB,
+        "autograd detail": 32 * MiB,
+    }
     fwd = stages[stages["name"] == "forward/1"].iloc[0]
     at_fwd = live_by_category(t, int(fwd["peak_row"]))
     assert at_fwd["activation"] == 12 * MiB and at_fwd["autocast weight copies"] == 12 * MiB
@@ -271,8 +344,9 @@ def test_the_vocabulary_is_one() -> None:
     assert {v for v in FROM_TRAINING.values() if v} <= set(CATEGORIES)
     assert list(CATEGORY_COLORS) == list(CATEGORY_ORDER) and len(set(CATEGORY_COLORS.values())) == len(CATEGORY_ORDER)
     assert set(OLD_NAMES.values()) <= set(CATEGORY_ORDER)
-    assert {"parameter", "gradient", "optimizer state", "activation", "temporary", "input",
-            "autograd detail"} <= set(CATEGORIES), "PyTorch's memory-profiler categories"
+    assert {"parameter", "gradient", "optimizer state", "activation", "temporary", "input", "autograd detail"} <= set(
+        CATEGORIES
+    ), "PyTorch's memory-profiler categories"
 
 
 def test_user_rules_are_told_from_the_built_in_ones(tmp_path: Path) -> None:
@@ -283,8 +357,22 @@ def test_user_rules_are_told_from_the_built_in_ones(tmp_path: Path) -> None:
     builtin, user = _split_rules(load_rules())
     assert len(builtin) == len(load_rules().of_kind("category")) and user == ()
     rules = tmp_path / "r.json"
-    rules.write_text(json.dumps({"extends": "builtin", "rules": [
-        {"id": "cat-vae", "kind": "category", "name": "vae buffers", "function": "^decode$", "priority": 100},
-        {"kind": "category", "name": "my cache", "function": "^fill_cache$", "priority": 10}]}))
+    rules.write_text(
+        json.dumps(
+            {
+                "extends": "builtin",
+                "rules": [
+                    {
+                        "id": "cat-vae",
+                        "kind": "category",
+                        "name": "vae buffers",
+                        "function": "^decode$",
+                        "priority": 100,
+                    },
+                    {"kind": "category", "name": "my cache", "function": "^fill_cache$", "priority": 10},
+                ],
+            }
+        )
+    )
     b2, u2 = _split_rules(load_rules(str(rules)))
     assert {r.name for r in u2} == {"vae buffers", "my cache"} and len(b2) == len(builtin) - 1

@@ -5,6 +5,7 @@ every number is compared with an independent ``json.load`` of the same file. The
 committed ``data/traces/edge_cases.json.gz`` (see ``make_edge_trace.py`` beside it)
 covers what a CPU run cannot: absolute ``ts``, CUDA devices, odd events.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -17,8 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from paths import ROOT, TEST_DATA
 
+from paths import ROOT, TEST_DATA
 from snapviz.analyses import trace_ops
 from snapviz.errors import InputError
 from snapviz.load.trace import chrome_trace, json_items
@@ -41,7 +42,7 @@ def _workload(torch: Any) -> None:
         torch.nn.functional.gelu(torch.randn(2, 77, 64) @ torch.randn(64, 64))
     with record_function("denoise"):
         with record_function("denoise/0"):  # diffusers' get_attention_scores: baddbmm then softmax
-            scores = torch.baddbmm(torch.empty(B, L, L), q, k.transpose(1, 2), beta=0, alpha=D ** -0.5)
+            scores = torch.baddbmm(torch.empty(B, L, L), q, k.transpose(1, 2), beta=0, alpha=D**-0.5)
             torch.bmm(scores.softmax(dim=-1), v)
             del scores
         with record_function("denoise/1"):  # scores through bmm, then the fused kernel
@@ -78,8 +79,11 @@ def _raw(path: Path) -> dict[str, Any]:
 
 def _raw_ranges(doc: dict[str, Any], cat: str) -> list[tuple[str, float, float]]:
     base = doc.get("baseTimeNanoseconds", 0) / 1000
-    return [(e["name"], e["ts"] + base, e["ts"] + e["dur"] + base)
-            for e in doc["traceEvents"] if isinstance(e, dict) and e.get("cat") == cat and e.get("ph") == "X"]
+    return [
+        (e["name"], e["ts"] + base, e["ts"] + e["dur"] + base)
+        for e in doc["traceEvents"]
+        if isinstance(e, dict) and e.get("cat") == cat and e.get("ph") == "X"
+    ]
 
 
 # --------------------------------------------------------------------------- loader, real traces
@@ -117,7 +121,11 @@ def test_tables_and_meta_match_independent_parse(real_traces: dict[str, Path]) -
     assert tr.meta == {k: v for k, v in doc.items() if k != "traceEvents"}
     assert tr.meta["profile_memory"] == 1 and "traceName" in tr.meta  # traceName follows the events
 
-    for table, cat in ((tr.annotations, "user_annotation"), (tr.ops, "cpu_op"), (tr.python_functions, "python_function")):
+    for table, cat in (
+        (tr.annotations, "user_annotation"),
+        (tr.ops, "cpu_op"),
+        (tr.python_functions, "python_function"),
+    ):
         expected = _raw_ranges(doc, cat)
         assert len(table) == len(expected) > 0
         assert table["name"].astype(str).tolist() == [n for n, _, _ in expected]
@@ -125,8 +133,12 @@ def test_tables_and_meta_match_independent_parse(real_traces: dict[str, Path]) -
         np.testing.assert_allclose(table["end_us"], [e for _, _, e in expected], rtol=0, atol=1e-3)
 
     ops_raw = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op"]
-    assert tr.ops["input_dims"].astype(str).tolist() == [json.dumps(e["args"]["Input Dims"]) if "Input Dims" in e["args"] else "" for e in ops_raw]
-    assert tr.ops["input_types"].astype(str).tolist() == [json.dumps(e["args"]["Input type"]) if "Input type" in e["args"] else "" for e in ops_raw]
+    assert tr.ops["input_dims"].astype(str).tolist() == [
+        json.dumps(e["args"]["Input Dims"]) if "Input Dims" in e["args"] else "" for e in ops_raw
+    ]
+    assert tr.ops["input_types"].astype(str).tolist() == [
+        json.dumps(e["args"]["Input type"]) if "Input type" in e["args"] else "" for e in ops_raw
+    ]
     assert (tr.ops["input_dims"] != "").sum() > 20
 
 
@@ -135,20 +147,29 @@ def test_no_per_event_python_objects(real_traces: dict[str, Path]) -> None:
     for name in ("memory", "annotations", "ops", "python_functions"):
         df = getattr(tr, name)
         for col, dtype in df.dtypes.items():
-            assert dtype != object, f"{name}.{col} holds Python objects"
+            assert dtype is not np.dtype(object), f"{name}.{col} holds Python objects"
     assert isinstance(tr.ops["name"].dtype, pd.CategoricalDtype)
     assert tr.memory.dtypes.to_dict() == {
-        "time_us": np.float64, "device_type": np.int8, "device_id": np.int16, "bytes": np.int64,
-        "addr": np.int64, "total_allocated": np.int64, "total_reserved": np.int64, "has_totals": np.bool_,
-        "tid": np.int64}
+        "time_us": np.float64,
+        "device_type": np.int8,
+        "device_id": np.int16,
+        "bytes": np.int64,
+        "addr": np.int64,
+        "total_allocated": np.int64,
+        "total_reserved": np.int64,
+        "has_totals": np.bool_,
+        "tid": np.int64,
+    }
 
 
 def test_analyzer_never_imports_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from snapviz.load.trace.chrome_trace import load_chrome_trace; from snapviz.analyses import trace_ops; "
-            f"trace_ops.analyze_trace(load_chrome_trace({str(EDGE)!r})); assert 'torch' not in sys.modules")
+    code = (
+        "import sys; from snapviz.load.trace.chrome_trace import load_chrome_trace; from snapviz.analyses import trace_ops; "
+        f"trace_ops.analyze_trace(load_chrome_trace({str(EDGE)!r})); assert 'torch' not in sys.modules"
+    )
     root = str(ROOT)
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root)
@@ -177,12 +198,20 @@ def test_stages_and_peaks(real_traces: dict[str, Path]) -> None:
     assert stages["group"].tolist() == ["text_encode", "denoise", "denoise", "denoise", "vae_decode"]
     outer = stages.set_index("name")
     for step in ("denoise/0", "denoise/1"):
-        assert outer.loc["denoise", "start_us"] <= outer.loc[step, "start_us"] < outer.loc[step, "end_us"] <= outer.loc["denoise", "end_us"]
+        assert (
+            outer.loc["denoise", "start_us"]
+            <= outer.loc[step, "start_us"]
+            < outer.loc[step, "end_us"]
+            <= outer.loc["denoise", "end_us"]
+        )
 
     peaks = trace_ops.stage_peaks(tr, stages).set_index("name")
     base = doc["baseTimeNanoseconds"] / 1000
-    mem = sorted(((e["ts"] + base, e["args"]["Total Allocated"], e["args"]["Bytes"])
-                  for e in doc["traceEvents"] if e.get("name") == "[memory]"))
+    mem = sorted(
+        (e["ts"] + base, e["args"]["Total Allocated"], e["args"]["Bytes"])
+        for e in doc["traceEvents"]
+        if e.get("name") == "[memory]"
+    )
     for name, row in stages.set_index("name").iterrows():
         inside = [a for t, a, _ in mem if row.start_us <= t <= row.end_us]
         before = [a for t, a, _ in mem if t < row.start_us]
@@ -200,9 +229,13 @@ def test_attention_ops(real_traces: dict[str, Path]) -> None:
     att = trace_ops.attention_ops(tr)
     top = att[~att["nested"]]
     assert top["name"].tolist() == [
-        "aten::baddbmm", "aten::softmax", "aten::bmm",                     # denoise/0
-        "aten::bmm", "aten::softmax", "aten::bmm",                         # denoise/1, classic
-        "aten::scaled_dot_product_attention",                               # denoise/1, fused
+        "aten::baddbmm",
+        "aten::softmax",
+        "aten::bmm",  # denoise/0
+        "aten::bmm",
+        "aten::softmax",
+        "aten::bmm",  # denoise/1, classic
+        "aten::scaled_dot_product_attention",  # denoise/1, fused
     ]
     assert top["stage"].tolist() == ["denoise/0"] * 3 + ["denoise/1"] * 4
     assert top["materializes_scores"].tolist() == [True, True, False, True, True, False, False]
@@ -265,13 +298,20 @@ def test_edge_fixture_is_current() -> None:
 def test_edge_absolute_ts_and_meta(edge: ChromeTrace) -> None:
     assert edge.base_us == 0.0
     assert edge.memory["time_us"].iloc[0] == 1_796_003_490_000_005.0
-    assert edge.meta["otherInfo"] == {"traceEvents": 3}        # a nested key of that name is not the events
+    assert edge.meta["otherInfo"] == {"traceEvents": 3}  # a nested key of that name is not the events
     assert edge.meta["extra"] == [1, [2, 3]] and edge.meta["traceName"] == "edge.json"
     assert "traceEvents" not in edge.meta and edge.notes == []
     assert edge.event_count == 33
     # B/E pairs and the GPU-timeline copy are not annotations; the null entry is skipped.
     assert edge.annotations["name"].astype(str).tolist() == [
-        "ProfilerStep#0", "text_encode", "denoise", "denoise/0", "denoise/1", "vae_decode", "my_range"]
+        "ProfilerStep#0",
+        "text_encode",
+        "denoise",
+        "denoise/0",
+        "denoise/1",
+        "vae_decode",
+        "my_range",
+    ]
     assert edge.ops.loc[edge.ops["name"] == "aten::add", "input_dims"].astype(str).tolist() == [""]
     assert edge.python_functions["name"].astype(str).tolist() == ["unet.py(42): forward"]
 
@@ -309,8 +349,9 @@ def test_edge_stages_and_peaks(edge: ChromeTrace) -> None:
     # a range holding only a free: the peak is the level it entered with, not the event's
     t0 = 1_796_003_490_000_000.0
     free_only = trace_ops.stage_peaks(edge, pd.DataFrame({"name": ["x"], "start_us": [t0 + 240], "end_us": [t0 + 260]}))
-    assert free_only[["events", "entry_allocated_bytes", "exit_allocated_bytes", "peak_allocated_bytes"]].iloc[0].tolist() == [
-        1, (1 << 30) + (5 << 20), 5 << 20, (1 << 30) + (5 << 20)]
+    assert free_only[["events", "entry_allocated_bytes", "exit_allocated_bytes", "peak_allocated_bytes"]].iloc[
+        0
+    ].tolist() == [1, (1 << 30) + (5 << 20), 5 << 20, (1 << 30) + (5 << 20)]
     early = trace_ops.stage_peaks(edge, pd.DataFrame({"name": ["y"], "start_us": [t0], "end_us": [t0 + 10]})).iloc[0]
     assert early["events"] == 0 and early["peak_allocated_bytes"] == 0 and np.isnan(early["peak_reserved_bytes"])
     p0 = trace_ops.stage_peaks(edge, stages, device_type=1, device_id=0).set_index("name")
@@ -325,24 +366,33 @@ def test_edge_attention_fp16(edge: ChromeTrace) -> None:
     assert row["materializes_scores"] and row["stage"] == "denoise/0"
     assert att.loc[att["materializes_scores"], "name"].tolist() == ["aten::baddbmm", "aten::softmax"]
     sdpa = att[att["stage"] == "denoise/1"]
-    assert sdpa["name"].tolist() == ["aten::scaled_dot_product_attention", "aten::_scaled_dot_product_efficient_attention"]
+    assert sdpa["name"].tolist() == [
+        "aten::scaled_dot_product_attention",
+        "aten::_scaled_dot_product_efficient_attention",
+    ]
     assert sdpa["nested"].tolist() == [False, True]
     assert not sdpa["materializes_scores"].any() and (sdpa["score_bytes"] == gib).all()
 
 
 def _write_trace(path: Path, annotations: list[str]) -> Path:
-    events = [{"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0}
-              for i, n in enumerate(annotations)]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": 10.0 * i, "dur": 5.0}
+        for i, n in enumerate(annotations)
+    ]
     path.write_text(json.dumps({"traceEvents": events}))
     return path
 
 
 def test_stage_fallbacks(tmp_path: Path) -> None:
-    tr = load_chrome_trace(_write_trace(tmp_path / "a.json", ["ProfilerStep#1", "stage:fwd", "Optimizer.step#Adam.step", "stage:bwd"]))
+    tr = load_chrome_trace(
+        _write_trace(tmp_path / "a.json", ["ProfilerStep#1", "stage:fwd", "Optimizer.step#Adam.step", "stage:bwd"])
+    )
     assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "stage:fwd", "optimizer", "stage:bwd"]
     tr = load_chrome_trace(_write_trace(tmp_path / "b.json", ["ProfilerStep#1", "ProfilerStep#2"]))
     assert trace_ops.annotation_stages(tr)["name"].tolist() == ["step/1", "step/2"]
-    tr = load_chrome_trace(_write_trace(tmp_path / "e.json", ["## forward ##", "## Call CompiledFxGraph fpd72yoxubab ##"]))
+    tr = load_chrome_trace(
+        _write_trace(tmp_path / "e.json", ["## forward ##", "## Call CompiledFxGraph fpd72yoxubab ##"])
+    )
     assert trace_ops.annotation_stages(tr)["name"].tolist() == ["forward", "compiled graph/fpd72yox"]
     tr = load_chrome_trace(_write_trace(tmp_path / "c.json", []))
     assert trace_ops.annotation_stages(tr).empty and trace_ops.attention_ops(tr).empty
@@ -356,15 +406,23 @@ def test_stage_depth_is_time_containment(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     start = rng.integers(0, 400, 300).astype(float)
     dur = rng.integers(0, 120, 300).astype(float)
-    events = [{"ph": "X", "cat": "user_annotation", "name": f"denoise/{i}", "pid": 1, "tid": int(i % 3),
-               "ts": s, "dur": d} for i, (s, d) in enumerate(zip(start, dur))]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": f"denoise/{i}", "pid": 1, "tid": int(i % 3), "ts": s, "dur": d}
+        for i, (s, d) in enumerate(zip(start, dur))
+    ]
     path = tmp_path / "many.json"
     path.write_text(json.dumps({"traceEvents": events}))
     st = trace_ops.annotation_stages(load_chrome_trace(path))
     s, e = st["start_us"].to_numpy(), st["end_us"].to_numpy()
     # brute force over all pairs; identical intervals: the earlier row counts as the outer one
-    expected = [sum(1 for j in range(len(st)) if j != i and s[j] <= s[i] and e[j] >= e[i]
-                    and not (s[j] == s[i] and e[j] == e[i] and j > i)) for i in range(len(st))]
+    expected = [
+        sum(
+            1
+            for j in range(len(st))
+            if j != i and s[j] <= s[i] and e[j] >= e[i] and not (s[j] == s[i] and e[j] == e[i] and j > i)
+        )
+        for i in range(len(st))
+    ]
     assert st["depth"].tolist() == expected
     assert (np.diff(s) >= 0).all()
 
@@ -383,7 +441,9 @@ def test_time_helpers(edge: ChromeTrace, real_traces: dict[str, Path]) -> None:
     tr = load_chrome_trace(real_traces["plain"])
     ts = np.array([0.0, 5146464735331.948])
     # float64 Unix µs near 1.8e15 resolve 0.25 µs
-    np.testing.assert_allclose(trace_ops.unix_us_to_trace_ts(tr, trace_ops.trace_ts_to_unix_us(tr, ts)), ts, rtol=0, atol=0.25)
+    np.testing.assert_allclose(
+        trace_ops.unix_us_to_trace_ts(tr, trace_ops.trace_ts_to_unix_us(tr, ts)), ts, rtol=0, atol=0.25
+    )
     assert trace_ops.trace_ts_to_unix_us(tr, 1.0) == 1.0 + tr.meta["baseTimeNanoseconds"] / 1000
     assert trace_ops.trace_ts_to_unix_us(edge, 12.5) == 12.5  # absolute ts: unchanged
     stages = trace_ops.annotation_stages(tr)
@@ -418,8 +478,11 @@ def test_event_batches_keep_json_strict(tmp_path: Path) -> None:
     # exactly one, and an integer beyond 64 bits (which orjson refuses) still reads.
     head = b'{"traceEvents": ['
     ev = b'{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1, "tid": 1}'
-    cases = {"missing comma": head + ev + b" " + ev + b"]}", "trailing comma": head + ev + b",]}",
-             "leading comma": head + b"," + ev + b"]}"}
+    cases = {
+        "missing comma": head + ev + b" " + ev + b"]}",
+        "trailing comma": head + ev + b",]}",
+        "leading comma": head + b"," + ev + b"]}",
+    }
     for name, data in cases.items():
         p = tmp_path / f"{name.replace(' ', '_')}.json"
         p.write_bytes(data)
@@ -431,8 +494,10 @@ def test_event_batches_keep_json_strict(tmp_path: Path) -> None:
 
 
 def test_keys_after_events_beyond_window(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": float(i), "dur": 1.0}
-              for i in range(200)]
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": float(i), "dur": 1.0}
+        for i in range(200)
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"baseTimeNanoseconds": 1000, "traceEvents": events, "traceName": "x" * 5000}))
     assert load_chrome_trace(path).meta["traceName"] == "x" * 5000
@@ -505,8 +570,15 @@ def test_args_that_are_not_objects_read_as_no_args(tmp_path: Path) -> None:
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1, "dur": 2, "args": [1]},
         {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 4, "dur": 1, "args": 7},
         {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 3, "args": [1, 2]},
-        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5,
-         "args": {"Bytes": 512, "Addr": 16, "Total Allocated": 512, "Device Type": 0}},
+        {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "pid": 1,
+            "tid": 1,
+            "ts": 5,
+            "args": {"Bytes": 512, "Addr": 16, "Total Allocated": 512, "Device Type": 0},
+        },
     ]
     path = tmp_path / "odd_args.json"
     path.write_text(json.dumps({"traceEvents": events}))

@@ -1,4 +1,5 @@
 """snapviz.cli's shared pieces on their own: the one error mapping, the lazy verbs, the output rules."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +23,27 @@ def _verb(exc: BaseException, cls: type[click.Command] = Command) -> click.Comma
     return verb
 
 
-@pytest.mark.parametrize("exc,code,line", [
-    (InputError("x.pickle: no such file"), 2, "snapviz: error: x.pickle: no such file"),
-    (CheckFailed("FAIL peak\nFAIL stage"), 1, "FAIL peak\nFAIL stage"),
-    (FileNotFoundError(2, "No such file or directory", "/no/dir"), 2, "snapviz: error: /no/dir: No such file or directory"),
-    (RuntimeError("boom\nsecond line"), 2, "snapviz: error: could not process the input (RuntimeError: boom\\nsecond "
-                                           "line); if the input is valid this is a snapviz bug: rerun with "
-                                           "SNAPVIZ_DEBUG=1 and report it"),
-    (click.UsageError("bad option"), 2, "snapviz: error: bad option (see 'verb --help')"),
-    (MemoryError(), 2, "snapviz: error: out of memory while reading the input"),
-])
+@pytest.mark.parametrize(
+    "exc,code,line",
+    [
+        (InputError("x.pickle: no such file"), 2, "snapviz: error: x.pickle: no such file"),
+        (CheckFailed("FAIL peak\nFAIL stage"), 1, "FAIL peak\nFAIL stage"),
+        (
+            FileNotFoundError(2, "No such file or directory", "/no/dir"),
+            2,
+            "snapviz: error: /no/dir: No such file or directory",
+        ),
+        (
+            RuntimeError("boom\nsecond line"),
+            2,
+            "snapviz: error: could not process the input (RuntimeError: boom\\nsecond "
+            "line); if the input is valid this is a snapviz bug: rerun with "
+            "SNAPVIZ_DEBUG=1 and report it",
+        ),
+        (click.UsageError("bad option"), 2, "snapviz: error: bad option (see 'verb --help')"),
+        (MemoryError(), 2, "snapviz: error: out of memory while reading the input"),
+    ],
+)
 def test_one_mapping_from_errors_to_exit_codes(exc: BaseException, code: int, line: str) -> None:
     res = CliRunner().invoke(_verb(exc), [], prog_name="verb")
     assert (res.exit_code, res.stderr.rstrip("\n"), res.stdout) == (code, line, "")
@@ -46,9 +58,14 @@ def test_a_collector_crash_keeps_its_traceback_but_bad_options_are_mapped() -> N
 
 def test_subcommands_go_through_the_groups_mapping() -> None:
     res = CliRunner().invoke(cli, ["check", "nope.pickle"])
-    assert res.exit_code == 2 and res.stderr.startswith("snapviz: error: nothing to check") and res.stderr.count("\n") == 1
+    assert (
+        res.exit_code == 2 and res.stderr.startswith("snapviz: error: nothing to check") and res.stderr.count("\n") == 1
+    )
     res = CliRunner().invoke(cli, ["analyze"], prog_name="snapviz")  # click's own usage error: one line
-    assert res.exit_code == 2 and res.stderr == "snapviz: error: Missing argument 'INPUT'. (see 'snapviz analyze --help')\n"
+    assert (
+        res.exit_code == 2
+        and res.stderr == "snapviz: error: Missing argument 'INPUT'. (see 'snapviz analyze --help')\n"
+    )
 
 
 def test_no_arguments_show_the_help_with_its_lines() -> None:
@@ -57,8 +74,9 @@ def test_no_arguments_show_the_help_with_its_lines() -> None:
     assert res.exit_code == 2 and "\\n" not in res.stderr and "chars)" not in res.stderr
     lines = res.stderr.splitlines()
     assert lines[0] == "Usage: snapviz [OPTIONS] COMMAND [ARGS]..."
-    assert [ln.split()[0] for ln in lines if ln.startswith("  ") and ln.split()[0] in cli.list_commands(None)] == \
-        cli.list_commands(None)  # type: ignore[arg-type]
+    assert [
+        ln.split()[0] for ln in lines if ln.startswith("  ") and ln.split()[0] in cli.list_commands(None)
+    ] == cli.list_commands(None)  # type: ignore[arg-type]
     assert lines[-1].startswith("  Docs:")
 
 
@@ -69,7 +87,9 @@ def test_a_missing_required_option_is_one_error_line(verb: str) -> None:
     res = CliRunner().invoke(cli, [verb], prog_name="snapviz")
     lines = res.stderr.splitlines()
     assert res.exit_code == 2 and "\\n" not in res.stderr and "\\t" not in res.stderr
-    assert len(lines) == 1 and lines[0].startswith("snapviz: error: Missing option '--pipeline'. Choose from: sd15, sdxl")
+    assert len(lines) == 1 and lines[0].startswith(
+        "snapviz: error: Missing option '--pipeline'. Choose from: sd15, sdxl"
+    )
     assert lines[0].endswith(f"(see 'snapviz {verb} --help')")
 
 
@@ -80,14 +100,22 @@ def test_a_usage_error_still_escapes_control_characters() -> None:
 
 
 def test_lazy_verbs_are_listed_without_import_and_fail_clearly() -> None:
-    group = LazyGroup("g", lazy={"gone": LazyVerb("snapviz_no_such_module:verb", "A verb whose module is missing.",
-                                                  "pip install snapviz-gone")})
+    group = LazyGroup(
+        "g",
+        lazy={
+            "gone": LazyVerb(
+                "snapviz_no_such_module:verb", "A verb whose module is missing.", "pip install snapviz-gone"
+            )
+        },
+    )
     res = CliRunner().invoke(group, ["--help"])
     assert res.exit_code == 0 and "gone  A verb whose module is missing." in res.stdout
     res = CliRunner().invoke(group, ["gone", "--help"], prog_name="snapviz")
     assert res.exit_code == 2
-    assert res.stderr == ("snapviz: error: 'snapviz gone' cannot start: snapviz_no_such_module does not import "
-                          "(No module named 'snapviz_no_such_module'); pip install snapviz-gone\n")
+    assert res.stderr == (
+        "snapviz: error: 'snapviz gone' cannot start: snapviz_no_such_module does not import "
+        "(No module named 'snapviz_no_such_module'); pip install snapviz-gone\n"
+    )
 
 
 def test_lazy_help_lines_match_the_verbs() -> None:
@@ -115,9 +143,12 @@ def test_every_verb_refuses_the_same_output_paths(tmp_path: Path) -> None:
     """One checker: an output that is an input is refused the same way by every verb."""
     src = tmp_path / "in.pickle"
     src.write_bytes(b"")
-    for args in (["analyze", str(src), "--json", str(src)], ["compare", str(src), str(src), "--json", str(src)],
-                 ["check", str(src), "--max-peak", "1GiB", "--junit-xml", str(src)], ["trim", str(src), "--top", "1",
-                                                                                     "-o", str(src)]):
+    for args in (
+        ["analyze", str(src), "--json", str(src)],
+        ["compare", str(src), str(src), "--json", str(src)],
+        ["check", str(src), "--max-peak", "1GiB", "--junit-xml", str(src)],
+        ["trim", str(src), "--top", "1", "-o", str(src)],
+    ):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 2, (args, res.stderr)
         assert "is an input of this command (or the same file); writing it would destroy the input" in res.stderr, args
@@ -125,8 +156,14 @@ def test_every_verb_refuses_the_same_output_paths(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "only one output can go to stdout" in res.stderr
 
 
-@pytest.mark.parametrize("verb", [["analyze", "in.pickle"], ["compare", "a.pickle", "b.pickle"],
-                                  ["matrix", "--pipeline", "sd15", "--device", "cpu"]])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["analyze", "in.pickle"],
+        ["compare", "a.pickle", "b.pickle"],
+        ["matrix", "--pipeline", "sd15", "--device", "cpu"],
+    ],
+)
 def test_an_unknown_output_extension_is_refused_before_any_work(tmp_path: Path, verb: list[str]) -> None:
     """Issue 21: ``-o x.pdf`` wrote HTML into x.pdf. Refused (one line, the known extensions named)
     before the input is even opened: the input files here do not exist."""

@@ -12,15 +12,15 @@ import random
 from pathlib import Path
 from typing import Any
 
-import hostile
 import numpy as np
 import pandas as pd
 import pytest
-import synth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from paths import EXTERNAL, SAMPLES
 
+import hostile
+import synth
+from paths import EXTERNAL, SAMPLES
 from snapviz.errors import InputError
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.columnar import columnar_snapshot

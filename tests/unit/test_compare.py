@@ -3,24 +3,23 @@
 Runs are recorded by the reference allocator model (tests/support/synth.py), with the allocator's
 own per-stage peaks (``reset_peak`` at each stage start, as collectors do) as the truth.
 """
+
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from paths import ROOT
-from synth import GiB, MiB, Sim, make_frames
 
+from paths import ROOT
 from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders
 from snapviz.analyses.digest import digest_run, stage_normalised_timeline
 from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from snapviz.load.snapshot.builder import snapshot_from_dict
+from synth import GiB, MiB, Sim, make_frames
 
 REPO = ROOT
 SP = "/usr/lib/python3/site-packages/"
@@ -34,8 +33,17 @@ FRAMES = {
 }
 
 
-def pipeline_snapshot(*, steps: int = 4, denoise: int = GiB, vae: int = 3 * GiB, tiles: int = 0, extra_step_allocs: int = 0,
-                      slow: bool = False, extra_stage: str | None = None, seed: int = 0) -> tuple[dict[str, Any], dict[str, int]]:
+def pipeline_snapshot(
+    *,
+    steps: int = 4,
+    denoise: int = GiB,
+    vae: int = 3 * GiB,
+    tiles: int = 0,
+    extra_step_allocs: int = 0,
+    slow: bool = False,
+    extra_stage: str | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, Any], dict[str, int]]:
     """A labelled diffusion run and the allocator's own peak of every stage label.
 
     ``tiles``: decode in that many tiles of ``vae / tiles`` (VAE tiling) instead of one buffer.
@@ -104,6 +112,7 @@ def pair() -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- alignment
 
+
 def test_steps_align_by_label_whatever_the_timing(pair: dict[str, Any]) -> None:
     cmp, (tb, tt) = pair["cmp"], pair["truth"]
     # The runs differ in event count per step and in wall time, yet every step lines up.
@@ -112,7 +121,9 @@ def test_steps_align_by_label_whatever_the_timing(pair: dict[str, Any]) -> None:
     steps = cmp.steps
     assert steps["name"].unique().tolist() == ["denoise/0", "denoise/1", "denoise/2", "denoise/3"]
     for r, truth in enumerate((tb, tt)):
-        got = dict(zip(steps.loc[steps["run"] == r, "name"], steps.loc[steps["run"] == r, "peak_allocated_bytes"].astype(int)))
+        got = dict(
+            zip(steps.loc[steps["run"] == r, "name"], steps.loc[steps["run"] == r, "peak_allocated_bytes"].astype(int))
+        )
         assert got == {k: v for k, v in truth.items() if k.startswith("denoise/")}
 
 
@@ -144,11 +155,17 @@ def test_decimated_timeline_keeps_every_labels_extremes() -> None:
 
 
 def test_merge_orders_inserts_new_stages_where_they_ran() -> None:
-    assert merge_orders([["load", "denoise/0", "vae_decode"], ["load", "denoise/0", "refine", "vae_decode"],
-                         ["prep", "load", "vae_decode"]]) == ["prep", "load", "denoise/0", "refine", "vae_decode"]
+    assert merge_orders(
+        [
+            ["load", "denoise/0", "vae_decode"],
+            ["load", "denoise/0", "refine", "vae_decode"],
+            ["prep", "load", "vae_decode"],
+        ]
+    ) == ["prep", "load", "denoise/0", "refine", "vae_decode"]
 
 
 # --------------------------------------------------------------------------- deltas
+
 
 def test_stage_deltas_are_exact(pair: dict[str, Any]) -> None:
     cmp, (tb, tt) = pair["cmp"], pair["truth"]
@@ -195,15 +212,22 @@ def test_verdict_for_an_increase_and_for_no_change() -> None:
     same, _ = pipeline_snapshot(seed=4, extra_step_allocs=1)
     cmp = compare_runs([digest(base, "base"), digest(bigger, "bigger"), digest(same, "same")])
     up, flat = cmp.verdict
-    assert up.startswith("bigger raises peak allocated by 1.00 GiB (+20.0%), mostly in vae_decode; denoise +512.00 MiB (+16.6%)")
+    assert up.startswith(
+        "bigger raises peak allocated by 1.00 GiB (+20.0%), mostly in vae_decode; denoise +512.00 MiB (+16.6%)"
+    )
     # 1 MiB more per step (+0.03% of the denoise peak) reads as unchanged.
     assert flat == "same leaves peak allocated unchanged at 5.01 GiB (±0.0%); vae_decode unchanged (±0.0%)"
 
 
 def test_n_runs_against_one_base() -> None:
     base, tb = pipeline_snapshot(seed=1)
-    variants = {"slicing": dict(denoise=GiB // 2), "tiling": dict(tiles=8), "both": dict(denoise=GiB // 2, tiles=8),
-                "refiner": dict(extra_stage="refine"), "fewer-steps": dict(steps=2)}
+    variants = {
+        "slicing": dict(denoise=GiB // 2),
+        "tiling": dict(tiles=8),
+        "both": dict(denoise=GiB // 2, tiles=8),
+        "refiner": dict(extra_stage="refine"),
+        "fewer-steps": dict(steps=2),
+    }
     digests, truths = [digest(base, "base")], [tb]
     for i, (name, kw) in enumerate(variants.items()):
         snap, t = pipeline_snapshot(seed=10 + i, **kw)
@@ -216,15 +240,24 @@ def test_n_runs_against_one_base() -> None:
     assert cmp.slots.index("refine") == cmp.slots.index("denoise/3") + 1
     by_name = {s["name"]: s for s in doc["stages"]}
     assert by_name["vae_decode"]["peak_allocated_bytes"] == [group_truth(t)["vae_decode"] for t in truths]
-    assert by_name["vae_decode"]["delta_bytes"] == [group_truth(t)["vae_decode"] - group_truth(tb)["vae_decode"] for t in truths]
+    assert by_name["vae_decode"]["delta_bytes"] == [
+        group_truth(t)["vae_decode"] - group_truth(tb)["vae_decode"] for t in truths
+    ]
     assert by_name["refine"]["peak_allocated_bytes"] == [None, None, None, None, truths[4]["refine"], None]
     steps = {s["name"]: s for s in doc["steps"]}
-    assert steps["denoise/3"]["peak_allocated_bytes"][5] is None and steps["denoise/1"]["peak_allocated_bytes"][5] == truths[5]["denoise/1"]
+    assert (
+        steps["denoise/3"]["peak_allocated_bytes"][5] is None
+        and steps["denoise/1"]["peak_allocated_bytes"][5] == truths[5]["denoise/1"]
+    )
     assert "; new stage refine" in doc["verdict"][3] and "2 denoise steps instead of 4" in doc["verdict"][4]
-    assert doc["verdict"][1] == "tiling lowers peak allocated by 2.00 GiB (−39.8%), mostly in vae_decode; denoise unchanged (±0.0%); peak moves from vae_decode to denoise"
+    assert (
+        doc["verdict"][1]
+        == "tiling lowers peak allocated by 2.00 GiB (−39.8%), mostly in vae_decode; denoise unchanged (±0.0%); peak moves from vae_decode to denoise"
+    )
 
 
 # --------------------------------------------------------------------------- JSON / Markdown
+
 
 def test_json_schema_keys(pair: dict[str, Any]) -> None:
     doc = json.loads(json.dumps(compare_dict(pair["cmp"], fail_over=5.0)))
@@ -250,15 +283,19 @@ def test_markdown_fits_an_issue(pair: dict[str, Any]) -> None:
     assert "| `vae_decode` | 5.01 GiB | 2.76 GiB (-2.25 GiB, -44.9%) |" in md
     # ten runs with many steps still fit
     base, _ = pipeline_snapshot(seed=1, steps=30)
-    ds = [digest(base, "base")] + [digest(pipeline_snapshot(seed=20 + i, steps=30, tiles=i + 1)[0], f"t{i}") for i in range(9)]
+    ds = [digest(base, "base")] + [
+        digest(pipeline_snapshot(seed=20 + i, steps=30, tiles=i + 1)[0], f"t{i}") for i in range(9)
+    ]
     md = render_compare_markdown(compare_dict(compare_runs(ds)))
     assert len(md.splitlines()) <= 60
 
 
 # --------------------------------------------------------------------------- CLI
 
+
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     from snapviz.cli import main
+
     with pytest.raises(SystemExit) as exc:
         main(args)
     out, err = capsys.readouterr()
@@ -268,6 +305,7 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory, pair: dict[str, Any]) -> dict[str, str]:
     import pickle
+
     d = tmp_path_factory.mktemp("cmp")
     out = {}
     for name, snap in zip(("base", "tiled"), pair["snaps"]):
@@ -277,7 +315,9 @@ def files(tmp_path_factory: pytest.TempPathFactory, pair: dict[str, Any]) -> dic
     return out
 
 
-def test_cli_writes_json_and_markdown(files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cli_writes_json_and_markdown(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     j, m = tmp_path / "c.json", tmp_path / "c.md"
     rc, out, err = _cli(["compare", files["base"], files["tiled"], "--json", str(j), "--markdown", str(m)], capsys)
     assert rc == 0, err
@@ -291,20 +331,26 @@ def test_cli_fail_over(files: dict[str, str], capsys: pytest.CaptureFixture[str]
     # tiled vs base: lower, passes
     assert _cli(["compare", files["base"], files["tiled"], "--fail-over", "5%", "-q"], capsys)[0] == 0
     # base vs tiled: +81.5% > 5%: exit 1 with one FAIL line
-    rc, out, err = _cli(["compare", files["tiled"], files["base"], "--fail-over", "5", "-q", "--label", "main", "--label", "pr"], capsys)
+    rc, out, err = _cli(
+        ["compare", files["tiled"], files["base"], "--fail-over", "5", "-q", "--label", "main", "--label", "pr"], capsys
+    )
     assert rc == 1
     assert err == "FAIL pr peak allocated 5.01 GiB exceeds base main 3.01 GiB by +66.2% (allowed +5%)\n"
     assert _cli(["compare", files["tiled"], files["base"], "--fail-over", "90%", "-q"], capsys)[0] == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["{base}"], "compare needs at least two inputs"),
-    (["{base}", "{dir}/missing.pickle"], "missing.pickle: no such file or directory"),
-    (["{base}", "{tiled}", "--fail-over", "five"], "--fail-over: invalid percentage 'five'"),
-    (["{base}", "{tiled}", "--label", "a", "--label", "b", "--label", "c"], "3 --label values for 2 inputs"),
-])
-def test_cli_bad_input_exits_2_with_one_line(files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                             args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{base}"], "compare needs at least two inputs"),
+        (["{base}", "{dir}/missing.pickle"], "missing.pickle: no such file or directory"),
+        (["{base}", "{tiled}", "--fail-over", "five"], "--fail-over: invalid percentage 'five'"),
+        (["{base}", "{tiled}", "--label", "a", "--label", "b", "--label", "c"], "3 --label values for 2 inputs"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], message: str
+) -> None:
     out_json = tmp_path / "never.json"
     rc, out, err = _cli(["compare", *[a.format(**files) for a in args], "--json", str(out_json)], capsys)
     assert rc == 2
@@ -313,6 +359,7 @@ def test_cli_bad_input_exits_2_with_one_line(files: dict[str, str], capsys: pyte
 
 
 # --------------------------------------------------------------------------- HTML
+
 
 def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], tmp_path: Path) -> None:
     from snapviz.render.html import render_compare_report_data
@@ -349,15 +396,20 @@ def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], 
 
 # --------------------------------------------------------------------------- real samples
 
+
 def _sample(name: str) -> Path | None:
     d = REPO / "sample_snapshots" / name
-    if (d / "run.json").is_file() and any((d / f).is_file() for f in ("snapshot.pickle.xz", "snapshot.pickle", "snapshot.pickle.gz")):
+    if (d / "run.json").is_file() and any(
+        (d / f).is_file() for f in ("snapshot.pickle.xz", "snapshot.pickle", "snapshot.pickle.gz")
+    ):
         return d
     return None
 
 
-@pytest.mark.skipif(not (_sample("sdxl-fp16") and _sample("sdxl-fp16-vae-tiling")),
-                    reason="sample_snapshots/sdxl-fp16 and sdxl-fp16-vae-tiling not present yet")
+@pytest.mark.skipif(
+    not (_sample("sdxl-fp16") and _sample("sdxl-fp16-vae-tiling")),
+    reason="sample_snapshots/sdxl-fp16 and sdxl-fp16-vae-tiling not present yet",
+)
 def test_sdxl_vae_tiling_sample_matches_the_allocator() -> None:
     from snapviz.cli.inputs import digest_input
 
@@ -385,6 +437,9 @@ def test_default_labels_are_unique_and_readable(tmp_path: Path) -> None:
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "snapshot.pickle").touch()
-    p = [str(tmp_path / x) for x in ("fp16/snap", "tiling/snap", "runs/sdxl", "a/snapshot.pickle", "base.pickle.xz", "fp16/snap")]
+    p = [
+        str(tmp_path / x)
+        for x in ("fp16/snap", "tiling/snap", "runs/sdxl", "a/snapshot.pickle", "base.pickle.xz", "fp16/snap")
+    ]
     assert unique_labels(p, []) == ["fp16/snap", "tiling/snap", "sdxl", "a", "base", "fp16/snap#2"]
     assert unique_labels(p[:2], ["main"]) == ["main", "snap"]

@@ -1,13 +1,14 @@
 """Snapshots that contradict themselves are analysed and called out; memory from before
 the recording counts its requested bytes as recorded in the end state."""
+
 from __future__ import annotations
 
 import copy
 from typing import Any
 
 import pytest
-import synth
 
+import synth
 from snapviz.analyses.replay import replay_allocator
 from snapviz.load.snapshot.builder import snapshot_from_dict
 

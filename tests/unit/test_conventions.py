@@ -1,4 +1,5 @@
 """-o picks the format by extension; progress bars stay off when stderr is not a terminal."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -6,14 +7,21 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
 from paths import ROOT
 
 SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-sdpa"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "snapviz", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
 
 
 def test_output_format_follows_the_extension(tmp_path: Path) -> None:
@@ -33,6 +41,8 @@ def test_output_format_follows_the_extension(tmp_path: Path) -> None:
 
 def test_compare_without_a_terminal_prints_no_progress(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
-    r = _cli("compare", str(SAMPLE), str(ROOT / "sample_snapshots" / "sd15-fp16-classic"), "-o", str(out), "-q", "-j", "1")
+    r = _cli(
+        "compare", str(SAMPLE), str(ROOT / "sample_snapshots" / "sd15-fp16-classic"), "-o", str(out), "-q", "-j", "1"
+    )
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
     assert json.loads(out.read_text())["schema"] == "snapviz.compare/1"

@@ -2,6 +2,7 @@
 events only) says what it measured in every sink: not "GPU memory", no reserved figure, and no
 claim about memory allocated before profiling began (issue 21: titled "GPU MEMORY REPORT", with
 "0 bytes were already allocated" although the weights were loaded before the profiler started)."""
+
 from __future__ import annotations
 
 import json
@@ -16,28 +17,59 @@ T0 = 1_796_000_000_000_000  # absolute Unix µs
 
 
 def _mem(ts: float, nbytes: int, total: int, addr: int) -> dict:
-    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": T0 + ts,
-            "args": {"Total Reserved": 0, "Total Allocated": total, "Bytes": nbytes, "Device Id": -1,
-                     "Device Type": 0, "Addr": addr}}
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": T0 + ts,
+        "args": {
+            "Total Reserved": 0,
+            "Total Allocated": total,
+            "Bytes": nbytes,
+            "Device Id": -1,
+            "Device Type": 0,
+            "Addr": addr,
+        },
+    }
 
 
 def _cpu_run(d: Path) -> Path:
     d.mkdir()
     stages = [("load", 0, 100), ("text_encode", 100, 200), ("denoise/0", 200, 300), ("vae_decode", 300, 400)]
-    events = [{"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": T0 + a, "dur": b - a}
-              for n, a, b in stages]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": T0 + a, "dur": b - a}
+        for n, a, b in stages
+    ]
     total = 0
     for k, (n, a, _) in enumerate(stages[1:]):
         size = 4096 << k
         total += size
         events.append(_mem(a + 10, size, total, 0x1000 * (k + 1)))
     (d / "trace.json").write_text(json.dumps({"traceEvents": events}))
-    (d / "run.json").write_text(json.dumps({
-        "schema": "snapviz.run/1", "pipeline": "sd15", "size": "tiny", "techniques": ["fp32"], "device": "cpu",
-        "device_name": "x86_64", "dtype": "fp32", "steps": 1, "batch": 1, "height": 64, "width": 64,
-        "allocator": {"max_memory_allocated": None, "max_memory_reserved": None},
-        "stages": [{"name": n, "start_us": T0 + a, "end_us": T0 + b, "rss_peak_bytes": 400 << 20}
-                   for n, a, b in stages]}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "schema": "snapviz.run/1",
+                "pipeline": "sd15",
+                "size": "tiny",
+                "techniques": ["fp32"],
+                "device": "cpu",
+                "device_name": "x86_64",
+                "dtype": "fp32",
+                "steps": 1,
+                "batch": 1,
+                "height": 64,
+                "width": 64,
+                "allocator": {"max_memory_allocated": None, "max_memory_reserved": None},
+                "stages": [
+                    {"name": n, "start_us": T0 + a, "end_us": T0 + b, "rss_peak_bytes": 400 << 20} for n, a, b in stages
+                ],
+            }
+        )
+    )
     return d
 
 
@@ -66,8 +98,20 @@ def test_a_gpu_run_and_a_cpu_run_are_shown_but_not_compared(tmp_path: Path) -> N
 
     cpu = _cpu_run(tmp_path / "cpu")
     md, js = tmp_path / "c.md", tmp_path / "c.json"
-    res = CliRunner().invoke(cli, ["compare", str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"), str(cpu),
-                                   "--markdown", str(md), "--json", str(js), "-j", "1"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "compare",
+            str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"),
+            str(cpu),
+            "--markdown",
+            str(md),
+            "--json",
+            str(js),
+            "-j",
+            "1",
+        ],
+    )
     assert res.exit_code == 0, res.stderr
     doc = json.loads(js.read_text())
     other = doc["runs"][1]

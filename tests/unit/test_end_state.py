@@ -2,6 +2,7 @@
 items 3 and 4). Snapshots come from the oracle allocator (tests/support/synth.py); the end
 state is what torch keeps with ``_record_memory_history(enabled="state")`` (live blocks with
 frames, no trace), in the 2.11 and the torch 2.0 (``history``) layouts."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,7 +37,11 @@ def _state_only(snap: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sinks(an: Any, doc: dict[str, Any]) -> dict[str, str]:
-    return {"terminal": render_terminal(from_json(doc)), "markdown": render_markdown(from_json(doc)), "html": render_html(an, doc)}
+    return {
+        "terminal": render_terminal(from_json(doc)),
+        "markdown": render_markdown(from_json(doc)),
+        "html": render_html(an, doc),
+    }
 
 
 @pytest.mark.parametrize("layout", ["dict", "history"])

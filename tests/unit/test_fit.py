@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fitfake import TRUTH, FakeRunner
 
 from collectors.fit import (
     Card,
@@ -32,6 +31,7 @@ from collectors.fit import (
 from collectors.fit.search import plan_rows
 from collectors.matrix.runner import MatrixOptions, VariantResult
 from collectors.matrix.variants import parse_variant
+from fitfake import TRUTH, FakeRunner
 
 G = 2**30
 
@@ -40,10 +40,17 @@ def card(gib: float) -> Card:
     return Card(f"{gib:g} GiB", int(gib * G))
 
 
-@pytest.mark.parametrize("text, label, n", [
-    ("24GiB", "24 GiB", 24 * G), ("16 GiB", "16 GiB", 16 * G), ("12", "12 GiB", 12 * G), ("48G", "48 GiB", 48 * G),
-    ("24GB", "24 GB", 24 * 10**9), ("7.5GiB", "7.5 GiB", int(7.5 * G)),
-])
+@pytest.mark.parametrize(
+    "text, label, n",
+    [
+        ("24GiB", "24 GiB", 24 * G),
+        ("16 GiB", "16 GiB", 16 * G),
+        ("12", "12 GiB", 12 * G),
+        ("48G", "48 GiB", 48 * G),
+        ("24GB", "24 GB", 24 * 10**9),
+        ("7.5GiB", "7.5 GiB", int(7.5 * G)),
+    ],
+)
 def test_card_sizes(text: str, label: str, n: int) -> None:
     assert parse_card(text) == Card(label, n)
 
@@ -68,38 +75,62 @@ def test_default_candidates_per_family() -> None:
 
 
 def test_measuring_order_cheap_first_supersets_before_subsets() -> None:
-    vs = [parse_variant(t) for t in ("bf16", "bf16,sequential-offload", "bf16,vae-tiling", "bf16,model-offload",
-                                     "bf16,layerwise-fp8,vae-tiling", "bf16,group-offload")]
+    vs = [
+        parse_variant(t)
+        for t in (
+            "bf16",
+            "bf16,sequential-offload",
+            "bf16,vae-tiling",
+            "bf16,model-offload",
+            "bf16,layerwise-fp8,vae-tiling",
+            "bf16,group-offload",
+        )
+    ]
     got = [v.label for v in measuring_order(vs)]
-    assert got == ["bf16+layerwise-fp8+vae-tiling", "bf16+vae-tiling", "bf16", "bf16+group-offload",
-                   "bf16+model-offload", "bf16+sequential-offload"]
+    assert got == [
+        "bf16+layerwise-fp8+vae-tiling",
+        "bf16+vae-tiling",
+        "bf16",
+        "bf16+group-offload",
+        "bf16+model-offload",
+        "bf16+sequential-offload",
+    ]
 
 
 def M(label: str, gib: float, status: str, peak: float | None = None, load: float | None = None) -> Measured:
     v = parse_variant(label)
-    return Measured(v.label, v.techniques, card(gib), status,
-                    int(peak * G) if peak is not None else None, int(load * G) if load is not None else None)
+    return Measured(
+        v.label,
+        v.techniques,
+        card(gib),
+        status,
+        int(peak * G) if peak is not None else None,
+        int(load * G) if load is not None else None,
+    )
 
 
-@pytest.mark.parametrize("measured, variant, cap, pruned_by", [
-    # rule 1: the same combination ran out of memory under a cap at least as large
-    ([M("bf16", 24, "oom")], "bf16", 16, "out of memory under the larger 24 GiB cap"),
-    ([M("bf16", 16, "oom")], "bf16", 16, "out of memory under this cap"),
-    ([M("bf16", 12, "oom")], "bf16", 16, None),                 # a smaller cap proves nothing for a bigger one
-    # rule 2: its measured peak is over the cap
-    ([M("bf16", 48, "ok", peak=30)], "bf16", 24, "peak allocated 30.00 GiB"),
-    ([M("bf16", 48, "ok", peak=20)], "bf16", 24, None),         # below the cap: it must run (fragmentation)
-    # rule 3: weights alone, also measured on a combination that only adds VAE tiling
-    ([M("bf16,vae-tiling", 48, "oom", load=33)], "bf16", 24, "weights alone (33.00 GiB"),
-    ([M("bf16,model-offload", 48, "ok", peak=10, load=0.1)], "bf16", 24, None),
-    ([M("bf16,torchao-int8", 48, "ok", peak=15, load=14)], "bf16,layerwise-fp8", 12, None),  # other weights
-    # rule 4: a strictly more memory-saving superset cannot fit
-    ([M("bf16,layerwise-fp8", 16, "oom")], "bf16", 16, "`bf16+layerwise-fp8` saves strictly more memory"),
-    ([M("bf16,layerwise-fp8", 24, "ok", peak=18)], "bf16", 16, "saves strictly more memory"),
-    ([M("bf16,classic", 16, "oom")], "bf16", 16, None),          # classic attention is not memory-saving
-    ([M("bf16", 16, "oom")], "bf16,layerwise-fp8", 16, None),    # a subset's failure proves nothing
-    ([M("bf16,layerwise-fp8", 16, "failed")], "bf16", 16, None),  # a crash proves nothing
-])
+@pytest.mark.parametrize(
+    "measured, variant, cap, pruned_by",
+    [
+        # rule 1: the same combination ran out of memory under a cap at least as large
+        ([M("bf16", 24, "oom")], "bf16", 16, "out of memory under the larger 24 GiB cap"),
+        ([M("bf16", 16, "oom")], "bf16", 16, "out of memory under this cap"),
+        ([M("bf16", 12, "oom")], "bf16", 16, None),  # a smaller cap proves nothing for a bigger one
+        # rule 2: its measured peak is over the cap
+        ([M("bf16", 48, "ok", peak=30)], "bf16", 24, "peak allocated 30.00 GiB"),
+        ([M("bf16", 48, "ok", peak=20)], "bf16", 24, None),  # below the cap: it must run (fragmentation)
+        # rule 3: weights alone, also measured on a combination that only adds VAE tiling
+        ([M("bf16,vae-tiling", 48, "oom", load=33)], "bf16", 24, "weights alone (33.00 GiB"),
+        ([M("bf16,model-offload", 48, "ok", peak=10, load=0.1)], "bf16", 24, None),
+        ([M("bf16,torchao-int8", 48, "ok", peak=15, load=14)], "bf16,layerwise-fp8", 12, None),  # other weights
+        # rule 4: a strictly more memory-saving superset cannot fit
+        ([M("bf16,layerwise-fp8", 16, "oom")], "bf16", 16, "`bf16+layerwise-fp8` saves strictly more memory"),
+        ([M("bf16,layerwise-fp8", 24, "ok", peak=18)], "bf16", 16, "saves strictly more memory"),
+        ([M("bf16,classic", 16, "oom")], "bf16", 16, None),  # classic attention is not memory-saving
+        ([M("bf16", 16, "oom")], "bf16,layerwise-fp8", 16, None),  # a subset's failure proves nothing
+        ([M("bf16,layerwise-fp8", 16, "failed")], "bf16", 16, None),  # a crash proves nothing
+    ],
+)
 def test_prune_reason(measured: list[Measured], variant: str, cap: float, pruned_by: str | None) -> None:
     why = prune_reason(parse_variant(variant), card(cap), measured)
     if pruned_by is None:
@@ -109,17 +140,23 @@ def test_prune_reason(measured: list[Measured], variant: str, cap: float, pruned
 
 
 def test_measured_from_run_json() -> None:
-    run = {"status": "oom", "stages": [{"name": "load", "end_us": 2, "peak_allocated_bytes": 20 * G},
-                                        {"name": "text_encode", "end_us": 3, "peak_allocated_bytes": 22 * G},
-                                        {"name": "denoise/0", "end_us": None, "open": True, "peak_allocated_bytes": 23 * G}]}
+    run = {
+        "status": "oom",
+        "stages": [
+            {"name": "load", "end_us": 2, "peak_allocated_bytes": 20 * G},
+            {"name": "text_encode", "end_us": 3, "peak_allocated_bytes": 22 * G},
+            {"name": "denoise/0", "end_us": None, "open": True, "peak_allocated_bytes": 23 * G},
+        ],
+    }
     m = measured_from("bf16", ("bf16",), card(24), "oom", run)
-    assert (m.peak_bytes, m.load_bytes) == (22 * G, 20 * G)   # the open stage proves nothing
+    assert (m.peak_bytes, m.load_bytes) == (22 * G, 20 * G)  # the open stage proves nothing
     ok = {**run, "status": "ok", "allocator": {"max_memory_allocated": 23 * G}}
     assert measured_from("bf16", ("bf16",), card(24), "ok", ok).peak_bytes == 23 * G
     assert measured_from("bf16", ("bf16",), card(24), "failed", None) == Measured("bf16", ("bf16",), card(24), "failed")
 
 
 # ----------------------------------------------------------------------------- the search, end to end
+
 
 def test_search_finds_every_fit_prunes_only_what_cannot_fit(tmp_path: Path) -> None:
     cards = parse_cards(["48GiB", "24GiB", "16GiB", "12GiB"])
@@ -145,7 +182,9 @@ def test_search_finds_every_fit_prunes_only_what_cannot_fit(tmp_path: Path) -> N
     # the nf4 pair (11 GiB allocated, 12.5 reserved) is inferred down to 16 GiB but must run under 12 GiB
     assert ("12 GiB", "bf16+nf4-transformer+nf4-t5") in fake.calls
     # bf16 (35 GiB) measured under 48 GiB is never run again on smaller cards
-    assert fake.calls.count(("48 GiB", "bf16")) == 1 and not [c for c in fake.calls if c[1] == "bf16" and c[0] != "48 GiB"]
+    assert fake.calls.count(("48 GiB", "bf16")) == 1 and not [
+        c for c in fake.calls if c[1] == "bf16" and c[0] != "48 GiB"
+    ]
     # on 16 GiB the nf4 transformer (17 GiB under 24) is pruned by its measured peak
     nf4 = next(r for r in rows if r.card.label == "16 GiB" and r.variant.label == "bf16+nf4-transformer")
     assert nf4.pruned is not None and "17.00 GiB" in nf4.pruned
@@ -176,7 +215,9 @@ def test_fit_document_fastest_and_markdown(tmp_path: Path) -> None:
     m24 = by["24 GiB"]["matrix"]
     assert m24["schema"] == "snapviz.matrix/1" and m24["baseline"] == "bf16+layerwise-fp8+vae-tiling"
     assert "bf16" not in [v["label"] for v in m24["variants"]]
-    assert [v["rank"] for v in m24["variants"] if v["status"] == "ok"][1:] == list(range(1, sum(t[0] <= 24 for t in TRUTH.values())))
+    assert [v["rank"] for v in m24["variants"] if v["status"] == "ok"][1:] == list(
+        range(1, sum(t[0] <= 24 for t in TRUTH.values()))
+    )
     md = render_fit_markdown(doc)
     assert "Fastest that fits 24 GiB: `bf16+layerwise-fp8`" in md and "at 2 steps" in md
     assert "torchao is not installed" in md and "Pruning:" in md
@@ -186,8 +227,13 @@ def test_plan_rows_is_the_dry_run_order() -> None:
     cards = parse_cards(["16GiB", "24GiB"])
     vs = [parse_variant(v) for v in ("bf16", "bf16,model-offload", "bf16,vae-tiling")]
     assert [(c.label, v.label) for c, v in plan_rows(cards, vs)] == [
-        ("24 GiB", "bf16+vae-tiling"), ("24 GiB", "bf16"), ("24 GiB", "bf16+model-offload"),
-        ("16 GiB", "bf16+vae-tiling"), ("16 GiB", "bf16"), ("16 GiB", "bf16+model-offload")]
+        ("24 GiB", "bf16+vae-tiling"),
+        ("24 GiB", "bf16"),
+        ("24 GiB", "bf16+model-offload"),
+        ("16 GiB", "bf16+vae-tiling"),
+        ("16 GiB", "bf16"),
+        ("16 GiB", "bf16+model-offload"),
+    ]
 
 
 def test_a_refused_combination_runs_once(tmp_path: Path) -> None:
@@ -206,6 +252,7 @@ def test_a_refused_combination_runs_once(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------------- cells the simulator decides
 
+
 def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path) -> None:
     """A combination that completed under a larger cap with history (a snapshot) is simulated on the
     smaller cards instead of run, and each cell says simulated or measured. The recording is a real
@@ -213,10 +260,9 @@ def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path
     are checked against snapviz whatif's driver on the same file."""
     import shutil
 
-    from paths import SAMPLES
-
     from collectors.fit.simulated import simulate_card
     from collectors.matrix.ranking import measure
+    from paths import SAMPLES
     from snapviz.analyses.whatif import what_if
     from snapviz.load import load
 
@@ -247,7 +293,11 @@ def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path
     assert w.fidelity.reproduced
     for c in cards[1:3]:
         row = by[c.label]
-        assert row.decided_by == "simulated" and row.result is None and "simulated from the 8 GiB run" in row.simulated.reason
+        assert (
+            row.decided_by == "simulated"
+            and row.result is None
+            and "simulated from the 8 GiB run" in row.simulated.reason
+        )
         sim = next(r.sim for r in w.results if r.scenario.gpu_memory == c.bytes and r.scenario.alloc_conf is None)
         assert row.fits == (sim.stopped_at is None) and row.simulated.peak_reserved_bytes == sim.peak_reserved
         assert row.simulated.peak_reserved_bytes <= c.bytes

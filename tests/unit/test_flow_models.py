@@ -52,8 +52,7 @@ def test_cli_pipeline_choices_are_the_builders() -> None:
         ("flux-dev", ["group-offload-leaf"], "cpu", "needs a CUDA device"),
     ],
 )
-def test_impossible_flow_techniques_say_why(pipeline: str, techniques: list[str], device: str,
-                                            needle: str) -> None:
+def test_impossible_flow_techniques_say_why(pipeline: str, techniques: list[str], device: str, needle: str) -> None:
     with pytest.raises(tq.TechniqueError, match=needle):
         tq.plan(techniques, device=device, pipeline=pipeline, num_gpus=0)
 
@@ -71,11 +70,12 @@ def test_missing_quantization_package_is_named(name: str, package: str) -> None:
     [
         (["bf16"], True),
         (["bf16", "no-t5", "vae-tiling"], True),
-        (["bf16", "layerwise-fp8"], False),   # fp8 storage is cast on the CPU, then moved
+        (["bf16", "layerwise-fp8"], False),  # fp8 storage is cast on the CPU, then moved
     ],
 )
 def test_flow_pipelines_build_on_the_gpu_unless_weights_start_on_the_cpu(
-        techniques: list[str], on_device: bool) -> None:
+    techniques: list[str], on_device: bool
+) -> None:
     p = tq.plan(techniques, device="cpu", pipeline="sd35-large", num_gpus=0)
     assert p.build_on_device("sd35-large") is on_device
     assert not p.build_on_device("sdxl")  # the UNet pipelines always copy from the CPU

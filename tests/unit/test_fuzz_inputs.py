@@ -3,6 +3,7 @@ file and command-line arguments. Each runs a few seconds of hypothesis examples 
 suite; the only acceptable outcomes are a result or one :class:`InputError` (exit 2 and one
 line for the CLI), within a per-example deadline. ``benchmarks/fuzz_loader.py`` fuzzes the
 loader for longer."""
+
 from __future__ import annotations
 
 import gzip
@@ -25,11 +26,13 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /proc
 
 # A few seconds each: examples are small, the deadline catches one that hangs or explodes.
 FUZZ = settings(max_examples=25, deadline=5000, suppress_health_check=list(HealthCheck), derandomize=False)
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
-                     "\ud800-\udfff]")
+CONTROL = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
-_NAMES = st.text(st.sampled_from(["a", "_", "/", "\x1b", "\u202e", "\u061c", "\ud800", "<", "|", "\n", "é"]),
-                 max_size=12)
+_NAMES = st.text(
+    st.sampled_from(["a", "_", "/", "\x1b", "\u202e", "\u061c", "\ud800", "<", "|", "\n", "é"]), max_size=12
+)
 
 
 def _entry(draw: Any) -> dict[str, Any]:
@@ -37,16 +40,23 @@ def _entry(draw: Any) -> dict[str, Any]:
         "action": draw(st.sampled_from(["alloc", "free_requested", "free_completed", "segment_alloc", "oom", "x", 3])),
         "addr": draw(st.one_of(st.integers(-5, 1 << 64), st.floats(allow_nan=True), st.none(), _NAMES)),
         "size": draw(st.one_of(st.integers(-5, 1 << 64), st.floats(allow_nan=True), st.text(max_size=3))),
-        "frames": draw(st.lists(st.fixed_dictionaries({"name": _NAMES, "filename": _NAMES, "line": st.integers(-1, 99)}),
-                                max_size=3)),
+        "frames": draw(
+            st.lists(
+                st.fixed_dictionaries({"name": _NAMES, "filename": _NAMES, "line": st.integers(-1, 99)}), max_size=3
+            )
+        ),
     }
 
 
 @st.composite
 def snapshots(draw: Any) -> bytes:
     """A snapshot-like pickle (any protocol, maybe gzip), maybe damaged."""
-    traces = draw(st.lists(st.lists(st.builds(lambda: None).flatmap(lambda _: st.composite(lambda d: _entry(d))()),
-                                    max_size=6), max_size=3))
+    traces = draw(
+        st.lists(
+            st.lists(st.builds(lambda: None).flatmap(lambda _: st.composite(lambda d: _entry(d))()), max_size=6),
+            max_size=3,
+        )
+    )
     doc: Any = {"segments": [], "device_traces": traces}
     if draw(st.booleans()):
         doc["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": draw(_NAMES), "x": draw(st.floats())}
@@ -56,21 +66,33 @@ def snapshots(draw: Any) -> bytes:
     data = pickle.dumps(doc, protocol=draw(st.integers(0, 5)))
     if draw(st.booleans()):
         i = draw(st.integers(0, len(data)))
-        data = data[:i] + draw(st.binary(max_size=4)) + data[i + draw(st.integers(0, 4)):]
+        data = data[:i] + draw(st.binary(max_size=4)) + data[i + draw(st.integers(0, 4)) :]
     return gzip.compress(data) if draw(st.booleans()) else data
 
 
 @st.composite
 def traces(draw: Any) -> bytes:
-    events = draw(st.lists(st.fixed_dictionaries({
-        "ph": st.sampled_from(["X", "B", "E", "i", "C", "M", "f", 1]),
-        "name": _NAMES, "cat": st.sampled_from(["cpu_op", "kernel", "gpu_user_annotation", "", "[memory]"]),
-        "ts": st.one_of(st.integers(-10, 10**12), st.floats(allow_nan=False), st.text(max_size=2)),
-        "dur": st.one_of(st.integers(-10, 10**6), st.none()),
-        "pid": st.integers(0, 3), "tid": st.integers(0, 3),
-        "args": st.dictionaries(st.sampled_from(["Bytes", "Total Allocated", "Device Id", "Addr", "x"]),
-                                st.one_of(st.integers(-(1 << 63), 1 << 64), _NAMES, st.none()), max_size=3),
-    }), max_size=10))
+    events = draw(
+        st.lists(
+            st.fixed_dictionaries(
+                {
+                    "ph": st.sampled_from(["X", "B", "E", "i", "C", "M", "f", 1]),
+                    "name": _NAMES,
+                    "cat": st.sampled_from(["cpu_op", "kernel", "gpu_user_annotation", "", "[memory]"]),
+                    "ts": st.one_of(st.integers(-10, 10**12), st.floats(allow_nan=False), st.text(max_size=2)),
+                    "dur": st.one_of(st.integers(-10, 10**6), st.none()),
+                    "pid": st.integers(0, 3),
+                    "tid": st.integers(0, 3),
+                    "args": st.dictionaries(
+                        st.sampled_from(["Bytes", "Total Allocated", "Device Id", "Addr", "x"]),
+                        st.one_of(st.integers(-(1 << 63), 1 << 64), _NAMES, st.none()),
+                        max_size=3,
+                    ),
+                }
+            ),
+            max_size=10,
+        )
+    )
     text = json.dumps({"traceEvents": events, "schemaVersion": 1})
     if draw(st.booleans()):
         i = draw(st.integers(0, len(text)))
@@ -108,15 +130,26 @@ _MEMBER = st.sampled_from(["valid", "garbage", "empty", "fifo", "dev_null", "pro
 
 
 @FUZZ
-@given(run_json=st.one_of(st.just({"schema": "snapviz.run/1"}), st.dictionaries(_NAMES, _NAMES, max_size=3),
-                          st.lists(st.integers(), max_size=2)),
-       snap=_MEMBER, trace=_MEMBER, rj=_MEMBER, by_run_json=st.booleans())
-def test_fuzz_run_folder(tmp_path_factory: pytest.TempPathFactory, run_json: Any, snap: str, trace: str, rj: str,
-                         by_run_json: bool) -> None:
+@given(
+    run_json=st.one_of(
+        st.just({"schema": "snapviz.run/1"}),
+        st.dictionaries(_NAMES, _NAMES, max_size=3),
+        st.lists(st.integers(), max_size=2),
+    ),
+    snap=_MEMBER,
+    trace=_MEMBER,
+    rj=_MEMBER,
+    by_run_json=st.booleans(),
+)
+def test_fuzz_run_folder(
+    tmp_path_factory: pytest.TempPathFactory, run_json: Any, snap: str, trace: str, rj: str, by_run_json: bool
+) -> None:
     d = tmp_path_factory.mktemp("fz")
-    valid = {"snapshot.pickle": pickle.dumps({"segments": [], "device_traces": [[]]}),
-             "trace.json": json.dumps({"traceEvents": []}).encode(),
-             "run.json": json.dumps(run_json, ensure_ascii=False).encode("utf-8", "surrogatepass")}
+    valid = {
+        "snapshot.pickle": pickle.dumps({"segments": [], "device_traces": [[]]}),
+        "trace.json": json.dumps({"traceEvents": []}).encode(),
+        "run.json": json.dumps(run_json, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+    }
     for name, kind in (("snapshot.pickle", snap), ("trace.json", trace), ("run.json", rj)):
         p = d / name
         if kind == "valid" or (name == "run.json" and kind == "none"):
@@ -144,8 +177,10 @@ _REGEX_PARTS = ["a", "a+", "a*", "(", ")", "|", "?", ".", r"\w", "{2,}", "$", "^
 
 
 @FUZZ
-@given(patterns=st.lists(st.lists(st.sampled_from(_REGEX_PARTS), max_size=8).map("".join), min_size=1, max_size=3),
-       extra=st.sampled_from([None, "builtin"]))
+@given(
+    patterns=st.lists(st.lists(st.sampled_from(_REGEX_PARTS), max_size=8).map("".join), min_size=1, max_size=3),
+    extra=st.sampled_from([None, "builtin"]),
+)
 def test_fuzz_rules_file(tmp_path_factory: pytest.TempPathFactory, patterns: list[str], extra: str | None) -> None:
     """Any rules file loads or is refused in one line; a loaded one matches adversarial names
     (``aaaa…!``, the worst case of backtracking) quickly."""
@@ -170,11 +205,39 @@ def test_fuzz_rules_file(tmp_path_factory: pytest.TempPathFactory, patterns: lis
     assert time.monotonic() - t0 < 1.0, [r.function for r in rules.rules]
 
 
-_ARGS = st.lists(st.sampled_from([
-    "--max-peak", "--max-reserved", "--max-points", "--device", "--max-increase", "--json", "--markdown", "--baseline",
-    "-q", "1e99999999GiB", "99999999999999999999", "-1", "0", "12GiB", "5%", "1e-9999MiB", "NaN", "-", "x.json",
-    "s.pickle", "\x1b[31m", "\ud800", "--stages-from", "frames", "--max-stage-peak", "a=1GiB",
-]), max_size=7)
+_ARGS = st.lists(
+    st.sampled_from(
+        [
+            "--max-peak",
+            "--max-reserved",
+            "--max-points",
+            "--device",
+            "--max-increase",
+            "--json",
+            "--markdown",
+            "--baseline",
+            "-q",
+            "1e99999999GiB",
+            "99999999999999999999",
+            "-1",
+            "0",
+            "12GiB",
+            "5%",
+            "1e-9999MiB",
+            "NaN",
+            "-",
+            "x.json",
+            "s.pickle",
+            "\x1b[31m",
+            "\ud800",
+            "--stages-from",
+            "frames",
+            "--max-stage-peak",
+            "a=1GiB",
+        ]
+    ),
+    max_size=7,
+)
 
 
 @settings(FUZZ, deadline=None)  # the first example pays the imports (pandas, the analyses)
@@ -186,8 +249,9 @@ def test_fuzz_cli_arguments(tmp_path_factory: pytest.TempPathFactory, verb: str,
     from snapviz.cli import cli
 
     d = tmp_path_factory.mktemp("fz")
-    (d / "s.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[
-        {"action": "alloc", "addr": 512, "size": 512, "frames": []}]]}))
+    (d / "s.pickle").write_bytes(
+        pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 512, "size": 512, "frames": []}]]})
+    )
     cwd = os.getcwd()
     os.chdir(d)
     try:

@@ -1,6 +1,7 @@
 """Hostile inputs stop with exit 2 and one line, in bounded time and memory (issue 9 item 2,
 issue 8 item 1). Every case runs ``snapviz analyze`` in a fresh process and measures it:
 no case may run 30 s or reach 4 GiB RSS. The generators live in tests/support/hostile.py."""
+
 from __future__ import annotations
 
 import os
@@ -9,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hostile
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hostile
 from snapviz.errors import InputError
 from snapviz.load import _sniff, load
 from snapviz.load.limits import ENV, LimitExceeded, Limits
@@ -21,8 +22,14 @@ from snapviz.load.snapshot.pickle_scan import FULL_SCAN_BYTES, fast_scan, scan_p
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs, rlimits and wait4 are POSIX")
 
-LIMIT_WORDS = ("nesting depth", "shared references", "length of one string", "decompressed size",
-               "CPU time spent decompressing", "number of objects")
+LIMIT_WORDS = (
+    "nesting depth",
+    "shared references",
+    "length of one string",
+    "decompressed size",
+    "CPU time spent decompressing",
+    "number of objects",
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +45,66 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[hostile
     return out
 
 
-CASES = [f"pickle:{n}" for n in (
-    "deep_tuple_dict_key_gz", "deep_tuple_frozenset_gz", "flat_frozenset", "tuple_dict_key", "deep_tuple_action_gz",
-    "billion_laughs_frame_name", "billion_laughs_settings", "billion_laughs_padded_2MiB", "memo_index_2_31",
-    "binunicode8_length_2_62", "string_32MiB_plain", "size_2_63_minus_1", "size_negative", "addr_2_62",
-    "valid_control", "gzip_bomb_512MiB", "gzip_string_300MiB", "name_16MiB_in_2000_frames_xz",
-    "shared_trace_8_devices", "same_entry_repeated", "shared_segment_blocks", "same_annotation_repeated",
-    "shared_trace_8_devices_25MiB_xz", "empty_dicts_63M_xz", "empty_lists_60M_xz", "stage_names_50k",
-    "stage_steps_50k", "stage_annotations_50k")] + [f"trace:{n}" for n in (
-    "deep_array_gz", "nested_traceEvents_keys_gz", "many_traceEvents_keys_gz", "metadata_26KB_first",
-    "leading_whitespace", "long_string_200MiB_gz", "gzip_bomb_whitespace", "range_names_50k")] + [f"special:{n}" for n in (
-    "fifo_pickle", "fifo_trace", "dev_zero", "run_json_fifo", "run_snapshot_proc_mem", "run_trace_proc_mem",
-    "gzip_zero_padding_100MiB")]
+CASES = (
+    [
+        f"pickle:{n}"
+        for n in (
+            "deep_tuple_dict_key_gz",
+            "deep_tuple_frozenset_gz",
+            "flat_frozenset",
+            "tuple_dict_key",
+            "deep_tuple_action_gz",
+            "billion_laughs_frame_name",
+            "billion_laughs_settings",
+            "billion_laughs_padded_2MiB",
+            "memo_index_2_31",
+            "binunicode8_length_2_62",
+            "string_32MiB_plain",
+            "size_2_63_minus_1",
+            "size_negative",
+            "addr_2_62",
+            "valid_control",
+            "gzip_bomb_512MiB",
+            "gzip_string_300MiB",
+            "name_16MiB_in_2000_frames_xz",
+            "shared_trace_8_devices",
+            "same_entry_repeated",
+            "shared_segment_blocks",
+            "same_annotation_repeated",
+            "shared_trace_8_devices_25MiB_xz",
+            "empty_dicts_63M_xz",
+            "empty_lists_60M_xz",
+            "stage_names_50k",
+            "stage_steps_50k",
+            "stage_annotations_50k",
+        )
+    ]
+    + [
+        f"trace:{n}"
+        for n in (
+            "deep_array_gz",
+            "nested_traceEvents_keys_gz",
+            "many_traceEvents_keys_gz",
+            "metadata_26KB_first",
+            "leading_whitespace",
+            "long_string_200MiB_gz",
+            "gzip_bomb_whitespace",
+            "range_names_50k",
+        )
+    ]
+    + [
+        f"special:{n}"
+        for n in (
+            "fifo_pickle",
+            "fifo_trace",
+            "dev_zero",
+            "run_json_fifo",
+            "run_snapshot_proc_mem",
+            "run_trace_proc_mem",
+            "gzip_zero_padding_100MiB",
+        )
+    ]
+)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -77,8 +132,9 @@ def test_every_case_is_tested(results: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- limits
 
 
-def test_limit_names_its_variable_and_raising_it_loads(write_pickle: Any, small_snapshot: dict[str, Any],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_limit_names_its_variable_and_raising_it_loads(
+    write_pickle: Any, small_snapshot: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write_pickle(small_snapshot, name="snapshot.pickle")
     monkeypatch.setenv(ENV["depth"], "4")
     with pytest.raises(InputError, match=ENV["depth"]) as info:
@@ -96,12 +152,15 @@ def test_bad_limit_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Limits.from_env().objects == 2 * 10**9
 
 
-@pytest.mark.parametrize("name, data", [
-    ("objects", b"\x80\x02(" + b"K\x01" * 50 + b"l."),
-    ("string_bytes", b"\x80\x02(" + b"\x8c\x0a" + b"a" * 10 + b"\x8c\x0a" + b"b" * 10 + b"l."),
-    ("expansion", pickle.dumps(hostile.billion_laughs(4, 3), protocol=2)),
-    ("depth", b"\x80\x02" + b"]" * 20 + b"a" * 19 + b"."),
-])
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("objects", b"\x80\x02(" + b"K\x01" * 50 + b"l."),
+        ("string_bytes", b"\x80\x02(" + b"\x8c\x0a" + b"a" * 10 + b"\x8c\x0a" + b"b" * 10 + b"l."),
+        ("expansion", pickle.dumps(hostile.billion_laughs(4, 3), protocol=2)),
+        ("depth", b"\x80\x02" + b"]" * 20 + b"a" * 19 + b"."),
+    ],
+)
 def test_each_pickle_limit_is_enforced(name: str, data: bytes) -> None:
     tight = Limits(objects=40, string_bytes=15, expansion=100, depth=10)
     with pytest.raises(LimitExceeded) as info:
@@ -136,9 +195,13 @@ def test_real_pickles_fit_the_defaults_with_margin() -> None:
 
 _plain = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=300),
-    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner, max_size=5)
-    | st.tuples(st.integers(), st.text(max_size=3)),
-    max_leaves=40)
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+        | st.tuples(st.integers(), st.text(max_size=3))
+    ),
+    max_leaves=40,
+)
 
 
 def _depth(obj: Any) -> int:
@@ -193,17 +256,28 @@ def test_real_tracelens_trace_is_detected() -> None:
     assert len(load(str(path)).trace.memory) > 0
 
 
-@pytest.mark.parametrize("env, value, limit_name", [
-    ("string_length", "100", "string_length"),   # shorter than a read: the exact per-quote path
-    ("depth", "3", "depth"),
-    ("objects", "5", "objects"),
-    ("header_bytes", "1000", "header_bytes"),
-])
-def test_each_json_limit_is_enforced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, value: str,
-                                     limit_name: str) -> None:
+@pytest.mark.parametrize(
+    "env, value, limit_name",
+    [
+        ("string_length", "100", "string_length"),  # shorter than a read: the exact per-quote path
+        ("depth", "3", "depth"),
+        ("objects", "5", "objects"),
+        ("header_bytes", "1000", "header_bytes"),
+    ],
+)
+def test_each_json_limit_is_enforced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, value: str, limit_name: str
+) -> None:
     path = tmp_path / "t.json"
-    path.write_text('{"meta": "' + "m" * 2000 + '", "traceEvents": [' + hostile.memory_events()
-                    + ', {"name": "' + "x" * 200 + '", "args": {"a": [[1]]}}]}')
+    path.write_text(
+        '{"meta": "'
+        + "m" * 2000
+        + '", "traceEvents": ['
+        + hostile.memory_events()
+        + ', {"name": "'
+        + "x" * 200
+        + '", "args": {"a": [[1]]}}]}'
+    )
     assert len(load(str(path)).trace.memory) == 2  # fine under the defaults
     monkeypatch.setenv(ENV[env], value)
     with pytest.raises(LimitExceeded) as info:
@@ -215,10 +289,13 @@ def test_each_json_limit_is_enforced(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 @settings(max_examples=60, deadline=None)
-@given(parts=st.lists(st.binary(max_size=3000), min_size=1, max_size=5),
-       pads=st.lists(st.integers(0, 70_000), min_size=5, max_size=5))
-def test_gzip_members_and_zero_padding_read_as_gzip_does(tmp_path_factory: pytest.TempPathFactory,
-                                                          parts: list[bytes], pads: list[int]) -> None:
+@given(
+    parts=st.lists(st.binary(max_size=3000), min_size=1, max_size=5),
+    pads=st.lists(st.integers(0, 70_000), min_size=5, max_size=5),
+)
+def test_gzip_members_and_zero_padding_read_as_gzip_does(
+    tmp_path_factory: pytest.TempPathFactory, parts: list[bytes], pads: list[int]
+) -> None:
     """Members one after another, each followed by any amount of zero padding, decompress to
     what ``gzip.decompress`` gives (which skips the padding one byte per Python call)."""
     import gzip
@@ -246,8 +323,9 @@ def test_decompression_time_is_bounded(tmp_path: Path, monkeypatch: pytest.Monke
         load(path)
 
 
-@pytest.mark.parametrize("target", ["/proc/self/mem", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled",
-                                    "/dev/null"])
+@pytest.mark.parametrize(
+    "target", ["/proc/self/mem", "/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled", "/dev/null"]
+)
 @pytest.mark.parametrize("member", ["snapshot.pickle", "trace.json.gz", "run.json"])
 def test_run_folder_links_to_kernel_files_are_refused(tmp_path: Path, target: str, member: str) -> None:
     if not os.path.exists(target):
@@ -268,8 +346,16 @@ def test_run_folder_links_to_kernel_files_are_refused(tmp_path: Path, target: st
 # ----------------------------------------------------------------------------- arguments and limits (issue 26)
 
 
-@pytest.mark.parametrize("text,ok", [("1e99999999GiB", False), ("1e-99999999GiB", True), ("0e99999999", True),
-                                     ("9" * 5000 + "GiB", False), ("1.5e3MiB", True)])
+@pytest.mark.parametrize(
+    "text,ok",
+    [
+        ("1e99999999GiB", False),
+        ("1e-99999999GiB", True),
+        ("0e99999999", True),
+        ("9" * 5000 + "GiB", False),
+        ("1.5e3MiB", True),
+    ],
+)
 def test_sizes_with_any_exponent_parse_in_constant_time(text: str, ok: bool) -> None:
     import time
 
@@ -297,8 +383,15 @@ def test_the_string_limit_holds_for_short_strings_on_every_path(path_kind: str) 
     from snapviz.load.snapshot.pickle_scan_fast import KERNEL, fast_scan, fast_scan_compiled
 
     n = 10 if path_kind == "exact" else 9000
-    trace = [{"action": "alloc", "addr": 512 * i, "size": 512,
-              "frames": [{"name": "x" * 200 + str(i), "filename": "a.py", "line": 1}]} for i in range(n)]
+    trace = [
+        {
+            "action": "alloc",
+            "addr": 512 * i,
+            "size": 512,
+            "frames": [{"name": "x" * 200 + str(i), "filename": "a.py", "line": 1}],
+        }
+        for i in range(n)
+    ]
     data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
     limits = Limits(string_length=100)
     if path_kind == "compiled":
@@ -320,10 +413,18 @@ def test_huge_counts_are_one_usage_line_without_numpy_warnings(tmp_path: Path) -
     from paths import ROOT
 
     (tmp_path / "s.pickle").write_bytes(pickle.dumps({"segments": [], "device_traces": [[]]}))
-    for args in (["compare", "s.pickle", "s.pickle", "--max-points", "9" * 20], ["analyze", "s.pickle", "--device",
-                                                                                "9" * 20],
-                 ["check", "s.pickle", "--max-peak", "1e99999999GiB"]):
-        p = subprocess.run([sys.executable, "-m", "snapviz", *args], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    for args in (
+        ["compare", "s.pickle", "s.pickle", "--max-points", "9" * 20],
+        ["analyze", "s.pickle", "--device", "9" * 20],
+        ["check", "s.pickle", "--max-peak", "1e99999999GiB"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "snapviz", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
         assert "Warning" not in p.stderr and "Traceback" not in p.stderr, p.stderr

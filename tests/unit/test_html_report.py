@@ -4,6 +4,7 @@ Tests assert on ``report_data`` (what the renderer is given), not on HTML string
 page is only checked for being self-contained and small. Real-browser checks live in
 test_browser.py.
 """
+
 from __future__ import annotations
 
 import html as html_mod
@@ -16,15 +17,15 @@ import numpy as np
 import pytest
 
 import synth
+from paths import SAMPLES
+from sdrun import STACKS, GiB, MiB, _analyse, fake_trace_analysis, make_run, write_run  # noqa: F401
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
 from snapviz.category_vocab import CATEGORY_ORDER
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.view_models import SnapshotReport
-from paths import SAMPLES
 
-from sdrun import GiB, MiB, STACKS, _analyse, fake_trace_analysis, make_run, write_run  # noqa: F401
 
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
@@ -54,6 +55,7 @@ def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> Snapsh
 # --------------------------------------------------------------------------------------
 # decimate_minmax
 # --------------------------------------------------------------------------------------
+
 
 def _series(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -129,6 +131,7 @@ def test_decimate_million_points_keeps_the_peak() -> None:
 # --------------------------------------------------------------------------------------
 # report_data: what the renderer is handed
 # --------------------------------------------------------------------------------------
+
 
 def test_timeline_columns_are_aligned_and_decimated(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
@@ -299,6 +302,7 @@ def test_category_colors_are_the_same_everywhere(data: SnapshotReport) -> None:
     b, ct, c = data.stage_breakdown, data.category_timeline, data.categories
     assert b.colors == [colors[x] for x in b.categories]
     assert c.color == [colors[x] for x in c.category]
+    assert all(x in colors for x in ct.categories), "the timeline stacks only named, coloured categories"
     assert all(colors[k] == CATEGORY_COLORS[k] for k in colors if k in CATEGORY_COLORS)
     assert len(set(colors.values())) == len(colors), "no two categories share a color"
     # Categories a user rule adds get their own colors, in order of appearance (like stages).
@@ -344,8 +348,12 @@ def test_largest_blocks_each_stage_allocated(data: SnapshotReport, analysed: tup
     assert vae and all("autoencoders/vae.py" in s for s in vae)
     att = [s for s, g in zip(t.site, t.stage) if g == "denoise/0"]
     assert "get_attention_scores" in att[0], "the score matrix is denoise/0's largest own block"
-    by_doc = [(it["name"], a["bytes"], a["site"]) for g in doc["stages"] for it in g["intervals"]
-              for a in it.get("top_allocations") or []]
+    by_doc = [
+        (it["name"], a["bytes"], a["site"])
+        for g in doc["stages"]
+        for it in g["intervals"]
+        for a in it.get("top_allocations") or []
+    ]
     assert by_doc == list(zip(t.stage, [int(x) for x in t.bytes], t.site))
 
 
@@ -362,7 +370,6 @@ def test_advice_is_handed_over(data: SnapshotReport, analysed: tuple[Any, dict[s
 
 def test_trace_ops_next_to_live_blocks(analysed: tuple[Any, dict[str, Any]]) -> None:
     import dataclasses
-
 
     an, doc = analysed
     assert report_data(an, doc, max_points=300).top_allocations.has_ops is False
@@ -409,8 +416,10 @@ def test_headline_metadata_and_truth(data: SnapshotReport, analysed: tuple[Any, 
     an, doc = analysed
     h = data.headline
     assert h.title == "sd15 · full · 512×512 · fp16 · fp16+classic-attention"
-    assert h.verdict.startswith(f"Peak {fmt_bytes(doc['peak']['allocated_bytes'])} allocated "
-                                   f"({fmt_bytes(doc['peak']['reserved_bytes'])} reserved) in {doc['peak']['stage']}")
+    assert h.verdict.startswith(
+        f"Peak {fmt_bytes(doc['peak']['allocated_bytes'])} allocated "
+        f"({fmt_bytes(doc['peak']['reserved_bytes'])} reserved) in {doc['peak']['stage']}"
+    )
     assert f"event {doc['peak']['event_index']:,}" in h.verdict
     assert h.truth.status == "match" and h.truth.diff_bytes == 0
     assert any("attention score matrices" in line for line in h.lines)
@@ -482,6 +491,7 @@ def test_max_points_bounds_a_big_timeline() -> None:
 # --------------------------------------------------------------------------------------
 # The page
 # --------------------------------------------------------------------------------------
+
 
 class _Refs(HTMLParser):
     """Every URL that an HTML tag would fetch (scripts, styles, images, frames)."""
@@ -570,7 +580,7 @@ def test_build_page_mixes_html_and_models() -> None:
 
     page = build_page("t <1>", ["<p id='first'>a &amp; b</p>", Div(text="x", name="only"), "<p id='last'>z</p>"])
     _assert_self_contained(page)
-    assert page.index("id='first'") < page.index('data-root-id') < page.index("id='last'")
+    assert page.index("id='first'") < page.index("data-root-id") < page.index("id='last'")
     assert "<title>t &lt;1&gt;</title>" in page
     assert "<p id='first'>a &amp; b</p>" in build_page("x", ["<p id='first'>a &amp; b</p>"])
 
@@ -584,13 +594,17 @@ def test_page_paints_before_bokeh_and_defers_later_roots() -> None:
 
     from snapviz.render.html import build_page
 
-    page = build_page("t", ["<header id='hero'>h</header>", Div(text="a", name="sv-first"), Div(text="b"),
-                            Div(text="c", name="sv-third")])
+    page = build_page(
+        "t",
+        ["<header id='hero'>h</header>", Div(text="a", name="sv-first"), Div(text="b"), Div(text="c", name="sv-third")],
+    )
     assert page.index("id='hero'") < page.index("/* BEGIN bokeh.min.js */") < page.index("Bokeh.embed.embed_items = ")
     lazy = re.search(r'<script type="application/json" id="sv-lazy-roots">(.*?)</script>', page, re.S)
     assert lazy is not None and json.loads(lazy.group(1))["roots"] == ["sv-root-1", "sv-third"]
     assert len(json.loads(lazy.group(1))["docs"]) == 2, "each unlinked later root is a document deferred whole"
-    eager = re.search(r'id="sv-lazy-roots">(.*?)</script>', build_page("t", [Div(text="a"), Div(text="b")], eager_roots=2))
+    eager = re.search(
+        r'id="sv-lazy-roots">(.*?)</script>', build_page("t", [Div(text="a"), Div(text="b")], eager_roots=2)
+    )
     assert eager is not None and json.loads(eager.group(1)) == {"roots": [], "docs": []}
 
 
@@ -632,6 +646,7 @@ def test_linked_roots_share_a_document_and_tables_load_later() -> None:
 # --------------------------------------------------------------------------------------
 # Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
 # --------------------------------------------------------------------------------------
+
 
 def test_trace_report_data() -> None:
     from snapviz.render.html.trace_data import trace_report_data

@@ -1,6 +1,7 @@
 """The one interval labeller (stages.label_by_intervals), used for snapshot events and trace
 events alike: the cases of its two former call sites (a snapshot's sorted event times, a
 trace's unsorted op times with a depth column) and its rule for "innermost"."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,9 +59,14 @@ def test_trace_stage_table_labels_as_before() -> None:
     """annotation_stages' table (with depth) labels op times innermost-first."""
     from types import SimpleNamespace
 
-    ann = pd.DataFrame({"name": pd.Categorical(["denoise", "denoise/0", "denoise/1", "vae_decode"]),
-                        "start_us": [0.0, 0.0, 50.0, 200.0], "end_us": [100.0, 50.0, 100.0, 300.0],
-                        "tid": [1, 1, 1, 1]})
+    ann = pd.DataFrame(
+        {
+            "name": pd.Categorical(["denoise", "denoise/0", "denoise/1", "vae_decode"]),
+            "start_us": [0.0, 0.0, 50.0, 200.0],
+            "end_us": [100.0, 50.0, 100.0, 300.0],
+            "tid": [1, 1, 1, 1],
+        }
+    )
     ops = pd.DataFrame({"name": pd.Categorical([]), "start_us": [], "end_us": [], "tid": []})
     st = annotation_stages(SimpleNamespace(annotations=ann, ops=ops))  # type: ignore[arg-type]
     t = np.array([250.0, 10.0, 75.0, 150.0, 50.0])

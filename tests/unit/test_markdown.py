@@ -1,4 +1,5 @@
 """The Markdown summary: fits a GitHub issue (≤ 60 lines) and agrees with the summary dict."""
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,7 @@ def _table(md: str, header_start: str) -> list[list[str]]:
     lines = md.splitlines()
     i = next(k for k, line in enumerate(lines) if line.startswith(header_start))
     rows = []
-    for line in lines[i + 2:]:
+    for line in lines[i + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
@@ -110,8 +111,13 @@ def test_trace_ops_and_pipes_in_sites(fifty: dict[str, Any]) -> None:
 
 
 def test_a_doc_without_stage_breakdowns_still_renders(fifty: dict[str, Any]) -> None:
-    doc = dict(fifty, stages=[{k: v for k, v in s.items() if k not in ("intervals", "steps")} | {"steps": []}
-                              for s in fifty["stages"]], advice=[])
+    doc = dict(
+        fifty,
+        stages=[
+            {k: v for k, v in s.items() if k not in ("intervals", "steps")} | {"steps": []} for s in fifty["stages"]
+        ],
+        advice=[],
+    )
     md = render_markdown(from_json(doc))
     assert "| stage | peak allocated | peak reserved | steps |" in md and "most memory" not in md
     assert "What would help" not in md

@@ -1,19 +1,21 @@
 """The columnar model: what ``snapshot_from_dict`` makes of every snapshot layout."""
+
 from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
-import synth
-from synth import MiB, Sim, make_frames, random_workload
 
+import synth
 from snapviz.load import load, load_snapshot
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.model import A_FREE, A_OOM, A_OTHER, ACTION_CODE, ACTIONS, Snapshot
+from synth import MiB, Sim, make_frames, random_workload
 
 
 def model(d: Any) -> Snapshot:
@@ -21,13 +23,21 @@ def model(d: Any) -> Snapshot:
 
 
 def entry(action: str = "alloc", addr: int = 0x7F0000000000, size: int = 1280, **kw: Any) -> dict[str, Any]:
-    e: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1_796_000_000_000_000,
-                         "compile_context": "N/A", "user_metadata": ""}
+    e: dict[str, Any] = {
+        "action": action,
+        "addr": addr,
+        "size": size,
+        "stream": 0,
+        "time_us": 1_796_000_000_000_000,
+        "compile_context": "N/A",
+        "user_metadata": "",
+    }
     e.update(kw)
     return e
 
 
 # ---------------------------------------------------------------- trace entries as columns
+
 
 def test_columns_match_the_dict_exactly(small_snapshot: dict[str, Any]) -> None:
     snap = model(small_snapshot)
@@ -49,12 +59,20 @@ def test_columns_match_the_dict_exactly(small_snapshot: dict[str, Any]) -> None:
 
 def test_frames_interned_by_identity_and_value() -> None:
     shared = make_frames("baddbmm", "/work/attn.py", 621)
-    equal_copy = copy.deepcopy(shared)               # same values, another list object
+    equal_copy = copy.deepcopy(shared)  # same values, another list object
     other = make_frames("conv2d", "/work/resnet.py", 88)
-    d = {"segments": [], "device_traces": [[
-        entry(addr=1, frames=shared), entry(addr=2, frames=shared), entry(addr=3, frames=other),
-        entry(addr=4, frames=shared), entry(addr=5, frames=equal_copy),
-    ]]}
+    d = {
+        "segments": [],
+        "device_traces": [
+            [
+                entry(addr=1, frames=shared),
+                entry(addr=2, frames=shared),
+                entry(addr=3, frames=other),
+                entry(addr=4, frames=shared),
+                entry(addr=5, frames=equal_copy),
+            ]
+        ],
+    }
     before = copy.deepcopy(d)
     # pickle keeps the sharing (memo); the loader sees one list object for entries 1, 2, 4
     d2 = pickle.loads(pickle.dumps(d, protocol=4))
@@ -100,15 +118,46 @@ def test_missing_or_empty_frames_are_minus_one() -> None:
 
 
 def test_unknown_keys_and_newer_fields_ignored() -> None:
-    e = entry(frames=make_frames("x"), pool_id=(0, 1), internal_metadata={"k": "v"}, forward_frames=["a", "b"],
-              something_new=[1, 2, 3])
-    seg = {"device": 0, "address": 4096, "total_size": 2 * MiB, "allocated_size": 0, "active_size": 0,
-           "requested_size": 0, "stream": 0, "segment_type": "small", "segment_pool_id": (0, 0),
-           "is_expandable": False, "frames": [], "registration_counter": 7, "new_field": {"x": 1},
-           "blocks": [{"address": 4096, "size": 2 * MiB, "requested_size": 0, "state": "inactive", "frames": [],
-                       "gc_counter": 3, "new_block_field": None}]}
-    d = {"segments": [seg], "device_traces": [[e]], "allocator_settings": {"expandable_segments": False},
-         "external_annotations": [], "future_top_level_key": {"a": [1, 2]}}
+    e = entry(
+        frames=make_frames("x"),
+        pool_id=(0, 1),
+        internal_metadata={"k": "v"},
+        forward_frames=["a", "b"],
+        something_new=[1, 2, 3],
+    )
+    seg = {
+        "device": 0,
+        "address": 4096,
+        "total_size": 2 * MiB,
+        "allocated_size": 0,
+        "active_size": 0,
+        "requested_size": 0,
+        "stream": 0,
+        "segment_type": "small",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "registration_counter": 7,
+        "new_field": {"x": 1},
+        "blocks": [
+            {
+                "address": 4096,
+                "size": 2 * MiB,
+                "requested_size": 0,
+                "state": "inactive",
+                "frames": [],
+                "gc_counter": 3,
+                "new_block_field": None,
+            }
+        ],
+    }
+    d = {
+        "segments": [seg],
+        "device_traces": [[e]],
+        "allocator_settings": {"expandable_segments": False},
+        "external_annotations": [],
+        "future_top_level_key": {"a": [1, 2]},
+    }
     snap = model(d)
     assert len(snap.events) == 1 and len(snap.segments) == 1 and len(snap.blocks) == 1
     assert ACTIONS[int(snap.events["action"].iloc[0])] == "alloc"
@@ -116,9 +165,18 @@ def test_unknown_keys_and_newer_fields_ignored() -> None:
 
 def test_pending_state_spellings_normalised() -> None:
     def seg(state: str) -> dict[str, Any]:
-        return {"device": 0, "address": 0x1000000, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
-                "blocks": [{"size": 1 * MiB, "requested_size": 1000, "state": state, "frames": []},
-                           {"size": 1 * MiB, "requested_size": 0, "state": "inactive", "frames": []}]}
+        return {
+            "device": 0,
+            "address": 0x1000000,
+            "total_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "small",
+            "blocks": [
+                {"size": 1 * MiB, "requested_size": 1000, "state": state, "frames": []},
+                {"size": 1 * MiB, "requested_size": 0, "state": "inactive", "frames": []},
+            ],
+        }
+
     for spelling in ("active_pending_free", "active_awaiting_free"):
         snap = model({"segments": [seg(spelling)], "device_traces": []})
         assert snap.blocks["state"].tolist() == ["active_pending_free", "inactive"]
@@ -126,16 +184,33 @@ def test_pending_state_spellings_normalised() -> None:
 
 
 def test_pool_ids_tolerated() -> None:
-    segs = [{"device": 0, "address": a, "total_size": 2 * MiB, "stream": 0, "segment_type": "small", "blocks": [],
-             **({"segment_pool_id": p} if p is not None else {})}
-            for a, p in ((0x1000000, (0, 1)), (0x2000000, None), (0x3000000, (1, 0)), (0x4000000, [2, 7]))]
+    segs = [
+        {
+            "device": 0,
+            "address": a,
+            "total_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "small",
+            "blocks": [],
+            **({"segment_pool_id": p} if p is not None else {}),
+        }
+        for a, p in ((0x1000000, (0, 1)), (0x2000000, None), (0x3000000, (1, 0)), (0x4000000, [2, 7]))
+    ]
     snap = model({"segments": segs, "device_traces": [[entry(pool_id=(2, 7))]]})
     assert snap.segments["pool_id"].tolist() == ["0,1", "0,0", "1,0", "2,7"]
 
 
 def test_oom_entry_without_addr() -> None:
-    oom = {"action": "oom", "device_free": 149230321664, "size": 429496729600, "stream": 0,
-           "time_us": 1796003368257622, "compile_context": "N/A", "user_metadata": "", "frames": make_frames("f")}
+    oom = {
+        "action": "oom",
+        "device_free": 149230321664,
+        "size": 429496729600,
+        "stream": 0,
+        "time_us": 1796003368257622,
+        "compile_context": "N/A",
+        "user_metadata": "",
+        "frames": make_frames("f"),
+    }
     snap = model({"segments": [], "device_traces": [[entry(), oom]]})
     ev = snap.events
     assert ev["action"].tolist()[1] == A_OOM
@@ -182,6 +257,7 @@ def test_labels_and_annotations() -> None:
 
 
 # ---------------------------------------------------------------- segments and blocks
+
 
 def test_segments_and_blocks_from_the_model_allocator() -> None:
     sim = random_workload(11, 600, streams=2, delayed_frees=True)
@@ -231,26 +307,45 @@ def test_pre_2_1_history_blocks() -> None:
     legacy = model(legacy_d)
     cols = ["address", "size", "state", "requested_size"]
     act = legacy.blocks["state"] != "inactive"
-    assert legacy.blocks.loc[act, cols].reset_index(drop=True).equals(
-        modern.blocks.loc[modern.blocks["state"] != "inactive", cols].reset_index(drop=True))
+    assert (
+        legacy.blocks.loc[act, cols]
+        .reset_index(drop=True)
+        .equals(modern.blocks.loc[modern.blocks["state"] != "inactive", cols].reset_index(drop=True))
+    )
     # the stack of each live block comes from its (newest) history entry
-    for (_, lb), (_, mb) in zip(legacy.blocks[act].iterrows(), modern.blocks[modern.blocks["state"] != "inactive"].iterrows()):
+    for (_, lb), (_, mb) in zip(
+        legacy.blocks[act].iterrows(), modern.blocks[modern.blocks["state"] != "inactive"].iterrows()
+    ):
         assert legacy.stack(int(lb["stack_id"])) == modern.stack(int(mb["stack_id"]))
 
 
 def test_history_newest_first() -> None:
     """c10 prepends to a block's history: entry 0 is the allocation that is live now."""
     new, old = make_frames("current_alloc"), make_frames("earlier_alloc")
-    seg = {"device": 0, "address": 0x1000000, "total_size": 2 * MiB, "stream": 0, "segment_type": "small",
-           "blocks": [{"size": 2 * MiB, "state": "active_allocated",
-                       "history": [{"addr": 0x1000000, "real_size": 1000, "frames": new},
-                                   {"addr": 0x1000000, "real_size": 2000, "frames": old}]}]}
+    seg = {
+        "device": 0,
+        "address": 0x1000000,
+        "total_size": 2 * MiB,
+        "stream": 0,
+        "segment_type": "small",
+        "blocks": [
+            {
+                "size": 2 * MiB,
+                "state": "active_allocated",
+                "history": [
+                    {"addr": 0x1000000, "real_size": 1000, "frames": new},
+                    {"addr": 0x1000000, "real_size": 2000, "frames": old},
+                ],
+            }
+        ],
+    }
     snap = model({"segments": [seg], "device_traces": []})
     assert snap.stack(int(snap.blocks["stack_id"].iloc[0]))[0]["name"] == "current_alloc"
     assert int(snap.blocks["requested_size"].iloc[0]) == 1000
 
 
 # ---------------------------------------------------------------- devices
+
 
 def test_multi_device_events() -> None:
     sim = random_workload(13, 600, devices=2)
@@ -274,8 +369,9 @@ def test_multi_device_events() -> None:
     assert set(snap.segments["device"].tolist()) == {0, 2}
 
 
-def test_loaded_from_files(snapshot_pickle: Path, snapshot_gz: Path, snapshot_xz: Path,
-                           small_snapshot: dict[str, Any]) -> None:
+def test_loaded_from_files(
+    snapshot_pickle: Path, snapshot_gz: Path, snapshot_xz: Path, small_snapshot: dict[str, Any]
+) -> None:
     n = sum(len(t) for t in small_snapshot["device_traces"])
     for p in (snapshot_pickle, snapshot_gz, snapshot_xz):
         run = load(str(p))

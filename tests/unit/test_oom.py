@@ -4,12 +4,13 @@ Built with the oracle allocator (tests/support/synth.py), an independent model o
 caching allocator that records an ``oom`` entry when it gives up: the expected numbers are
 its own (allocated, reserved, device free), never snapviz's.
 """
+
 from __future__ import annotations
 
 import pytest
+
 import synth
 from sdrun import _analyse
-
 from snapviz.analyses.document import from_json
 from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, oom_lines
 from snapviz.render.markdown import render_markdown
@@ -23,7 +24,10 @@ def _fragmented(**settings: object) -> tuple[synth.Sim, int]:
     64 MiB cap: 24 MiB allocated, 36 MiB free in pieces of at most 8 MiB; 14 MiB fails."""
     a = synth.Sim(capacity=64 * MiB, **settings)
     pairs = [
-        (a.alloc(8 * MiB, frames=synth.make_frames(f"front{i}")), a.alloc(8 * MiB, frames=synth.make_frames(f"back{i}")))
+        (
+            a.alloc(8 * MiB, frames=synth.make_frames(f"front{i}")),
+            a.alloc(8 * MiB, frames=synth.make_frames(f"back{i}")),
+        )
         for i in range(3)
     ]
     assert a.reserved() == 60 * MiB

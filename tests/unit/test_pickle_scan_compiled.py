@@ -6,6 +6,7 @@ Inputs: every bundled sample's pickle, the third-party pickles beside the checko
 hostile pickle of tests/support/hostile.py, randomized damage of a small real pickle, and
 random token streams built to cross the reference's 256-token run boundaries.
 """
+
 from __future__ import annotations
 
 import glob
@@ -16,10 +17,10 @@ import random
 from pathlib import Path
 from typing import Any
 
-import hostile
 import pytest
-from paths import EXTERNAL, ROOT
 
+import hostile
+from paths import EXTERNAL, ROOT
 from snapviz.load.decompress import open_decompressed, read_all
 from snapviz.load.limits import LimitExceeded, Limits
 from snapviz.load.snapshot import pickle_scan
@@ -107,8 +108,13 @@ def small_real_pickle() -> bytes:
 
 # opcodes and fragments a mutation inserts: grammar tokens, handled opcodes, refused ones
 _INSERTS = [bytes([op]) for op in b"\x85\x86\x87)\x94.(ue}]saN\x88\x89\x80\x8f\x91Rbh\x8c\x8aX\x8d"] + [
-    b"K\x07", b"J\x00\x00\x00\x80", b"\x8c\x03abc", b"X\xff\xff\xff\x00", b"\x8e" + (1 << 40).to_bytes(8, "little"),
-    b"B\x05\x00\x00\x00hello", b"\x95" + (10).to_bytes(8, "little"),
+    b"K\x07",
+    b"J\x00\x00\x00\x80",
+    b"\x8c\x03abc",
+    b"X\xff\xff\xff\x00",
+    b"\x8e" + (1 << 40).to_bytes(8, "little"),
+    b"B\x05\x00\x00\x00hello",
+    b"\x95" + (10).to_bytes(8, "little"),
 ]
 
 

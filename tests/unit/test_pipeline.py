@@ -1,13 +1,14 @@
 """The one analysis pipeline (analyses/pipeline.py): the snapshot/trace choice is made there
 only, and both analyses it returns satisfy the one RunAnalysis protocol and yield one typed
 document."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
-from paths import ROOT
 
+from paths import ROOT
 from snapviz.analyses.document import Summary
 from snapviz.analyses.pipeline import RunAnalysis, analyze_input, digest_of, document_of, summary_of
 from snapviz.load import load

@@ -1,5 +1,6 @@
 """Progress bars: drawn on stderr only for a terminal (or SNAPVIZ_PROGRESS=always), with an ETA
 from the rate so far; the bytes-read bar (click's) follows what the loader's readers report."""
+
 from __future__ import annotations
 
 import gzip
@@ -8,7 +9,6 @@ import lzma
 import os
 import pickle
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +50,15 @@ def test_a_hidden_bar_prints_only_its_notes() -> None:
     assert out.getvalue() == "[1/3] a\n"
 
 
-@pytest.mark.parametrize("env,enabled,expected", [
-    ("always", True, True), ("always", False, False),  # -q wins over the forced terminal
-    ("never", True, False), (None, True, False),       # pytest's stderr is not a terminal
-])
+@pytest.mark.parametrize(
+    "env,enabled,expected",
+    [
+        ("always", True, True),
+        ("always", False, False),  # -q wins over the forced terminal
+        ("never", True, False),
+        (None, True, False),  # pytest's stderr is not a terminal
+    ],
+)
 def test_when_to_draw(monkeypatch: pytest.MonkeyPatch, env: str | None, enabled: bool, expected: bool) -> None:
     if env is None:
         monkeypatch.delenv(pg.ENV, raising=False)
@@ -62,8 +67,9 @@ def test_when_to_draw(monkeypatch: pytest.MonkeyPatch, env: str | None, enabled:
     assert pg.wanted(enabled) is expected
 
 
-def test_bytes_read_bar_follows_what_the_reader_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_bytes_read_bar_follows_what_the_reader_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "big.pickle"
     path.write_bytes(os.urandom(1 << 20))
     monkeypatch.setenv(pg.ENV, "always")  # the forced terminal (the file is under BIG_INPUT too)
@@ -91,13 +97,16 @@ def test_bytes_read_bar_follows_what_the_reader_reports(tmp_path: Path, monkeypa
 
 
 @pytest.mark.parametrize("compress", [None, gzip.compress, lzma.compress])
-def test_the_loader_feeds_the_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str], compress: Any) -> None:
+def test_the_loader_feeds_the_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], compress: Any
+) -> None:
     """The snapshot reader reports its reads: the bar moves while it reads, compressed or not."""
     from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
-    data = pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": i, "size": 512}
-                                                             for i in range(60_000)]]}, protocol=4)
+    data = pickle.dumps(
+        {"segments": [], "device_traces": [[{"action": "alloc", "addr": i, "size": 512} for i in range(60_000)]]},
+        protocol=4,
+    )
     path = tmp_path / "s.pickle"
     path.write_bytes(compress(data) if compress else data)
     positions: list[int] = []

@@ -4,18 +4,17 @@ The inner test sessions (``pytester``) replace the CUDA recorder with a fake one
 returns a snapshot recorded by the reference allocator model (tests/support/synth.py), so these
 run on CPU. tests/gpu/test_plugin_gpu.py runs the real recorder on a GPU.
 """
+
 from __future__ import annotations
 
-import os
 import pickle
-import sys
 import types
 from typing import Any
 
 import pytest
-from synth import GiB, MiB, Sim, make_frames
 
 from snapviz.pytest_plugin import CudaRecorder, Recording, evaluate_recording
+from synth import GiB, MiB, Sim, make_frames
 
 pytest_plugins = ["pytester"]
 
@@ -87,12 +86,14 @@ def test_under_the_limit_passes(inner: pytest.Pytester) -> None:
 
 
 def test_over_the_limit_fails_with_summary_and_keeps_the_snapshot(inner: pytest.Pytester) -> None:
-    inner.makepyfile(test_big="""
+    inner.makepyfile(
+        test_big="""
         import pytest
         @pytest.mark.limit_gpu_memory("1.5 GiB")
         def test_total():
             pass
-    """)
+    """
+    )
     kept = inner.path / "kept"
     res = _run(inner, f"--snapviz-dir={kept}")
     res.assert_outcomes(failed=1)
@@ -103,6 +104,7 @@ def test_over_the_limit_fails_with_summary_and_keeps_the_snapshot(inner: pytest.
     files = list(kept.iterdir())
     assert [f.name for f in files] == ["test_big.py_test_total.pickle"]
     from snapviz.load import load
+
     assert load(str(files[0])).snapshot is not None  # a loadable snapshot
 
 
@@ -123,7 +125,9 @@ def test_stage_limit_applies_to_that_stage_only(inner: pytest.Pytester) -> None:
     res.assert_outcomes(passed=1, failed=2)
     out = res.stdout.str()
     assert "stage vae_decode peak allocated 1.68 GiB > 1.50 GiB" in out
-    assert "stage 'upscale' was not recorded in this test (stages: load, denoise, denoise/0..denoise/1, vae_decode)" in out
+    assert (
+        "stage 'upscale' was not recorded in this test (stages: load, denoise, denoise/0..denoise/1, vae_decode)" in out
+    )
 
 
 def test_a_failing_test_keeps_its_snapshot_and_reports_its_own_error(inner: pytest.Pytester) -> None:
@@ -181,6 +185,7 @@ def test_without_cuda_the_recorder_gives_a_skip_reason() -> None:
 
     def no_torch() -> Any:
         raise ImportError("No module named 'torch'")
+
     assert CudaRecorder(import_torch=no_torch).unavailable() == "limit_gpu_memory: torch is not installed"
 
 

@@ -1,5 +1,6 @@
 """``ranks`` and ``history`` on data: per-rank snapshots written by the oracle allocator
 (tests/support/fleet_synth.py), digested through the engine, compared with the oracle's peaks."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-import fleet_synth
 import markupsafe
 import pytest
-from synth import MiB
 
+import fleet_synth
 from snapviz.analyses.history import WHOLE_RUN, analyse_history, history_dict
 from snapviz.analyses.ranks import FleetRow, analyse_ranks, ranks_dict
 from snapviz.cli.inputs import fleet_digest
@@ -27,6 +27,7 @@ from snapviz.render.fleet_md import (
     render_ranks_terminal,
 )
 from snapviz.render.html.fleet import heatmap_columns, render_history_html, render_ranks_html
+from synth import MiB
 
 ACTS = [10, 10, 12, 10, 30, 10, 11, 10]  # rank 4 holds 3x the activations: the planted outlier
 LATE = 1_796_003_367_990_000  # rank 2 starts 10 ms after the others
@@ -35,18 +36,31 @@ LATE = 1_796_003_367_990_000  # rank 2 starts 10 ms after the others
 def digest_rows(inputs: list[str], jobs: int = 1) -> list[FleetRow]:
     found = expand_inputs(inputs)
     labels = unique_labels([f.source for f in found], [])
-    res = run_tasks(fleet_digest, [f.source for f in found], [(f.source, lab, "auto") for f, lab in zip(found, labels)],
-                    jobs=jobs, show_progress=False)
-    return [FleetRow(f.source, lab, f.rank, f.iteration, None if isinstance(r, TaskFailed) else r,
-                     r.reason if isinstance(r, TaskFailed) else None) for f, lab, r in zip(found, labels, res)]
+    res = run_tasks(
+        fleet_digest,
+        [f.source for f in found],
+        [(f.source, lab, "auto") for f, lab in zip(found, labels)],
+        jobs=jobs,
+        show_progress=False,
+    )
+    return [
+        FleetRow(
+            f.source,
+            lab,
+            f.rank,
+            f.iteration,
+            None if isinstance(r, TaskFailed) else r,
+            r.reason if isinstance(r, TaskFailed) else None,
+        )
+        for f, lab, r in zip(found, labels, res)
+    ]
 
 
 @pytest.fixture(scope="module")
 def titan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[fleet_synth.RankTruth]]:
     root = tmp_path_factory.mktemp("titan")
     # ranks 2 and 6 run on a small card and OOM; rank 6 first in time (rank 2 starts later)
-    truth = fleet_synth.write_torchtitan(str(root), ACTS, capacity_of={2: 150 * MiB, 6: 150 * MiB},
-                                         start_of={2: LATE})
+    truth = fleet_synth.write_torchtitan(str(root), ACTS, capacity_of={2: 150 * MiB, 6: 150 * MiB}, start_of={2: LATE})
     return root, truth
 
 
@@ -101,7 +115,9 @@ def test_one_story_in_every_output(titan_doc: dict[str, Any]) -> None:
         assert line in md and line in term
         assert str(markupsafe.escape(line)) in html or line in html
     cells = heatmap_columns(titan_doc)
-    assert len(cells["stage"]) == sum(v is not None for r in titan_doc["ranks"] for v in r["stage_peak_allocated_bytes"])
+    assert len(cells["stage"]) == sum(
+        v is not None for r in titan_doc["ranks"] for v in r["stage_peak_allocated_bytes"]
+    )
     assert max(cells["bytes"]) == max(max(v for v in r["stage_peak_allocated_bytes"] if v) for r in titan_doc["ranks"])
     # the heatmap's rows of the ranks that ran out of memory (2 and 6) say so, the others do not
     oom_rows = sorted({y for y in cells["rank"] if y.endswith(" · OOM")})
@@ -195,9 +211,12 @@ def test_history_orders_by_a_run_json_key_and_finds_the_jump(tmp_path: Path) -> 
     acts = {"a": 10, "b": 10, "c": 11, "d": 25, "e": 25}
     commit = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5}
     names = ["e", "c", "a", "d", "b"]
-    fleet_synth.write_run_dirs(str(tmp_path), [acts[n] for n in names],
-                               extra={i: {"commit": commit[n], "rank": 0} for i, n in enumerate(names)},
-                               folder_of=lambda r: f"run-{names[r]}")
+    fleet_synth.write_run_dirs(
+        str(tmp_path),
+        [acts[n] for n in names],
+        extra={i: {"commit": commit[n], "rank": 0} for i, n in enumerate(names)},
+        folder_of=lambda r: f"run-{names[r]}",
+    )
     rows = digest_rows([str(tmp_path)])
     res = analyse_history(rows, order_by="commit", jump_pct=5.0)
     doc = history_dict(res)
@@ -228,13 +247,22 @@ def test_fsspec_urls_are_expanded_and_fetched(titan: Any) -> None:
     fs = fsspec.filesystem("memory")
     for t in truth[:3]:
         fs.pipe(f"/job42/memory_snapshot/iteration_10/{os.path.basename(t.path)}", Path(t.path).read_bytes())
-    fs.pipe("/job42/memory_snapshot/iteration_10/rank1_run.json",
-            json.dumps({"schema": "snapviz.run/1", "rank": 1, "world_size": 3,
-                        "allocator": {"max_memory_allocated": truth[1].peak_allocated}}).encode())
+    fs.pipe(
+        "/job42/memory_snapshot/iteration_10/rank1_run.json",
+        json.dumps(
+            {
+                "schema": "snapviz.run/1",
+                "rank": 1,
+                "world_size": 3,
+                "allocator": {"max_memory_allocated": truth[1].peak_allocated},
+            }
+        ).encode(),
+    )
     try:
         rows = digest_rows(["memory://job42/memory_snapshot/"])
-        assert [r.source for r in rows] == [f"memory://job42/memory_snapshot/iteration_10/rank{i}_memory_snapshot.pickle"
-                                            for i in range(3)]
+        assert [r.source for r in rows] == [
+            f"memory://job42/memory_snapshot/iteration_10/rank{i}_memory_snapshot.pickle" for i in range(3)
+        ]
         doc = ranks_dict(analyse_ranks(rows))
         assert [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == [t.peak_allocated for t in truth[:3]]
         assert [r["iteration"] for r in doc["ranks"]] == [10, 10, 10]

@@ -4,16 +4,15 @@ no private names imported across ``snapviz/load``."""
 
 from __future__ import annotations
 
-from snapviz.compiled import min_size
-
 import ast
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from paths import ROOT, SAMPLES
 
+from paths import ROOT, SAMPLES
+from snapviz.compiled import min_size
 from snapviz.interning import Interner
 from snapviz.load import load_snapshot
 from snapviz.load.snapshot import columnar, reader

@@ -6,6 +6,7 @@ category ``Operator``. Truth is the names written here, not snapviz: the phases 
 names with their layer index / qualifier taken off, and every range's own name survives
 one level down (the interval names in JSON).
 """
+
 from __future__ import annotations
 
 import json
@@ -13,19 +14,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from synth import MiB, Sim
 from test_frame_rules import load_dict
 from test_trace_generations import T0, _analyze, _exact_events
+
 from snapviz.analyses.document import from_json
 from snapviz.analyses.stages import MAX_PHASES, range_labels
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
+from synth import MiB, Sim
 
-STEPS = ("all_gather", "all_gather_copy_out", "pre_forward", "post_forward", "pre_backward", "post_backward",
-         "post_backward_reduce")
+STEPS = (
+    "all_gather",
+    "all_gather_copy_out",
+    "pre_forward",
+    "post_forward",
+    "pre_backward",
+    "post_backward",
+    "post_backward_reduce",
+)
 LAYERS = 16
 
 
@@ -35,26 +43,42 @@ def _fsdp_names() -> list[str]:
 
 
 def test_range_labels_group_numbers_and_qualifiers() -> None:
-    names = _fsdp_names() + [f"layers.{i}" for i in range(LAYERS)] + ["conv1", "conv2", "fp8", "## forward ##",
-                                                                      "ProfilerStep#3", "Optimizer.step#AdamW.step"]
+    names = (
+        _fsdp_names()
+        + [f"layers.{i}" for i in range(LAYERS)]
+        + ["conv1", "conv2", "fp8", "## forward ##", "ProfilerStep#3", "Optimizer.step#AdamW.step"]
+    )
     lab = range_labels(names)
     assert lab["FSDP::all_gather (layers.3)"] == "FSDP::all_gather/layers.3"
     assert lab["FSDP::pre_forward (norm, output)"] == "FSDP::pre_forward/norm, output"
     assert lab["layers.12"] == "layers/12"
     assert lab["conv2"] == "conv/2"
-    assert lab["fp8"] == "fp8"                      # no sibling: kept as it is
+    assert lab["fp8"] == "fp8"  # no sibling: kept as it is
     assert lab["FSDP::root_pre_forward"] == "FSDP::root_pre_forward"
-    assert lab["## forward ##"] == "forward" and lab["ProfilerStep#3"] == "step/3" and lab["Optimizer.step#AdamW.step"] == "optimizer"
+    assert (
+        lab["## forward ##"] == "forward"
+        and lab["ProfilerStep#3"] == "step/3"
+        and lab["Optimizer.step#AdamW.step"] == "optimizer"
+    )
     phases = {v.split("/", 1)[0] for v in lab.values()}
-    assert phases == {f"FSDP::{s}" for s in STEPS} | {"FSDP::root_pre_forward", "layers", "conv", "fp8", "forward",
-                                                      "step", "optimizer"}
+    assert phases == {f"FSDP::{s}" for s in STEPS} | {
+        "FSDP::root_pre_forward",
+        "layers",
+        "conv",
+        "fp8",
+        "forward",
+        "step",
+        "optimizer",
+    }
     # every distinct name keeps a distinct label (the detail one level down)
     user = [n for n in names if not n.startswith(("ProfilerStep", "Optimizer"))]
     assert len({lab[n] for n in user}) == len(user)
 
 
 def test_too_many_phases_share_their_leading_name() -> None:
-    names = [f"FSDP::step_{chr(97 + k)}{chr(97 + j)} (layers.{i})" for k in range(5) for j in range(5) for i in range(2)]
+    names = [
+        f"FSDP::step_{chr(97 + k)}{chr(97 + j)} (layers.{i})" for k in range(5) for j in range(5) for i in range(2)
+    ]
     names += ["warmup"]
     lab = range_labels(names)
     phases = {v.split("/", 1)[0] for v in lab.values()}
@@ -95,20 +119,29 @@ def test_fsdp_snapshot_has_a_few_phases() -> None:
     # the layer stays beside the step (the detail one level down)
     assert doc["peak"]["stage"] == f"FSDP::pre_forward/1 (layers.{LAYERS - 1})"
     pre = next(s for s in doc["stages"] if s["name"] == "FSDP::pre_forward")
-    assert {i["name"] for i in pre["intervals"]} == {f"FSDP::pre_forward/{k} (layers.{i})" for k in range(2)
-                                                    for i in range(LAYERS)}
+    assert {i["name"] for i in pre["intervals"]} == {
+        f"FSDP::pre_forward/{k} (layers.{i})" for k in range(2) for i in range(LAYERS)
+    }
     md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "peak allocated" not in ln and "---" not in ln]
     stage_rows = [ln for ln in rows if any(ln.startswith(f"| {g} ") or ln.startswith(f"| `{g}`") for g in groups)]
     assert 0 < len(stage_rows) <= MAX_PHASES
-    assert "FSDP::pre_forward (layers." not in term   # no per-range row in the terminal
+    assert "FSDP::pre_forward (layers." not in term  # no per-range row in the terminal
 
 
 def _trace(tmp_path: Path, cat: str) -> Path:
     """A step range in category ``cat`` around memory events (allocations of 1..4 MiB)."""
     events: list[dict[str, Any]] = [
         {"ph": "X", "cat": cat, "name": "ProfilerStep#5", "pid": 1, "tid": 1, "ts": T0 - 5, "dur": 100},
-        {"ph": "X", "cat": "cpu_op" if cat == "user_annotation" else cat, "name": "aten::empty", "pid": 1, "tid": 1, "ts": T0 + 1, "dur": 2},
+        {
+            "ph": "X",
+            "cat": "cpu_op" if cat == "user_annotation" else cat,
+            "name": "aten::empty",
+            "pid": 1,
+            "tid": 1,
+            "ts": T0 + 1,
+            "dur": 2,
+        },
     ]
     events += _exact_events(1, 0, [MiB, 2 * MiB, -2 * MiB, 4 * MiB, -4 * MiB, -MiB])
     p = tmp_path / f"{cat}.json"
@@ -130,12 +163,21 @@ def test_trace_per_layer_ranges_are_one_phase(tmp_path: Path, capsys: pytest.Cap
     events: list[dict[str, Any]] = []
     sizes: list[int] = []
     for i in range(30):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"layers.{i}", "pid": 1, "tid": 1,
-                       "ts": T0 + 100 * i, "dur": 50})
-        n = (1 + (i * 7) % 30) * MiB          # layer 17 allocates the most (30 MiB)
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"layers.{i}",
+                "pid": 1,
+                "tid": 1,
+                "ts": T0 + 100 * i,
+                "dur": 50,
+            }
+        )
+        n = (1 + (i * 7) % 30) * MiB  # layer 17 allocates the most (30 MiB)
         sizes += [n, -n]
     mem = _exact_events(1, 0, sizes)
-    for k, e in enumerate(mem):                # two events inside each layer's range
+    for k, e in enumerate(mem):  # two events inside each layer's range
         e["ts"] = T0 + 100 * (k // 2) + 10 + 10 * (k % 2)
     p = tmp_path / "layers.json"
     p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events + mem}))

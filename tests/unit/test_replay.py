@@ -5,6 +5,7 @@ own ``allocated_bytes`` / ``reserved_bytes``), is turned into the snapshot dict 
 would dump, loaded by ``snapshot_from_dict`` and replayed. The replay sees only the
 snapshot; the oracle's numbers are never derived from it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -14,14 +15,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 import synth
 from paths import ROOT
-from synth import GiB, MiB, Sim, random_workload, round_size
-
 from snapviz.analyses.replay import ReplayResult, live_at, replay_allocator
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 from snapviz.model import A_ALLOC, A_FREE_REQ, A_SNAPSHOT, Snapshot
+from synth import GiB, MiB, Sim, random_workload, round_size
 
 
 def load(d: Any) -> Snapshot:
@@ -34,12 +35,20 @@ def replay_sim(sim: Sim, **snap_kw: Any) -> tuple[list[ReplayResult], list[dict[
     for d in range(len(sim.devices)):
         al, rs = sim.trace_series(d)
         wa, wr = sim.window_peaks(d)
-        truth.append({
-            "peak_allocated": sim.peak_allocated(d), "peak_reserved": sim.peak_reserved(d),
-            "window_allocated": wa, "window_reserved": wr, "allocated": al, "reserved": rs,
-            "live": sim.live_blocks(d), "block_sizes": sim.block_sizes(d),
-            "missized": sim.missized_orphans(d), "peak_requested": sim.peak_requested(d),
-        })
+        truth.append(
+            {
+                "peak_allocated": sim.peak_allocated(d),
+                "peak_reserved": sim.peak_reserved(d),
+                "window_allocated": wa,
+                "window_reserved": wr,
+                "allocated": al,
+                "reserved": rs,
+                "live": sim.live_blocks(d),
+                "block_sizes": sim.block_sizes(d),
+                "missized": sim.missized_orphans(d),
+                "peak_requested": sim.peak_requested(d),
+            }
+        )
     snap = load(sim.snapshot(marker=False, **snap_kw))
     return [replay_allocator(snap, d) for d in range(len(sim.devices))], truth
 
@@ -108,8 +117,17 @@ def test_oracle_reproduces_real_torch_snapshots(path: str) -> None:
         assert entries(mt) == entries(rt), f"cuda:{dev}: the model's trace differs from torch's"
 
     def blocks(segs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-        return [(sg["device"], sg["address"], sg["total_size"], sg["segment_type"], sg["stream"],
-                 tuple((b["address"], b["size"], b["state"], b["requested_size"]) for b in sg["blocks"])) for sg in segs]
+        return [
+            (
+                sg["device"],
+                sg["address"],
+                sg["total_size"],
+                sg["segment_type"],
+                sg["stream"],
+                tuple((b["address"], b["size"], b["state"], b["requested_size"]) for b in sg["blocks"]),
+            )
+            for sg in segs
+        ]
 
     assert blocks(model["segments"]) == blocks(real["segments"])
     alloc = run.get("allocator") or {}
@@ -128,6 +146,7 @@ def test_oracle_reproduces_real_torch_snapshots(path: str) -> None:
 
 
 # ---------------------------------------------------------------- random workloads, exact
+
 
 @pytest.mark.parametrize("seed", range(10))
 def test_plain_workload_exact(seed: int) -> None:
@@ -170,7 +189,9 @@ def test_delayed_frees_exact(seed: int) -> None:
     sim.check_consistency()
     d = sim.snapshot(marker=False)
     tr = d["device_traces"][0]
-    gaps = [i for i in range(len(tr) - 1) if tr[i]["action"] == "free_requested" and tr[i + 1]["action"] != "free_completed"]
+    gaps = [
+        i for i in range(len(tr) - 1) if tr[i]["action"] == "free_requested" and tr[i + 1]["action"] != "free_completed"
+    ]
     assert gaps, "workload should delay some frees"
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
@@ -228,13 +249,14 @@ def test_older_torch_keys_missing_exact(omit: tuple[str, ...]) -> None:
 
 def test_snapshot_marker_entries_are_ignored() -> None:
     sim = random_workload(801, 800)
-    sim.snapshot()            # records a `snapshot` entry, seen only by the next dump
+    sim.snapshot()  # records a `snapshot` entry, seen only by the next dump
     (res,), (t,) = replay_sim(sim)
     assert (res.events["action"] == 8).sum() == 1
     assert_exact(res, t)
 
 
 # ---------------------------------------------------------------- rounding matters
+
 
 @pytest.mark.parametrize("seed", range(4))
 def test_requested_size_replay_differs_from_block_replay(seed: int) -> None:
@@ -244,8 +266,8 @@ def test_requested_size_replay_differs_from_block_replay(seed: int) -> None:
     ev = res.events
     sign = np.select([ev["action"] == A_ALLOC, ev["action"] == A_FREE_REQ], [1, -1], 0)
     naive_peak = int(np.cumsum(sign * ev["size"].to_numpy()).max())
-    assert naive_peak == t["peak_requested"]          # the oracle agrees on what naive means
-    assert naive_peak != t["peak_allocated"]          # ... and it is wrong
+    assert naive_peak == t["peak_requested"]  # the oracle agrees on what naive means
+    assert naive_peak != t["peak_allocated"]  # ... and it is wrong
     assert res.peak_allocated == t["peak_allocated"]  # the replay is right
     assert res.peak_requested == t["peak_requested"]
     rounded_peak = int(np.cumsum(sign * np.array([round_size(int(s)) for s in ev["size"]])).max())
@@ -254,12 +276,13 @@ def test_requested_size_replay_differs_from_block_replay(seed: int) -> None:
 
 # ---------------------------------------------------------------- split rules, by hand
 
+
 @pytest.mark.parametrize("extra, expect_block", [(0, 15 * MiB), (512, 14 * MiB - 512)])
 def test_large_pool_split_needs_more_than_1mib_remainder(extra: int, expect_block: int) -> None:
     """A 15 MiB cached block and a request leaving exactly 1 MiB: handed out whole.
     Leaving 1 MiB + 512: split. A replay using ``>=`` or ignoring the rule fails one case."""
     sim, b = synth.handcrafted_split_sim(extra)
-    assert b.block_size == expect_block           # the oracle follows c10's shouldSplit
+    assert b.block_size == expect_block  # the oracle follows c10's shouldSplit
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
     assert int(res.events["block_size"].iloc[-1]) == expect_block
@@ -272,14 +295,14 @@ def test_expandable_segments_split_at_512(extra: int) -> None:
     assert b.block_size == 14 * MiB - extra
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
-    assert res.peak_reserved == 20 * MiB          # one 20 MiB page of the large pool
+    assert res.peak_reserved == 20 * MiB  # one 20 MiB page of the large pool
 
 
 def test_small_pool_splits_down_to_512() -> None:
     sim = Sim()
-    sim.alloc(1 * MiB)                  # 2 MiB small segment: [1 MiB | 1 MiB free]
-    b = sim.alloc(1 * MiB - 700)        # rounds to 1 MiB - 512: leaves 512, which is split off
-    c = sim.alloc(100)                  # takes that 512-byte block exactly
+    sim.alloc(1 * MiB)  # 2 MiB small segment: [1 MiB | 1 MiB free]
+    b = sim.alloc(1 * MiB - 700)  # rounds to 1 MiB - 512: leaves 512, which is split off
+    c = sim.alloc(100)  # takes that 512-byte block exactly
     assert (b.block_size, c.block_size) == (1 * MiB - 512, 512)
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
@@ -289,11 +312,11 @@ def test_small_pool_splits_down_to_512() -> None:
 def test_no_merge_across_adjacent_segments() -> None:
     """cudaMalloc may return adjacent ranges; their free blocks never merge."""
     sim = Sim()
-    a = sim.alloc(5 * MiB)              # segment 1: 20 MiB, [5 MiB a | 15 MiB free]
-    big = sim.alloc(16 * MiB)           # does not fit the 15 MiB: segment 2 (16 MiB), right after
+    a = sim.alloc(5 * MiB)  # segment 1: 20 MiB, [5 MiB a | 15 MiB free]
+    big = sim.alloc(16 * MiB)  # does not fit the 15 MiB: segment 2 (16 MiB), right after
     assert big.addr == a.addr + 20 * MiB, "precondition: the two segments are adjacent"
-    sim.free(big)                       # segment 2 is wholly free, adjacent to segment 1's free tail
-    c = sim.alloc(14 * MiB)             # best fit: the 15 MiB tail; 1 MiB left -> not split
+    sim.free(big)  # segment 2 is wholly free, adjacent to segment 1's free tail
+    c = sim.alloc(14 * MiB)  # best fit: the 15 MiB tail; 1 MiB left -> not split
     assert c.addr == a.addr + 5 * MiB and c.block_size == 15 * MiB
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
@@ -302,18 +325,18 @@ def test_no_merge_across_adjacent_segments() -> None:
 
 def test_pending_free_does_not_merge_before_free_completed() -> None:
     sim = Sim(event_delay=(50, 50))
-    a = sim.alloc(5 * MiB)              # [0,5) a
-    y = sim.alloc(5 * MiB)              # [5,10) y, [10,20) free
+    a = sim.alloc(5 * MiB)  # [0,5) a
+    y = sim.alloc(5 * MiB)  # [5,10) y, [10,20) free
     sim.record_stream(y, synth.SIDE_STREAMS[0])
-    sim.free(y)                         # pending: stays a boundary
-    sim.free(a)                         # [0,5) free, not merged with pending y
-    c = sim.alloc(4 * MiB)              # best fit [0,5): leaves 1 MiB -> whole 5 MiB block
+    sim.free(y)  # pending: stays a boundary
+    sim.free(a)  # [0,5) free, not merged with pending y
+    c = sim.alloc(4 * MiB)  # best fit [0,5): leaves 1 MiB -> whole 5 MiB block
     assert c.addr == a.addr and c.block_size == 5 * MiB
     d = sim.snapshot(marker=False)
     assert "active_pending_free" in {b["state"] for s in d["segments"] for b in s["blocks"]}
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
-    sim.empty_cache()                   # synchronizes: free_completed, merge, nothing releasable
+    sim.empty_cache()  # synchronizes: free_completed, merge, nothing releasable
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
 
@@ -322,9 +345,9 @@ def test_max_split_size_oversize_block_handed_out_whole() -> None:
     sim = Sim(max_split_size=30 * MiB)
     a = sim.alloc(40 * MiB)
     sim.free(a)
-    b = sim.alloc(35 * MiB)             # >= max_split: the 40 MiB block, unsplit (within 20 MiB)
+    b = sim.alloc(35 * MiB)  # >= max_split: the 40 MiB block, unsplit (within 20 MiB)
     assert b.addr == a.addr and b.block_size == 40 * MiB
-    c = sim.alloc(12 * MiB)             # oversize cached blocks never serve small requests
+    c = sim.alloc(12 * MiB)  # oversize cached blocks never serve small requests
     assert c.block_size == 12 * MiB
     (res,), (t,) = replay_sim(sim)
     assert_exact(res, t)
@@ -332,12 +355,13 @@ def test_max_split_size_oversize_block_handed_out_whole() -> None:
 
 # ---------------------------------------------------------------- history starts late
 
+
 def test_preexisting_free_space_is_sized_from_the_end_state() -> None:
     """Weights loaded before recording; the window reuses the free tail of their segment."""
     sim = Sim(record=False)
-    w = sim.alloc(5 * MiB, label="load")          # 20 MiB segment: [5 MiB w | 15 MiB free]
+    w = sim.alloc(5 * MiB, label="load")  # 20 MiB segment: [5 MiB w | 15 MiB free]
     sim.start_recording()
-    x = sim.alloc(14 * MiB, label="denoise/0")    # the pre-existing 15 MiB block, unsplit
+    x = sim.alloc(14 * MiB, label="denoise/0")  # the pre-existing 15 MiB block, unsplit
     assert x.block_size == 15 * MiB
     y = sim.alloc(3 * MiB, label="denoise/0")
     sim.free(y)
@@ -366,8 +390,14 @@ def test_preexisting_allocations_baseline_exact(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("kw", [dict(record_from=0.5), dict(record_from=0.4, delayed_frees=True, streams=2),
-                                dict(record_from=0.5, expandable=True, empty_cache_every=90)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(record_from=0.5),
+        dict(record_from=0.4, delayed_frees=True, streams=2),
+        dict(record_from=0.5, expandable=True, empty_cache_every=90),
+    ],
+)
 def test_recording_started_mid_run(seed: int, kw: dict[str, Any]) -> None:
     """Frees of blocks allocated before recording: flagged, and exact wherever knowable."""
     sim = random_workload(1100 + seed, 1500, **kw)
@@ -381,14 +411,17 @@ def test_recording_started_mid_run(seed: int, kw: dict[str, Any]) -> None:
     assert abs(res.peak_allocated - t["window_allocated"]) <= slack
     last = max((i for i, _ in t["missized"]), default=-1)
     # after the last free whose block size had to be guessed, the series is exact
-    np.testing.assert_array_equal(res.events["allocated"].to_numpy()[last + 1:], np.asarray(t["allocated"])[last + 1:])
+    np.testing.assert_array_equal(
+        res.events["allocated"].to_numpy()[last + 1 :], np.asarray(t["allocated"])[last + 1 :]
+    )
     if not slack:
         assert res.peak_allocated == t["window_allocated"]
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("kw", [dict(), dict(delayed_frees=True, streams=3, empty_cache_every=80),
-                                dict(expandable=True)])
+@pytest.mark.parametrize(
+    "kw", [dict(), dict(delayed_frees=True, streams=3, empty_cache_every=80), dict(expandable=True)]
+)
 def test_truncated_ring_buffer(seed: int, kw: dict[str, Any]) -> None:
     sim = random_workload(1200 + seed, 1500, max_entries=700, **kw)
     assert sim.dropped_entries() > 0
@@ -432,9 +465,16 @@ ROUNDUPS: list[Any] = [4, {256: 1, 512: 2, 1024: 4}, {1: 8, 64: 2}, 16]
 
 
 @pytest.mark.parametrize("roundup", ROUNDUPS, ids=["4", "per-interval", "small-8", "16"])
-@pytest.mark.parametrize("kw", [{}, {"streams": 2, "delayed_frees": True}, {"expandable": True},
-                                {"max_split_size": 40 * MiB, "capacity": 5 * GiB, "budget": 8 * GiB, "oom": True}],
-                         ids=["plain", "delayed", "expandable", "max_split"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"streams": 2, "delayed_frees": True},
+        {"expandable": True},
+        {"max_split_size": 40 * MiB, "capacity": 5 * GiB, "budget": 8 * GiB, "oom": True},
+    ],
+    ids=["plain", "delayed", "expandable", "max_split"],
+)
 def test_roundup_power2_divisions_exact(roundup: Any, kw: dict[str, Any]) -> None:
     """Under ``roundup_power2_divisions`` (one number or per interval) the replay is exact."""
     sim = random_workload(1400 + len(str(roundup)) + len(kw), 1200, roundup_power2_divisions=roundup, **kw)
@@ -469,7 +509,9 @@ def test_roundup_rule_matters(seed: int) -> None:
     d2["allocator_settings"]["roundup_power2_divisions"] = {str(1 << k): 0 for k in range(16)}
     d2["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] = ""
     res2 = replay_allocator(load(d2), 0)
-    assert res2.approximate and any(w.startswith("approximate figures: the file's layout contradicts") for w in res2.warnings)
+    assert res2.approximate and any(
+        w.startswith("approximate figures: the file's layout contradicts") for w in res2.warnings
+    )
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -494,6 +536,7 @@ def test_no_settings_contradicting_default_rounding_is_approximate(seed: int, kw
 
 # ---------------------------------------------------------------- what the layout proves
 
+
 def _proof_violations(snap: Snapshot, res: ReplayResult) -> list[str]:
     """Independently of the replay's loop: the allocator hands out the front of a free block
     and free neighbours merge, so a block whose right neighbour (same segment, nothing
@@ -509,12 +552,15 @@ def _proof_violations(snap: Snapshot, res: ReplayResult) -> list[str]:
     acts, addrs, sizes = ev["action"].tolist(), ev["addr"].tolist(), ev["size"].tolist()
     bsz, arow = ev["block_size"].tolist(), ev["alloc_row"].tolist()
     from snapviz.model import A_FREE, A_FREE_DONE, A_SEG_ALLOC, A_SEG_FREE
+
     for a, ad, sz in zip(acts, addrs, sizes):  # segments freed in the window existed before it
         if a == A_SEG_FREE and ad not in seg:
             seg[ad] = ad + sz
     blocks = snap.blocks[(snap.blocks["device"] == dev) & (snap.blocks["state"] != "inactive")]
     touched = set(addrs)
-    size_of: dict[int, int | None] = {int(a): int(s) for a, s in zip(blocks["address"], blocks["size"]) if a not in touched}
+    size_of: dict[int, int | None] = {
+        int(a): int(s) for a, s in zip(blocks["address"], blocks["size"]) if a not in touched
+    }
     first: dict[int, int] = {}
     for a, ad in zip(acts, addrs):
         if a in (A_ALLOC, A_FREE_REQ, A_FREE, A_FREE_DONE):
@@ -556,11 +602,11 @@ def test_preexisting_unsplit_block_sized_by_the_gap_to_its_neighbour() -> None:
     """A block from before the recording, handed out unsplit (1 MiB left over), freed in the
     window: no large-pool block is 1 MiB or smaller, so the gap to the segment's end is its."""
     sim = Sim(record=False)
-    a = sim.alloc(5 * MiB)                 # 20 MiB segment: [a 5 | 15 free]
-    p = sim.alloc(14 * MiB)                # the 15 MiB tail, unsplit
+    a = sim.alloc(5 * MiB)  # 20 MiB segment: [a 5 | 15 free]
+    p = sim.alloc(14 * MiB)  # the 15 MiB tail, unsplit
     assert p.block_size == 15 * MiB
     sim.start_recording()
-    z = sim.alloc(30 * MiB)                # the peak: a + p + z
+    z = sim.alloc(30 * MiB)  # the peak: a + p + z
     sim.free(p)
     (res,), (t,) = replay_sim(sim)
     assert res.baseline_allocated == a.block_size + p.block_size
@@ -575,18 +621,18 @@ def test_preexisting_unsplit_block_sized_by_a_later_allocation() -> None:
     block at the size that allocation proves, never the rounded request."""
     sim = Sim(record=False)
     x = sim.alloc(40 * MiB)
-    sim.free(x)                            # a cached 40 MiB segment
-    a = sim.alloc(15 * MiB)                # [a 15 | 25 free]
-    b = sim.alloc(25 * MiB)                # [a 15 | b 25]
-    sim.free(a)                            # [15 free | b 25]
-    p = sim.alloc(14 * MiB)                # the 15 MiB block, 1 MiB left over: unsplit
-    sim.free(b)                            # [p 15 | 25 free]
+    sim.free(x)  # a cached 40 MiB segment
+    a = sim.alloc(15 * MiB)  # [a 15 | 25 free]
+    b = sim.alloc(25 * MiB)  # [a 15 | b 25]
+    sim.free(a)  # [15 free | b 25]
+    p = sim.alloc(14 * MiB)  # the 15 MiB block, 1 MiB left over: unsplit
+    sim.free(b)  # [p 15 | 25 free]
     assert p.block_size == 15 * MiB and p.addr == x.addr
     sim.start_recording()
-    c = sim.alloc(10 * MiB)                # lands at p + 15 MiB: one MiB past p's rounded end
+    c = sim.alloc(10 * MiB)  # lands at p + 15 MiB: one MiB past p's rounded end
     assert c.addr == p.addr + 15 * MiB
     sim.free(c)
-    sim.free(p)                            # the gap to the next block is 25 MiB: only c proved p's size
+    sim.free(p)  # the gap to the next block is 25 MiB: only c proved p's size
     (res,), (t,) = replay_sim(sim)
     assert res.peak_allocated == t["window_allocated"] == 15 * MiB + 10 * MiB
     assert res.baseline_allocated == 15 * MiB
@@ -595,15 +641,20 @@ def test_preexisting_unsplit_block_sized_by_a_later_allocation() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("kw", [{"record_from": 0.4}, {"max_entries": 700, "delayed_frees": True},
-                                {"record_from": 0.3, "roundup_power2_divisions": 4}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"record_from": 0.4},
+        {"max_entries": 700, "delayed_frees": True},
+        {"record_from": 0.3, "roundup_power2_divisions": 4},
+    ],
+)
 def test_replay_never_below_what_the_layout_proves(seed: int, kw: dict[str, Any]) -> None:
     sim = random_workload(1600 + seed, 1500, **kw)
     (res,), (t,) = replay_sim(sim)
     assert not _proof_violations(load(sim.snapshot(marker=False)), res)
     slack = sum(x for _, x in t["missized"])
     assert t["window_allocated"] - slack <= res.peak_allocated <= t["peak_allocated"]
-
 
 
 def test_layout_proofs_hold_on_a_third_party_training_snapshot() -> None:
@@ -638,13 +689,13 @@ def test_allocations_in_an_adjacent_segment_prove_nothing() -> None:
     cs336_kk_ctx128_fullstep.pickle): allocations in the small segment land past the large
     block's end, but blocks never span segments, so they prove nothing about it."""
     sim = Sim(record=False)
-    big = sim.alloc(20 * MiB)                    # a 20 MiB segment, wholly this block
-    first = sim.alloc(1000)                      # the small pool's 2 MiB segment, right after it
+    big = sim.alloc(20 * MiB)  # a 20 MiB segment, wholly this block
+    first = sim.alloc(1000)  # the small pool's 2 MiB segment, right after it
     assert first.addr == big.addr + 20 * MiB, "precondition: the two segments are adjacent"
     sim.start_recording()
-    lands = sim.alloc(900 * 1024)                # past the large block's end, but in the other segment
+    lands = sim.alloc(900 * 1024)  # past the large block's end, but in the other segment
     assert lands.addr - (big.addr + 20 * MiB) == 1024
-    sim.free(big)                                # freed in the window: its size is its rounded request
+    sim.free(big)  # freed in the window: its size is its rounded request
     (res,), (t,) = replay_sim(sim)
     assert res.raised_blocks == 0 and not res.approximate
     assert res.peak_allocated == t["window_allocated"]

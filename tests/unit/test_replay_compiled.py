@@ -6,6 +6,7 @@ orphan and unknown counts, and the live set left at the end. Inputs: every bundl
 sample, the third-party snapshots beside the checkout, and the randomized oracle workloads
 of tests/unit/test_replay.py in each allocator configuration.
 """
+
 from __future__ import annotations
 
 import glob
@@ -14,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from paths import EXTERNAL, ROOT
-from synth import GiB, MiB, random_workload
 
+from paths import EXTERNAL, ROOT
 from snapviz.analyses import replay as replay_mod
 from snapviz.analyses.replay_loop import LoopInput, LoopResult, block_loop_compiled, block_loop_reference
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
+from synth import GiB, MiB, random_workload
 
 pytest.importorskip("numba")
 
@@ -125,17 +126,28 @@ def test_compiled_equals_reference_on_an_inconsistent_history(monkeypatch: pytes
     trace = [
         {"action": "segment_alloc", "addr": 1 << 30, "size": 4 * big, "stream": 0},
         {"action": "alloc", "addr": 1 << 30, "size": 3 * MiB, "stream": 0},
-        {"action": "alloc", "addr": 1 << 30, "size": 3 * MiB, "stream": 0},            # double alloc
-        {"action": "alloc", "addr": (1 << 31) + 512, "size": 5 * MiB, "stream": 0},    # outside every segment
-        {"action": "free_requested", "addr": 1 << 29, "size": 700, "stream": 0},       # never allocated
+        {"action": "alloc", "addr": 1 << 30, "size": 3 * MiB, "stream": 0},  # double alloc
+        {"action": "alloc", "addr": (1 << 31) + 512, "size": 5 * MiB, "stream": 0},  # outside every segment
+        {"action": "free_requested", "addr": 1 << 29, "size": 700, "stream": 0},  # never allocated
         {"action": "free_completed", "addr": 1 << 29, "size": 700, "stream": 0},
-        {"action": "free_completed", "addr": 1 << 30, "size": 3 * MiB, "stream": 0},   # request skipped
+        {"action": "free_completed", "addr": 1 << 30, "size": 3 * MiB, "stream": 0},  # request skipped
         {"action": "segment_free", "addr": 1 << 30, "size": 4 * big, "stream": 0},
-        {"action": "segment_free", "addr": 1 << 28, "size": big, "stream": 0},         # allocated before
+        {"action": "segment_free", "addr": 1 << 28, "size": big, "stream": 0},  # allocated before
         {"action": "alloc", "addr": (1 << 28) + 4096, "size": 2 * MiB, "stream": 0},
     ]
-    data = {"segments": [{"device": 0, "address": 1 << 32, "total_size": big, "allocated_size": big,
-                          "requested_size": big, "stream": 0, "segment_type": "large",
-                          "blocks": [{"address": 1 << 32, "size": big, "requested_size": big, "state": "active_allocated"}]}],
-            "device_traces": [trace]}
+    data = {
+        "segments": [
+            {
+                "device": 0,
+                "address": 1 << 32,
+                "total_size": big,
+                "allocated_size": big,
+                "requested_size": big,
+                "stream": 0,
+                "segment_type": "large",
+                "blocks": [{"address": 1 << 32, "size": big, "requested_size": big, "state": "active_allocated"}],
+            }
+        ],
+        "device_traces": [trace],
+    }
     assert replay_both(data, monkeypatch) == 1

@@ -3,6 +3,7 @@
 Every failure must be :class:`snapviz.errors.InputError` (the CLI maps it to exit 2)
 with a single-line message that names the file.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -13,8 +14,9 @@ import os
 import pickle
 import random
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -24,10 +26,16 @@ from snapviz.load.decompress import open_decompressed, read_all
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 LOADERS: dict[str, Callable[[str], Any]] = {
-    "safe_load_pickle": safe_load_pickle, "load_snapshot": load_snapshot, "load": load,
+    "safe_load_pickle": safe_load_pickle,
+    "load_snapshot": load_snapshot,
+    "load": load,
 }
-VALID = {"segments": [], "device_traces": [[{"action": "alloc", "addr": 139810526199808, "size": 1280,
-                                              "stream": 0, "time_us": 1796003473007644}]]}
+VALID = {
+    "segments": [],
+    "device_traces": [
+        [{"action": "alloc", "addr": 139810526199808, "size": 1280, "stream": 0, "time_us": 1796003473007644}]
+    ],
+}
 
 
 def assert_input_error(path: Path, loaders: tuple[str, ...] = ("safe_load_pickle", "load")) -> list[str]:
@@ -44,6 +52,7 @@ def assert_input_error(path: Path, loaders: tuple[str, ...] = ("safe_load_pickle
 
 
 # ---------------------------------------------------------------- code execution
+
 
 class _OsSystem:
     def __init__(self, marker: Path) -> None:
@@ -89,8 +98,11 @@ PAYLOADS = [_OsSystem, _Eval, _Exec, _Subprocess]
 @pytest.mark.parametrize("where", ["top", "inside_snapshot"])
 def test_reduce_payload_never_runs(tmp_path: Path, marker_path: Path, protocol: int, payload: type, where: str) -> None:
     evil = payload(marker_path)
-    obj: Any = evil if where == "top" else {
-        "segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "frames": evil}]]}
+    obj: Any = (
+        evil
+        if where == "top"
+        else {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "frames": evil}]]}
+    )
     path = tmp_path / "snapshot.pickle"
     path.write_bytes(pickle.dumps(obj, protocol=protocol))
     msgs = assert_input_error(path, ("safe_load_pickle", "load_snapshot", "load"))
@@ -105,14 +117,17 @@ def test_payload_is_real(tmp_path: Path, marker_path: Path) -> None:
     assert marker_path.exists()
 
 
-@pytest.mark.parametrize("raw", [
-    b"cos\nsystem\n(S'touch {m}'\ntR.",                 # protocol 0 GLOBAL + REDUCE
-    b"(S'touch {m}'\nios\nsystem\n.",                   # INST
-    b"\x80\x02cbuiltins\neval\nX\x10\x00\x00\x00__import__('os')\x85R.",
-    b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93\x8c\x08touch {m}\x85R.",
-    b"\x80\x02\x82\x01.",                               # EXT1: the copyreg extension registry
-    b"\x80\x02X\x01\x00\x00\x00aQ.",                    # BINPERSID
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"cos\nsystem\n(S'touch {m}'\ntR.",  # protocol 0 GLOBAL + REDUCE
+        b"(S'touch {m}'\nios\nsystem\n.",  # INST
+        b"\x80\x02cbuiltins\neval\nX\x10\x00\x00\x00__import__('os')\x85R.",
+        b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c\x02os\x8c\x06system\x93\x8c\x08touch {m}\x85R.",
+        b"\x80\x02\x82\x01.",  # EXT1: the copyreg extension registry
+        b"\x80\x02X\x01\x00\x00\x00aQ.",  # BINPERSID
+    ],
+)
 def test_handwritten_opcodes_refused(tmp_path: Path, marker_path: Path, raw: bytes) -> None:
     path = tmp_path / "evil.pickle"
     path.write_bytes(raw.replace(b"{m}", str(marker_path).encode()))
@@ -129,6 +144,7 @@ def test_harmless_class_refused(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- valid inputs, odd wrappers
 
+
 @pytest.mark.parametrize("protocol", range(0, pickle.HIGHEST_PROTOCOL + 1))
 def test_all_protocols_load(write_pickle: Callable[..., Path], small_snapshot: dict[str, Any], protocol: int) -> None:
     path = write_pickle(small_snapshot, name=f"p{protocol}.pickle", protocol=protocol)
@@ -144,12 +160,20 @@ def test_protocol5_out_of_band_buffer_refused(tmp_path: Path) -> None:
     assert_input_error(path)
 
 
-@pytest.mark.parametrize("compress, name", [
-    ("gzip", "snapshot.pickle"), ("gzip", "snapshot.json"), ("xz", "snapshot.pickle.gz"),
-    ("xz", "snapshot.txt"), ("bz2", "snapshot.pickle.xz"), ("gzip", "snapshot"),
-])
-def test_compression_detected_by_magic_not_extension(write_pickle: Callable[..., Path], small_snapshot: dict[str, Any],
-                                                     compress: str, name: str) -> None:
+@pytest.mark.parametrize(
+    "compress, name",
+    [
+        ("gzip", "snapshot.pickle"),
+        ("gzip", "snapshot.json"),
+        ("xz", "snapshot.pickle.gz"),
+        ("xz", "snapshot.txt"),
+        ("bz2", "snapshot.pickle.xz"),
+        ("gzip", "snapshot"),
+    ],
+)
+def test_compression_detected_by_magic_not_extension(
+    write_pickle: Callable[..., Path], small_snapshot: dict[str, Any], compress: str, name: str
+) -> None:
     path = write_pickle(small_snapshot, name=name, compress=compress)
     assert safe_load_pickle(str(path)) == small_snapshot
     assert len(load(str(path)).snapshot.events) > 0
@@ -173,6 +197,7 @@ def test_zstd_needs_zstandard(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- broken files
+
 
 def test_truncated_pickle(tmp_path: Path, small_snapshot: dict[str, Any]) -> None:
     raw = pickle.dumps(small_snapshot, protocol=4)
@@ -249,9 +274,23 @@ def test_bit_flipped_snapshot(tmp_path: Path, small_snapshot: dict[str, Any], se
         assert "\n" not in str(exc) and str(path) in str(exc)
 
 
-@pytest.mark.parametrize("obj", [42, "hello", None, 3.5, {}, {"foo": 1, "bar": 2}, [1, 2, 3], (1, 2), b"bytes",
-                                 {"segments": 5}, {"device_traces": {"a": 1}}],
-                         ids=lambda o: type(o).__name__ + str(len(o) if hasattr(o, "__len__") else ""))
+@pytest.mark.parametrize(
+    "obj",
+    [
+        42,
+        "hello",
+        None,
+        3.5,
+        {},
+        {"foo": 1, "bar": 2},
+        [1, 2, 3],
+        (1, 2),
+        b"bytes",
+        {"segments": 5},
+        {"device_traces": {"a": 1}},
+    ],
+    ids=lambda o: type(o).__name__ + str(len(o) if hasattr(o, "__len__") else ""),
+)
 def test_valid_pickle_not_a_snapshot(write_pickle: Callable[..., Path], obj: Any) -> None:
     path = write_pickle(obj, name="thing.pickle")
     safe_load_pickle(str(path))  # a fine pickle ...
@@ -278,6 +317,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- nesting and odd values
 
+
 def _deep_list_ops(n: int) -> bytes:
     return b"]" * n + b"a" * (n - 1)  # EMPTY_LIST x n, then APPEND each into its parent
 
@@ -289,19 +329,51 @@ def _with_deep(obj: Any, n: int = 150_000) -> bytes:
     return raw.replace(tok, _deep_list_ops(n))
 
 
-DEEP_CASES = dict([
-    ("top", b"\x80\x02" + _deep_list_ops(200_000) + b"."),
-    ("tuple", b"\x80\x02" + b"(" * 100_000 + b"t" * 100_000 + b"."),
-    ("segments", _with_deep({"segments": "DEEP", "device_traces": []})),
-    ("traces", _with_deep({"segments": [], "device_traces": "DEEP"})),
-    ("frames", _with_deep({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "frames": "DEEP"}]]})),
-    ("frame_name", _with_deep({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 1,
-                                                                   "frames": [{"name": "DEEP", "filename": "x", "line": 1}]}]]})),
-    ("metadata", _with_deep({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "stream": 0,
-                                                                 "time_us": 1, "user_metadata": "DEEP"}]]})),
-    ("annotation", _with_deep({"segments": [], "device_traces": [], "external_annotations": [{"name": "DEEP"}]})),
-    ("settings", _with_deep({"segments": [], "device_traces": [], "allocator_settings": "DEEP"})),
-])
+DEEP_CASES = dict(
+    [
+        ("top", b"\x80\x02" + _deep_list_ops(200_000) + b"."),
+        ("tuple", b"\x80\x02" + b"(" * 100_000 + b"t" * 100_000 + b"."),
+        ("segments", _with_deep({"segments": "DEEP", "device_traces": []})),
+        ("traces", _with_deep({"segments": [], "device_traces": "DEEP"})),
+        (
+            "frames",
+            _with_deep(
+                {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 1, "frames": "DEEP"}]]}
+            ),
+        ),
+        (
+            "frame_name",
+            _with_deep(
+                {
+                    "segments": [],
+                    "device_traces": [
+                        [
+                            {
+                                "action": "alloc",
+                                "addr": 1,
+                                "size": 1,
+                                "frames": [{"name": "DEEP", "filename": "x", "line": 1}],
+                            }
+                        ]
+                    ],
+                }
+            ),
+        ),
+        (
+            "metadata",
+            _with_deep(
+                {
+                    "segments": [],
+                    "device_traces": [
+                        [{"action": "alloc", "addr": 1, "size": 1, "stream": 0, "time_us": 1, "user_metadata": "DEEP"}]
+                    ],
+                }
+            ),
+        ),
+        ("annotation", _with_deep({"segments": [], "device_traces": [], "external_annotations": [{"name": "DEEP"}]})),
+        ("settings", _with_deep({"segments": [], "device_traces": [], "allocator_settings": "DEEP"})),
+    ]
+)
 
 
 @pytest.mark.parametrize("name", sorted(DEEP_CASES))
@@ -314,28 +386,34 @@ def test_deeply_nested_pickles_do_not_crash(tmp_path: Path, name: str) -> None:
         assert "\n" not in str(exc) and str(path) in str(exc)
 
 
-@pytest.mark.parametrize("entry", [
-    {"action": "alloc", "addr": 2 ** 70, "size": 1},
-    {"action": "alloc", "addr": float("inf"), "size": 1},
-    {"action": "alloc", "addr": 1, "size": 1, "frames": [{"name": "f", "filename": "x", "line": float("inf")}]},
-    {"action": ["alloc"], "addr": 1, "size": 1},
-    # an alloc without a size would replay as 0 bytes and skew every figure after it
-    {"action": "alloc", "addr": "12", "size": None},
-    {"action": "free_requested", "size": 512},
-    {"addr": 1, "size": 512},
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"action": "alloc", "addr": 2**70, "size": 1},
+        {"action": "alloc", "addr": float("inf"), "size": 1},
+        {"action": "alloc", "addr": 1, "size": 1, "frames": [{"name": "f", "filename": "x", "line": float("inf")}]},
+        {"action": ["alloc"], "addr": 1, "size": 1},
+        # an alloc without a size would replay as 0 bytes and skew every figure after it
+        {"action": "alloc", "addr": "12", "size": None},
+        {"action": "free_requested", "size": 512},
+        {"addr": 1, "size": 512},
+    ],
+)
 def test_out_of_range_values_are_input_errors(write_pickle: Callable[..., Path], entry: dict[str, Any]) -> None:
     path = write_pickle({"segments": [], "device_traces": [[entry]]}, name="odd.pickle")
     assert_input_error(path, ("load_snapshot", "load"))
 
 
-@pytest.mark.parametrize("entry", [
-    {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 1, "user_metadata": {"stage": "denoise"}},
-    {"action": "alloc", "addr": 1, "size": 512, "frames": "not a list"},
-    {"action": "alloc", "addr": 1, "size": 512, "frames": [{"name": "f"}, 5, None]},
-    {"action": "alloc", "addr": "12", "size": "512"},
-    {"action": "user_defined", "addr": 0, "size": 0, "frames": [{"name": "stage", "filename": "", "line": 0}]},
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": 1, "user_metadata": {"stage": "denoise"}},
+        {"action": "alloc", "addr": 1, "size": 512, "frames": "not a list"},
+        {"action": "alloc", "addr": 1, "size": 512, "frames": [{"name": "f"}, 5, None]},
+        {"action": "alloc", "addr": "12", "size": "512"},
+        {"action": "user_defined", "addr": 0, "size": 0, "frames": [{"name": "stage", "filename": "", "line": 0}]},
+    ],
+)
 def test_tolerated_odd_entries_load(write_pickle: Callable[..., Path], entry: dict[str, Any]) -> None:
     path = write_pickle({"segments": [], "device_traces": [[entry]]}, name="odd.pickle")
     snap = load_snapshot(str(path))

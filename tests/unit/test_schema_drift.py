@@ -8,6 +8,7 @@ every stack. ``snapviz analyze`` must then either exit 0 with the oracle's peaks
 allocator's own ``max_memory_allocated`` / ``max_memory_reserved``) or exit 2 with one
 line on stderr, no traceback and no output file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,24 +30,32 @@ OPTIONAL_ENTRY_KEYS = ("time_us", "frames", "user_metadata", "compile_context", 
 REQUIRED_ENTRY_KEYS = ("action", "addr", "size")
 OPTIONAL_TOP_KEYS = ("allocator_settings", "external_annotations")
 
-drift = st.fixed_dictionaries({
-    "seed": st.integers(0, 10_000),
-    "n_ops": st.integers(40, 220),
-    "expandable": st.booleans(),
-    "cpp_frames": st.booleans(),
-    "context": st.sampled_from(["all", "alloc", None]),
-    "layout": st.sampled_from(["dict", "dict", "dict", "history", "segments"]),
-    "omit": st.sets(st.sampled_from(OPTIONAL_ENTRY_KEYS), max_size=3),
-    "drop_top": st.sets(st.sampled_from(OPTIONAL_TOP_KEYS)),
-    "extra_keys": st.booleans(),
-    # now and then a key the replay cannot do without disappears from one entry
-    "break_entry": st.one_of(st.none(), st.sampled_from(REQUIRED_ENTRY_KEYS)),
-})
+drift = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 10_000),
+        "n_ops": st.integers(40, 220),
+        "expandable": st.booleans(),
+        "cpp_frames": st.booleans(),
+        "context": st.sampled_from(["all", "alloc", None]),
+        "layout": st.sampled_from(["dict", "dict", "dict", "history", "segments"]),
+        "omit": st.sets(st.sampled_from(OPTIONAL_ENTRY_KEYS), max_size=3),
+        "drop_top": st.sets(st.sampled_from(OPTIONAL_TOP_KEYS)),
+        "extra_keys": st.booleans(),
+        # now and then a key the replay cannot do without disappears from one entry
+        "break_entry": st.one_of(st.none(), st.sampled_from(REQUIRED_ENTRY_KEYS)),
+    }
+)
 
 
 def _drifted(d: dict[str, Any]) -> tuple[Any, synth.Sim]:
-    sim = synth.random_workload(seed=d["seed"], n_ops=d["n_ops"], expandable=d["expandable"],
-                                cpp_frames=d["cpp_frames"], context=d["context"], budget=4 * synth.GiB)
+    sim = synth.random_workload(
+        seed=d["seed"],
+        n_ops=d["n_ops"],
+        expandable=d["expandable"],
+        cpp_frames=d["cpp_frames"],
+        context=d["context"],
+        budget=4 * synth.GiB,
+    )
     omit = tuple(k for k in d["omit"] if k != "stream")
     snap = sim.snapshot(layout=d["layout"], omit=omit, marker=False)
     if d["layout"] == "segments":
@@ -100,7 +109,7 @@ def test_replay_equals_the_oracle_or_exits_2(d: dict[str, Any]) -> None:
         return
     assert rc == 0 and doc is not None, err
     p = doc["peak"]
-    if d["layout"] == "segments":   # end state only: what is allocated now
+    if d["layout"] == "segments":  # end state only: what is allocated now
         assert p["allocated_bytes"] == sim.allocated(0) and p["reserved_bytes"] == sim.reserved(0)
         return
     assert p["allocated_bytes"] == sim.peak_allocated(0), (p, d)

@@ -8,9 +8,9 @@ import json
 
 import numpy as np
 import pytest
+
 import synth
 from paths import SAMPLES
-
 from snapviz.analyses.allocator_rules import parse_alloc_conf, settings_from_record
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.simulate import (
@@ -211,15 +211,26 @@ def test_compiled_kernel_equals_the_reference(sample):
     snap = load(str(SAMPLES / sample)).snapshot
     _, _, st = _stream(snap, 0, Cap())
     other = simulate_loop.loop_compiled if simulate_loop.KERNEL.compiled() else simulate_loop.loop_python_arrays
-    for conf in ("", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4",
-                 "garbage_collection_threshold:0.6"):
+    for conf in (
+        "",
+        "expandable_segments:True",
+        "max_split_size_mb:64",
+        "roundup_power2_divisions:4",
+        "garbage_collection_threshold:0.6",
+    ):
         for cap in (Cap(), Cap(3 * GiB), Cap(5 * GiB, fraction=True)):
             s = parse_alloc_conf(conf)
             a, b = loop_reference(st, s, cap), other(st, s, cap)
             for f in ("res_at", "all_at", "log_event", "log_action", "log_size"):
                 assert np.array_equal(getattr(a, f), getattr(b, f)), (conf, cap, f)
             assert (a.done, a.oom, a.survived, a.mallocs, a.frees, a.retries) == (
-                b.done, b.oom, b.survived, b.mallocs, b.frees, b.retries), (conf, cap)
+                b.done,
+                b.oom,
+                b.survived,
+                b.mallocs,
+                b.frees,
+                b.retries,
+            ), (conf, cap)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -264,7 +275,9 @@ def test_a_caught_oom_is_given_back_where_a_scenario_serves_it():
     ev = st.event[caught]
     assert (free.allocated[ev] == free.allocated[ev - 1]).all()  # served and given back at once
     # what is left allocated at the end is the recording's plus only the last request's block
-    assert free.allocated[-1] - rep.final_allocated == free.allocated[st.event[last]] - free.allocated[st.event[last] - 1]
+    assert (
+        free.allocated[-1] - rep.final_allocated == free.allocated[st.event[last]] - free.allocated[st.event[last] - 1]
+    )
 
 
 def test_expandable_range_follows_the_card_not_the_fraction():

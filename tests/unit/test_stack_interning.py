@@ -7,9 +7,9 @@ import random
 from itertools import repeat
 
 import pytest
-from paths import SAMPLES
 
-from snapviz.load.snapshot.columns import _factorize, StackInterner
+from paths import SAMPLES
+from snapviz.load.snapshot.columns import StackInterner, _factorize
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
 
 

@@ -1,15 +1,26 @@
 """The ``snapviz.summary/1`` document as code (analyses/document.py): the committed JSON schema
 is the one generated from the types, every golden document reads back into the types and
 encodes to the same bytes, and a malformed document is refused naming its field."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
 import pytest
-from paths import ROOT
 
-from snapviz.analyses.document import ABSENT, Interval, Peak, Summary, from_json, json_schema, load_summary, schema_text, to_json
+from paths import ROOT
+from snapviz.analyses.document import (
+    ABSENT,
+    Interval,
+    Peak,
+    Summary,
+    from_json,
+    json_schema,
+    load_summary,
+    schema_text,
+    to_json,
+)
 from snapviz.errors import InputError
 
 GOLDEN_JSON = sorted((ROOT / "tests" / "data" / "golden").glob("*.json"))
@@ -45,8 +56,14 @@ def test_golden_documents_validate_against_the_schema(path: Path) -> None:
 
 def test_absent_fields_are_left_out_and_none_written_as_null() -> None:
     iv = Interval(name="denoise/0", step="0", peak_allocated_bytes=5, peak_reserved_bytes=None, start_us=1, end_us=2)
-    assert to_json(iv) == {"name": "denoise/0", "step": "0", "peak_allocated_bytes": 5, "peak_reserved_bytes": None,
-                           "start_us": 1, "end_us": 2}
+    assert to_json(iv) == {
+        "name": "denoise/0",
+        "step": "0",
+        "peak_allocated_bytes": 5,
+        "peak_reserved_bytes": None,
+        "start_us": 1,
+        "end_us": 2,
+    }
     assert from_json(to_json(iv), Interval) == iv and from_json(to_json(iv), Interval).duration_s is ABSENT
 
 
@@ -54,7 +71,10 @@ def test_malformed_documents_are_refused_with_the_field() -> None:
     doc = json.loads(GOLDEN_JSON[0].read_text())
     with pytest.raises(InputError, match=r"^x: not a snapviz.summary/1 document"):
         load_summary({**doc, "schema": "snapviz.summary/2"}, "x")
-    with pytest.raises(InputError, match=r"^x: malformed snapviz.summary/1 document: top_allocations\[0\].bytes: expected an integer, got true/false$"):
+    with pytest.raises(
+        InputError,
+        match=r"^x: malformed snapviz.summary/1 document: top_allocations\[0\].bytes: expected an integer, got true/false$",
+    ):
         bad = json.loads(json.dumps(doc))
         bad["top_allocations"][0]["bytes"] = True
         load_summary(bad, "x")

@@ -6,21 +6,22 @@ belong to the label in effect (the last labelled entry, in time order); an unlab
 with Python frames clears it (the user cleared the label); nothing before the first label,
 and nothing in a snapshot recorded without Python frames, is guessed.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 import pytest
-
-from synth import MiB, Sim, make_frames
 from test_any_program import training_run
 from test_frame_rules import load_dict
+
 from snapviz.analyses.stages import label_events
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.model import A_ALLOC
 from snapviz.vocab import UNLABELLED
+from synth import MiB, Sim, make_frames
 
 U = UNLABELLED
 
@@ -43,8 +44,11 @@ def _labelled_on(d: dict[str, Any], truth: np.ndarray, *, all_threads: bool) -> 
 def _stages(d: dict[str, Any]) -> list[tuple[str, int, int]]:
     snap = load_dict(d)
     doc = summary_dict(analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None)))
-    return [(it["name"], it["peak_allocated_bytes"], it["peak_reserved_bytes"])
-            for g in doc["stages"] for it in g["intervals"]]
+    return [
+        (it["name"], it["peak_allocated_bytes"], it["peak_reserved_bytes"])
+        for g in doc["stages"]
+        for it in g["intervals"]
+    ]
 
 
 @pytest.mark.parametrize("cpp", [False, True], ids=["python", "cpp"])
@@ -75,14 +79,14 @@ def test_cleared_label_and_before_labelling_stay_unlabelled() -> None:
         want.append(expect)
         return h
 
-    step("", False, U)                 # another thread, before any label: nothing to inherit
-    step("", True, U)                  # the main thread, not yet labelling
+    step("", False, U)  # another thread, before any label: nothing to inherit
+    step("", True, U)  # the main thread, not yet labelling
     sim.set_label("forward/0")
     step("forward/0", True, "forward/0")
-    step("", False, "forward/0")       # autograd-style thread while forward/0 is in effect
-    sim.set_label("")                  # the user clears the label
+    step("", False, "forward/0")  # autograd-style thread while forward/0 is in effect
+    sim.set_label("")  # the user clears the label
     step("", True, U)
-    step("", False, U)                 # after a clear: stays unlabelled
+    step("", False, U)  # after a clear: stays unlabelled
     sim.set_label("backward/0")
     step("backward/0", True, "backward/0")
     step("", False, "backward/0")

@@ -5,6 +5,7 @@ XPU 12, MPS 13, MTIA 19, PrivateUse1 20, …), ``Bytes``-only events whose runni
 below zero (memory freed that the trace never saw allocated), and traces without memory
 events. Figures are computed here from the events written, not from snapviz.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ T0 = 1_700_000_000_000_000
 MiB = 1 << 20
 
 
-def _mem(ts: int, dtype: int, did: int, nbytes: int, total: int | None = None, reserved: int | None = None,
-         addr: int | None = None) -> dict[str, Any]:
+def _mem(
+    ts: int,
+    dtype: int,
+    did: int,
+    nbytes: int,
+    total: int | None = None,
+    reserved: int | None = None,
+    addr: int | None = None,
+) -> dict[str, Any]:
     args: dict[str, Any] = {"Device Type": dtype, "Device Id": did, "Bytes": nbytes}
     if total is not None:
         args.update({"Total Allocated": total, "Total Reserved": reserved, "Addr": addr})
@@ -68,12 +76,20 @@ def _analyze(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tup
 
 
 # c10::DeviceType -> (torch's device name, a word the user knows the memory by)
-ACCELERATORS = {1: ("cuda", "CUDA"), 6: ("hip", "ROCm"), 12: ("xpu", "XPU"), 13: ("mps", "MPS"),
-                19: ("mtia", "MTIA"), 20: ("privateuseone", "PrivateUse1")}
+ACCELERATORS = {
+    1: ("cuda", "CUDA"),
+    6: ("hip", "ROCm"),
+    12: ("xpu", "XPU"),
+    13: ("mps", "MPS"),
+    19: ("mtia", "MTIA"),
+    20: ("privateuseone", "PrivateUse1"),
+}
 
 
 @pytest.mark.parametrize("dtype", sorted(ACCELERATORS), ids=[v[0] for _, v in sorted(ACCELERATORS.items())])
-def test_every_accelerator_is_named_and_measured(tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int) -> None:
+def test_every_accelerator_is_named_and_measured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int
+) -> None:
     sizes = [4 * MiB, 8 * MiB, -8 * MiB, 2 * MiB]
     events = _exact_events(dtype, 0, sizes) + _exact_events(0, -1, [1 * MiB])
     doc, md, term = _analyze(_write(tmp_path, events), capsys)
@@ -89,7 +105,7 @@ def test_device_flag_on_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str
     events = _exact_events(1, 0, [4 * MiB]) + _exact_events(1, 1, [16 * MiB]) + _exact_events(0, -1, [MiB])
     path = _write(tmp_path, events)
     doc, _, _ = _analyze(path, capsys)
-    assert doc["device"] == "cuda:1" and doc["peak"]["allocated_bytes"] == 16 * MiB   # default: highest peak
+    assert doc["device"] == "cuda:1" and doc["peak"]["allocated_bytes"] == 16 * MiB  # default: highest peak
     assert any("--device" in w for w in doc["warnings"])
     doc, _, _ = _analyze(path, capsys, "--device", "0")
     assert doc["device"] == "cuda:0" and doc["peak"]["allocated_bytes"] == 4 * MiB
@@ -110,7 +126,7 @@ def test_bytes_only_trace_is_a_lower_bound_never_negative(tmp_path: Path, capsys
     sizes = [2 * MiB, -6 * MiB, 5 * MiB, 1 * MiB, -3 * MiB]
     events = [_mem(10 * k, 1, 0, n) for k, n in enumerate(sizes)]
     doc, md, term = _analyze(_write(tmp_path, events), capsys)
-    running = [sum(sizes[:k + 1]) for k in range(len(sizes))]
+    running = [sum(sizes[: k + 1]) for k in range(len(sizes))]
     floor = -min(0, *running)
     assert floor == 4 * MiB
     assert doc["peak"]["allocated_bytes"] == max(running) + floor == 6 * MiB
@@ -123,32 +139,38 @@ def test_bytes_only_trace_is_a_lower_bound_never_negative(tmp_path: Path, capsys
 
 def test_trace_without_memory_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Stages but no [memory] events: no NumPy warning, no zero peaks presented as measured."""
-    events = [{"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1, "ts": T0, "dur": 50},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": T0 + 1, "dur": 5}]
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1, "ts": T0, "dur": 50},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": T0 + 1, "dur": 5},
+    ]
     path = _write(tmp_path, events)
     html = tmp_path / "r.html"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")          # a RuntimeWarning here used to reach stderr
+        warnings.simplefilter("error")  # a RuntimeWarning here used to reach stderr
         doc, md, term = _analyze(path, capsys, "-o", str(html))
     assert html.stat().st_size > 0
     assert doc["device"] is None and doc["peak"]["event_index"] is None
     assert doc["stages"][0]["peak_allocated_bytes"] is None
     assert "not recorded" in term and "not recorded" in md
     assert any("no [memory] events" in w for w in doc["warnings"])
-    assert not any("keys after traceEvents" in w for w in doc["warnings"])   # traceEvents was the last key
+    assert not any("keys after traceEvents" in w for w in doc["warnings"])  # traceEvents was the last key
 
 
 @pytest.mark.parametrize("dtype, label", [(9, "xla:0"), (15, "hpu:0"), (99, "device-type-99:0")])
-def test_other_device_types_keep_torchs_name_or_their_number(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                             dtype: int, label: str) -> None:
+def test_other_device_types_keep_torchs_name_or_their_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: int, label: str
+) -> None:
     doc, _, _ = _analyze(_write(tmp_path, _exact_events(dtype, 0, [MiB])), capsys)
     assert doc["device"] == label and doc["peak"]["allocated_bytes"] == MiB
 
 
 def test_compare_accepts_traces_with_missing_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Stage peaks a trace does not hold (null) must not break compare."""
-    empty = _write(tmp_path, [{"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1,
-                               "ts": T0, "dur": 50}], name="empty.json")
+    empty = _write(
+        tmp_path,
+        [{"ph": "X", "cat": "user_annotation", "name": "forward", "pid": 1, "tid": 1, "ts": T0, "dur": 50}],
+        name="empty.json",
+    )
     old = _write(tmp_path, [_mem(10 * k, 1, 0, n) for k, n in enumerate([MiB, 2 * MiB])], name="old.json")
     rc, out, err = _run(["compare", str(empty), str(old), "--json", "-"], capsys)
     assert rc == 0, err

@@ -1,5 +1,6 @@
 """Training advice and the per-step view on hand-made phase peaks: how each technique moves the
 run's peak between phases, when a technique is offered, and how phases group into steps."""
+
 from __future__ import annotations
 
 from snapviz.analyses.training_advice import PhasePeak, advise_training, training_estimates
@@ -52,29 +53,56 @@ def test_accumulation_shrinks_activations_but_keeps_gradients_live() -> None:
 
 
 def test_advice_respects_what_the_run_already_uses() -> None:
-    run = {"batch": 4, "train": {"optimizer": "adamw8bit", "checkpointing": True, "lora_rank": 0, "micro_batch": 4,
-                                 "set_to_none": True, "precision": "amp-fp16"}}
+    run = {
+        "batch": 4,
+        "train": {
+            "optimizer": "adamw8bit",
+            "checkpointing": True,
+            "lora_rank": 0,
+            "micro_batch": 4,
+            "set_to_none": True,
+            "precision": "amp-fp16",
+        },
+    }
     names = {a["technique"] for a in advise_training(FULL, run)}
     assert "8-bit AdamW / Adafactor" not in names and "gradient checkpointing" not in names and "LoRA" in names
     plain = {a["technique"]: a for a in advise_training(FULL)}
-    assert plain["gradient checkpointing"]["saves_up_to_bytes"] == 0       # shown for its forward saving
+    assert plain["gradient checkpointing"]["saves_up_to_bytes"] == 0  # shown for its forward saving
     assert "does not touch" in plain["gradient checkpointing"]["why"]
     assert plain["LoRA"]["estimated_peak_bytes"] < plain["8-bit AdamW / Adafactor"]["estimated_peak_bytes"]
-    assert "mixed precision (AMP bf16/fp16)" not in plain   # precision is not in the categories: only run.json says fp32
+    assert "mixed precision (AMP bf16/fp16)" not in plain  # precision is not in the categories: only run.json says fp32
     savings = [a["saves_up_to_bytes"] for a in advise_training(FULL)]
     assert savings == sorted(savings, reverse=True)
 
 
 def test_set_to_none_is_offered_when_gradients_live_through_every_later_forward() -> None:
-    kept = [PhasePeak(p.name, p.group, p.peak + (3 * G if p.group == "forward" and p.name != "forward/0" else 0),
-                      {**p.cats, GRADIENT: 3 * G} if p.name == "forward/1" else p.cats) for p in FULL]
+    kept = [
+        PhasePeak(
+            p.name,
+            p.group,
+            p.peak + (3 * G if p.group == "forward" and p.name != "forward/0" else 0),
+            {**p.cats, GRADIENT: 3 * G} if p.name == "forward/1" else p.cats,
+        )
+        for p in FULL
+    ]
     assert "zero_grad(set_to_none=True)" in {a["technique"] for a in advise_training(kept)}
     assert "zero_grad(set_to_none=True)" not in {a["technique"] for a in advise_training(FULL)}
 
 
 def test_steps_group_micro_batches_with_their_optimizer_step() -> None:
-    names = ["forward/0", "backward/0", "forward/1", "backward/1", "optimizer/0", "zero_grad/0",
-             "forward/2", "backward/2", "forward/3", "backward/3", "optimizer/1"]
+    names = [
+        "forward/0",
+        "backward/0",
+        "forward/1",
+        "backward/1",
+        "optimizer/0",
+        "zero_grad/0",
+        "forward/2",
+        "backward/2",
+        "forward/3",
+        "backward/3",
+        "optimizer/1",
+    ]
     phases = [PhasePeak(n, n.split("/")[0], i, {}) for i, n in enumerate(names)]
     assert phase_steps(phases) == [0] * 6 + [1] * 5
     st = step_table(phases)

@@ -2,32 +2,50 @@
 allocator (tests/support/synth.py): no labels, phases from frames; a data-parallel wrapper's
 ranges and buffers (DDP, FSDP); parameters allocated before the recording; the framework whose
 API the advice names."""
+
 from __future__ import annotations
 
 import numpy as np
-
-from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
+
 from snapviz.analyses.categories import allocation_table
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import label_events, range_stage, stage_intervals, stage_table
-from snapviz.analyses.training import DDP_BUCKETS, FSDP_FLAT, FSDP_GATHER, classify_allocations, framework, live_by_category
+from snapviz.analyses.training import (
+    DDP_BUCKETS,
+    FSDP_FLAT,
+    FSDP_GATHER,
+    classify_allocations,
+    framework,
+    live_by_category,
+)
 from snapviz.analyses.training_advice import advise_training, how_to, phase_peaks
 from snapviz.analyses.training_view import training_dict, training_view
 from snapviz.category_vocab import BEFORE_RECORDING
+from synth import MiB, Sim
 
 USER = {"name": "train", "filename": "/home/me/train.py", "line": 50}
 MODULE = {"name": "_call_impl", "filename": SP + "torch/nn/modules/module.py", "line": 1700}
 DDP_FWD = {"name": "forward", "filename": SP + "torch/nn/parallel/distributed.py", "line": 1600}
 GELU = [{"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700}, MODULE, DDP_FWD, MODULE, USER]
-BUCKETS = [{"name": "_pre_forward", "filename": SP + "torch/nn/parallel/distributed.py", "line": 1500}, DDP_FWD,
-           MODULE, USER]
+BUCKETS = [
+    {"name": "_pre_forward", "filename": SP + "torch/nn/parallel/distributed.py", "line": 1500},
+    DDP_FWD,
+    MODULE,
+    USER,
+]
 BACKWARD = [{"name": "backward", "filename": SP + "torch/_tensor.py", "line": 600}, USER]
-OPT = [{"name": "_multi_tensor_adamw", "filename": SP + "torch/optim/adamw.py", "line": 500},
-       {"name": "wrapper", "filename": SP + "torch/optim/optimizer.py", "line": 480}, USER]
+OPT = [
+    {"name": "_multi_tensor_adamw", "filename": SP + "torch/optim/adamw.py", "line": 500},
+    {"name": "wrapper", "filename": SP + "torch/optim/optimizer.py", "line": 480},
+    USER,
+]
 ZERO = [{"name": "zero_grad", "filename": SP + "torch/optim/optimizer.py", "line": 900}, USER]
-TO = [{"name": "convert", "filename": SP + "torch/nn/modules/module.py", "line": 1300},
-      {"name": "to", "filename": SP + "torch/nn/modules/module.py", "line": 1350}, USER]
+TO = [
+    {"name": "convert", "filename": SP + "torch/nn/modules/module.py", "line": 1300},
+    {"name": "to", "filename": SP + "torch/nn/modules/module.py", "line": 1350},
+    USER,
+]
 
 
 def _ddp_steps(before: bool = False, steps: int = 2) -> tuple:
@@ -65,8 +83,13 @@ def _ddp_steps(before: bool = False, steps: int = 2) -> tuple:
     rep = replay_allocator(snap, 0)
     lab = label_events(snap, rep.events, 0)
     ev = rep.events
-    stages = stage_table(stage_intervals(lab.labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
-                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
+    stages = stage_table(
+        stage_intervals(lab.labels, ev["time_us"].to_numpy()),
+        ev["allocated"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        rep.baseline_allocated,
+        rep.baseline_reserved,
+    )
     return snap, rep, lab, stages
 
 
@@ -75,7 +98,11 @@ def test_collective_ranges_do_not_split_the_frame_phases() -> None:
     assert lab.source == "phases"
     # the all-reduce inside backward stays backward; DDP's forward range is the forward phase
     assert [n for n in stages["name"] if n.split("/")[0] in ("forward", "backward")] == [
-        "forward/0", "backward/0", "forward/1", "backward/1"]
+        "forward/0",
+        "backward/0",
+        "forward/1",
+        "backward/1",
+    ]
     assert "gloo:all_reduce" not in set(lab.labels) and "communication" not in set(lab.labels)
     assert range_stage("nccl:all_reduce") == "communication" and range_stage("record_param_comms") == "communication"
     assert range_stage("DistributedDataParallel.forward") == "forward"
@@ -133,11 +160,20 @@ def test_parameters_from_before_the_recording() -> None:
 def test_fsdp_buffers_are_named() -> None:
     fsdp = SP + "torch/distributed/fsdp/"
     flat = [{"name": "_init_flat_param_and_metadata", "filename": fsdp + "_flat_param.py", "line": 700}, USER]
-    gather = [{"name": "_alloc_storage", "filename": SP + "torch/distributed/utils.py", "line": 300},
-              {"name": "_alloc_padded_unsharded_flat_param", "filename": fsdp + "_flat_param.py", "line": 1400},
-              {"name": "unshard", "filename": fsdp + "_flat_param.py", "line": 1350}, MODULE, USER]
-    wrapped = [{"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700}, MODULE,
-               {"name": "forward", "filename": fsdp + "fully_sharded_data_parallel.py", "line": 850}, MODULE, USER]
+    gather = [
+        {"name": "_alloc_storage", "filename": SP + "torch/distributed/utils.py", "line": 300},
+        {"name": "_alloc_padded_unsharded_flat_param", "filename": fsdp + "_flat_param.py", "line": 1400},
+        {"name": "unshard", "filename": fsdp + "_flat_param.py", "line": 1350},
+        MODULE,
+        USER,
+    ]
+    wrapped = [
+        {"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700},
+        MODULE,
+        {"name": "forward", "filename": fsdp + "fully_sharded_data_parallel.py", "line": 850},
+        MODULE,
+        USER,
+    ]
     sim = Sim()
     sim.set_label("load")
     sim.alloc(8 * MiB, frames=flat)
@@ -179,11 +215,19 @@ def test_python_on_torchs_threads_keeps_the_label_in_effect() -> None:
     hooks run Python on autograd's thread, unlabelled. Their outermost Python frame is torch's
     (the engine entered Python at a hook), so they belong to the label in effect and clear
     nothing; a user's own unlabelled Python still clears it."""
-    ckpt = [{"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700}, MODULE,
-            {"name": "recompute_fn", "filename": SP + "torch/utils/checkpoint.py", "line": 1100},
-            {"name": "unpack_hook", "filename": SP + "torch/utils/checkpoint.py", "line": 1150}]
-    hook = [{"name": "allreduce_hook", "filename": SP + "torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py",
-             "line": 60}]
+    ckpt = [
+        {"name": "gelu", "filename": SP + "torch/nn/functional.py", "line": 1700},
+        MODULE,
+        {"name": "recompute_fn", "filename": SP + "torch/utils/checkpoint.py", "line": 1100},
+        {"name": "unpack_hook", "filename": SP + "torch/utils/checkpoint.py", "line": 1150},
+    ]
+    hook = [
+        {
+            "name": "allreduce_hook",
+            "filename": SP + "torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py",
+            "line": 60,
+        }
+    ]
     sim = Sim()
     sim.set_label("forward/0")
     sim.alloc(MiB, frames=GELU)
@@ -201,5 +245,13 @@ def test_python_on_torchs_threads_keeps_the_label_in_effect() -> None:
     assert lab.source == "user_metadata"
     ev = rep.events
     got = {int(s) // MiB: str(x) for s, x, a in zip(ev["size"], lab.labels, ev["action"]) if a == 0}
-    assert got == {1: "forward/0", 2: "backward/0", 3: "backward/0", 4: "backward/0", 5: "backward/0",
-                   6: "backward/0", 7: "unlabelled", 8: "unlabelled"}
+    assert got == {
+        1: "forward/0",
+        2: "backward/0",
+        3: "backward/0",
+        4: "backward/0",
+        5: "backward/0",
+        6: "backward/0",
+        7: "unlabelled",
+        8: "unlabelled",
+    }

@@ -1,15 +1,16 @@
 """Training categories from phase labels, on synthetic training steps written by the
 reference allocator (tests/support/synth.py): set_to_none on and off, AMP (autocast weight copies)
 and plain fp32, checkpoint-style recomputation, a never-freed cuBLAS workspace."""
+
 from __future__ import annotations
 
 import pytest
-
-from synth import MiB, Sim
 from test_frame_rules import SP, load_dict
+
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import label_events, stage_intervals, stage_table
 from snapviz.analyses.training import TRAINING_CATEGORIES, classify_allocations, live_by_category, phase_categories
+from synth import MiB, Sim
 
 USER = {"name": "<module>", "filename": "/home/me/train.py", "line": 50}
 LINEAR = [{"name": "forward", "filename": SP + "torch/nn/modules/linear.py", "line": 125}, USER]
@@ -63,8 +64,13 @@ def test_categories_at_the_optimizer_peak(set_to_none: bool, amp: bool) -> None:
     allocs = classify_allocations(snap, rep, labels)
     assert set(allocs["category"]) <= set(TRAINING_CATEGORIES)
     ev = rep.events
-    stages = stage_table(stage_intervals(labels, ev["time_us"].to_numpy()), ev["allocated"].to_numpy(),
-                         ev["reserved"].to_numpy(), rep.baseline_allocated, rep.baseline_reserved)
+    stages = stage_table(
+        stage_intervals(labels, ev["time_us"].to_numpy()),
+        ev["allocated"].to_numpy(),
+        ev["reserved"].to_numpy(),
+        rep.baseline_allocated,
+        rep.baseline_reserved,
+    )
     opt = stages[stages["name"] == "optimizer/1"].iloc[0]
     live = live_by_category(allocs, int(opt["peak_row"]))
     assert live["parameters"] == 24 * MiB

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from paths import SAMPLES
 
+from paths import SAMPLES
 from snapviz.analyses.whatif import Scenario, parse_conf, recorded_cap, run_scenario, what_if
 from snapviz.load import load
 
