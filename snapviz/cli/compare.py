@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,6 +22,9 @@ from snapviz.cli.share import compare_picture_options, compare_picture_outputs
 from snapviz.errors import CheckFailed, InputError
 from snapviz.safe_text import bounded_doc
 from snapviz.vocab import COMPARE_SCHEMA
+
+if TYPE_CHECKING:
+    from snapviz.analyses.whatif import WhatIf
 
 
 @click.command(cls=Command, epilog=epilog("docs/compare.md"), context_settings=CONTEXT_SETTINGS)
@@ -43,7 +46,7 @@ from snapviz.vocab import COMPARE_SCHEMA
     help="Also show BASE beside its simulated twin under this PYTORCH_CUDA_ALLOC_CONF, e.g. "
     "expandable_segments:True (repeat): reserved peak, fragmentation, cudaMalloc/cudaFree, retries and OOM, "
     "simulated from BASE's own requests (snapviz whatif). With --whatif one input is enough. "
-    "Terminal, Markdown and JSON only.",
+    "Terminal, Markdown, JSON and HTML (the reserved curves, over the comparison); no PNG/SVG.",
 )
 @click.option(
     "--fail-over",
@@ -107,12 +110,13 @@ def compare(
 
         for conf in whatifs:
             parse_conf(conf)  # a bad value fails before any work
-        if html_out or any(_opts().values()):
-            raise InputError("compare --whatif writes terminal, Markdown and JSON (no HTML or picture yet)")
+        if any(_opts().values()):
+            raise InputError("compare --whatif draws no PNG or SVG picture: use -o report.html for its curves")
         if pct is not None and len(inputs) < 2:
             raise InputError("--fail-over needs a second run to compare with BASE")
     names = unique_labels(inputs, labels)
-    twin = _twin(inputs[0], names[0], whatifs, stage_source, quiet) if whatifs else None
+    sim = _twin(inputs[0], names[0], whatifs, stage_source, quiet) if whatifs else None
+    twin = sim[0] if sim is not None else None
     if len(inputs) < 2:
         assert twin is not None
         doc = bounded_doc({"schema": COMPARE_SCHEMA, "runs": [], "whatif": twin})
@@ -129,10 +133,25 @@ def compare(
         rendered.append((json_out, render_json(doc)))
     if md_out:
         rendered.append((md_out, render_compare_markdown(doc)))
-    if html_out and cmp is not None:
-        from snapviz.render.html import render_compare_html
+    if html_out and sim is not None and cmp is None:
+        from snapviz.render.html.whatif import render_whatif_html
 
-        rendered.append((html_out, render_compare_html(cmp, doc)))
+        rendered.append((html_out, render_whatif_html(sim[1], sim[2], kicker="snapviz compare --whatif")))
+    elif html_out and cmp is not None:
+        from snapviz.render.html import render_compare_html
+        from snapviz.render.html.page import card_open
+
+        lead: list[Any] = []
+        if sim is not None:  # BASE beside its simulated twins, above the runs' comparison
+            from snapviz.render.html.whatif import whatif_blocks, whatif_hero
+
+            lead = [
+                card_open(f"{names[0]} beside its simulated twins", "snapviz whatif, on the recorded card"),
+                whatif_hero(sim[2], kicker=f"{names[0]}: simulated"),
+                "</section>",
+                *whatif_blocks(sim[1], sim[2]),
+            ]
+        rendered.append((html_out, render_compare_html(cmp, doc, lead)))
     outputs.emit(rendered, lambda: render_compare_terminal(doc), quiet)
     if cmp is None:
         return
@@ -142,9 +161,12 @@ def compare(
             raise CheckFailed("\n".join(failures))
 
 
-def _twin(path: str, label: str, confs: tuple[str, ...], stage_source: str, quiet: bool) -> dict[str, Any]:
-    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_dict``)."""
-    from snapviz.analyses.whatif import twin_dict, what_if
+def _twin(
+    path: str, label: str, confs: tuple[str, ...], stage_source: str, quiet: bool
+) -> tuple[dict[str, Any], WhatIf, dict[str, Any]]:
+    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_dict``), with the what-if
+    and its ``snapviz.whatif/1`` document that the HTML draws from (the same simulation)."""
+    from snapviz.analyses.whatif import twin_dict, what_if, whatif_dict
     from snapviz.cli.analyze import _input_files
     from snapviz.load import load
     from snapviz.progress import reading
@@ -155,4 +177,5 @@ def _twin(path: str, label: str, confs: tuple[str, ...], stage_source: str, quie
     stats = alloc.get("stats") if isinstance(alloc, dict) else None
     retries = stats.get("num_alloc_retries") if isinstance(stats, dict) else None
     w = what_if(run, alloc_confs=list(confs), gpu_memories=[], stage_source=stage_source)
-    return twin_dict(w, label, retries if isinstance(retries, int) and not isinstance(retries, bool) else None)
+    recorded_retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else None
+    return twin_dict(w, label, recorded_retries), w, bounded_doc(whatif_dict(w))

@@ -218,12 +218,36 @@ def test_compare_whatif_shows_the_run_beside_its_simulated_twin(tmp_path: Path) 
     assert "reproduced this run exactly" in p.stdout and "`expandable_segments:True` (simulated)" in md
 
 
+def test_compare_whatif_html_draws_the_twins_curves(tmp_path: Path) -> None:
+    """-o with --whatif: alone, the what-if page of BASE's twins; beside a second run, the same
+    cards above the comparison. The same simulation, so the same figures as the JSON."""
+    one, two = tmp_path / "one.html", tmp_path / "two.html"
+    p = _snapviz("compare", str(OOM), "--whatif", "expandable_segments:True", "-o", str(one), "--json", f"{one}.json")
+    assert p.returncode == 0, p.stderr
+    q = _snapviz("compare", str(SD15), str(OOM), "--whatif", "expandable_segments:True", "-o", str(two))
+    assert q.returncode == 0, q.stderr
+    rows = json.loads(Path(f"{one}.json").read_text())["whatif"]["rows"]
+    page_one, page_two = one.read_text(), two.read_text()
+    assert "Reserved memory, simulated over recorded" in page_one and "expandable_segments:True" in page_one
+    for r in rows:  # the recorded and simulated reserved peaks, as the JSON gives them
+        assert f"{r['peak_reserved_bytes'] / 2**30:.2f} GiB" in page_one, r["label"]
+    assert "beside its simulated twins" in page_two and "Reserved memory, simulated over recorded" in page_two
+    # the comparison is still there, below the twins' cards
+    assert page_two.index("beside its simulated twins") < page_two.rindex(OOM.name)
+    assert SD15.name in page_two and "compare --whatif" not in page_two
+    assert "snapviz compare --whatif" in page_one
+
+
 def test_compare_whatif_with_two_runs_and_bad_uses(tmp_path: Path) -> None:
     p = _snapviz("compare", str(SD15), str(OOM), "--whatif", "expandable_segments:True", "--json", "-")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert len(doc["runs"]) == 2 and doc["whatif"]["label"] == doc["runs"][0]["label"]  # BASE's twin
-    for args in (["--whatif", "bogus:1"], ["--whatif", "expandable_segments:True", "-o", str(tmp_path / "c.html")], []):
+    for args in (
+        ["--whatif", "bogus:1"],
+        ["--whatif", "expandable_segments:True", "--png", str(tmp_path / "c.png")],
+        [],
+    ):
         q = _snapviz("compare", str(SD15), *args, "--json", str(tmp_path / "c.json"))
         assert q.returncode == 2, (args, q.stderr)
         assert q.stderr.count("\n") == 1 and "Traceback" not in q.stderr and not (tmp_path / "c.json").exists()

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 from bokeh.models import HoverTool, Legend, LegendItem
+from markupsafe import Markup
 
 from snapviz.analyses.decimate import decimate_minmax
 from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_hover_formatter, make_source
@@ -92,29 +93,22 @@ def _plot(c: WhatIfCurves) -> Any:
     return fig
 
 
-def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> str:
-    """The page: hero lines, the reserved curves, the recorded-card table and the card grid."""
-    hero = chrome(
-        "hero",
-        kicker="snapviz whatif",
-        title=f"{doc['source']} (cuda:{int(doc['device'])})",
-        verdict=fidelity_line(doc),
-        lines=[recorded_line(doc), *([c] if (c := card_line(doc)) else [])],
-    )
+def whatif_blocks(w: Any, doc: dict[str, Any], max_points: int = 4000) -> list[Any]:
+    """The what-if's cards (the reserved curves, the recorded-card table, the card grid): the
+    body of the what-if page and the section ``compare --whatif -o`` puts on the compare page."""
     rows = recorded_card_rows(doc)
     detail = [[*detail_cells(s), outcome(s)] for s in rows]
     head, grid = card_grid(doc)
-    blocks: list[Any] = [table_css(), hero, warnings_html(doc.get("notes") or [], "Notes")]
-    blocks.append(
+    blocks: list[Any] = [
         card_open(
             "Reserved memory, simulated over recorded",
             "Each setting on the recorded card; "
             "click a legend entry to hide it. A line that stops: that run ran out of memory.",
-        )
-    )
-    blocks.append(_plot(whatif_curves(w, max_points)))
-    blocks.append("</section>")
-    blocks.append(card(f"On {card_title(doc)}", wide_table([*DETAIL_HEAD, "result"], detail, "sv-whatif-table")))
+        ),
+        _plot(whatif_curves(w, max_points)),
+        "</section>",
+        card(f"On {card_title(doc)}", wide_table([*DETAIL_HEAD, "result"], detail, "sv-whatif-table")),
+    ]
     if len(head) > 2:
         blocks.append(
             card(
@@ -123,4 +117,22 @@ def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000) -> s
                 "OOM: the run would have died on that card.",
             )
         )
-    return build_page(f"snapviz whatif: {doc['source']}", blocks)
+    return blocks
+
+
+def whatif_hero(doc: dict[str, Any], kicker: str = "snapviz whatif") -> Markup:
+    """The page's first lines: the run, whether the simulator reproduced it, its recorded figures."""
+    return chrome(
+        "hero",
+        kicker=kicker,
+        title=f"{doc['source']} (cuda:{int(doc['device'])})",
+        verdict=fidelity_line(doc),
+        lines=[recorded_line(doc), *([c] if (c := card_line(doc)) else [])],
+    )
+
+
+def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000, kicker: str = "snapviz whatif") -> str:
+    """The page: hero lines, the reserved curves, the recorded-card table and the card grid."""
+    blocks: list[Any] = [table_css(), whatif_hero(doc, kicker), warnings_html(doc.get("notes") or [], "Notes")]
+    blocks.extend(whatif_blocks(w, doc, max_points))
+    return build_page(f"{kicker}: {doc['source']}", blocks)
