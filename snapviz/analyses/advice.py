@@ -8,6 +8,8 @@ bounded by. Measured effects on full-size SDXL are in docs/techniques.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -26,25 +28,61 @@ def _cat(categories: pd.DataFrame, name: str) -> int:
     return int(categories.loc[m, "bytes"].sum())
 
 
-def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class AdviceFacts:
+    """What the advice reads of a run, taken from the analysis itself (not from the summary
+    document being built): the peak, the techniques and dtype the collector recorded, and the
+    attention score matrices found."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int | None  # None: not recorded
+    peak_stage: str | None
+    techniques: frozenset[str]
+    dtype: str
+    attention_count: int
+    attention_from_diffusers: bool  # diffusers' get_attention_scores materialized them
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        peak_allocated: int,
+        peak_reserved: int | None,
+        peak_stage: str | None,
+        run_json: Mapping[str, Any] | None,
+        attention: Mapping[str, Any],
+    ) -> AdviceFacts:
+        run = run_json or {}
+        techniques = run.get("techniques")
+        functions = attention.get("functions")
+        count = attention.get("count")
+        return cls(
+            peak_allocated_bytes=int(peak_allocated),
+            peak_reserved_bytes=None if peak_reserved is None else int(peak_reserved),
+            peak_stage=peak_stage,
+            techniques=frozenset(str(t) for t in techniques) if isinstance(techniques, list) else frozenset(),
+            dtype=str(run.get("dtype") or ""),
+            attention_count=count if isinstance(count, int) else 0,
+            attention_from_diffusers=bool(isinstance(functions, Mapping) and functions.get("get_attention_scores")),
+        )
+
+
+def advise(facts: AdviceFacts, categories: pd.DataFrame) -> list[dict[str, Any]]:
     """Ranked suggestions: ``technique``, ``why``, ``saves_up_to_bytes`` (None: unknown), ``how``."""
-    peak = doc["peak"]
-    total = int(peak["allocated_bytes"]) or 1
-    stage = stage_group(peak.get("stage") or "")
-    run = doc.get("run") or {}
-    techniques = set(run.get("techniques") or [])
-    dtype = str(run.get("dtype") or "")
+    total = facts.peak_allocated_bytes or 1
+    stage = stage_group(facts.peak_stage or "")
+    techniques = facts.techniques
+    dtype = facts.dtype
     out: list[dict[str, Any]] = []
-    att = doc.get("attention") or {}
     att_live = _cat(categories, ATTENTION_SCORES)
-    if att.get("count") and att_live:
-        diffusers = bool((att.get("functions") or {}).get("get_attention_scores"))
+    if facts.attention_count and att_live:
+        diffusers = facts.attention_from_diffusers
         out.append(
             {
                 "technique": "SDPA attention (the diffusers default)"
                 if diffusers
                 else "fused attention (SDPA / flash)",
-                "why": f"{att['count']} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
+                "why": f"{facts.attention_count} attention score matrices are materialized; {att_live / total:.0%} of the peak is scores",
                 "saves_up_to_bytes": att_live,
                 "how": "pipe.unet.set_attn_processor(AttnProcessor2_0())  # or drop set_default_attn_processor / attention slicing"
                 if diffusers
@@ -89,7 +127,7 @@ def advise(doc: dict[str, Any], categories: pd.DataFrame) -> list[dict[str, Any]
                 "how": "pipe.enable_model_cpu_offload()  (bounded by the weights of the models idle at the peak; costs transfer time)",
             }
         )
-    frag = int(peak.get("reserved_bytes") or 0) - int(peak["allocated_bytes"])
+    frag = (facts.peak_reserved_bytes or 0) - facts.peak_allocated_bytes
     if frag > 0.2 * total:
         out.append(
             {

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.advice import advise
+from snapviz.analyses.advice import AdviceFacts, advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import allocation_table, live_categories
 from snapviz.analyses.end_state import (
@@ -441,7 +441,14 @@ def summary_dict(an: Analysis) -> dict[str, Any]:
         "not_recorded": empty_snapshot_note(an.snapshot),
         "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
     }
-    advise_doc.extend(advise(doc, an.categories))
+    facts = AdviceFacts.of(
+        peak_allocated=int(rep.peak_allocated),
+        peak_reserved=int(rep.peak_reserved),
+        peak_stage=an.peak_stage,
+        run_json=run,
+        attention=att,
+    )
+    advise_doc.extend(advise(facts, an.categories))
     oom_event = an.oom.get("event_index") if an.oom is not None else None
     only = an.end_state is not None and an.end_state.only
     recorded_sim = None if only else simulate_recorded(an.run, rep, oom_event)
