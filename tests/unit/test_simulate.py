@@ -44,6 +44,11 @@ def _stream(snap, device, cap, rec=None):
 # an expandable segment's virtual range followed the card (9/8 of run.json's device total) instead of
 # 9/8 of the memory fraction's cap: test_expandable_range_follows_the_card_not_the_fraction.
 NOT_YET: set[str] = set()
+# Samples whose allocator held memory before the recording began: NCCL's communicator set-up
+# reserved a 2 MiB segment (0 B allocated) before train-sd15-ddp-nccl-1rank started recording.
+# Where that segment lay is unknown, so the simulation cannot be checked event by event: it must
+# say so (approximate), never claim to reproduce the run.
+PREDATES_RECORDING = {"train-sd15-ddp-nccl-1rank"}
 
 
 @pytest.mark.parametrize(
@@ -59,9 +64,15 @@ def test_every_sample_is_reproduced_event_by_event(sample):
     cap = recorded_cap(r)
     for dev in r.snapshot.devices:
         rep, settings, st = _stream(r.snapshot, dev, cap)
-        assert st.complete, "every bundled sample records from an empty allocator"
         sim = run(st, settings, cap)
         f = fidelity(st, sim)
+        assert st.complete == (sample.name not in PREDATES_RECORDING), (
+            "the other samples record from an empty allocator"
+        )
+        if not st.complete:
+            assert st.baseline_reserved > 0 and not f.reproduced
+            assert f.reason is not None and "predates the recording" in f.reason
+            continue
         assert f.reproduced, f.reason
         seg = np.isin(st.seg_action, [A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP])
         assert seg.all() and len(sim.seg_size) == len(st.seg_size)
