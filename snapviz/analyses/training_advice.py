@@ -262,7 +262,8 @@ def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: in
         "set_to_none": f"{fmt_bytes(_most(phases, GRADS))} of zeroed gradients live through forward and backward",
         "amp": f"activations saved for backward ({fmt_bytes(_most(phases, SAVED))}) halve; autocast adds "
         "half-size weight copies",
-        "bf16": f"fp32 weights, gradients and state halve and {fmt_bytes(_most(phases, CASTS))} of autocast copies go",
+        "bf16": f"fp32 weights, gradients{' (with their DDP buckets)' if _most(phases, DDP_BUCKETS) else ''} and "
+        f"state halve and {fmt_bytes(_most(phases, CASTS))} of autocast copies go",
         "accumulation": f"saved activations shrink to 1/{k}, but the gradients stay live across micro-batches",
         "fused": "the foreach step's temporary lists "
         f"({fmt_bytes(max((p[TEMPS] for p in phases if p.group == 'optimizer'), default=0))}) go",
