@@ -18,7 +18,7 @@ from test_frame_rules import load_dict
 from test_trace_generations import T0, _analyze, _exact_events
 
 from snapviz.analyses.document import from_json
-from snapviz.analyses.stages import range_labels
+from snapviz.analyses.stages import range_labels, wrapper_range_phase
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.render.markdown import render_markdown
@@ -211,3 +211,30 @@ def test_trace_fsdp_ranges_are_the_phases_they_name(tmp_path: Path, capsys: pyte
     assert {s["name"] for s in doc["stages"]} == {"forward", "backward"}, [s["name"] for s in doc["stages"]]
     assert doc["peak"]["allocated_bytes"] == 5 * MiB and doc["peak"]["stage"] == "forward"
     assert "FSDP::" not in md and "FSDP::" not in term
+
+
+@pytest.mark.parametrize(
+    ("name", "phase"),
+    [
+        ("FSDP::pre_forward (layers.3)", "forward"),
+        ("FSDP::root_pre_forward", "forward"),
+        ("FSDP::cast_forward_inputs", "forward"),
+        ("FSDP::inputs_to_device", "forward"),
+        ("FSDP::pre_backward", "backward"),
+        ("FSDP::post_backward_reduce (layers.0)", "backward"),
+        ("FSDP::backward_prefetch for transformer.h.5", "backward"),
+        ("FSDP::root_post_backward_callback", "backward"),
+        ("FSDP::all_gather (layers.3)", ""),
+        ("FSDP::all_gather_copy_out", ""),
+        ("FullyShardedDataParallel._pre_forward", "forward"),
+        ("FullyShardedDataParallel._post_backward_hook", "backward"),
+        ("FullyShardedDataParallel._reshard", ""),
+        ("FullyShardedDataParallel.forward", None),  # the forward range: a phase range of its own
+        ("layers.3", None),
+        ("## forward ##", None),
+    ],
+)
+def test_wrapper_range_phase(name: str, phase: str | None) -> None:
+    """The phase each of FSDP's ranges says: the names FSDP2 (all from the fsdp2 samples) and
+    FSDP1 open; "" for the ones that run in either phase; None for every range not FSDP's."""
+    assert wrapper_range_phase(name) == phase
