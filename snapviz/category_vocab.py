@@ -27,12 +27,13 @@ class Category:
 
 
 PARAMETER = "parameter"
-FSDP_FLAT = "FSDP flat parameters"
+FSDP_SHARDED = "FSDP sharded parameters"
 FSDP_GATHER = "FSDP all-gather buffers"
 AUTOCAST_COPIES = "autocast weight copies"
 OPTIMIZER_STATE = "optimizer state"
 GRADIENT = "gradient"
 DDP_BUCKETS = "DDP gradient buckets"
+FSDP_REDUCE = "FSDP reduce-scatter buffers"
 INPUT = "input"
 LATENTS = "latents & embeddings"
 KV_CACHE = "kv cache"
@@ -46,12 +47,16 @@ UNKNOWN = "unknown"
 VOCABULARY: tuple[Category, ...] = (
     Category(BEFORE_RECORDING, "#c7c7c7", None),
     Category(PARAMETER, "#7f7f7f", "PARAMETER", ("weights", "parameters")),
-    Category(FSDP_FLAT, "#c49c94", "PARAMETER"),
+    # each rank's shard of the parameters (FSDP2's DTensor shards, FSDP1's flat parameters)
+    Category(FSDP_SHARDED, "#c49c94", "PARAMETER", ("FSDP flat parameters",)),
+    # the unsharded parameters a rank gathers for one module's forward or backward, and their inputs
     Category(FSDP_GATHER, "#dbdb8d", "PARAMETER"),
     Category(AUTOCAST_COPIES, "#aec7e8", "TEMPORARY", ("autocast weight copies",)),
     Category(OPTIMIZER_STATE, "#8c564b", "OPTIMIZER_STATE", ("optimizer state",)),
     Category(GRADIENT, "#ff7f0e", "GRADIENT", ("gradients",)),
     Category(DDP_BUCKETS, "#ffbb78", "GRADIENT"),
+    # the unsharded gradients FSDP reduce-scatters (its sharded output is the gradient)
+    Category(FSDP_REDUCE, "#e6550d", "GRADIENT"),
     Category(INPUT, "#c5b0d5", "INPUT"),
     Category(LATENTS, "#9467bd", "INPUT", ("latents & embeddings",)),
     Category(KV_CACHE, "#e377c2", "ACTIVATION"),
@@ -83,8 +88,9 @@ FROM_TRAINING: dict[str, str | None] = {
     "autocast weight copies": AUTOCAST_COPIES,
     "temporaries": TEMPORARY,
     DDP_BUCKETS: DDP_BUCKETS,
-    FSDP_FLAT: FSDP_FLAT,
+    FSDP_SHARDED: FSDP_SHARDED,
     FSDP_GATHER: FSDP_GATHER,
+    FSDP_REDUCE: FSDP_REDUCE,
     "other": None,
 }
 

@@ -14,7 +14,9 @@ timeline of a run directory's ``run.json``; then the structure the file has:
 * over the phases (or nothing), ``record_function`` ranges: the profiler's ``Optimizer.step#…`` and
   ``Optimizer.zero_grad#…`` are the ``optimizer`` and ``zero_grad`` phases,
   ``ProfilerStep#N`` numbers the step (``phase/N``), and a user's own ranges
-  (``## forward ##`` → ``forward``) label what they enclose;
+  (``## forward ##`` → ``forward``) label what they enclose; the ranges torch's data-parallel
+  wrappers open (``DistributedDataParallel.forward``, FSDP's ``FSDP::*``) and the collectives'
+  (``gloo:all_reduce``) are no user's stages: they belong to the phase that encloses them;
 * events with a ``compile_context`` (recorded while ``torch.compile`` compiles) are
   ``compile`` unless a pipeline rule labelled them.
 
@@ -309,6 +311,29 @@ _PARALLEL_FORWARD = re.compile(r"^(DistributedDataParallel|FullyShardedDataParal
 # ``nccl:broadcast``, ``record_param_comms``): communication, whatever phase issued it.
 _COLLECTIVE_RANGE = re.compile(r"^((gloo|nccl|mpi|ucc|xccl|c10d)::?\w|record_param_comms$)")
 COMMUNICATION = "communication"
+# Ranges FSDP opens around its own hooks (FSDP2's ``FSDP::pre_forward (layers.3)``,
+# ``FSDP::post_backward_reduce``, ``FSDP::all_gather``; FSDP1's
+# ``FullyShardedDataParallel._pre_forward``): torch's plumbing inside the training phases, never
+# a user's stage. A name that says forward or backward fills that phase where nothing else says
+# which; the rest (all-gather, copy-out, reshard) belong to whichever phase encloses them.
+_WRAPPER_RANGE = re.compile(r"^(FSDP::|FullyShardedDataParallel\.)")
+_WRAPPER_BACKWARD = re.compile(r"backward", re.IGNORECASE)
+_WRAPPER_FORWARD = re.compile(r"forward|inputs_to_device", re.IGNORECASE)
+
+
+def wrapper_range_phase(name: str) -> str | None:
+    """For a range FSDP opens (:data:`_WRAPPER_RANGE`): ``backward`` (``FSDP::pre_backward``,
+    ``FSDP::post_backward_reduce``, ``FSDP::backward_prefetch for …``), ``forward``
+    (``FSDP::pre_forward``, ``FSDP::root_pre_forward``, ``FSDP::cast_forward_inputs``), or ``""``
+    (``FSDP::all_gather``, ``FSDP::all_gather_copy_out``: the enclosing phase's). None for any
+    other range."""
+    if not _WRAPPER_RANGE.match(name) or _PARALLEL_FORWARD.match(name):
+        return None
+    if _WRAPPER_BACKWARD.search(name):
+        return BACKWARD
+    return FORWARD if _WRAPPER_FORWARD.search(name) else ""
+
+
 _HASHES = re.compile(r"^#+\s*|\s*#+$")
 _COMPILED_GRAPH = re.compile(r"^Call CompiledFxGraph (\w+)$")
 
@@ -438,9 +463,16 @@ def _with_annotations(
     names = iv["name"].astype(str)
     phase = names.map(_range_phase)
     step = names.map(lambda s: m.group(1) if (m := _PROFILER_STEP.match(s)) else None)
-    comm = names.str.match(_COLLECTIVE_RANGE.pattern)
-    user = phase.isna() & step.isna() & ~comm
+    wrapper = names.map(wrapper_range_phase)
+    comm = names.str.match(_COLLECTIVE_RANGE.pattern) | (wrapper == "")
+    user = phase.isna() & step.isna() & ~comm & wrapper.isna()
     labels = base.copy() if base is not None else np.full(len(ev), UNLABELLED, dtype=object)
+    # FSDP's ranges run inside the phases: where the frames (or the profiler's ranges) say the
+    # phase, it holds them; only where nothing does, a range named for forward or backward says it.
+    said = wrapper.notna() & (wrapper != "")
+    by_wrapper = label_by_intervals(times, iv[said].assign(name=wrapper[said]), default="")
+    in_wrapper = (by_wrapper != "") & (labels == UNLABELLED)
+    labels[in_wrapper] = by_wrapper[in_wrapper]
     # A collective inside a phase is that phase's (DDP's all-reduce runs in backward, so the
     # backward peak is the allocator's); only outside every phase is it a stage of its own.
     comm_only = label_by_intervals(times, iv[comm].assign(name=COMMUNICATION), default="")
@@ -461,7 +493,7 @@ def _with_annotations(
         detail = np.where(in_user & (detail != ""), " (" + detail + ")", "")
         labels = np.array([stage_group(str(a)) for a in labels], dtype=object)
         labels[in_step] = labels[in_step] + STAGE_SEP + steps[in_step] + detail[in_step]
-    if not (in_phase | in_user | in_step | in_comm).any():
+    if not (in_phase | in_user | in_step | in_comm | in_wrapper).any():
         return None
     return labels, bool(in_user.any())
 

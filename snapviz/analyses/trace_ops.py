@@ -23,6 +23,7 @@ from snapviz.analyses.stages import (
     range_names_note,
     stage_group,
     stages_note,
+    wrapper_range_phase,
 )
 from snapviz.analyses.trace_attention import attention_op_table
 from snapviz.analyses.trace_devices import DEVICE_CPU
@@ -218,7 +219,9 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     ``vae_decode``, ``other``) when any is present; otherwise every range, named by
     :func:`snapviz.analyses.stages.range_stage` (``ProfilerStep#3`` -> ``step/3``,
     ``Optimizer.step#…`` -> ``optimizer``, ``## Call CompiledFxGraph <key> ##`` ->
-    ``compiled graph/<key>``, ``## forward ##`` -> ``forward``).
+    ``compiled graph/<key>``, ``## forward ##`` -> ``forward``); FSDP's ranges as
+    :func:`snapviz.analyses.stages.wrapper_range_phase` says (``FSDP::pre_forward`` -> ``forward``,
+    ``FSDP::all_gather`` -> none: the enclosing stage's).
     Nesting is by time containment across threads, not same-tid nesting, because
     allocations of other threads (autograd, data loaders) belong to the stage that
     encloses them in time. Columns: ``name``, ``start_us``, ``end_us``, ``group``
@@ -245,9 +248,12 @@ def annotation_stages(trace: ChromeTrace) -> pd.DataFrame:
     if canonical[codes].any():
         keep_name, names = canonical, cats.to_numpy().astype(object)
     else:
-        keep_name = np.ones(len(cats), bool)
-        grouped = range_labels(cats.tolist())
-        names = np.array([grouped[c] for c in cats], dtype=object)
+        # FSDP's own ranges are no user's stages: forward / backward where their name says so,
+        # otherwise (all-gather, copy-out) dropped, so the phase that encloses them holds them
+        wrapper = [wrapper_range_phase(c) for c in cats]
+        keep_name = np.array([w != "" for w in wrapper], bool)
+        grouped = range_labels([c for c, w in zip(cats, wrapper, strict=True) if w is None])
+        names = np.array([grouped[c] if w is None else w for c, w in zip(cats, wrapper, strict=True)], dtype=object)
     groups = np.array([stage_group(n) for n in names], dtype=object)
     rows = ann[keep_name[codes]]
     out = pd.DataFrame(

@@ -25,9 +25,12 @@ hold for any model; frames and lifetime add what labels cannot say:
   Adafactor) is ``optimizer state`` whatever phase the labels put it in;
 * DDP's gradient buckets (frames in ``torch/nn/parallel/distributed.py``: ``_ddp_init_helper``,
   the reducer's bucket rebuild in the first forwards) outliving their phase -> ``DDP gradient
-  buckets``; FSDP's all-gather outputs (``torch/distributed/fsdp/`` frames of an ``all_gather`` /
-  ``unshard`` function) -> ``FSDP all-gather buffers``, its other allocations made at load and
-  kept -> ``FSDP flat parameters``.
+  buckets``; FSDP's all-gather inputs and outputs (``torch/distributed/fsdp/`` frames of an
+  ``all_gather`` / ``unshard`` function) -> ``FSDP all-gather buffers``; what it allocates to
+  reduce-scatter gradients (``foreach_reduce``, ``reduce_scatter``, ``_reduce_grad``) -> ``FSDP
+  reduce-scatter buffers``, except the sharded output kept as the gradient (freed by ``zero_grad``:
+  ``gradients``); its other allocations made at load and kept (each rank's shard of the
+  parameters) -> ``FSDP sharded parameters``.
 
 Pure functions of the replay and the labels; nothing here reads run.json.
 """
@@ -53,16 +56,19 @@ TRAINING_CATEGORIES = (
     "autocast weight copies",
     "temporaries",
     "DDP gradient buckets",
-    "FSDP flat parameters",
+    "FSDP sharded parameters",
     "FSDP all-gather buffers",
+    "FSDP reduce-scatter buffers",
     "other",
 )
-DDP_BUCKETS, FSDP_FLAT, FSDP_GATHER = "DDP gradient buckets", "FSDP flat parameters", "FSDP all-gather buffers"
+DDP_BUCKETS, FSDP_SHARDED = "DDP gradient buckets", "FSDP sharded parameters"
+FSDP_GATHER, FSDP_REDUCE = "FSDP all-gather buffers", "FSDP reduce-scatter buffers"
 _OPTIMIZER_FILES = re.compile(r"torch/optim/|bitsandbytes/(?:optim/|functional\.py)|transformers/optimization\.py")
 _DDP_FILES = re.compile(r"torch/nn/parallel/distributed\.py$")
 _FSDP_FILES = re.compile(r"torch/distributed/(?:fsdp|_composable/fsdp)/")
 _DISTRIBUTED_FILES = re.compile(r"torch/(?:distributed|nn/parallel)/")
 _GATHER_FUNCTIONS = re.compile(r"all_gather|unshard")
+_REDUCE_FUNCTIONS = re.compile(r"reduce_scatter|foreach_reduce|_reduce_grad")
 # the framework whose API the advice names, from the frames of the allocations
 _FRAMEWORKS = (("diffusers", re.compile(r"(?:^|/)diffusers/")), ("transformers", re.compile(r"(?:^|/)transformers/")))
 _WEIGHT_OPS = ("torch/nn/modules/linear.py", "torch/nn/modules/conv.py")
@@ -179,8 +185,11 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
     ddp = own & np.array([bool(_DDP_FILES.search(f)) for f in inner], bool)
     fsdp = own & _stacks_with(snap, _FSDP_FILES)
     cat[_rows_with(ddp, sids) & ~same_interval] = DDP_BUCKETS
-    cat[_rows_with(fsdp, sids) & (born_g == "load") & ~same_interval] = FSDP_FLAT
+    cat[_rows_with(fsdp, sids) & (born_g == "load") & ~same_interval] = FSDP_SHARDED
     cat[_rows_with(fsdp & _stacks_with(snap, _FSDP_FILES, _GATHER_FUNCTIONS), sids)] = FSDP_GATHER
+    # the reduce-scatter's sharded output is kept as the gradient; the rest is its buffers
+    reducing = _rows_with(fsdp & _stacks_with(snap, _FSDP_FILES, _REDUCE_FUNCTIONS), sids)
+    cat[reducing & ~grads] = FSDP_REDUCE
 
     params = cat == "parameters"
     halves = np.isin(size * 2, param_sizes) & saved & (size > 0)

@@ -10,12 +10,13 @@ to the categories (docs/training.md, where each estimate is compared with its tw
 
 * gradient checkpointing: the activations saved for backward go (block inputs stay: an upper bound);
 * 8-bit AdamW: Adam's two moments (8 bytes a parameter in fp32) become 2 bytes: 3/4 of the state;
-* LoRA: gradients, optimizer state and foreach temporaries of the frozen weights go, and the frozen
-  base is cast to half precision (fp32 weights halve, autocast's weight copies go);
+* LoRA: gradients (with DDP's buckets and FSDP's reduce-scatter buffers of them), optimizer state
+  and foreach temporaries of the frozen weights go, and the frozen base is cast to half precision
+  (fp32 weights, FSDP's shards included, halve; autocast's weight copies go);
 * ``zero_grad(set_to_none=True)``: the gradients kept through forward and backward go;
 * AMP (fp32 runs): saved activations halve, autocast adds a half-size copy of the weights;
-* pure bf16 weights (AMP runs): weights, gradients, state and optimizer temporaries halve, the
-  autocast copies go;
+* pure bf16 weights (AMP runs): weights, gradients (and DDP's buckets), state and optimizer
+  temporaries halve, the autocast copies go;
 * gradient accumulation (micro-batch ``b / K``): saved activations shrink to ``1/K``, but the
   gradients then stay live through every micro-batch's forward;
 * fused AdamW (or foreach off): the optimizer step's temporaries go.
@@ -30,7 +31,17 @@ from typing import Any
 import pandas as pd
 
 from snapviz.analyses.categories import live_by_category
-from snapviz.category_vocab import ACTIVATION, AUTOCAST_COPIES, GRADIENT, OPTIMIZER_STATE, PARAMETER, TEMPORARY
+from snapviz.category_vocab import (
+    ACTIVATION,
+    AUTOCAST_COPIES,
+    DDP_BUCKETS,
+    FSDP_REDUCE,
+    FSDP_SHARDED,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    TEMPORARY,
+)
 from snapviz.units import fmt_bytes
 from snapviz.vocab import stage_group
 
@@ -50,6 +61,17 @@ class PhasePeak:
 
     def __getitem__(self, category: str) -> int:
         return self.cats.get(category, 0)
+
+    @property
+    def weights(self) -> int:
+        """The parameters this rank holds: ``parameter`` and FSDP's shards of them."""
+        return self[PARAMS] + self[FSDP_SHARDED]
+
+    @property
+    def gradient_copies(self) -> int:
+        """What data parallelism keeps of the gradients beside them: DDP's buckets, FSDP's
+        reduce-scatter buffers (they scale with what is trained, as the gradients do)."""
+        return self[DDP_BUCKETS] + self[FSDP_REDUCE]
 
 
 def phase_peaks(stages: pd.DataFrame, allocs: pd.DataFrame) -> list[PhasePeak]:
@@ -75,17 +97,18 @@ class Estimate:
     new_peak: int
     saving: int  # the run's peak minus new_peak (negative: it would grow)
     phase_savings: dict[str, int]  # largest saving at a phase peak, per phase group
+    new_peak_phase: str = ""  # the phase group that would hold the peak after it
 
 
 def estimate(phases: list[PhasePeak], technique: str, cut: Callable[[PhasePeak], float]) -> Estimate:
     """The run's peak after removing ``cut(phase)`` bytes at every phase peak."""
     old = max(p.peak for p in phases)
     after = [(p, p.peak - int(cut(p))) for p in phases]
-    new = max(a for _, a in after)
+    top, new = max(after, key=lambda pa: pa[1])
     by_group: dict[str, int] = {}
     for p, a in after:
         by_group[p.group] = max(by_group.get(p.group, 0), p.peak - a)
-    return Estimate(technique, new, old - new, by_group)
+    return Estimate(technique, new, old - new, by_group, top.group)
 
 
 def _most(phases: list[PhasePeak], category: str) -> int:
@@ -100,6 +123,18 @@ def _split(run: dict[str, Any] | None) -> tuple[int, int]:
     return micro, (micro if micro > 1 else 2)
 
 
+def _lora_parts(p: PhasePeak, fp32_weights: bool) -> dict[str, float]:
+    """What LoRA removes at ``p``'s peak, by what it is (the words of its ``why``)."""
+    return {
+        "gradients": p[GRADS],
+        "optimizer state": p[STATE],
+        "step temporaries": p[TEMPS] if p.group == "optimizer" else 0,  # the foreach lists
+        "gradient buckets": p.gradient_copies,
+        "half the fp32 base": p.weights / 2 if fp32_weights else 0,
+        "autocast copies": p[CASTS],
+    }
+
+
 def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = None) -> dict[str, Estimate]:
     """Every technique's estimate for this run (whether it applies is :func:`advise_training`'s call).
 
@@ -112,9 +147,7 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
     fp32_weights = _most(phases, CASTS) > 0  # autocast copies weights that are not already half
 
     def lora(p: PhasePeak) -> float:
-        temps = p[TEMPS] if p.group == "optimizer" else 0  # the foreach lists scale with what is trained
-        half_base = p[PARAMS] / 2 if fp32_weights else 0
-        return p[GRADS] + p[STATE] + temps + half_base + p[CASTS]
+        return sum(_lora_parts(p, fp32_weights).values())
 
     cuts: dict[str, Callable[[PhasePeak], float]] = {
         "checkpointing": lambda p: p[SAVED],
@@ -123,7 +156,8 @@ def training_estimates(phases: list[PhasePeak], run: dict[str, Any] | None = Non
         "set_to_none": lambda p: p[GRADS] if p.group in fwd_bwd else 0,
         "amp": lambda p: (p[SAVED] - p[PARAMS]) / 2 if p.group in fwd_bwd else 0,
         "bf16": lambda p: (
-            (p[PARAMS] + p[GRADS] + p[STATE] + (p[TEMPS] if p.group == "optimizer" else 0)) / 2 + p[CASTS]
+            (p.weights + p[GRADS] + p[DDP_BUCKETS] + p[STATE] + (p[TEMPS] if p.group == "optimizer" else 0)) / 2
+            + p[CASTS]
         ),
         "accumulation": lambda p: (p[SAVED] * (1 - 1 / k) - (grads - p[GRADS])) if p.group in fwd_bwd else 0,
         "fused": lambda p: p[TEMPS] if p.group == "optimizer" else 0,
@@ -187,7 +221,7 @@ def _applies(phases: list[PhasePeak], run: dict[str, Any] | None) -> dict[str, b
     train = (run or {}).get("train") or {}
     known = bool(train)
     opt = str(train.get("optimizer") or "")
-    grads, state, params = _most(phases, GRADS), _most(phases, STATE), _most(phases, PARAMS)
+    grads, state, params = _most(phases, GRADS), _most(phases, STATE), max((p.weights for p in phases), default=0)
     casts = _most(phases, CASTS)
     opt_temps = max((p[TEMPS] for p in phases if p.group == "optimizer"), default=0)
     after_step = [
@@ -208,8 +242,11 @@ def _applies(phases: list[PhasePeak], run: dict[str, Any] | None) -> dict[str, b
 
 
 def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: int) -> str:
-    """What the estimate rests on, in this run's numbers."""
-    moved = f"; the peak would be {fmt_bytes(e.new_peak)}" if e.saving > 0 else ""
+    """What the estimate rests on, in this run's numbers. The saving is the run's peak minus the
+    highest phase peak after the technique, so where that lands in another phase the text says
+    which: the parts it names add up to the cut at the run's peak, not to the saving."""
+    elsewhere = f" (in {e.new_peak_phase})" if e.new_peak_phase and e.new_peak_phase != peak_phase else ""
+    moved = f"; the peak would be {fmt_bytes(e.new_peak)}{elsewhere}" if e.saving > 0 else ""
     best_group = max(e.phase_savings, key=lambda g: e.phase_savings[g])
     if e.saving <= 0:
         head = (
@@ -221,17 +258,26 @@ def _why(name: str, e: Estimate, peak_phase: str, phases: list[PhasePeak], k: in
     basis = {
         "checkpointing": f"{fmt_bytes(_most(phases, SAVED))} of activations are saved for backward",
         "adamw8bit": f"Adam's moments are {fmt_bytes(_most(phases, STATE))}; 8-bit states keep a quarter",
-        "lora": f"gradients {fmt_bytes(_most(phases, GRADS))} and optimizer state {fmt_bytes(_most(phases, STATE))} "
-        "of the frozen weights go",
+        "lora": _lora_basis(phases, peak_phase),
         "set_to_none": f"{fmt_bytes(_most(phases, GRADS))} of zeroed gradients live through forward and backward",
         "amp": f"activations saved for backward ({fmt_bytes(_most(phases, SAVED))}) halve; autocast adds "
         "half-size weight copies",
-        "bf16": f"fp32 weights, gradients and state halve and {fmt_bytes(_most(phases, CASTS))} of autocast copies go",
+        "bf16": f"fp32 weights, gradients{' (with their DDP buckets)' if _most(phases, DDP_BUCKETS) else ''} and "
+        f"state halve and {fmt_bytes(_most(phases, CASTS))} of autocast copies go",
         "accumulation": f"saved activations shrink to 1/{k}, but the gradients stay live across micro-batches",
         "fused": "the foreach step's temporary lists "
         f"({fmt_bytes(max((p[TEMPS] for p in phases if p.group == 'optimizer'), default=0))}) go",
     }[name]
     return f"{head}: {basis}{moved}"
+
+
+def _lora_basis(phases: list[PhasePeak], peak_phase: str) -> str:
+    """LoRA's cut at the run's peak, part by part (they add up to it)."""
+    top = max(phases, key=lambda p: p.peak)
+    parts = {k: v for k, v in _lora_parts(top, _most(phases, CASTS) > 0).items() if v >= 1}
+    said = ", ".join(f"{k} {fmt_bytes(int(v))}" for k, v in parts.items())
+    total = fmt_bytes(int(sum(parts.values())))
+    return f"at that peak the frozen weights' {said} go ({total})" if parts else "nothing to freeze"
 
 
 def advise_training(

@@ -232,7 +232,7 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
     advice = doc.get("advice") or []
     if advice:
         out.append("**What would help** (from this run's live set at the peak):")
-        for a in advice[:4]:
+        for a in advice:  # every entry the JSON has: a cap hid fused AdamW behind newer entries
             saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
             out.append(f"- **{md_text(a['technique'])}**{saves}: {md_text(a['why'])}. {md_code(a['how'])}")
         out.append("")

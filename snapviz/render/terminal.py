@@ -90,9 +90,17 @@ def render_terminal(summary: Summary) -> str:
         largest = obj(att.get("largest"))
         shape = f" {largest['shape']}" if largest.get("shape") else ""
         lines.append(f"  attention scores: {count} materialized, largest {fmt_bytes(num(largest.get('bytes')))}{shape}")
-    for a in (doc.advice if isinstance(doc.advice, list) else [])[:3]:
+    advice = doc.advice if isinstance(doc.advice, list) else []
+    for a in advice[:3]:
         saves = f" (up to {fmt_bytes(num(a.get('saves_up_to_bytes')))})" if a.get("saves_up_to_bytes") else ""
         lines.append(f"  try: {a.get('technique')}{saves}: {a.get('why')}")
+    if len(advice) > 3:  # named, so that the terminal tells the same advice as the other outputs
+        more = [
+            f"{a.get('technique')}"
+            + (f" ({fmt_bytes(num(a.get('saves_up_to_bytes')))})" if a.get("saves_up_to_bytes") else "")
+            for a in advice[3:]
+        ]
+        lines.append(f"  also: {', '.join(more)} (--markdown or --json say why)")
     for w in doc.warnings:
         lines.append(f"  warning: {w}")
     return "\n".join(printable(line, None) for line in lines) + "\n"

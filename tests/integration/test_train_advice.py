@@ -158,3 +158,54 @@ def test_reports_carry_the_training_view() -> None:
     assert {"parameter", "gradient", "optimizer state", "activation"} <= set(ct.categories)
     assert np.allclose(np.sum([ct.bytes[c] for c in ct.categories], axis=0), ct.allocated)
     assert {"forward", "backward", "optimizer", "zero_grad"} <= set(data.bands.group)
+
+
+@pytest.mark.slow
+def test_every_output_tells_every_advice_entry() -> None:
+    """train-sd15-amp-fp16 (foreach AdamW) has fused AdamW among its advice, sixth: Markdown and
+    HTML showed the first four entries, so once the simulated expandable-segments entry and pure
+    bf16 came before it, fused AdamW was in the JSON only. Every entry is in Markdown and HTML now,
+    with the same saving; the terminal shows three and names the rest."""
+    from html import unescape
+
+    from snapviz.analyses.document import from_json
+    from snapviz.render.html import render_html
+    from snapviz.render.markdown import render_markdown
+    from snapviz.render.terminal import render_terminal
+    from snapviz.units import fmt_bytes
+
+    an = analyze_run(load(str(SAMPLES / "train-sd15-amp-fp16")))
+    doc = summary_dict(an)
+    names = [a["technique"] for a in doc["advice"]]
+    assert "fused AdamW" in names and len(names) > 4, names
+    md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
+    page = unescape(render_html(an, doc))
+    for a in doc["advice"]:
+        saves = fmt_bytes(a["saves_up_to_bytes"]) if a["saves_up_to_bytes"] else ""
+        assert f"**{a['technique']}** — up to {saves}" in md.replace("\\", "") if saves else a["technique"] in md
+        assert a["technique"] in page and saves in page
+        assert a["technique"] in term and saves in term
+
+
+@pytest.mark.slow
+def test_lora_why_adds_up_to_its_cut_and_says_where_the_peak_goes() -> None:
+    """One story: the LoRA entry's saving is the run's peak minus the highest phase peak after it.
+    Its why said 'gradients 3.25 GiB and optimizer state 6.44 GiB go' under a saving of 12.11 GiB
+    (DDP sample); it now lists every part it removes at the run's peak (DDP's buckets included),
+    their sum, and the phase the peak moves to."""
+    from snapviz.units import fmt_bytes
+
+    an = analyze_run(load(str(SAMPLES / "train-sd15-ddp-nccl-1rank")))
+    doc = summary_dict(an)
+    (lora,) = [a for a in doc["advice"] if a["technique"] == "LoRA"]
+    assert an.training is not None
+    est = training_estimates(an.training.phases, an.run.run_json)["lora"]
+    assert lora["saves_up_to_bytes"] == est.saving and lora["estimated_peak_bytes"] == est.new_peak
+    assert "gradient buckets" in lora["why"] and f"the peak would be {fmt_bytes(est.new_peak)}" in lora["why"]
+    parts = [float(x) for x in re.findall(r"(\d+\.\d+) GiB", lora["why"].split(" go (")[0].split("at that peak")[1])]
+    said = re.search(r" go \((\d+\.\d+) GiB\)", lora["why"])
+    assert said is not None, lora["why"]
+    total = float(said.group(1))
+    assert sum(parts) == pytest.approx(total, abs=0.02)
+    if est.new_peak_phase != doc["peak"]["stage"].split("/")[0]:
+        assert f"(in {est.new_peak_phase})" in lora["why"]

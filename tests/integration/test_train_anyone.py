@@ -7,6 +7,10 @@ run.json holds the allocator's own figures: ``phases[]`` (max_memory_allocated a
 every phase start) and ``train`` (gradient and optimizer-state bytes counted from the tensors).
 Nothing expected here was computed with snapviz.
 
+record_ddp_ranks.py --parallel fsdp2 recorded the same GPT-2 under FSDP2 (``fully_shard`` per block
+and the root, bf16 parameters, fp32 reductions): two gloo ranks and one NCCL rank, torchtitan's
+layout, no labels but FSDP2's own ``FSDP::*`` ranges.
+
 The cs336 LLM training step (third party, external corpus) has no run.json: what is checked
 there follows from AdamW itself (one gradient and two moments per parameter) and from the
 allocator's own peak.
@@ -21,11 +25,24 @@ import pytest
 from paths import EXTERNAL, SAMPLES
 from snapviz.analyses.categories import live_by_category
 from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
-from snapviz.category_vocab import BEFORE_RECORDING, DDP_BUCKETS, GRADIENT, OPTIMIZER_STATE
+from snapviz.category_vocab import (
+    BEFORE_RECORDING,
+    DDP_BUCKETS,
+    FSDP_GATHER,
+    FSDP_REDUCE,
+    FSDP_SHARDED,
+    GRADIENT,
+    OPTIMIZER_STATE,
+)
 from snapviz.load import load
 
 PHASES = ("forward", "backward", "optimizer", "zero_grad")
 DDP = SAMPLES / "ddp-gloo-4rank" / "memory_snapshot" / "iteration_4"
+FSDP = {
+    "fsdp2-gloo-rank0": SAMPLES / "fsdp2-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank0",
+    "fsdp2-gloo-rank1": SAMPLES / "fsdp2-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank1",
+    "fsdp2-nccl-rank0": SAMPLES / "fsdp2-nccl-1rank" / "memory_snapshot" / "iteration_3" / "rank0",
+}
 # (snapshot, its run.json, relative tolerance of a phase peak: labels 0.1%, frames alone 3%)
 CASES = {
     "gpt2-train-labels-main-thread": (SAMPLES / "gpt2-train-labels-main-thread", None, 0.001),
@@ -34,6 +51,11 @@ CASES = {
     **{
         f"ddp-gloo-rank{r}": (DDP / f"rank{r}_memory_snapshot.pickle.xz", DDP / f"rank{r}_run.json", 0.03)
         for r in range(4)
+    },
+    # FSDP2: the phases from frames alone match the allocator to the byte (0.1% asked)
+    **{
+        name: (stem.with_name(stem.name + "_memory_snapshot.pickle.xz"), stem.with_name(stem.name + "_run.json"), 0.001)
+        for name, stem in FSDP.items()
     },
 }
 
@@ -167,3 +189,48 @@ def test_llm_step_gets_no_unet_advice(cs336: Analysis) -> None:
     assert hows and not any("unet" in h.lower() for h in hows), hows
     ckpt = [a["how"] for a in doc["advice"] if a["technique"] == "gradient checkpointing"]
     assert ckpt and "torch.utils.checkpoint" in ckpt[0]
+
+
+@pytest.fixture(scope="module", params=sorted(FSDP), ids=str)
+def fsdp(request: pytest.FixtureRequest) -> tuple[str, dict, Analysis, dict]:
+    path, rj_path, _ = CASES[request.param]
+    assert rj_path is not None  # torchtitan's layout: the sidecar beside the snapshot
+    an = analyze_run(load(str(path)))
+    return request.param, json.loads(rj_path.read_text()), an, summary_dict(an)
+
+
+def test_fsdp_ranges_are_no_stages(fsdp: tuple) -> None:
+    """FSDP2's ``FSDP::pre_forward``, ``FSDP::all_gather``, ``FSDP::post_backward_reduce`` …
+    ranges run inside the phases: the stages are the program's phases only (they were 14 groups,
+    eight of them ``FSDP::…``, and the phases' peaks were split among them), and wrapping the model
+    with ``fully_shard`` is ``load`` (it was ``unlabelled``) with the allocator's load peak."""
+    name, rj, an, doc = fsdp
+    groups = set(an.stages["group"])
+    assert not any(g.startswith("FSDP") for g in groups), sorted(groups)
+    assert {"load", "forward", "backward", "optimizer", "zero_grad"} <= groups
+    (load_stage,) = [p for p in rj["phases"] if p["name"] == "load"]
+    (found,) = an.stages[an.stages["group"] == "load"].itertuples()
+    assert found.peak_allocated_bytes == load_stage["peak_allocated_bytes"], name
+    assert all("FSDP::" not in str(s["name"]) for s in doc["stages"])
+
+
+def test_fsdp_buffers_and_shards_are_named(fsdp: tuple) -> None:
+    """Each rank's parameter shards are FSDP sharded parameters (their bytes: the rank's
+    parameters, as the sidecar counted them from the DTensors' local shards), the unsharded
+    parameters gathered for forward and backward are FSDP all-gather buffers (live at the run's
+    peak), what reduce-scatters the gradients is FSDP reduce-scatter buffers, and the sharded
+    gradient it leaves is the gradient."""
+    name, rj, an, doc = fsdp
+    params = rj["train"]["params"]["trainable_bytes"]
+    last_opt = an.stages[an.stages["group"] == "optimizer"].iloc[-1]
+    live = live_by_category(an.allocations, int(last_opt["end_row"]) - 1, "size")
+    assert live[FSDP_SHARDED] == pytest.approx(params, rel=0.001), name
+    assert live[GRADIENT] == pytest.approx(rj["train"]["gradient_bytes"], rel=0.001), name
+    at_peak = {c["category"]: c["bytes"] for c in doc["categories"]}
+    assert at_peak.get(FSDP_GATHER, 0) > 0 and at_peak.get(FSDP_SHARDED, 0) > 0, at_peak
+    assert sum(at_peak.values()) == doc["peak"]["allocated_bytes"]
+    made = an.allocations.groupby("category", observed=True)["size"].sum()
+    assert made.get(FSDP_REDUCE, 0) > 0 and made.get(FSDP_GATHER, 0) > 0
+    # every reduce-scatter buffer is made and freed in a backward
+    reduce = an.allocations[an.allocations["category"] == FSDP_REDUCE]
+    assert set(reduce["phase"]) == {"backward"}

@@ -18,7 +18,10 @@ from snapviz.analyses.training import classify_allocations, live_by_category
 from snapviz.load import load
 
 ROOT = ROOT / "sample_snapshots"
-SAMPLES = sorted(p.parent for p in ROOT.glob("train-*/snapshot.pickle*"))
+# a run directory per sample, or (collected under torchrun) one per rank: train-*/rank<R>/
+SAMPLES = sorted(
+    p.parent for pattern in ("train-*/snapshot.pickle*", "train-*/rank*/snapshot.pickle*") for p in ROOT.glob(pattern)
+)
 EXPECTED = {
     "train-sd15-fp32",
     "train-sd15-amp-fp16",
@@ -31,15 +34,23 @@ EXPECTED = {
     "train-sd15-amp-fp16-adamw-fused",
     "train-sd15-amp-fp16-keep-grads",
     "train-sd15-amp-fp16-ema",
+    "train-sd15-ddp-nccl-1rank",
+    "train-sd15-ddp-gloo-2rank/rank0",
+    "train-sd15-ddp-gloo-2rank/rank1",
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
+def _name(path: pathlib.Path) -> str:
+    """The sample's name: its folder, with the rank folder of a run collected under torchrun."""
+    return path.relative_to(ROOT).as_posix()
+
+
 def test_training_samples_present() -> None:
-    assert {p.name for p in SAMPLES} == EXPECTED
+    assert {_name(p) for p in SAMPLES} == EXPECTED
 
 
-@pytest.fixture(scope="module", params=SAMPLES, ids=lambda p: p.name)
+@pytest.fixture(scope="module", params=SAMPLES, ids=_name)
 def analysed(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict, pd.DataFrame, pd.DataFrame]:
     run = load(str(request.param))
     assert run.run_json is not None and run.run_json["mode"] == "train"

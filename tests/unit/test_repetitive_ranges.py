@@ -18,7 +18,7 @@ from test_frame_rules import load_dict
 from test_trace_generations import T0, _analyze, _exact_events
 
 from snapviz.analyses.document import from_json
-from snapviz.analyses.stages import MAX_PHASES, range_labels
+from snapviz.analyses.stages import range_labels, wrapper_range_phase
 from snapviz.analyses.summary import analyze_run, summary_dict
 from snapviz.load import Run
 from snapviz.render.markdown import render_markdown
@@ -107,26 +107,23 @@ def _fsdp_snapshot() -> tuple[dict[str, Any], int]:
     return snap, sim.peak_allocated(0)
 
 
-def test_fsdp_snapshot_has_a_few_phases() -> None:
+def test_fsdp_ranges_belong_to_the_training_phases() -> None:
+    """FSDP's own ranges are torch's plumbing, not a user's stages (issue 22, item 5): with no
+    frames to say the phase, ``FSDP::pre_forward``/``post_forward`` are forward and
+    ``FSDP::pre_backward``/``post_backward_reduce`` backward, numbered by ProfilerStep#N; an
+    all-gather outside both is communication. No ``FSDP::`` name is a stage."""
     d, peak = _fsdp_snapshot()
     an = analyze_run(Run(source="<synthetic>", label="x", snapshot=load_dict(d), trace=None, run_json=None))
     doc = summary_dict(an)
     assert doc["peak"]["allocated_bytes"] == peak
     groups = [s["name"] for s in doc["stages"]]
-    assert len(groups) <= MAX_PHASES, groups
-    assert {g.split("/")[0] for g in groups} >= {"FSDP::pre_forward", "FSDP::all_gather", "FSDP::post_backward_reduce"}
-    # the peak: the largest allocation, first made in the last layer's pre_forward of step 1;
-    # the layer stays beside the step (the detail one level down)
-    assert doc["peak"]["stage"] == f"FSDP::pre_forward/1 (layers.{LAYERS - 1})"
-    pre = next(s for s in doc["stages"] if s["name"] == "FSDP::pre_forward")
-    assert {i["name"] for i in pre["intervals"]} == {
-        f"FSDP::pre_forward/{k} (layers.{i})" for k in range(2) for i in range(LAYERS)
-    }
+    assert set(groups) == {"unlabelled", "forward", "backward", "communication"}, groups
+    # the peak: the largest allocation, first made in the last layer's pre_forward of step 1
+    assert doc["peak"]["stage"] == "forward/1"
+    fwd = next(s for s in doc["stages"] if s["name"] == "forward")
+    assert {i["name"] for i in fwd["intervals"]} == {"forward/0", "forward/1"}
     md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
-    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "peak allocated" not in ln and "---" not in ln]
-    stage_rows = [ln for ln in rows if any(ln.startswith(f"| {g} ") or ln.startswith(f"| `{g}`") for g in groups)]
-    assert 0 < len(stage_rows) <= MAX_PHASES
-    assert "FSDP::pre_forward (layers." not in term  # no per-range row in the terminal
+    assert "FSDP::" not in md and "FSDP::" not in term
 
 
 def _trace(tmp_path: Path, cat: str) -> Path:
@@ -184,3 +181,60 @@ def test_trace_per_layer_ranges_are_one_phase(tmp_path: Path, capsys: pytest.Cap
     doc, md, term = _analyze(p, capsys)
     assert [s["name"] for s in doc["stages"]] == ["layers"]
     assert doc["peak"]["allocated_bytes"] == 30 * MiB and doc["peak"]["stage"] == "layers/17"
+
+
+def test_trace_fsdp_ranges_are_the_phases_they_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In a profiler trace, FSDP2's ranges are no stages either: ``FSDP::pre_forward (layers.i)``
+    is forward, ``FSDP::post_backward_reduce (layers.i)`` backward, and the ``FSDP::all_gather``
+    nested in a pre_forward belongs to it (it was a stage of its own, the innermost range)."""
+    events: list[dict[str, Any]] = []
+    sizes: list[int] = []
+    for i in range(4):
+        for k, (name, n) in enumerate((("pre_forward", 2 + i), ("post_backward_reduce", 1 + i))):
+            ts = T0 + 1000 * i + 400 * k
+            events.append(
+                {"ph": "X", "cat": "user_annotation", "name": f"FSDP::{name} (layers.{i})", "pid": 1, "tid": 1}
+                | {"ts": ts, "dur": 300}
+            )
+            if name == "pre_forward":  # the all-gather inside it allocates
+                events.append(
+                    {"ph": "X", "cat": "user_annotation", "name": f"FSDP::all_gather (layers.{i})", "pid": 1}
+                    | {"tid": 1, "ts": ts + 5, "dur": 200}
+                )
+            sizes += [n * MiB, -n * MiB]
+    mem = _exact_events(1, 0, sizes)
+    for k, e in enumerate(mem):  # two events inside each range (inside the all-gather for pre_forward)
+        e["ts"] = T0 + 1000 * (k // 4) + 400 * ((k // 2) % 2) + 10 + 10 * (k % 2)
+    p = tmp_path / "fsdp.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events + mem}))
+    doc, md, term = _analyze(p, capsys)
+    assert {s["name"] for s in doc["stages"]} == {"forward", "backward"}, [s["name"] for s in doc["stages"]]
+    assert doc["peak"]["allocated_bytes"] == 5 * MiB and doc["peak"]["stage"] == "forward"
+    assert "FSDP::" not in md and "FSDP::" not in term
+
+
+@pytest.mark.parametrize(
+    ("name", "phase"),
+    [
+        ("FSDP::pre_forward (layers.3)", "forward"),
+        ("FSDP::root_pre_forward", "forward"),
+        ("FSDP::cast_forward_inputs", "forward"),
+        ("FSDP::inputs_to_device", "forward"),
+        ("FSDP::pre_backward", "backward"),
+        ("FSDP::post_backward_reduce (layers.0)", "backward"),
+        ("FSDP::backward_prefetch for transformer.h.5", "backward"),
+        ("FSDP::root_post_backward_callback", "backward"),
+        ("FSDP::all_gather (layers.3)", ""),
+        ("FSDP::all_gather_copy_out", ""),
+        ("FullyShardedDataParallel._pre_forward", "forward"),
+        ("FullyShardedDataParallel._post_backward_hook", "backward"),
+        ("FullyShardedDataParallel._reshard", ""),
+        ("FullyShardedDataParallel.forward", None),  # the forward range: a phase range of its own
+        ("layers.3", None),
+        ("## forward ##", None),
+    ],
+)
+def test_wrapper_range_phase(name: str, phase: str | None) -> None:
+    """The phase each of FSDP's ranges says: the names FSDP2 (all from the fsdp2 samples) and
+    FSDP1 open; "" for the ones that run in either phase; None for every range not FSDP's."""
+    assert wrapper_range_phase(name) == phase

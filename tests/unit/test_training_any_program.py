@@ -13,8 +13,9 @@ from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.stages import label_events, range_stage, stage_intervals, stage_table
 from snapviz.analyses.training import (
     DDP_BUCKETS,
-    FSDP_FLAT,
     FSDP_GATHER,
+    FSDP_REDUCE,
+    FSDP_SHARDED,
     classify_allocations,
     framework,
     live_by_category,
@@ -174,6 +175,14 @@ def test_fsdp_buffers_are_named() -> None:
         MODULE,
         USER,
     ]
+    # FSDP2: post_backward reduce-scatters the unsharded gradients; its sharded output is kept
+    # as the gradient (until zero_grad), the padded input is a buffer of the collective
+    reduce = [
+        {"name": "allocate", "filename": fsdp + "_fully_shard/_fsdp_collectives.py", "line": 60},
+        {"name": "foreach_reduce", "filename": fsdp + "_fully_shard/_fsdp_collectives.py", "line": 400},
+        {"name": "post_backward", "filename": fsdp + "_fully_shard/_fsdp_param_group.py", "line": 450},
+        BACKWARD[0],
+    ]
     sim = Sim()
     sim.set_label("load")
     sim.alloc(8 * MiB, frames=flat)
@@ -183,13 +192,22 @@ def test_fsdp_buffers_are_named() -> None:
     sim.free(full, frames=gather)
     sim.set_label("backward/0")
     sim.free(act, frames=BACKWARD)
+    unsharded = sim.alloc(16 * MiB, frames=reduce)
+    grad = sim.alloc(4 * MiB, frames=reduce)
+    sim.free(unsharded, frames=reduce)
+    sim.set_label("optimizer/0")
+    sim.free(sim.alloc(MiB, frames=OPT), frames=OPT)
+    sim.set_label("zero_grad/0")
+    sim.free(grad, frames=ZERO)
     snap = load_dict(sim.snapshot(marker=False))
     rep = replay_allocator(snap, 0)
     labels = label_events(snap, rep.events, 0).labels
     cats = classify_allocations(snap, rep, labels).set_index("size")["category"]
-    assert cats[8 * MiB] == FSDP_FLAT
+    assert cats[8 * MiB] == FSDP_SHARDED
     assert cats[32 * MiB] == FSDP_GATHER
     assert cats[2 * MiB] == "saved activations"  # made by the module FSDP wraps, not by FSDP
+    assert cats[16 * MiB] == FSDP_REDUCE
+    assert cats[4 * MiB] == "gradients"  # the sharded output, kept until zero_grad
 
 
 def test_framework_from_frames_and_advice_in_its_api() -> None:

@@ -31,7 +31,7 @@ def _columns(rows: BlockRows, names: tuple[str, ...]) -> dict[str, Any]:
 
 def _advice_html(data: SnapshotReport) -> str:
     tiles = []
-    for a in data.advice[:4]:
+    for a in data.advice:  # every entry the JSON has
         share = a.share
         if share and share > 1:  # e.g. cached memory beyond the peak: no share of it to show
             share = None
