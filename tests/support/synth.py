@@ -1312,6 +1312,14 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None, max_
     ``max_split_size``: the run's ``max_split_size_mb`` in bytes (None: unlimited)."""
     traces = snapshot.get("device_traces") or []
     pending: dict[int, list[tuple[int, int]]] = {d: [] for d in range(len(traces))}
+    # a segment of the end state that no recorded cudaMalloc made existed before the recording
+    # (NCCL's set-up on train-sd15-ddp-nccl-1rank): the model cannot know where it lay
+    if any(e.get("action") in ("segment_map", "segment_unmap") for tr in traces for e in tr):
+        raise ValueError("expandable segments: cudaMalloc addresses cannot be injected")
+    made = {(d, e.get("addr")) for d, tr in enumerate(traces) for e in tr if e.get("action") == "segment_alloc"}
+    before = [sg for sg in snapshot.get("segments") or [] if (sg.get("device", 0), sg.get("address")) not in made]
+    if before:
+        raise ValueError(f"{len(before)} segment(s) predate the recording: a history that starts empty is needed")
 
     def cuda_malloc(device: int, size: int) -> int:
         if not pending[device]:
