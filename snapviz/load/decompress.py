@@ -26,7 +26,7 @@ _ZSTD = b"\x28\xb5\x2f\xfd"
 
 def _zstd_reader(raw: IO[bytes]) -> IO[bytes]:
     try:
-        import zstandard  # type: ignore[import-not-found]
+        import zstandard
     except ImportError:
         try:
             from compression import zstd  # type: ignore[import-not-found]  # Python 3.14

@@ -229,6 +229,7 @@ def test_oom_marker_hover_names_the_failed_request(tmp_path_factory: pytest.Temp
     from snapviz.model import A_OOM
 
     run = snapviz.load(str(sample))
+    assert run.snapshot is not None
     ev = run.snapshot.events
     request = int(ev.loc[ev["action"] == A_OOM, "size"].iat[0])  # the trace's own oom entry
     assert res["pos"]["request"] == request

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 pytest.importorskip("transformers")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner, Result  # noqa: E402
 
 from collectors.cli import collect  # noqa: E402
 
@@ -54,7 +54,7 @@ REQUIRED_STAGE_KEYS = {
 }
 
 
-def _collect(tmp_path: Path, *args: str) -> tuple[object, Path]:
+def _collect(tmp_path: Path, *args: str) -> tuple[Result, Path]:
     out = tmp_path / "run"
     result = CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", *args, "--out", str(out)])
     return result, out

@@ -225,7 +225,9 @@ def test_snapshot_replay_against_the_raw_file(reports: dict, name: str) -> None:
     rc, _, _, doc, _ = reports[name]
     dev = doc["device"]  # the device that ran out of memory, else the highest peak
     t = _raw_snapshot_truth(name, dev)
-    rep = replay_allocator(load(str(EXTERNAL / name)).snapshot, dev)
+    snap = load(str(EXTERNAL / name)).snapshot
+    assert snap is not None
+    rep = replay_allocator(snap, dev)
     assert rc == 0
     h, p = doc["history"], doc["peak"]
     assert h["events"] == t["events"] == len(rep.events)

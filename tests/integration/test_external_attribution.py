@@ -62,6 +62,7 @@ def test_cs336_training_phases_and_optimizer_step() -> None:
     assert [s["name"] for s in doc["stages"]] == ["forward", "backward", "optimizer"]
     ev = an.replay.events
     t = ev["time_us"].to_numpy()
+    assert an.run.snapshot is not None
     iv = annotation_intervals(an.run.snapshot, an.device)
     step = iv[iv["name"].str.startswith("Optimizer.step#")].iloc[0]
     inside = (t >= step["start_us"]) & (t <= step["end_us"])
@@ -74,6 +75,7 @@ def test_cs336_training_phases_and_optimizer_step() -> None:
 def test_cs336_sites_are_python_lines() -> None:
     an, doc = analysed("cs336_kk_ctx128_fullstep.pickle")
     snap = an.run.snapshot
+    assert snap is not None
     for top in doc["top_allocations"]:
         assert "unwind" not in top["site"] and "??" not in top["site"], top["site"]
         assert top["stack"] and "unwind" not in top["stack"][0]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,15 +17,18 @@ from paths import ROOT
 pytest.importorskip("torch")
 pytest.importorskip("diffusers")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner, Result  # noqa: E402
 
 from collectors.cli import collect  # noqa: E402
 from snapviz.cli import main  # noqa: E402
 
+if TYPE_CHECKING:
+    from collectors.techniques import Plan
+
 STAGES_2 = ["load", "text_encode", "denoise/0", "denoise/1", "vae_decode", "other"]
 
 
-def _collect(out: Path, *args: str) -> object:
+def _collect(out: Path, *args: str) -> Result:
     return CliRunner().invoke(collect, ["--device", "cpu", "--size", "tiny", "--steps", "2", *args, "--out", str(out)])
 
 
@@ -137,7 +141,7 @@ def test_sample_script_on_cpu_records_what_cpu_allows(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "summary.json").read_text()) == lines
 
 
-def _tiny(pipeline: str, techniques: list[str]) -> tuple[object, object]:
+def _tiny(pipeline: str, techniques: list[str]) -> tuple[Any, Plan]:
     from collectors import techniques as tq
     from collectors.pipelines import build_pipeline
 

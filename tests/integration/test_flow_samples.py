@@ -29,6 +29,7 @@ def _sample(name: str) -> tuple[dict, dict]:
         pytest.skip(f"sample {name} not recorded yet")
     if name not in _DOCS:
         run = load(str(path))
+        assert run.run_json is not None
         _DOCS[name] = (run.run_json, summary_dict(analyze_run(run)))
     return _DOCS[name]
 
@@ -89,6 +90,7 @@ def test_stages_from_frames_alone_within_3_percent(name: str) -> None:
     if not (path / "run.json").exists():
         pytest.skip(f"sample {name} not recorded yet")
     rj = load(str(path)).run_json
+    assert rj is not None
     raw = safe_load_pickle(path / "snapshot.pickle.xz")
     snap = snapshot_from_dict(strip_labels(raw), name)
     an = analyze_run(Run(source=name, label=name, snapshot=snap, trace=None, run_json=None))

@@ -210,13 +210,23 @@ def test_output_that_is_an_input_is_refused(work: Path, case: str) -> None:
     assert tree_state(work) == before, f"{case}: a file changed"
 
 
-SPECIAL = {
+def _symlink_to_fifo(w: Path) -> None:
+    os.mkfifo(w / "f")
+    (w / "out").symlink_to("f")
+
+
+def _symlink_to_device(w: Path) -> None:
+    _null_device(w / "null")
+    (w / "out").symlink_to("null")
+
+
+SPECIAL: dict[str, Callable[[Path], None]] = {
     "fifo": lambda w: os.mkfifo(w / "out"),
     "directory": lambda w: (w / "out").mkdir(),
-    "symlink to fifo": lambda w: (os.mkfifo(w / "f"), (w / "out").symlink_to("f")),
+    "symlink to fifo": _symlink_to_fifo,
     "symlink to directory": lambda w: (w / "out").symlink_to("run"),
     "dangling symlink": lambda w: (w / "out").symlink_to("nowhere"),
-    "symlink to a device": lambda w: (_null_device(w / "null"), (w / "out").symlink_to("null")),
+    "symlink to a device": _symlink_to_device,
 }
 
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(not (SAMPLE / "trace.json.gz").is_file(), reason
 def trace_and_truth() -> tuple:
     run = load(str(SAMPLE / "trace.json.gz"))
     truth = json.loads((SAMPLE / "run.json").read_text())
+    assert run.trace is not None
     return analyze_trace(run.trace), truth
 
 

@@ -149,7 +149,9 @@ def test_ddp_ranks_without_their_ranges_splitting_phases() -> None:
     an = analyze_run(run)
     groups = an.stages["group"].tolist()
     assert "communication" not in groups and "gloo:all_reduce" not in groups
-    rj = json.loads(CASES["ddp-gloo-rank0"][1].read_text())
+    rj_path = CASES["ddp-gloo-rank0"][1]
+    assert rj_path is not None
+    rj = json.loads(rj_path.read_text())
     assert groups.count("backward") == sum(1 for p in rj["phases"] if p["name"].startswith("backward/"))
 
 
@@ -184,7 +186,7 @@ def test_llm_step_gradients_found_though_parameters_predate_the_recording(cs336:
 
 def test_llm_step_gets_no_unet_advice(cs336: Analysis) -> None:
     doc = summary_dict(cs336)
-    assert cs336.training.framework == "torch"
+    assert cs336.training is not None and cs336.training.framework == "torch"
     hows = [a["how"] for a in doc["advice"]]
     assert hows and not any("unet" in h.lower() for h in hows), hows
     ckpt = [a["how"] for a in doc["advice"] if a["technique"] == "gradient checkpointing"]

@@ -11,13 +11,13 @@ import pytest
 pytest.importorskip("diffusers")
 torch = pytest.importorskip("torch")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner, Result  # noqa: E402
 
 from collectors.cli import collect  # noqa: E402
 from snapviz.cli import main  # noqa: E402
 
 
-def _collect(tmp_path: Path, *args: str, name: str = "run") -> tuple[object, Path]:
+def _collect(tmp_path: Path, *args: str, name: str = "run") -> tuple[Result, Path]:
     out = tmp_path / name
     result = CliRunner().invoke(collect, ["--train", "--device", "cpu", "--size", "tiny", *args, "--out", str(out)])
     return result, out

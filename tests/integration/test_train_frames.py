@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ def _unlabelled(path: Path) -> tuple[dict, Analysis]:
 
 
 def test_strip_labels_takes_out_labels_and_annotations_only() -> None:
-    raw = {
+    raw: dict[str, Any] = {
         "segments": [],
         "external_annotations": [{"stage": "START", "name": "x", "time_us": 1}],
         "device_traces": [
@@ -89,6 +90,8 @@ def test_llm_training_step_optimizer_found_from_frames() -> None:
     is_opt = an.labels.labels == "optimizer"
     assert in_step.sum() > 100 and np.array_equal(is_opt, in_step)
     allocs = np.flatnonzero(is_opt & (ev["action"].to_numpy() == A_ALLOC))
+    snap = an.run.snapshot
+    assert snap is not None
     for sid in np.unique(ev["stack_id"].to_numpy()[allocs]).tolist():
-        files = [fr["filename"] for fr in an.run.snapshot.stack(int(sid))]
+        files = [fr["filename"] for fr in snap.stack(int(sid))]
         assert any(f.endswith(("cs336_basics/optimizers.py", "torch/optim/optimizer.py")) for f in files), files

@@ -55,6 +55,7 @@ def analysed(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict, 
     run = load(str(request.param))
     assert run.run_json is not None and run.run_json["mode"] == "train"
     an = analyze_run(run)
+    assert run.snapshot is not None
     allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
     return request.param, run.run_json, summary_dict(an), an.stages, allocs
 
@@ -139,6 +140,7 @@ def test_checkpointing_shrinks_saved_activations() -> None:
     def at_forward_peak(name: str) -> dict[str, int]:
         run = load(str(ROOT / name))
         an = analyze_run(run)
+        assert run.snapshot is not None
         allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
         fwd = an.stages[an.stages["name"] == "forward/1"].iloc[0]
         return live_by_category(allocs, int(fwd["peak_row"]))

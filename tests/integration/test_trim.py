@@ -49,6 +49,7 @@ def _windows(an: Any) -> list[Window]:
 def _assert_window_replays_exactly(an: Any, trimmed_path: Path, w: Window) -> Any:
     """Replay of the trimmed file (read back through snapviz's restricted loader) == the window."""
     run = load(str(trimmed_path))
+    assert run.snapshot is not None
     rep = replay_allocator(run.snapshot, an.device)
     a = an.replay.events["allocated"].to_numpy()
     r = an.replay.events["reserved"].to_numpy()

@@ -12,6 +12,7 @@ import pytest
 
 import synth
 from paths import SAMPLES
+from snapviz.analyses.document import from_json
 from snapviz.analyses.oom import FRAGMENTED, oom_card, oom_fix, oom_fix_short, pick_advice
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.whatif import ADVICE_CONF, FIT_CARDS, what_if
@@ -131,7 +132,8 @@ def test_oom_fix_line_names_the_setting_and_the_card_the_simulation_fits(tmp_pat
     page = html.read_text()
     got = json.loads(js.read_text())["oom"]
     assert (got["fix"], got["card"], got["simulation"]) == (oom["fix"], oom["card"], oom["simulation"])
-    assert oom["fix"] in terminal_text(doc) and oom["card"] in terminal_text(doc)
+    term = terminal_text(from_json(doc))
+    assert oom["fix"] in term and oom["card"] in term
     assert f"- {md_text(oom['fix'])}" in md.read_text() and f"- {md_text(oom['card'])}" in md.read_text()
     assert html_lib.escape(oom["card"], quote=False) in page and html_lib.escape(oom["fix"], quote=False) in page
     title = picture_data(an, doc)["title"]

@@ -77,7 +77,8 @@ def run_json(label: str, cap: int, steps: int = 2) -> dict[str, Any]:
 
 class FakeRunner:
     def __init__(self, root: Path) -> None:
-        self.root, self.calls = root, []
+        self.root = root
+        self.calls: list[tuple[str, str]] = []  # (card label, variant label)
 
     def __call__(self, v: Variant, c: Card) -> VariantResult:
         self.calls.append((c.label, v.label))

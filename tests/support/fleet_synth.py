@@ -9,7 +9,7 @@ import os
 import pickle
 from dataclasses import dataclass
 
-from synth import MiB, Sim, SimOOM, make_frames
+from synth import DEFAULT_CAPACITY, MiB, Sim, SimOOM, make_frames
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,7 @@ def rank_workload(
 ) -> tuple[Sim, bool]:
     """Weights, then per step forward (activations ``act_mib`` each layer), backward, optimizer.
     With ``capacity`` the allocator may run out: the run stops there (an ``oom`` entry)."""
-    kw = {"capacity": capacity} if capacity else {}
-    sim = Sim(seed=seed + rank, start_time_us=start_time_us, **kw)
+    sim = Sim(seed=seed + rank, start_time_us=start_time_us, capacity=capacity or DEFAULT_CAPACITY)
     oom = False
     try:
         with sim.stage("load"):

@@ -405,12 +405,10 @@ def special_cases(d: Path) -> dict[str, tuple[Path, str]]:
         out[name] = (rd, "/proc")
     # a valid gzip member followed by 100 MiB of zero padding (sparse: 4 KB on disk)
     pad = d / "padded.pickle.gz"
-    member = gzip.compress(
-        pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]})
-    )
+    gz = gzip.compress(pickle.dumps({"segments": [], "device_traces": [[_entry(), _entry(action="free_completed")]]}))
     with open(pad, "wb") as f:
-        f.write(member)
-        f.truncate(len(member) + (100 << 20))
+        f.write(gz)
+        f.truncate(len(gz) + (100 << 20))
     out["gzip_zero_padding_100MiB"] = (pad, "")
     return out
 

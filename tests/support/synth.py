@@ -59,6 +59,8 @@ from typing import Any
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
+# the device memory a Sim has when not told otherwise (an H200's 140 GiB)
+DEFAULT_CAPACITY = 140 * GiB
 
 kMinBlockSize = 512
 kSmallSize = 1 * MiB
@@ -354,7 +356,7 @@ class Sim:
         self,
         *,
         devices: int = 1,
-        capacity: int = 140 * GiB,
+        capacity: int = DEFAULT_CAPACITY,
         expandable: bool = False,
         max_split_size: int | None = None,
         record: bool = True,
@@ -378,7 +380,7 @@ class Sim:
         self.divisions = divisions_table(roundup_power2_divisions)
         self.context = context
         self.recording = False
-        self.max_entries = None
+        self.max_entries: int | None = None
         self.event_delay = event_delay
         self.now_us = start_time_us
         self.label = ""
@@ -1207,7 +1209,7 @@ def random_workload(
     empty_cache_every: int | None = None,
     max_entries: int | None = None,
     record_from: float = 0.0,
-    capacity: int = 140 * GiB,
+    capacity: int = DEFAULT_CAPACITY,
     budget: int = 24 * GiB,
     max_split_size: int | None = None,
     attention: bool = True,
@@ -1342,7 +1344,7 @@ def drive_with_trace(snapshot: dict[str, Any], capacity: int | None = None, max_
     sim = Sim(
         devices=max(1, len(traces)),
         cuda_malloc=cuda_malloc,
-        capacity=capacity or 140 * GiB,
+        capacity=capacity or DEFAULT_CAPACITY,
         max_split_size=max_split_size,
         roundup_power2_divisions=divisions,
     )

@@ -159,6 +159,7 @@ def test_loaded_objects_print_short() -> None:
     run = snapviz.load(str(sample))
     assert run.snapshot is not None and run.trace is not None
     an = snapviz.analyze(str(sample))
+    assert isinstance(an, Analysis), "a snapshot's run"
     cmp = snapviz.compare(str(sample), str(ROOT / "sample_snapshots" / "sd15-fp16-sdpa"))
     peak = an.replay.peak_allocated
     for obj, kind, facts in (

@@ -13,7 +13,7 @@ from snapviz.arrays import isin_sorted, unique
 @pytest.mark.parametrize("distinct", [1, 3, 10_000])
 def test_integer_columns_equal_numpy(dtype: type, n: int, distinct: int) -> None:
     rng = np.random.default_rng(n * 31 + distinct)
-    a = rng.integers(0, distinct, n).astype(dtype)
+    a: np.ndarray = rng.integers(0, distinct, n).astype(dtype)
     got, want = unique(a), np.unique(a)
     assert got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)

@@ -162,6 +162,7 @@ def test_memory_from_before_the_recording() -> None:
     snap = load_dict(sim.snapshot(marker=False))
     rep = replay_allocator(snap, 0)
     labels = label_from_frames(snap, rep.events)
+    assert labels is not None
     tl = category_timeline(rep, labels, allocation_table(snap, rep, labels))
     assert (tl[BEFORE_RECORDING] == 3 * 64 * MiB).all()
     live = categorize_live(snap, rep, labels, rep.peak_index)
@@ -225,6 +226,7 @@ def test_training_frames_without_training_phases() -> None:
     snap = load_dict(d)
     rep = replay_allocator(snap, 0)
     labels = label_from_frames(snap, rep.events)
+    assert labels is not None
     rows = np.flatnonzero(rep.events["action"].to_numpy() == A_ALLOC)
     got = categorize_allocs(snap, rep, labels, rows)
     idx = rep.events["idx"].to_numpy()[rows]
@@ -239,6 +241,7 @@ def test_frameless_allocations_without_training_are_not_gradients() -> None:
     snap = load_dict(d)
     rep = replay_allocator(snap, 0)
     labels = label_from_frames(snap, rep.events)
+    assert labels is not None
     rows = np.flatnonzero((rep.events["action"].to_numpy() == A_ALLOC) & (rep.events["stack_id"].to_numpy() < 0))
     got = categorize_allocs(snap, rep, labels, rows)
     assert len(rows) and "autograd detail" not in set(got)
@@ -287,6 +290,7 @@ def test_user_category_rule(tmp_path: Path) -> None:
     rep = replay_allocator(snap, 0)
     rs = load_rules(str(rules))
     labels = label_from_frames(snap, rep.events, rs)
+    assert labels is not None
     assert "lora adapters" in category_names(rs)
     got = categorize_allocs(snap, rep, labels, np.array([len(rep.events) - 1]), rs)
     assert list(got) == ["lora adapters"]

@@ -225,7 +225,7 @@ def test_what_is_not_plain_data_is_declined(data: bytes) -> None:
 
 
 def test_arrays_too_short_for_the_first_guess_are_sized_exactly() -> None:
-    obj = [None] * 100_000 + [[]] * 5000  # one row per byte: more than the first guess holds
+    obj: list[list[Any] | None] = [None] * 100_000 + [[]] * 5000  # one row per byte: more than the first guess holds
     tape = run_tape(pickle.dumps(obj, protocol=4), 0)
     assert tape is not None and len(tape.r_kind) == 105_000
     assert Objects(tape).value(tape.root_kind, tape.root, 0) == obj

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pytest
@@ -31,6 +31,15 @@ FRAMES = {
     "vae": make_frames("forward", SP + "diffusers/models/autoencoders/vae.py", 300),
     "tile": make_frames("tiled_decode", SP + "diffusers/models/autoencoders/autoencoder_kl.py", 420),
 }
+
+
+class PipelineChanges(TypedDict, total=False):
+    """What a variant changes of :func:`pipeline_snapshot`'s base run (its keyword arguments)."""
+
+    steps: int
+    denoise: int
+    tiles: int
+    extra_stage: str
 
 
 def pipeline_snapshot(
@@ -221,7 +230,7 @@ def test_verdict_for_an_increase_and_for_no_change() -> None:
 
 def test_n_runs_against_one_base() -> None:
     base, tb = pipeline_snapshot(seed=1)
-    variants = {
+    variants: dict[str, PipelineChanges] = {
         "slicing": dict(denoise=GiB // 2),
         "tiling": dict(tiles=8),
         "both": dict(denoise=GiB // 2, tiles=8),

@@ -175,7 +175,7 @@ def test_search_finds_every_fit_prunes_only_what_cannot_fit(tmp_path: Path) -> N
     # a fit is inferred, never run again, only where an earlier run of the same combination under a
     # larger cap reserved no more than this card: then this card's cap was never met
     for r in inferred:
-        assert r.fits and r.result is not None
+        assert r.fits and r.result is not None and r.result.run is not None
         assert r.result.run["allocator"]["max_memory_reserved"] <= r.card.bytes
     # group offload (6 GiB + 1.5 reserved) runs once, under 48 GiB; the other cards follow from it
     assert [c for c in fake.calls if c[1] == "bf16+group-offload"] == [("48 GiB", "bf16+group-offload")]
@@ -293,6 +293,7 @@ def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path
     assert w.fidelity.reproduced
     for c in cards[1:3]:
         row = by[c.label]
+        assert row.simulated is not None
         assert (
             row.decided_by == "simulated"
             and row.result is None
@@ -310,4 +311,6 @@ def test_smaller_cards_are_simulated_from_a_larger_cards_snapshot(tmp_path: Path
     assert "(simulated)" in md and "2 cells simulated from a larger card's snapshot" in md
     # without a snapshot (no --history) nothing is simulated: the cells are run
     (tmp_path / "8GiB" / "bf16" / "snapshot.pickle").unlink()
-    assert simulate_card(by["8 GiB"].result, cards[0], cards[1]) is None
+    measured = by["8 GiB"].result
+    assert measured is not None
+    assert simulate_card(measured, cards[0], cards[1]) is None

@@ -709,8 +709,9 @@ def test_two_calls_restart_step_numbers() -> None:
         tr.append(e)
     d["segments"] = []
     snap = load_dict(d)
-    labels = label_from_frames(snap, snap.device_events(0))
-    seq = [s for i, s in enumerate(labels) if s.startswith("denoise/") and (i == 0 or labels[i - 1] != s)]
+    joined = label_from_frames(snap, snap.device_events(0))
+    assert joined is not None
+    seq = [s for i, s in enumerate(joined) if s.startswith("denoise/") and (i == 0 or joined[i - 1] != s)]
     assert seq == ["denoise/0", "denoise/1", "denoise/0", "denoise/1", "denoise/2"]
 
 
@@ -738,7 +739,7 @@ def test_devices_share_one_timeline() -> None:
     den = [{"name": "forward", "filename": SP + "diffusers/models/unets/unet_2d_condition.py", "line": 1143}] + call
     dec = [{"name": "decode", "filename": SP + "diffusers/models/autoencoders/autoencoder_kl.py", "line": 235}] + call
     ret = [{"name": "<module>", "filename": "/home/me/run.py", "line": 5}]
-    want = {0: [], 1: []}
+    want: dict[int, list[str]] = {0: [], 1: []}
 
     def a(dev: int, fr: Any, label: str) -> Any:
         want[dev].append(label)
@@ -763,6 +764,7 @@ def test_devices_share_one_timeline() -> None:
     for dev in (0, 1):
         ev = snap.device_events(dev)
         labels = label_from_frames(snap, ev)
+        assert labels is not None
         acts = ev["action"].to_numpy()
         keep = np.isin(acts, [A_ALLOC, A_FREE_REQ, A_FREE_DONE])
         assert list(labels[keep]) == want[dev], dev

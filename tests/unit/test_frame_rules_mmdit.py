@@ -471,6 +471,7 @@ def test_categories_weights_by_model_rotary_latents(case: dict[str, Any]) -> Non
     snap = pr.stripped()
     rep = replay_allocator(snap, 0)
     labels = label_from_frames(snap, rep.events)
+    assert labels is not None
     ev = rep.events
     rows = np.flatnonzero(ev["action"].to_numpy() == A_ALLOC)
     t = allocation_table(snap, rep, labels)

@@ -141,7 +141,8 @@ def test_limit_names_its_variable_and_raising_it_loads(
         load(str(path))
     assert "nesting depth is over 4" in str(info.value) and "\n" not in str(info.value)
     monkeypatch.setenv(ENV["depth"], "50")
-    assert len(load(str(path)).snapshot.events) > 0
+    snap = load(str(path)).snapshot
+    assert snap is not None and len(snap.events) > 0
 
 
 def test_bad_limit_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -245,6 +246,7 @@ def test_large_metadata_before_traceEvents_is_a_trace(tmp_path: Path) -> None:
     path.write_text("\n\n  {" + body + ', "traceEvents": [' + hostile.memory_events() + '], "after": 7}')
     assert _sniff(str(path)) == "trace"
     tr = load(str(path)).trace
+    assert tr is not None
     assert tr.meta["after"] == 7 and tr.meta["k4999"] == "v" * 200 and len(tr.memory) == 2
 
 
@@ -253,7 +255,8 @@ def test_real_tracelens_trace_is_detected() -> None:
     if not path.exists():
         pytest.skip("external corpus absent")
     assert _sniff(str(path)) == "trace"
-    assert len(load(str(path)).trace.memory) > 0
+    tr = load(str(path)).trace
+    assert tr is not None and len(tr.memory) > 0
 
 
 @pytest.mark.parametrize(
@@ -278,7 +281,8 @@ def test_each_json_limit_is_enforced(
         + "x" * 200
         + '", "args": {"a": [[1]]}}]}'
     )
-    assert len(load(str(path)).trace.memory) == 2  # fine under the defaults
+    tr = load(str(path)).trace
+    assert tr is not None and len(tr.memory) == 2  # fine under the defaults
     monkeypatch.setenv(ENV[env], value)
     with pytest.raises(LimitExceeded) as info:
         load(str(path))

@@ -140,6 +140,7 @@ def test_timeline_columns_are_aligned_and_decimated(data: SnapshotReport, analys
     assert n <= 300 + 3 and all(len(v) == n for v in tl.columns().values())
     ev = an.replay.events
     rows = tl.index
+    assert tl.requested is not None, "a snapshot's timeline has requested bytes"
     assert np.array_equal(tl.allocated, ev["allocated"].to_numpy()[rows])
     assert np.array_equal(tl.reserved, ev["reserved"].to_numpy()[rows])
     assert np.array_equal(tl.requested, ev["requested"].to_numpy()[rows])
@@ -172,6 +173,7 @@ def test_point_stage_action_size_and_site(data: SnapshotReport, analysed: tuple[
     tl, ev = data.timeline, an.replay.events
     rows = tl.index
     labels = np.asarray(an.labels.labels, dtype=object)
+    assert tl.action is not None and tl.size is not None and tl.stack is not None, "a snapshot's columns"
     assert [data.stage_names[c] for c in tl.stage] == [str(x) for x in labels[rows]]
     assert [data.action_names[c] for c in tl.action] == [ACTIONS[a] for a in ev["action"].to_numpy()[rows]]
     is_alloc = ev["action"].to_numpy()[rows] == A_ALLOC
@@ -264,6 +266,7 @@ def test_attention_table(data: SnapshotReport, analysed: tuple[Any, dict[str, An
     att = data.attention
     assert att.summary["count"] == doc["attention"]["count"] == 12
     rows = att.rows
+    assert rows is not None
     assert len(rows.bytes) == 12 and set(rows.shape) == {"16×4096×4096"}
     assert set(rows.stage) == {f"denoise/{i}" for i in range(4)}
     assert all(lt.endswith("(1 event)") for lt in rows.lifetime)
@@ -329,9 +332,9 @@ def test_category_timeline_stacks_to_allocated(data: SnapshotReport, analysed: t
     assert np.allclose(ct.time_s, (us[ct.index] - us[0]) / 1e6), "the same x as the main timeline"
     assert [data.stage_names[k] for k in data.category_stage] == [str(x) for x in an.labels.labels[ct.index]]
     p = data.peak
-    k = np.flatnonzero(ct.index == p.index)
-    assert len(k) == 1 and ct.allocated[k[0]] == p.allocated, "the peak is kept"
-    assert ct.bytes["attention scores"][k[0]] == 512 * MiB
+    at = np.flatnonzero(ct.index == p.index)
+    assert len(at) == 1 and ct.allocated[at[0]] == p.allocated, "the peak is kept"
+    assert ct.bytes["attention scores"][at[0]] == 512 * MiB
 
 
 def test_largest_blocks_each_stage_allocated(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
@@ -421,6 +424,7 @@ def test_headline_metadata_and_truth(data: SnapshotReport, analysed: tuple[Any, 
         f"({fmt_bytes(doc['peak']['reserved_bytes'])} reserved) in {doc['peak']['stage']}"
     )
     assert f"event {doc['peak']['event_index']:,}" in h.verdict
+    assert h.truth is not None
     assert h.truth.status == "match" and h.truth.diff_bytes == 0
     assert any("attention score matrices" in line for line in h.lines)
     meta = dict(data.metadata)
@@ -436,6 +440,7 @@ def test_truth_mismatch_is_reported() -> None:
     run["allocator"]["max_memory_allocated"] += 3 * MiB
     an, doc = _analyse(snap, run)
     truth = report_data(an, doc).headline.truth
+    assert truth is not None
     assert truth.status == "close" and truth.diff_bytes == -3 * MiB
     assert "-3.00 MiB" in truth.text
 

@@ -19,10 +19,10 @@ from snapviz.render.terminal import render_terminal
 MiB = 1 << 20
 
 
-def _fragmented(**settings: object) -> tuple[synth.Sim, int]:
+def _fragmented(expandable: bool = False) -> tuple[synth.Sim, int]:
     """Three 20 MiB segments, each with an 8 MiB hole in front of a live 8 MiB block, under a
     64 MiB cap: 24 MiB allocated, 36 MiB free in pieces of at most 8 MiB; 14 MiB fails."""
-    a = synth.Sim(capacity=64 * MiB, **settings)
+    a = synth.Sim(capacity=64 * MiB, expandable=expandable)
     pairs = [
         (
             a.alloc(8 * MiB, frames=synth.make_frames(f"front{i}")),

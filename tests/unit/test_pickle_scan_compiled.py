@@ -14,6 +14,7 @@ import gzip
 import lzma
 import pickle
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,8 +181,16 @@ def test_tuple_items_across_run_boundaries(memoizes: int, filler: int) -> None:
 
 def test_scan_pickle_takes_the_compiled_check_for_big_pickles(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(pickle_scan, "fast_scan_compiled", lambda *a: calls.append("compiled") or True)
-    monkeypatch.setattr(pickle_scan, "fast_scan", lambda *a: calls.append("python") or True)
+
+    def checker(name: str) -> Callable[..., bool]:
+        def check(*a: object) -> bool:
+            calls.append(name)
+            return True
+
+        return check
+
+    monkeypatch.setattr(pickle_scan, "fast_scan_compiled", checker("compiled"))
+    monkeypatch.setattr(pickle_scan, "fast_scan", checker("python"))
     monkeypatch.setenv("SNAPVIZ_KERNEL_MIN_SIZE", f"pickle_scan={2 * FULL_SCAN_BYTES}")
     for size in (FULL_SCAN_BYTES + 1, 2 * FULL_SCAN_BYTES):
         assert pickle_scan.scan_pickle(b"\x80\x04" + b"N" * size + b".", "p", Limits()) is None

@@ -30,6 +30,7 @@ LOADERS: dict[str, Callable[[str], Any]] = {
     "load_snapshot": load_snapshot,
     "load": load,
 }
+COMPRESS: dict[str, Callable[[bytes], bytes]] = {"gzip": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}
 VALID = {
     "segments": [],
     "device_traces": [
@@ -151,6 +152,7 @@ def test_all_protocols_load(write_pickle: Callable[..., Path], small_snapshot: d
     data = safe_load_pickle(str(path))
     assert data == small_snapshot
     run = load(str(path))
+    assert run.snapshot is not None
     assert len(run.snapshot.events) == sum(len(t) for t in small_snapshot["device_traces"])
 
 
@@ -176,7 +178,8 @@ def test_compression_detected_by_magic_not_extension(
 ) -> None:
     path = write_pickle(small_snapshot, name=name, compress=compress)
     assert safe_load_pickle(str(path)) == small_snapshot
-    assert len(load(str(path)).snapshot.events) > 0
+    snap = load(str(path)).snapshot
+    assert snap is not None and len(snap.events) > 0
 
 
 def test_plain_pickle_named_gz(write_pickle: Callable[..., Path], small_snapshot: dict[str, Any]) -> None:
@@ -211,7 +214,7 @@ def test_truncated_pickle(tmp_path: Path, small_snapshot: dict[str, Any]) -> Non
 @pytest.mark.parametrize("compress", ["gzip", "xz", "bz2"])
 def test_truncated_compressed(tmp_path: Path, small_snapshot: dict[str, Any], compress: str) -> None:
     raw = pickle.dumps(small_snapshot, protocol=4)
-    packed = {"gzip": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}[compress](raw)
+    packed = COMPRESS[compress](raw)
     for cut in (len(packed) // 2, len(packed) - 4):
         path = tmp_path / f"cut{cut}.bin"
         path.write_bytes(packed[:cut])
@@ -221,7 +224,7 @@ def test_truncated_compressed(tmp_path: Path, small_snapshot: dict[str, Any], co
 @pytest.mark.parametrize("compress", ["gzip", "xz", "bz2"])
 def test_corrupt_compressed_body(tmp_path: Path, small_snapshot: dict[str, Any], compress: str) -> None:
     raw = pickle.dumps(small_snapshot, protocol=4)
-    packed = bytearray({"gzip": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}[compress](raw))
+    packed = bytearray(COMPRESS[compress](raw))
     rng = random.Random(7)
     for k in range(20):
         bad = bytearray(packed)

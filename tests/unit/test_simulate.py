@@ -62,6 +62,7 @@ def test_every_sample_is_reproduced_event_by_event(sample):
     r = load(str(sample))
     rj = json.loads((sample / "run.json").read_text())
     cap = recorded_cap(r)
+    assert r.snapshot is not None
     for dev in r.snapshot.devices:
         rep, settings, st = _stream(r.snapshot, dev, cap)
         sim = run(st, settings, cap)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from itertools import repeat
+from typing import Any
 
 import pytest
 
@@ -56,9 +57,10 @@ def test_bulk_equals_one_by_one_on_adversarial_lists() -> None:
     ]
     pool = plain + twins + odd
     lists: list = []
+    heads: list[list[Any]] = [plain[:4], twins[:4], odd[:2], []]
     for _ in range(3000):
         k = rng.choice([0, 1, 2, 4, 5, 8, 9])
-        head = rng.choice([plain[:4], twins[:4], odd[:2], []])
+        head = rng.choice(heads)
         lists.append(head + [rng.choice(pool) for _ in range(k)])
     lists += [None, [], "text", (plain[0],)]
     rng.shuffle(lists)

@@ -39,7 +39,9 @@ def _mem(
 
 def _exact_events(dtype: int, did: int, sizes: list[int]) -> list[dict[str, Any]]:
     """Alloc/free events with totals: sizes > 0 allocate a new address, < 0 free the last one."""
-    out, total, live = [], 0, []
+    out: list[dict[str, Any]] = []
+    total = 0
+    live: list[int] = []
     for k, n in enumerate(sizes):
         addr = live.pop() if n < 0 else 0x7F00_0000_0000 + k * (1 << 30)
         if n > 0:

@@ -153,7 +153,9 @@ def test_parameters_from_before_the_recording() -> None:
     view = training_view(allocation_table(snap, rep, lab.labels), stages, snap)
     assert view is not None
     block = training_dict(view)
-    for p in block["phases"]:
+    phases = block["phases"]
+    assert isinstance(phases, list)
+    for p in phases:
         assert sum(p["categories_at_peak"].values()) == p["peak_allocated_bytes"], p["name"]
         assert p["categories_at_peak"][BEFORE_RECORDING] == 24 * MiB, p["name"]
 
