@@ -201,6 +201,77 @@ def many_stages(kind: str, n: int) -> dict:
     return {"segments": [], "device_traces": [ev], **({"external_annotations": ann} if ann else {})}
 
 
+def distinct_frames(n_frames: int, per_entry: int = 1000, vary: str = "line") -> bytes:
+    """A snapshot pickle (protocol 4, as ``pickle.dumps`` writes it) whose trace entries hold
+    ``n_frames`` distinct frames, ``per_entry`` to an entry: the worst case for the frame
+    interner within the object limit. ``vary="line"``: every frame its own line number (a frame
+    is a dict and an int, 2 objects in 19 bytes, the cheapest distinct frame a pickle holds);
+    ``"name"``: its own function name too (3 objects, 31 bytes). Written opcode by opcode with
+    numpy: ``pickle.dumps`` of 15M frame dicts needs ~4 GB in the writer itself."""
+    import numpy as np
+
+    def s(t: bytes) -> bytes:  # SHORT_BINUNICODE + MEMOIZE
+        return b"\x8c" + bytes([len(t)]) + t + b"\x94"
+
+    def i32(v: int) -> bytes:
+        return b"J" + v.to_bytes(4, "little", signed=True)
+
+    # memo: 0 top dict, 1 'segments', 2 [], 3 'device_traces', 4 outer list, 5 device 0's list,
+    # 6 entry 0, 7-13 its keys and 'alloc', 14 its frame list, 15 frame 0, 16-20 frame keys/values
+    keys = b"action alloc addr size stream time_us frames".split()
+    n_entries = -(-n_frames // per_entry)
+    name_w = len(str(n_frames))
+    out = [b"\x80\x04}\x94(" + s(b"segments") + b"]\x94" + s(b"device_traces") + b"]\x94]\x94"]
+    for e in range(n_entries):
+        if e % 1000 == 0 and n_entries - e > 1:
+            out.append(b"(")
+        k = min(per_entry, n_frames - e * per_entry)
+        lines = np.arange(e * per_entry, e * per_entry + k, dtype="<i4")
+        if e == 0:
+            head = b"}\x94(" + s(keys[0]) + s(keys[1]) + s(keys[2]) + i32(1 << 20) + s(keys[3]) + b"M\x00\x02"
+            head += s(keys[4]) + b"K\x00" + s(keys[5]) + i32(0) + s(keys[6]) + b"]\x94"
+        else:
+            head = b"}\x94(h\x07h\x08h\x09" + i32((1 << 20) + 512 * e) + b"h\x0aM\x00\x02h\x0bK\x00h\x0c"
+            head += i32(e) + b"h\x0d]\x94"
+        out.append(head + (b"(" if k > 1 else b""))
+        first = 0
+        if e == 0:  # frame 0 names the keys and values the others fetch from the memo
+            name0 = b"f" + b"0" * name_w if vary == "name" else b"f"
+            out.append(b"}\x94(" + s(b"name") + s(name0) + s(b"filename") + s(b"x.py") + s(b"line") + i32(0) + b"u")
+            first = 1
+        if k > first:
+            rows = lines[first:]
+            if vary == "name":
+                w = 3 + 2 + (3 + name_w + 1) + 6 + 5 + 1
+                a = np.empty((len(rows), w), np.uint8)
+                a[:, 0:3] = np.frombuffer(b"}\x94(", np.uint8)
+                a[:, 3:5] = np.frombuffer(b"h\x10", np.uint8)
+                a[:, 5:7] = np.frombuffer(b"\x8c" + bytes([name_w + 1]), np.uint8)
+                a[:, 7] = ord("f")
+                digits = np.char.zfill(rows.astype(str), name_w).astype(f"S{name_w}")
+                a[:, 8 : 8 + name_w] = np.frombuffer(digits.tobytes(), np.uint8).reshape(-1, name_w)
+                o = 8 + name_w
+                a[:, o] = 0x94
+                a[:, o + 1 : o + 7] = np.frombuffer(b"h\x12h\x13h\x14", np.uint8)
+                o += 7
+            else:
+                w = 3 + 10 + 5 + 1
+                a = np.empty((len(rows), w), np.uint8)
+                a[:, 0:13] = np.frombuffer(b"}\x94(h\x10h\x11h\x12h\x13h\x14", np.uint8)
+                o = 13
+            a[:, o] = ord("J")
+            a[:, o + 1 : o + 5] = rows.view(np.uint8).reshape(-1, 4)
+            a[:, o + 5] = ord("u")
+            out.append(a.tobytes())
+        out.append(b"eu" if k > 1 else b"au")
+        if n_entries - e == 1 and (e % 1000 == 0):
+            out.append(b"a")  # a lone last entry is APPENDed, as pickle does
+        elif (e + 1) % 1000 == 0 or e == n_entries - 1:
+            out.append(b"e")
+    out.append(b"au.")
+    return b"".join(out)
+
+
 def empty_containers(token: bytes, n: int) -> bytes:
     """A list of ``n`` empty dicts (``}``) or lists (``]``): one object per byte of pickle."""
     return b"\x80\x04](" + token * n + b"e."
