@@ -202,7 +202,7 @@ def many_stages(kind: str, n: int) -> dict:
 
 
 def distinct_frames(n_frames: int, per_entry: int = 1000, vary: str = "line") -> bytes:
-    """A snapshot pickle (protocol 4, as ``pickle.dumps`` writes it) whose trace entries hold
+    """A snapshot pickle (protocol 4, the opcodes ``pickle.dumps`` writes, without FRAME) whose trace entries hold
     ``n_frames`` distinct frames, ``per_entry`` to an entry: the worst case for the frame
     interner within the object limit. ``vary="line"``: every frame its own line number (a frame
     is a dict and an int, 2 objects in 19 bytes, the cheapest distinct frame a pickle holds);
@@ -362,6 +362,12 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     # scaled to 50,000 each (linear now: 300,000 names or steps take 18 s): grouped, exit 0
     for kind in ("names", "steps", "annotations"):
         c[f"stage_{kind}_50k"] = (pickle.dumps(many_stages(kind, 50_000), protocol=4), "")
+    # distinct stack frames (issue 26): 1M frames took 42 s and 985 MiB on the tape, 9.9 s on the
+    # unpickler; past SNAPVIZ_MAX_INPUT_FRAMES they are grouped, exit 0. The unpickler's way (19 MB)
+    # and the tape's (28 MB of pickle, over its 24 MiB threshold); the worst case within the object
+    # limit (14.9M frames, 270 MiB) is measured in docs/security.md
+    c["distinct_frames_1M"] = (distinct_frames(1_000_000), "")
+    c["distinct_frames_1500k_xz"] = (lzma.compress(distinct_frames(1_500_000), preset=1), "")
     # one object per byte: 63M empty dicts, 60M empty lists in a few KB of xz
     c["empty_dicts_63M_xz"] = (lzma.compress(empty_containers(b"}", 63_000_000), preset=1), "number of objects")
     c["empty_lists_60M_xz"] = (lzma.compress(empty_containers(b"]", 60_000_000), preset=1), "number of objects")
