@@ -96,8 +96,10 @@ class StackInterner:
         # frame objects not seen before are interned by value, in order (ids stay first-seen)
         if None in known and self.full:  # every new frame object is the one beyond the bound
             b, one = self.beyond_id(), self.frame_id
+            ids: list[int]
             if set(map(type, frames)) == {dict}:  # C-level: None -> b, an id stays itself
-                ids = list(map({None: b}.get, known, known))
+                beyond: dict[int | None, int] = {None: b}
+                ids = cast(list[int], list(map(beyond.get, known, known)))
             else:
                 ids = [
                     i if i is not None else b if type(fr) is dict else one(fr)
