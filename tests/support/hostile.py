@@ -40,6 +40,7 @@ class Result:
     wall_s: float
     maxrss: int  # bytes
     timed_out: bool
+    cpu_s: float = 0.0  # the child's user + system CPU seconds (wall time counts other jobs too)
 
     @property
     def lines(self) -> list[str]:
@@ -75,7 +76,7 @@ def run_analyze(path: Path, *extra: str, timeout: float = 60.0, env: dict[str, s
         fe.seek(0)
         stdout, stderr = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
     rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return Result(p.returncode, stdout, stderr, wall, rss, timed_out)
+    return Result(p.returncode, stdout, stderr, wall, rss, timed_out, ru.ru_utime + ru.ru_stime)
 
 
 def digest(path: Path) -> str | None:
