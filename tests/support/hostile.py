@@ -40,6 +40,7 @@ class Result:
     wall_s: float
     maxrss: int  # bytes
     timed_out: bool
+    cpu_s: float = 0.0  # the child's user + system CPU seconds (wall time counts other jobs too)
 
     @property
     def lines(self) -> list[str]:
@@ -75,7 +76,7 @@ def run_analyze(path: Path, *extra: str, timeout: float = 60.0, env: dict[str, s
         fe.seek(0)
         stdout, stderr = fo.read().decode(errors="replace"), fe.read().decode(errors="replace")
     rss = ru.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return Result(p.returncode, stdout, stderr, wall, rss, timed_out)
+    return Result(p.returncode, stdout, stderr, wall, rss, timed_out, ru.ru_utime + ru.ru_stime)
 
 
 def digest(path: Path) -> str | None:
@@ -201,6 +202,77 @@ def many_stages(kind: str, n: int) -> dict:
     return {"segments": [], "device_traces": [ev], **({"external_annotations": ann} if ann else {})}
 
 
+def distinct_frames(n_frames: int, per_entry: int = 1000, vary: str = "line") -> bytes:
+    """A snapshot pickle (protocol 4, the opcodes ``pickle.dumps`` writes, without FRAME) whose trace entries hold
+    ``n_frames`` distinct frames, ``per_entry`` to an entry: the worst case for the frame
+    interner within the object limit. ``vary="line"``: every frame its own line number (a frame
+    is a dict and an int, 2 objects in 19 bytes, the cheapest distinct frame a pickle holds);
+    ``"name"``: its own function name too (3 objects, 31 bytes). Written opcode by opcode with
+    numpy: ``pickle.dumps`` of 15M frame dicts needs ~4 GB in the writer itself."""
+    import numpy as np
+
+    def s(t: bytes) -> bytes:  # SHORT_BINUNICODE + MEMOIZE
+        return b"\x8c" + bytes([len(t)]) + t + b"\x94"
+
+    def i32(v: int) -> bytes:
+        return b"J" + v.to_bytes(4, "little", signed=True)
+
+    # memo: 0 top dict, 1 'segments', 2 [], 3 'device_traces', 4 outer list, 5 device 0's list,
+    # 6 entry 0, 7-13 its keys and 'alloc', 14 its frame list, 15 frame 0, 16-20 frame keys/values
+    keys = b"action alloc addr size stream time_us frames".split()
+    n_entries = -(-n_frames // per_entry)
+    name_w = len(str(n_frames))
+    out = [b"\x80\x04}\x94(" + s(b"segments") + b"]\x94" + s(b"device_traces") + b"]\x94]\x94"]
+    for e in range(n_entries):
+        if e % 1000 == 0 and n_entries - e > 1:
+            out.append(b"(")
+        k = min(per_entry, n_frames - e * per_entry)
+        lines = np.arange(e * per_entry, e * per_entry + k, dtype="<i4")
+        if e == 0:
+            head = b"}\x94(" + s(keys[0]) + s(keys[1]) + s(keys[2]) + i32(1 << 20) + s(keys[3]) + b"M\x00\x02"
+            head += s(keys[4]) + b"K\x00" + s(keys[5]) + i32(0) + s(keys[6]) + b"]\x94"
+        else:
+            head = b"}\x94(h\x07h\x08h\x09" + i32((1 << 20) + 512 * e) + b"h\x0aM\x00\x02h\x0bK\x00h\x0c"
+            head += i32(e) + b"h\x0d]\x94"
+        out.append(head + (b"(" if k > 1 else b""))
+        first = 0
+        if e == 0:  # frame 0 names the keys and values the others fetch from the memo
+            name0 = b"f" + b"0" * name_w if vary == "name" else b"f"
+            out.append(b"}\x94(" + s(b"name") + s(name0) + s(b"filename") + s(b"x.py") + s(b"line") + i32(0) + b"u")
+            first = 1
+        if k > first:
+            rows = lines[first:]
+            if vary == "name":
+                w = 3 + 2 + (3 + name_w + 1) + 6 + 5 + 1
+                a = np.empty((len(rows), w), np.uint8)
+                a[:, 0:3] = np.frombuffer(b"}\x94(", np.uint8)
+                a[:, 3:5] = np.frombuffer(b"h\x10", np.uint8)
+                a[:, 5:7] = np.frombuffer(b"\x8c" + bytes([name_w + 1]), np.uint8)
+                a[:, 7] = ord("f")
+                digits = np.char.zfill(rows.astype(str), name_w).astype(f"S{name_w}")
+                a[:, 8 : 8 + name_w] = np.frombuffer(digits.tobytes(), np.uint8).reshape(-1, name_w)
+                o = 8 + name_w
+                a[:, o] = 0x94
+                a[:, o + 1 : o + 7] = np.frombuffer(b"h\x12h\x13h\x14", np.uint8)
+                o += 7
+            else:
+                w = 3 + 10 + 5 + 1
+                a = np.empty((len(rows), w), np.uint8)
+                a[:, 0:13] = np.frombuffer(b"}\x94(h\x10h\x11h\x12h\x13h\x14", np.uint8)
+                o = 13
+            a[:, o] = ord("J")
+            a[:, o + 1 : o + 5] = rows.view(np.uint8).reshape(-1, 4)
+            a[:, o + 5] = ord("u")
+            out.append(a.tobytes())
+        out.append(b"eu" if k > 1 else b"au")
+        if n_entries - e == 1 and (e % 1000 == 0):
+            out.append(b"a")  # a lone last entry is APPENDed, as pickle does
+        elif (e + 1) % 1000 == 0 or e == n_entries - 1:
+            out.append(b"e")
+    out.append(b"au.")
+    return b"".join(out)
+
+
 def empty_containers(token: bytes, n: int) -> bytes:
     """A list of ``n`` empty dicts (``}``) or lists (``]``): one object per byte of pickle."""
     return b"\x80\x04](" + token * n + b"e."
@@ -291,6 +363,12 @@ def pickle_cases(d: Path) -> dict[str, tuple[Path, str]]:
     # scaled to 50,000 each (linear now: 300,000 names or steps take 18 s): grouped, exit 0
     for kind in ("names", "steps", "annotations"):
         c[f"stage_{kind}_50k"] = (pickle.dumps(many_stages(kind, 50_000), protocol=4), "")
+    # distinct stack frames (issue 26): 1M frames took 42 s and 985 MiB on the tape, 9.9 s on the
+    # unpickler; past SNAPVIZ_MAX_INPUT_FRAMES they are grouped, exit 0. The unpickler's way (19 MB)
+    # and the tape's (28 MB of pickle, over its 24 MiB threshold); the worst case within the object
+    # limit (14.9M frames, 270 MiB) is measured in docs/security.md
+    c["distinct_frames_1M"] = (distinct_frames(1_000_000), "")
+    c["distinct_frames_1500k_xz"] = (lzma.compress(distinct_frames(1_500_000), preset=1), "")
     # one object per byte: 63M empty dicts, 60M empty lists in a few KB of xz
     c["empty_dicts_63M_xz"] = (lzma.compress(empty_containers(b"}", 63_000_000), preset=1), "number of objects")
     c["empty_lists_60M_xz"] = (lzma.compress(empty_containers(b"]", 60_000_000), preset=1), "number of objects")

@@ -29,6 +29,7 @@ import hostile
 from snapviz.analyses.stages import OTHER_STAGES, annotation_intervals, bound_labels, label_by_intervals
 from snapviz.load.limits import ENV, LimitExceeded, Limits
 from snapviz.load.snapshot.builder import snapshot_from_dict
+from snapviz.load.snapshot.columns import FRAMES_BEYOND, StackInterner, frames_note
 from snapviz.load.snapshot.pickle_scan import scan_pickle
 from snapviz.model import Snapshot
 
@@ -273,3 +274,74 @@ def test_nested_ranges_are_not_quadratic() -> None:
     got = label_by_intervals(np.arange(2 * n), iv)
     assert time.process_time() - t0 < 10
     assert got[0] == "r0" and got[n - 1] == got[n] == f"r{n - 1}" and got[-1] == "r0"
+
+
+# ----------------------------------------------------------------------------- frame bound
+
+
+@pytest.mark.parametrize("vary", ["line", "name"])
+def test_both_pickle_readers_group_frames_past_the_bound(vary: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct frames past SNAPVIZ_MAX_INPUT_FRAMES are one '<frames beyond limit>' frame, the
+    same on the unpickled dicts' reader and the compiled tape's, and said in the notes. The bound
+    falls inside entry 3's frame list (300 frames an entry): its first 100 frames keep theirs."""
+    data = hostile.distinct_frames(5_000, per_entry=300, vary=vary)
+    monkeypatch.setenv(ENV["frames"], "1000")
+    snaps = [_dict_path(data), _tape_path(data)]
+    for s in snaps:
+        assert len(s.frames) == 1_001
+        assert tuple(s.frames.iloc[-1][["name", "filename", "line"]]) == FRAMES_BEYOND
+        assert s.frames["line"].tolist()[:1_000] == list(range(1_000))
+        notes = [n for n in s.format_notes if ENV["frames"] in n]
+        assert notes == [frames_note(1_000)] and "1,000 distinct stack frames" in notes[0] and len(notes[0]) < 300
+        # entries 0-2 own stacks, entry 3 half and half, 4-15 all beyond (one stack), 16 a shorter one
+        assert len(s.stacks) == 6
+        assert s.stacks[int(s.events["stack_id"][3])] == (*range(900, 1_000), *[1_000] * 200)
+    a, b = snaps
+    pd.testing.assert_frame_equal(a.frames, b.frames)
+    pd.testing.assert_frame_equal(a.stack_frames, b.stack_frames)
+    assert a.stacks == b.stacks and (a.events["stack_id"].to_numpy() == b.events["stack_id"].to_numpy()).all()
+    # raised to the file's count, every frame is its own and nothing is said
+    monkeypatch.setenv(ENV["frames"], "5000")
+    for read in (_dict_path, _tape_path):
+        s = read(data)
+        assert len(s.frames) == 5_000 and FRAMES_BEYOND[0] not in set(s.frames["name"])
+        assert not [n for n in s.format_notes if ENV["frames"] in n]
+
+
+def test_frames_past_the_bound_are_not_remembered_one_by_one() -> None:
+    """Past the bound a new frame object is the one frame beyond it, whether or not it equals one
+    interned (both readers look frames up by identity first; the tape does not make them), and
+    anything but a frame dict is still skipped."""
+    it = StackInterner(max_frames=2)
+    f = [{"name": f"n{i}", "filename": "x.py", "line": i} for i in range(4)]
+    same_as_f0 = dict(f[0])
+    assert it.stack_id([f[0], f[1], 5, f[2], f[2], f[0]]) == 0
+    assert it.stacks[0] == (0, 1, 2, 2, 0) and it.frame_rows[2] == FRAMES_BEYOND
+    assert it.stack_id([f[3], same_as_f0]) == 1 and it.stacks[1] == (2, 2)
+    assert sorted(it.frame_by_identity.values()) == [-1, 0, 1]  # the interned frames and the skipped 5 only
+
+
+def test_frame_bound_is_said_in_json_markdown_and_terminal(tmp_path: Path) -> None:
+    src = tmp_path / "frames.pickle"
+    src.write_bytes(hostile.distinct_frames(3_000, per_entry=500))
+    before = hostile.digest(src)
+    env = {**__import__("os").environ, "PYTHONPATH": str(hostile.ROOT), ENV["frames"]: "1000"}
+    out, md = tmp_path / "s.json", tmp_path / "r.md"
+    p = subprocess.run(
+        [sys.executable, "-m", "snapviz", "analyze", str(src), "--json", str(out), "--markdown", str(md)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    assert hostile.digest(src) == before
+    assert [w for w in json.loads(out.read_text())["warnings"] if ENV["frames"] in w] == [frames_note(1_000)]
+    assert "1,000 distinct stack frames" in md.read_text() and ENV["frames"] in md.read_text()
+    assert "1,000 distinct stack frames" in p.stdout + p.stderr
+
+
+def test_default_frame_bound_holds_the_largest_real_snapshot_tenfold() -> None:
+    """3,295 distinct frames in the largest real file seen (mosaic's test output; the samples:
+    at most 440); 50,000 is 15 times that, and at 50 µs a frame (~250 bytes) costs ~2.5 s."""
+    assert Limits().frames == 50_000

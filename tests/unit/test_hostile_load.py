@@ -77,6 +77,8 @@ CASES = (
             "stage_names_50k",
             "stage_steps_50k",
             "stage_annotations_50k",
+            "distinct_frames_1M",
+            "distinct_frames_1500k_xz",
         )
     ]
     + [

@@ -26,6 +26,7 @@ from snapviz.load.snapshot.columns import (
     block_columns,
     bounded_name,
     entry_columns,
+    frames_note,
     pool_str,
     settings_dict,
     value_text,
@@ -260,6 +261,8 @@ def _snapshot_from_dict(
     annotations = pd.DataFrame(ann_rows, columns=["device", "time_us", "name", "stage"])
     annotations["time_us"] = annotations["time_us"].astype(np.int64)
 
+    if interner.beyond >= 0:
+        notes.append(frames_note(interner.max_frames))
     frames = pd.DataFrame(interner.frame_rows, columns=["name", "filename", "line"])
     frames.insert(0, "frame_id", np.arange(len(frames), dtype=np.int32))
     stacks = interner.stacks

@@ -14,21 +14,51 @@ import numpy as np
 import pandas as pd
 
 from snapviz.interning import Interner
+from snapviz.load.limits import ENV, Limits
 from snapviz.model import A_OTHER, ACTION_CODE
 from snapviz.safe_text import clip
+
+# The frame that stands for the frames past SNAPVIZ_MAX_INPUT_FRAMES (name, file, line).
+FRAMES_BEYOND = ("<frames beyond limit>", "", 0)
+
+
+def frames_note(limit: int) -> str:
+    """The warning for a snapshot whose distinct frames went past the bound."""
+    return (
+        f"more than {limit:,} distinct stack frames: frames met after the first {limit:,} are grouped as "
+        f"'{FRAMES_BEYOND[0]}' ({ENV['frames']}={limit:,}; docs/security.md)"
+    )
 
 
 class StackInterner:
     """Frames and stacks interned once. Frame lists, and the frame dicts in them, are shared
     objects in the pickle (c10 symbolizes each distinct frame once), so stacks and frames are
-    first looked up by identity (cheap) and only then by value."""
+    first looked up by identity (cheap) and only then by value. At most ``max_frames`` distinct
+    frames (SNAPVIZ_MAX_INPUT_FRAMES) are interned, in order of first appearance; every frame
+    object met after them is the one :data:`FRAMES_BEYOND` (docs/security.md, "Limits")."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frames: int | None = None) -> None:
         self.by_identity: dict[int, int] = {}
         self.frame_by_identity: dict[int, int] = {}
         self.keep_alive: list[Any] = []
         self.frames: Interner[tuple[str, str, int]] = Interner()
         self.stack_codes: Interner[tuple[int, ...]] = Interner()
+        self.max_frames = max(Limits.from_env().frames if max_frames is None else max_frames, 1)
+        self.beyond = -1  # the id of FRAMES_BEYOND once a frame past max_frames was met
+
+    @property
+    def full(self) -> bool:
+        """Whether ``max_frames`` distinct frames were interned: a frame object not met yet is
+        then :data:`FRAMES_BEYOND`, without reading it (:meth:`beyond_id`)."""
+        return self.beyond >= 0 or len(self.frames) >= self.max_frames
+
+    def beyond_id(self) -> int:
+        """The id of :data:`FRAMES_BEYOND`, the one frame that stands for every frame object met
+        after ``max_frames`` distinct ones. Nothing is remembered per such object: a hostile file
+        of 15M distinct frames would cost ~250 bytes and ~10-40 µs each (docs/security.md)."""
+        if self.beyond < 0:
+            self.beyond = self.frames(FRAMES_BEYOND)
+        return self.beyond
 
     @property
     def frame_rows(self) -> list[tuple[str, str, int]]:
@@ -41,8 +71,14 @@ class StackInterner:
         return self.stack_codes.values
 
     def frame_id(self, fr: Any) -> int:
-        """The frame's id by value (-1: not a frame dict, skipped), remembered by identity."""
+        """The frame's id by value (-1: not a frame dict, skipped), remembered by identity; past
+        ``max_frames`` distinct frames, a frame dict not met yet is :data:`FRAMES_BEYOND`."""
+        fid = self.frame_by_identity.get(id(fr))
+        if fid is not None:  # met earlier in the list being interned
+            return fid
         fid = -1
+        if self.full and isinstance(fr, dict):
+            return self.beyond_id()
         if isinstance(fr, dict):
             fv = (bounded_name(fr.get("name", "?")), bounded_name(fr.get("filename", "")), int(fr.get("line", 0) or 0))
             fid = self.frames(fv)
@@ -58,7 +94,18 @@ class StackInterner:
             return sid
         known = list(map(self.frame_by_identity.get, map(id, frames)))
         # frame objects not seen before are interned by value, in order (ids stay first-seen)
-        if None in known:
+        if None in known and self.full:  # every new frame object is the one beyond the bound
+            b, one = self.beyond_id(), self.frame_id
+            ids: list[int]
+            if set(map(type, frames)) == {dict}:  # C-level: None -> b, an id stays itself
+                beyond: dict[int | None, int] = {None: b}
+                ids = cast(list[int], list(map(beyond.get, known, known)))
+            else:
+                ids = [
+                    i if i is not None else b if type(fr) is dict else one(fr)
+                    for fr, i in zip(frames, known, strict=True)
+                ]
+        elif None in known:
             ids = [self.frame_id(fr) if i is None else i for fr, i in zip(frames, known, strict=True)]
         else:
             ids = cast(list[int], known)
@@ -111,7 +158,14 @@ class StackInterner:
 def _plain_frames(frames: list[Any]) -> bool:
     """Every frame a dict whose name and filename are str, as torch writes them: a list equal
     to this one then names the same frames (``1 == 1.0`` cannot turn into another name)."""
-    return all(type(f) is dict and type(f.get("name")) is str and type(f.get("filename")) is str for f in frames)
+    if not frames:
+        return True
+    if set(map(type, frames)) != {dict}:  # C-level passes: a hostile file holds millions of frames
+        return False
+    return {
+        *map(type, map(dict.get, frames, repeat("name"))),
+        *map(type, map(dict.get, frames, repeat("filename"))),
+    } == {str}
 
 
 def _block_frames(block: dict[str, Any]) -> Any:

@@ -72,7 +72,10 @@ def safe_load_pickle(
                 data = b""
                 f.seek(0)
                 return _RefuseGlobals(f).load()
-        return _RefuseGlobals(io.BytesIO(data)).load()
+        # BytesIO has no peek(), so the C unpickler would call read() per opcode wherever the
+        # pickle has no FRAME opcodes (protocol 2, or a hand-made one): 15M frame dicts took 44 s
+        # instead of 8 s; through a buffered reader it reads ahead, as from a file.
+        return _RefuseGlobals(io.BufferedReader(io.BytesIO(data), 1 << 16)).load()
     except InputError as exc:
         msg = str(exc)
         raise InputError(msg if msg.startswith(p) else f"{p}: {msg}") from None

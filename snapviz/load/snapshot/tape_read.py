@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -173,10 +173,20 @@ class Objects:
 
     def frame_ids(self, interner: StackInterner, c: int) -> tuple[int, ...]:
         """The frame ids of frame list ``c`` (every item a frame dict: the grouping checked)."""
+        pays = self.item_arrays(c)[1].tolist()
+        known = list(map(self._frame_ids.get, pays))
+        if None not in known:
+            return tuple(cast(list[int], known))
+        if interner.full:
+            # past SNAPVIZ_MAX_INPUT_FRAMES a new frame is neither made (a dict, ~40 µs) nor remembered
+            b = interner.beyond_id()
+            return tuple(b if i is None else i for i in known)
         out = []
-        for _, f in self.items(c):
+        for f in pays:
             fid = self._frame_ids.get(f)
-            if fid is None:
+            if fid is None and interner.full:  # the bound reached inside this list
+                fid = interner.beyond_id()
+            elif fid is None:
                 # the frame object stays alive in self._made: the interner remembers it by identity
                 fid = self._frame_ids[f] = interner.frame_id(self.value(K_DICT, f, 0))
             out.append(fid)
