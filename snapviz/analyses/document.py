@@ -428,7 +428,7 @@ def json_schema() -> dict[str, Any]:
     root = _schema(Summary, defs)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "https://snapviz.invalid/schema/snapviz.summary-1.json",
+        "$id": "urn:snapviz:schema:summary-1",  # an identifier, never fetched
         "title": SUMMARY_SCHEMA,
         "description": "The document `snapviz analyze --json` writes (generated from snapviz/analyses/document.py).",
         **root,
