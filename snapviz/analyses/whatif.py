@@ -417,7 +417,9 @@ def _settings_text(s: AllocatorSettings) -> str:
 # --------------------------------------------------------------------------- compare --whatif
 
 
-def twin_dict(w: WhatIf, label: str, recorded_retries: int | None = None) -> dict[str, Any]:
+def twin_dict(
+    w: WhatIf, label: str, recorded_retries: int | None = None, doc: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The recorded run beside its simulated twins (``compare --whatif``; the compare document's
     ``whatif``): one row of the recording's own figures (replayed from the trace, not simulated),
     then one per setting on the recorded card, ``simulated`` and ``approximate`` where the
@@ -448,7 +450,7 @@ def twin_dict(w: WhatIf, label: str, recorded_retries: int | None = None) -> dic
         "oom": rec_oom,
         "survives_recorded_oom": False,
     }
-    doc = whatif_dict(w)
+    doc = whatif_dict(w) if doc is None else doc  # ``doc``: whatif_dict(w) where the caller has it
     rows: list[dict[str, Any]] = [recorded]
     for sc in doc["scenarios"]:
         if sc["gpu_memory_bytes"] is not None or sc["alloc_conf"] is None:

@@ -178,4 +178,5 @@ def _twin(
     retries = stats.get("num_alloc_retries") if isinstance(stats, dict) else None
     w = what_if(run, alloc_confs=list(confs), gpu_memories=[], stage_source=stage_source)
     recorded_retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else None
-    return twin_dict(w, label, recorded_retries), w, bounded_doc(whatif_dict(w))
+    wdoc = whatif_dict(w)
+    return twin_dict(w, label, recorded_retries, wdoc), w, bounded_doc(wdoc)
