@@ -154,7 +154,7 @@ def _child_phases(path: str, html: bool) -> None:
     ph["replay"] = spent[0]
     ph["stages"] = time.process_time() - t - spent[0]
     t = time.process_time()
-    doc = summary.summary_dict(an)
+    doc = an.summary()
     render_json(bounded_doc(doc))
     ph["json"] = time.process_time() - t
     if html:

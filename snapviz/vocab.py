@@ -6,7 +6,7 @@ the ``/`` (docs/design.md, "Stage labels"). Each word is defined here once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 STAGE_SEP = "/"
 # inference stages, then the training phases written by ``snapviz collect --train``
@@ -27,7 +27,7 @@ END_STATE = "end state"  # the stage of a file that holds only the blocks live w
 # The one sentence every sink says about such a file (docs/design.md, "End-state snapshots").
 END_STATE_ONLY = "end state only: blocks live when the snapshot was taken, not a peak"
 
-SUMMARY_SCHEMA = "snapviz.summary/1"
+SUMMARY_SCHEMA: Final = "snapviz.summary/1"
 COMPARE_SCHEMA = "snapviz.compare/1"
 WHATIF_SCHEMA = "snapviz.whatif/1"
 RUN_SCHEMA = "snapviz.run/1"

@@ -11,6 +11,7 @@ analyses directly.
 
 from __future__ import annotations
 
+import typing
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import pandas as pd
@@ -84,24 +85,23 @@ def analyze_input(
 
 
 def summary_of(an: Analysis | TraceRunAnalysis) -> dict[str, Any]:
-    """The ``snapviz.summary/1`` document of any analysis (the one summary builder)."""
-    from snapviz.analyses.summary import Analysis, summary_dict
-    from snapviz.analyses.trace_summary import trace_summary_dict
+    """The ``snapviz.summary/1`` document of any analysis as plain JSON (what ``--json`` writes):
+    :func:`document_of`, encoded."""
+    from snapviz.analyses.document import to_json
 
-    return summary_dict(an) if isinstance(an, Analysis) else trace_summary_dict(an)
+    return typing.cast(dict[str, Any], to_json(document_of(an)))
 
 
 def document_of(an: Analysis | TraceRunAnalysis) -> Summary:
-    """The typed ``snapviz.summary/1`` document of any analysis: what the gate and the JSON,
-    Markdown and terminal renderers take. Built through :func:`summary_of` and checked field
-    by field by the same loader that reads old documents back, so a builder that drifts from
-    the types fails here, not in a reader."""
-    from snapviz.analyses.document import Summary, from_json
+    """The typed ``snapviz.summary/1`` document of any analysis, from the one builder
+    (:func:`snapviz.analyses.summary_builder.build_summary`): what the gate and every renderer
+    take. A section that does not match its type is snapviz's bug, reported as such."""
+    from snapviz.analyses.summary_builder import build_summary
 
     try:
-        return from_json(summary_of(an), Summary)
-    except InputError as e:  # the builder's output, not the user's input: a bug to report
-        raise RuntimeError(f"snapviz built a {Summary.__name__} that does not match its types: {e}") from None
+        return build_summary(an)
+    except InputError as e:  # a section's JSON, not the user's input: a bug to report
+        raise RuntimeError(f"snapviz built a summary that does not match its types: {e}") from None
 
 
 def digest_of(an: Analysis | TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:

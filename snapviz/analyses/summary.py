@@ -8,14 +8,12 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.advice import AdviceFacts, advise
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import allocation_table, live_categories
 from snapviz.analyses.end_state import (
     EndState,
     end_state,
     end_state_categories,
-    end_state_doc,
     end_state_top,
     split_before_recording,
 )
@@ -25,29 +23,23 @@ from snapviz.analyses.live_sets import stage_live_sets, top_live
 from snapviz.analyses.not_recorded import empty_snapshot_note
 from snapviz.analyses.oom import (
     explained_oom,
-    oom_card,
     oom_devices,
-    oom_fix,
-    oom_lines,
     oom_note,
     oom_report,
     oom_rows,
-    pick_advice,
     run_json_oom,
 )
 from snapviz.analyses.replay import ReplayResult, expandable_segments, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
 from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
-from snapviz.analyses.training_advice import advise_training
-from snapviz.analyses.training_view import TrainingView, training_dict, training_view
-from snapviz.analyses.whatif import allocator_advice, oom_simulation, simulate_recorded
+from snapviz.analyses.training_view import TrainingView, training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import Snapshot
 from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA, run_summary_fields
+from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA
 
 SCHEMA = SUMMARY_SCHEMA
 
@@ -141,8 +133,10 @@ class Analysis:
         return g.reset_index().rename(columns={"group": "name"})
 
     def summary(self) -> dict[str, Any]:
-        """The ``snapviz.summary/1`` document (see :func:`summary_dict`)."""
-        return summary_dict(self)
+        """The ``snapviz.summary/1`` document as JSON (:func:`snapviz.analyses.pipeline.summary_of`)."""
+        from snapviz.analyses.pipeline import summary_of
+
+        return summary_of(self)
 
 
 def pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
@@ -281,192 +275,3 @@ def analyze_run(
         end_state=es,
         allocations=allocs,
     )
-
-
-def _stage_truth(an: Analysis) -> dict[tuple[str, int], dict[str, Any]]:
-    run = an.run.run_json or {}
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    seen: dict[str, int] = {}
-    for s in run.get("stages") or []:
-        k = seen.get(s["name"], 0)
-        seen[s["name"]] = k + 1
-        entry = dict(s)
-        for pd_ in s.get("per_device") or []:
-            if pd_.get("device") == an.device:
-                entry["peak_allocated_bytes"] = pd_.get("peak_allocated_bytes", entry.get("peak_allocated_bytes"))
-                entry["peak_reserved_bytes"] = pd_.get("peak_reserved_bytes", entry.get("peak_reserved_bytes"))
-        out[(s["name"], k)] = entry
-    return out
-
-
-def _by_interval(df: pd.DataFrame, cols: tuple[str, ...]) -> dict[int, dict[str, np.ndarray]]:
-    """``df``'s columns split by its ``interval`` column, rows in their order within each (what
-    ``groupby("interval")`` gives, without pandas' cost per group: ~170 stage intervals)."""
-    if not len(df):
-        return {}
-    iv = df["interval"].to_numpy()
-    order = np.argsort(iv, kind="stable")
-    ivs = iv[order]
-    starts = np.flatnonzero(np.r_[True, ivs[1:] != ivs[:-1]])
-    ends = np.r_[starts[1:], len(ivs)]
-    arrays = {c: df[c].to_numpy()[order] for c in cols}
-    return {
-        int(ivs[a]): {c: v[a:b] for c, v in arrays.items()} for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
-    }
-
-
-def _descending(values: np.ndarray) -> np.ndarray:
-    """The order of ``sort_values(ascending=False)`` on this column, ties included: pandas
-    sorts the reversed column (quicksort) and reverses the result."""
-    n = len(values)
-    return (n - 1 - np.argsort(values[::-1], kind="quicksort"))[::-1]
-
-
-def summary_dict(an: Analysis) -> dict[str, Any]:
-    """The ``snapviz.summary/1`` document (docs/design.md). Additions fine; renames need /2."""
-    rep = an.replay
-    ev = rep.events
-    pi = rep.peak_index
-    truth = _stage_truth(an)
-    stages_out: list[dict[str, Any]] = []
-    groups: dict[str, dict[str, Any]] = {}
-    occurrences: dict[str, int] = {}
-    live_by_iv = _by_interval(an.stage_live, ("category", "bytes"))
-    top_by_iv = _by_interval(an.stage_top, ("bytes", "site"))
-    for iv, r in enumerate(an.stages.itertuples(index=False)):
-        k = occurrences.get(r.name, 0)
-        occurrences[r.name] = k + 1
-        t = truth.get((r.name, k))
-        item = {
-            "name": r.name,
-            "peak_allocated_bytes": int(r.peak_allocated_bytes),
-            "peak_reserved_bytes": int(r.peak_reserved_bytes),
-            "start_us": int(r.start_us),
-            "end_us": int(r.end_us),
-            "allocated_at_entry": int(r.allocated_at_entry),
-            "allocated_at_exit": int(r.allocated_at_exit),
-        }
-        if iv in live_by_iv:
-            g_ = live_by_iv[iv]
-            at = _descending(g_["bytes"])
-            item["categories_at_peak"] = dict(zip(g_["category"][at].tolist(), g_["bytes"][at].tolist(), strict=True))
-        if iv in top_by_iv:
-            item["top_allocations"] = [
-                {"bytes": b, "site": st}
-                for b, st in zip(top_by_iv[iv]["bytes"].tolist(), top_by_iv[iv]["site"].tolist(), strict=True)
-            ]
-        item["duration_s"] = float(r.duration_s)
-        if t is not None:
-            item["allocator_peak_allocated_bytes"] = t.get("peak_allocated_bytes")
-            item["allocator_peak_reserved_bytes"] = t.get("peak_reserved_bytes")
-        g = groups.get(r.group)
-        if g is None:
-            g = groups[r.group] = {
-                "name": r.group,
-                "peak_allocated_bytes": 0,
-                "peak_reserved_bytes": 0,
-                "start_us": int(r.start_us),
-                "end_us": int(r.end_us),
-                "steps": [],
-            }
-            stages_out.append(g)
-        g["peak_allocated_bytes"] = max(g["peak_allocated_bytes"], int(r.peak_allocated_bytes))
-        g["peak_reserved_bytes"] = max(g["peak_reserved_bytes"], int(r.peak_reserved_bytes))
-        g["end_us"] = max(g["end_us"], int(r.end_us))
-        g.setdefault("intervals", []).append(item)
-        if "/" in str(r.name):
-            g["steps"].append(
-                {
-                    "name": r.name,
-                    "step": str(r.name).split("/", 1)[1],
-                    **{k2: v for k2, v in item.items() if k2 != "name"},
-                }
-            )
-    run = an.run.run_json or {}
-    top = [
-        {
-            "bytes": int(t.bytes),
-            "requested_bytes": int(t.requested_bytes),
-            "stage": str(t.stage),
-            "site": t.site,
-            "address": int(t.addr),
-            "event_index": int(t.row) if int(t.row) >= 0 else None,
-            "stack": an.sites.stack_text(int(t.stack_id)).splitlines(),
-            **({"op": t.op} if getattr(t, "op", "") else {}),
-            **({"op_input_dims": t.op_input_dims} if getattr(t, "op_input_dims", "") else {}),
-        }
-        for t in an.top_allocations.itertuples(index=False)
-    ]
-    att = an.attention_summary
-    advise_doc: list[dict[str, Any]] = []
-    alloc_truth, run_fields = run_summary_fields(run, an.device)
-    doc = {
-        "schema": SCHEMA,
-        "source": an.run.source,
-        "device": an.device,
-        "stage_source": an.labels.source,
-        "peak": {
-            "allocated_bytes": int(rep.peak_allocated),
-            "reserved_bytes": int(rep.peak_reserved),
-            # None: the peak is the memory that existed before the first recorded event
-            "requested_bytes": int(rep.peak_requested),
-            "event_index": int(pi) if pi >= 0 else None,
-            "time_us": int(ev["time_us"].iat[pi]) if pi >= 0 else None,
-            "stage": an.peak_stage,
-            "within_recorded_window": bool(rep.truncated),
-            # present only when the allocator's rules could not be honoured (the reason is in warnings)
-            **({"approximate": True} if rep.approximate else {}),
-        },
-        "history": {
-            "events": int(len(ev)),
-            "truncated": bool(rep.truncated),
-            "baseline_allocated_bytes": int(rep.baseline_allocated),
-            "baseline_reserved_bytes": int(rep.baseline_reserved),
-            "orphan_frees": int(rep.orphan_frees),
-            "end_state_matches": rep.end_state_matches,
-            "final_allocated_bytes": int(rep.final_allocated),
-            "final_reserved_bytes": int(rep.final_reserved),
-        },
-        "devices": an.device_peaks.to_dict("records"),
-        "stages": stages_out,
-        "attention": att,
-        "categories": an.categories.to_dict("records"),
-        "top_allocations": top,
-        "allocator_truth": alloc_truth,
-        "run": run_fields,
-        "allocator_settings": an.snapshot.allocator_settings,
-        "advice": advise_doc,
-        "warnings": an.warnings,
-        "oom": None,
-        "not_recorded": empty_snapshot_note(an.snapshot),
-        "end_state": end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
-    }
-    facts = AdviceFacts.of(
-        peak_allocated=int(rep.peak_allocated),
-        peak_reserved=int(rep.peak_reserved),
-        peak_stage=an.peak_stage,
-        run_json=run,
-        attention=att,
-    )
-    advise_doc.extend(advise(facts, an.categories))
-    oom_event = an.oom.get("event_index") if an.oom is not None else None
-    only = an.end_state is not None and an.end_state.only
-    recorded_sim = None if only else simulate_recorded(an.run, rep, oom_event)
-    # only where the simulator reproduced the run
-    sim_advice = allocator_advice(an.run, recorded_sim, an.oom is not None and not an.oom.get("survived"))
-    if sim_advice is not None:
-        advise_doc.append(sim_advice)
-    if an.training is not None:
-        doc["training"] = training_dict(an.training)
-        advise_doc.extend(advise_training(an.training.phases, run or None, an.training.framework))
-        advise_doc.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
-    if doc["not_recorded"]:  # an empty snapshot has no peak, not one "before recording"
-        doc["peak"]["stage"] = None
-    if an.oom is not None:
-        oom = dict(an.oom)
-        oom["simulation"] = oom_simulation(recorded_sim)  # what would have fit, where the simulator reproduced it
-        oom["advice"] = pick_advice(oom, advise_doc)
-        oom["headline"], oom["state"], oom["verdict_text"] = oom_lines(oom)[:3]
-        oom["fix"], oom["card"] = oom_fix(oom), oom_card(oom)
-        doc["oom"] = oom
-    return doc

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import synth
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.cli import main
 from snapviz.load import load
 from snapviz.render.picture import picture_data
@@ -54,14 +55,14 @@ def test_every_sink_says_approximate(outputs: dict[str, Any], capsys: pytest.Cap
     html = (tmp / "r.html").read_text()
     assert "Peak about " in html and "approximate figures:" in html
     an = analyze_run(load(str(outputs["src"])))
-    assert picture_data(an, summary_dict(an))["title"].split(": peak ", 1)[1].startswith("about ")
+    assert picture_data(an, summary_of(an))["title"].split(": peak ", 1)[1].startswith("about ")
 
 
 def test_exact_snapshot_says_nothing_of_the_kind(outputs: dict[str, Any]) -> None:
     sim = synth.random_workload(1500, 600)
     src = outputs["tmp"] / "plain.pickle"
     src.write_bytes(pickle.dumps(sim.snapshot(settings=False)))
-    doc = summary_dict(analyze_run(load(str(src))))
+    doc = summary_of(analyze_run(load(str(src))))
     assert "approximate" not in doc["peak"]
     assert not any(w.startswith("approximate figures:") for w in doc["warnings"])
     assert doc["peak"]["allocated_bytes"] == sim.peak_allocated(0)

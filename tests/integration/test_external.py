@@ -153,12 +153,13 @@ def test_trace_peak_and_device_from_the_raw_events(reports: dict, name: str) -> 
 def test_trace_peak_through_the_trace_loader(name: str) -> None:
     """The same figures from the Chrome trace loader directly, so every trace is checked
     now."""
-    from snapviz.analyses.trace_summary import analyze_trace_run, trace_summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.trace_summary import analyze_trace_run
     from snapviz.load import Run
     from snapviz.load.trace.chrome_trace import load_chrome_trace
 
     path = str(EXTERNAL / name)
-    doc = trace_summary_dict(
+    doc = summary_of(
         analyze_trace_run(Run(source=path, label=name, snapshot=None, trace=load_chrome_trace(path), run_json=None))
     )
     label, peak, exact = _expected_trace_peak(name)

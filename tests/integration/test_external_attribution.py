@@ -15,9 +15,10 @@ import pytest
 
 from paths import EXTERNAL
 from snapviz.analyses import trace_ops
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.stages import annotation_intervals, stage_group
-from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
+from snapviz.analyses.summary import Analysis, analyze_run
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.load import load
 from snapviz.load.trace.chrome_trace import load_chrome_trace
@@ -39,7 +40,7 @@ _CACHE: dict[str, tuple[Analysis, dict[str, Any]]] = {}
 def analysed(name: str) -> tuple[Analysis, dict[str, Any]]:
     if name not in _CACHE:
         an = analyze_run(load(str(_path(name))))
-        _CACHE[name] = (an, summary_dict(an))
+        _CACHE[name] = (an, summary_of(an))
     return _CACHE[name]
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from paths import SAMPLES
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run, load
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle
@@ -30,7 +31,7 @@ def _sample(name: str) -> tuple[dict, dict]:
     if name not in _DOCS:
         run = load(str(path))
         assert run.run_json is not None
-        _DOCS[name] = (run.run_json, summary_dict(analyze_run(run)))
+        _DOCS[name] = (run.run_json, summary_of(analyze_run(run)))
     return _DOCS[name]
 
 

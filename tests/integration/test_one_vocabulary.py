@@ -19,8 +19,9 @@ import pytest
 
 from paths import SAMPLES
 from snapviz.analyses.document import from_json
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.report_view import report_view
-from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
+from snapviz.analyses.summary import Analysis, analyze_run
 from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, canonical_category, order_categories
 from snapviz.load import load
 from snapviz.render.fmt import fmt_bytes
@@ -35,7 +36,7 @@ RUNS = ["train-sd15-amp-fp16", "sd15-fp16-classic"]
 @cache
 def analysed(name: str) -> tuple[Analysis, dict[str, Any]]:
     an = analyze_run(load(str(SAMPLES / name)))
-    return an, summary_dict(an)
+    return an, summary_of(an)
 
 
 def _words(line: str) -> dict[str, str]:

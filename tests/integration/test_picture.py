@@ -17,7 +17,8 @@ Image = pytest.importorskip("PIL.Image")
 
 from paths import ROOT  # noqa: E402
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
-from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
+from snapviz.analyses.pipeline import summary_of  # noqa: E402
+from snapviz.analyses.summary import analyze_run  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
 from snapviz.render.picture import (  # noqa: E402
@@ -53,7 +54,7 @@ def _mask(px: np.ndarray, color: str) -> np.ndarray:
 @pytest.fixture(scope="module", params=["sdxl-fp16-oom-10gb", "sd15-fp16-classic"])
 def run(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     an = analyze_run(load(str(SAMPLES / request.param)))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     return an, doc, picture_data(an, doc)
 
 
@@ -162,7 +163,7 @@ def test_labels_do_not_overlap_and_the_peak_label_is_off_the_lines(sample: str) 
     """Issue 21: stage labels overprinted into a blob (training: nine stages), the peak's label sat on
     the lines, and the peak's stage was squeezed into the last few percent of the width."""
     an = analyze_run(load(str(SAMPLES / sample)))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     d = picture_data(an, doc)
     fig = timeline_figure(d)
     ax = fig.axes[0]

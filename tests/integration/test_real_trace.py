@@ -9,7 +9,8 @@ import json
 import pytest
 
 from paths import ROOT
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.trace_ops import analyze_trace
 from snapviz.load import load
 
@@ -56,7 +57,7 @@ def test_attention_ops_have_the_geometry_of_the_run(trace_and_truth: tuple) -> N
 
 def test_snapshot_and_trace_join_on_one_time_axis() -> None:
     an = analyze_run(load(str(SAMPLE)))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     # the same run, both files: allocations get the op that made them, with exact shapes
     ops = [t.get("op") for t in doc["top_allocations"] if t["stage"] != "load"]
     assert ops and all(ops)

@@ -14,7 +14,8 @@ import pytest
 
 from paths import ROOT
 from snapviz.analyses.document import from_json
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import load
 
 SAMPLES = sorted(p.parent for p in ROOT.glob("sample_snapshots/*/snapshot.pickle*"))
@@ -44,7 +45,7 @@ def sample(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, list]:
     rj = run.run_json
     assert rj is not None and rj["schema"] == "snapviz.run/1"
     devices = [d["device"] for d in (rj["allocator"].get("devices") or [{"device": rj["allocator"]["device"]}])]
-    docs = [(d, summary_dict(analyze_run(run, device=d))) for d in devices]
+    docs = [(d, summary_of(analyze_run(run, device=d))) for d in devices]
     return request.param, rj, docs
 
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from paths import ROOT, SAMPLES
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.report_view import report_view
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.training_advice import Estimate, training_estimates
 from snapviz.load import load
 from snapviz.render.html.snapshot_data import report_data
@@ -51,7 +52,7 @@ def _analysed(name: str) -> tuple[dict[str, Estimate], dict]:
     run = load(str(SAMPLES / name))
     an = analyze_run(run)
     assert an.training is not None
-    return training_estimates(an.training.phases, run.run_json), summary_dict(an)
+    return training_estimates(an.training.phases, run.run_json), summary_of(an)
 
 
 def _row(technique: str, base: str, twin: str) -> dict[str, float]:
@@ -134,7 +135,7 @@ def test_advice_names_the_technique_on_the_base_not_on_the_twin() -> None:
             assert advised[names[technique]]["estimated_peak_bytes"] == est[technique].new_peak
         if not twin.startswith("runs/") and technique != "set_to_none":  # the keep-grads twin is the plain run
             assert names[technique] not in {
-                a["technique"] for a in summary_dict(analyze_run(load(str(SAMPLES / twin))))["advice"]
+                a["technique"] for a in summary_of(analyze_run(load(str(SAMPLES / twin))))["advice"]
             }
 
 
@@ -145,7 +146,7 @@ def test_reports_carry_the_training_view() -> None:
     under the phase bands."""
     run = load(str(SAMPLES / "train-sd15-amp-fp16"))
     an = analyze_run(run)
-    doc = summary_dict(an)
+    doc = summary_of(an)
     steps = doc["training"]["steps"]
     assert [s["step"] for s in steps] == [0, 1]
     worst = max(steps, key=lambda s: s["peak_allocated_bytes"])
@@ -175,7 +176,7 @@ def test_every_output_tells_every_advice_entry() -> None:
     from snapviz.units import fmt_bytes
 
     an = analyze_run(load(str(SAMPLES / "train-sd15-amp-fp16")))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     names = [a["technique"] for a in doc["advice"]]
     assert "fused AdamW" in names and len(names) > 4, names
     md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
@@ -196,7 +197,7 @@ def test_lora_why_adds_up_to_its_cut_and_says_where_the_peak_goes() -> None:
     from snapviz.units import fmt_bytes
 
     an = analyze_run(load(str(SAMPLES / "train-sd15-ddp-nccl-1rank")))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     (lora,) = [a for a in doc["advice"] if a["technique"] == "LoRA"]
     assert an.training is not None
     est = training_estimates(an.training.phases, an.run.run_json)["lora"]

@@ -24,7 +24,8 @@ import pytest
 
 from paths import EXTERNAL, SAMPLES
 from snapviz.analyses.categories import live_by_category
-from snapviz.analyses.summary import Analysis, analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import Analysis, analyze_run
 from snapviz.category_vocab import (
     BEFORE_RECORDING,
     DDP_BUCKETS,
@@ -66,7 +67,7 @@ def case(request: pytest.FixtureRequest) -> tuple[str, dict, Analysis, dict, flo
     run = load(str(path))  # the snapshot as a user has it: a DDP rank's pickle alone
     rj = json.loads((rj_path or path / "run.json").read_text())
     an = analyze_run(run)
-    return request.param, rj, an, summary_dict(an), tol
+    return request.param, rj, an, summary_of(an), tol
 
 
 def _truth(rj: dict) -> dict[str, dict]:
@@ -166,7 +167,7 @@ def cs336() -> Analysis:
 def test_llm_step_categories_add_up_to_the_peak_memory_from_before_included(cs336: Analysis) -> None:
     """cs336: 12.85 GiB were allocated before the recording; the categories at the peak say so
     and add up to the peak (they read 38.5 of 51.30 GiB before)."""
-    doc = summary_dict(cs336)
+    doc = summary_of(cs336)
     (step,) = doc["training"]["steps"]
     cats = step["categories_at_peak"]
     assert step["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"]
@@ -185,7 +186,7 @@ def test_llm_step_gradients_found_though_parameters_predate_the_recording(cs336:
 
 
 def test_llm_step_gets_no_unet_advice(cs336: Analysis) -> None:
-    doc = summary_dict(cs336)
+    doc = summary_of(cs336)
     assert cs336.training is not None and cs336.training.framework == "torch"
     hows = [a["how"] for a in doc["advice"]]
     assert hows and not any("unet" in h.lower() for h in hows), hows
@@ -198,7 +199,7 @@ def fsdp(request: pytest.FixtureRequest) -> tuple[str, dict, Analysis, dict]:
     path, rj_path, _ = CASES[request.param]
     assert rj_path is not None  # torchtitan's layout: the sidecar beside the snapshot
     an = analyze_run(load(str(path)))
-    return request.param, json.loads(rj_path.read_text()), an, summary_dict(an)
+    return request.param, json.loads(rj_path.read_text()), an, summary_of(an)
 
 
 def test_fsdp_ranges_are_no_stages(fsdp: tuple) -> None:

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from paths import ROOT
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.training import classify_allocations, live_by_category
 from snapviz.load import load
 
@@ -57,7 +58,7 @@ def analysed(request: pytest.FixtureRequest) -> tuple[pathlib.Path, dict, dict, 
     an = analyze_run(run)
     assert run.snapshot is not None
     allocs = classify_allocations(run.snapshot, an.replay, an.labels.labels)
-    return request.param, run.run_json, summary_dict(an), an.stages, allocs
+    return request.param, run.run_json, summary_of(an), an.stages, allocs
 
 
 @pytest.fixture()

@@ -181,13 +181,14 @@ def write_run(dirpath: str, **kw: Any) -> str:
 def _analyse(
     snap: dict[str, Any], run: dict[str, Any] | None = None, source: str = "snap"
 ) -> tuple[Any, dict[str, Any]]:
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
     from snapviz.load import Run
     from snapviz.load.snapshot.builder import snapshot_from_dict
 
     sn = snapshot_from_dict(snap, source)
     an = analyze_run(Run(source=source, label=source, snapshot=sn, trace=None, run_json=run))
-    return an, summary_dict(an)
+    return an, summary_of(an)
 
 
 def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:

@@ -22,9 +22,10 @@ from test_frame_rules import SP, load_dict
 from paths import ROOT
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import load_rules
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stages import label_events
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from snapviz.model import A_ALLOC
 from synth import MiB, Sim
@@ -213,7 +214,7 @@ def test_nothing_recognised_is_unlabelled_not_load() -> None:
     hs = [sim.alloc(MiB * (k + 1), frames=fr) for k in range(4)]
     for h in hs:
         sim.free(h, frames=fr)
-    doc = summary_dict(analyse(sim.snapshot(marker=False)))
+    doc = summary_of(analyse(sim.snapshot(marker=False)))
     assert doc["stage_source"] == "none"
     assert [s["name"] for s in doc["stages"]] == ["unlabelled"]
     assert doc["peak"]["stage"] == "unlabelled"
@@ -221,7 +222,7 @@ def test_nothing_recognised_is_unlabelled_not_load() -> None:
 
 
 def test_stage_table_holds_the_peak_stage() -> None:
-    doc = summary_dict(analyse(training_run()[0]))
+    doc = summary_of(analyse(training_run()[0]))
     names = [s["name"] for s in doc["stages"]]
     assert doc["peak"]["stage"].split("/")[0] in names
     assert {"forward", "backward", "optimizer", "zero_grad"} <= set(names)

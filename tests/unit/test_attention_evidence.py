@@ -20,7 +20,8 @@ import pytest
 from test_frame_rules import SP, load_dict
 
 from snapviz.analyses.frame_rules import load_rules
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from synth import MiB, Sim
 
@@ -64,7 +65,7 @@ def _analyse(sim: Sim) -> tuple[Any, dict[str, Any]]:
         Run(source="<synthetic>", label="x", snapshot=load_dict(sim.snapshot(marker=False)), trace=None, run_json=None),
         rules=load_rules(),
     )
-    return an, summary_dict(an)
+    return an, summary_of(an)
 
 
 @pytest.mark.parametrize("softmax", ["nn.Softmax", "torch.softmax"])

@@ -780,12 +780,13 @@ def test_no_frames_gives_none() -> None:
 
 
 def test_analyze_run_falls_back_to_frames() -> None:
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
 
     pr = diffusion_run("sd15", steps=3)
     snap = load_dict(pr.snapshot_dict(labels=False))
     an = analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     assert doc["stage_source"] == "frames"
     names = [s["name"] for s in doc["stages"]]
     assert names[:2] == ["load", "text_encode"] and "vae_decode" in names

@@ -29,12 +29,13 @@ from snapviz.render.html.view_models import SnapshotReport
 
 @pytest.fixture(scope="module")
 def analysed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
     from snapviz.load import load
 
     d = write_run(str(tmp_path_factory.mktemp("run") / "sd15"), steps=4, filler=40, evil=True)
     an = analyze_run(load(d))
-    return an, summary_dict(an)
+    return an, summary_of(an)
 
 
 @pytest.fixture(scope="module")
@@ -390,11 +391,12 @@ SAMPLE_WITH_TRACE = os.path.join(str(SAMPLES), "sd15-fp16-profile-1step")
 
 @pytest.mark.skipif(not os.path.isdir(SAMPLE_WITH_TRACE), reason="sample with a profiler trace not present")
 def test_real_trace_ops_in_the_live_table() -> None:
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
     from snapviz.load import load
 
     an = analyze_run(load(SAMPLE_WITH_TRACE))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     top = report_data(an, doc, max_points=2000).top_allocations
     assert top.has_ops
     assert top.op == [t.get("op") or "" for t in doc["top_allocations"]]

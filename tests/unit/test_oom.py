@@ -114,12 +114,13 @@ def test_another_devices_oom_is_pointed_at() -> None:
     a.alloc(20 * MiB, device=0)
     with pytest.raises(synth.SimOOM):
         a.alloc(200 * MiB, device=1)
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
     from snapviz.load import Run
     from snapviz.load.snapshot.builder import snapshot_from_dict
 
     sn = snapshot_from_dict(a.snapshot(), "snap")
-    doc = summary_dict(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))
+    doc = summary_of(analyze_run(Run(source="snap", label="snap", snapshot=sn, trace=None, run_json=None), device=0))
     assert doc["oom"] is None and any("--device 1 explains it" in w for w in doc["warnings"])
 
 

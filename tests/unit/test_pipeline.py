@@ -31,8 +31,9 @@ def test_the_snapshot_or_trace_choice_is_made_in_the_pipeline_only() -> None:
     # trim needs a snapshot's replay (it refuses traces before any work): its one direct call
     assert _calls("analyze_run") <= {"snapviz/analyses/pipeline.py", "snapviz/cli/trim.py"}
     assert _calls("analyze_trace_run") == {"snapviz/analyses/pipeline.py"}
-    assert _calls("trace_summary_dict") <= {"snapviz/analyses/pipeline.py", "snapviz/analyses/trace_summary.py"}
-    assert _calls("summary_dict") <= {"snapviz/analyses/pipeline.py", "snapviz/analyses/summary.py"}
+    # one summary builder, for both kinds, reached through the pipeline only
+    assert _calls("build_summary") == {"snapviz/analyses/pipeline.py"}
+    assert _calls("summary_dict") == _calls("trace_summary_dict") == set()
     assert _calls("stage_at") == set()  # the former trace labeller: stages.label_by_intervals is the one
 
 
@@ -47,3 +48,28 @@ def test_one_protocol_one_document_for_both_kinds(path, kind: str) -> None:
     assert doc.peak.stage in {s.name for s in doc.stages} | {iv.name for s in doc.stages for iv in s.intervals}
     d = digest_of(an, "x")
     assert d.peak_allocated == doc.peak.allocated_bytes
+
+
+def _plain_json(v: object, path: str = "") -> list[str]:
+    """Paths in ``v`` holding anything but a plain JSON value (a numpy scalar, a tuple…)."""
+    if isinstance(v, dict):
+        return [
+            p
+            for k, x in v.items()
+            for p in ([f"{path}.{k}: key"] if type(k) is not str else []) + _plain_json(x, f"{path}.{k}")
+        ]
+    if isinstance(v, list):
+        return [p for i, x in enumerate(v) for p in _plain_json(x, f"{path}[{i}]")]
+    return [] if type(v) in (str, int, float, bool, type(None)) else [f"{path}: {type(v).__name__}"]
+
+
+@pytest.mark.parametrize("path", [SAMPLE, SAMPLE / "trace.json.gz", ROOT / "sample_snapshots" / "sdxl-fp16-oom-10gb"])
+def test_the_one_builder_yields_a_document_its_own_loader_reads_back_unchanged(path) -> None:
+    # built directly as typed parts (no JSON round trip on the way): what --json writes must be
+    # plain JSON, and reading it back must give the same document
+    from snapviz.analyses.document import from_json, to_json
+
+    doc = document_of(analyze_input(load(str(path))))
+    plain = to_json(doc)
+    assert _plain_json(plain) == []
+    assert from_json(plain, Summary) == doc

@@ -18,8 +18,9 @@ from test_frame_rules import load_dict
 from test_trace_generations import T0, _analyze, _exact_events
 
 from snapviz.analyses.document import from_json
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.stages import range_labels, wrapper_range_phase
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
@@ -114,7 +115,7 @@ def test_fsdp_ranges_belong_to_the_training_phases() -> None:
     all-gather outside both is communication. No ``FSDP::`` name is a stage."""
     d, peak = _fsdp_snapshot()
     an = analyze_run(Run(source="<synthetic>", label="x", snapshot=load_dict(d), trace=None, run_json=None))
-    doc = summary_dict(an)
+    doc = summary_of(an)
     assert doc["peak"]["allocated_bytes"] == peak
     groups = [s["name"] for s in doc["stages"]]
     assert set(groups) == {"unlabelled", "forward", "backward", "communication"}, groups

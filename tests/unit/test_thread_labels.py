@@ -16,8 +16,9 @@ import pytest
 from test_any_program import training_run
 from test_frame_rules import load_dict
 
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.stages import label_events
-from snapviz.analyses.summary import analyze_run, summary_dict
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from snapviz.model import A_ALLOC
 from snapviz.vocab import UNLABELLED
@@ -43,7 +44,7 @@ def _labelled_on(d: dict[str, Any], truth: np.ndarray, *, all_threads: bool) -> 
 
 def _stages(d: dict[str, Any]) -> list[tuple[str, int, int]]:
     snap = load_dict(d)
-    doc = summary_dict(analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None)))
+    doc = summary_of(analyze_run(Run(source="<synthetic>", label="x", snapshot=snap, trace=None, run_json=None)))
     return [
         (it["name"], it["peak_allocated_bytes"], it["peak_reserved_bytes"])
         for g in doc["stages"]

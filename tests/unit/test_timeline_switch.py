@@ -31,11 +31,12 @@ def _report(an: Any, doc: dict[str, Any]) -> SnapshotReport:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> SnapshotReport:
-    from snapviz.analyses.summary import analyze_run, summary_dict
+    from snapviz.analyses.pipeline import summary_of
+    from snapviz.analyses.summary import analyze_run
     from snapviz.load import load
 
     an = analyze_run(load(write_run(str(tmp_path_factory.mktemp("run") / "sd"), steps=3, filler=30, oom=False)))
-    return _report(an, summary_dict(an))
+    return _report(an, summary_of(an))
 
 
 def _figures(main: Any, below: Column) -> list[Any]:
