@@ -1,13 +1,19 @@
-"""DDP or FSDP2 training, one snapshot per rank, laid out as torchtitan lays them out.
+"""DDP, FSDP1 or FSDP2 training, one snapshot per rank, laid out as torchtitan lays them out.
 
     python sample_snapshots/record_ddp_ranks.py --out DIR [--world-size 4] [--iterations 4]
-        [--seq-lens 256,512,768,1024] [--device cuda] [--backend gloo|nccl] [--parallel ddp|fsdp2]
+        [--seq-lens 256,512,768,1024] [--device cuda] [--backend gloo|nccl] [--parallel ddp|fsdp1|fsdp2]
 
 ``--parallel fsdp2`` shards every GPT-2 block and then the root with ``fully_shard``
 (``torch.distributed.fsdp``, torch >= 2.6) under a bf16 ``MixedPrecisionPolicy`` (fp32
 reductions) instead of wrapping the model in DDP. NCCL needs one GPU per rank (it refuses two
 ranks on one device), so on a one-GPU machine it runs with ``--world-size 1``: a real NCCL
 communicator, FSDP2's all-gather and reduce-scatter buffers and DDP's buckets, one rank.
+
+``--parallel fsdp1`` wraps the model in FSDP1's ``FullyShardedDataParallel`` instead: every GPT-2
+block its own unit (``ModuleWrapPolicy`` on the block class), the rest in the root's, flat
+parameters (``use_orig_params=False``: AdamW steps each rank's shard of the flat parameters),
+``MixedPrecision`` bf16 parameters with fp32 reductions. FSDP1 runs one rank as ``NO_SHARD``
+(it switches to it for a world size of 1): no all-gather, an all-reduce of the gradients.
 
 Each rank is a process (``torch.multiprocessing.spawn``) training a transformers GPT-2 (random
 weights) under ``DistributedDataParallel`` with bf16 autocast and AdamW. gloo, unlike NCCL, lets
@@ -44,13 +50,30 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
-    ap.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp2"))
+    ap.add_argument("--parallel", default="ddp", choices=("ddp", "fsdp1", "fsdp2"))
     return ap.parse_args()
 
 
 def _local(t: Any) -> Any:
     """A DTensor's local shard (FSDP2 parameters, gradients and state), else the tensor."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _fsdp1_doc(fsdp: Any, block: str) -> dict[str, Any]:
+    """FSDP1's settings as it applied them (it runs one rank as ``NO_SHARD``) and its flat
+    parameters: ``params`` counts their local shards, alignment padding included, and
+    ``unpadded_numel`` the model's own parameters."""
+    flat = [m._flat_param for m in fsdp.fsdp_modules(fsdp) if m._flat_param is not None]
+    return {
+        "api": "FullyShardedDataParallel",
+        "sharding_strategy": fsdp.sharding_strategy.name,
+        "use_orig_params": False,
+        "auto_wrap": block,
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "float32",
+        "flat_parameters": len(flat),
+        "unpadded_numel": sum(int(p._unpadded_unsharded_size.numel()) for p in flat),
+    }
 
 
 def rank_main(rank: int, a: argparse.Namespace) -> None:
@@ -85,8 +108,28 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
         for block in model.transformer.h:
             fully_shard(block, mp_policy=mp)
         ddp = fully_shard(model, mp_policy=mp)
+    elif a.parallel == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        block_cls = type(model.transformer.h[0])  # GPT2Block
+        ddp = FSDP(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({block_cls}),
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+            device_id=device,
+            use_orig_params=False,
+        )
     else:
         ddp = DDP(model, device_ids=[device.index] if cuda else None)
+    fsdp = (
+        {"reshard_after_forward": True, "param_dtype": "bfloat16", "reduce_dtype": "float32"}
+        if a.parallel == "fsdp2"
+        else _fsdp1_doc(ddp, block_cls.__name__)
+        if a.parallel == "fsdp1"
+        else None
+    )
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     grads: int = 0
     state: dict[str, int] = {}
@@ -112,7 +155,7 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
     snap = rs.dump_snapshot(folder / f"rank{rank}_memory_snapshot.pickle")
     if cuda:
         torch.cuda.memory._record_memory_history(enabled=None)
-    params = [_local(p) for p in model.parameters()]
+    params = [_local(p) for p in model.parameters()]  # FSDP1: the flat parameters' local shards
     info: dict[str, Any] = rs.sidecar(
         device,
         phases=ph.rows,
@@ -141,16 +184,12 @@ def rank_main(rank: int, a: argparse.Namespace) -> None:
         train={
             "optimizer": "adamw",
             "precision": (
-                "fp32" if not cuda else "amp-bf16" if a.parallel == "ddp" else "fsdp2-bf16-params-fp32-reduce"
+                "fp32" if not cuda else "amp-bf16" if a.parallel == "ddp" else f"{a.parallel}-bf16-params-fp32-reduce"
             ),
             "params": {"trainable": sum(p.numel() for p in params), "trainable_bytes": rs.tensor_bytes(params)},
             "gradient_bytes": grads,
             "optimizer_state_bytes": state,
-            **(
-                {"ddp_bucket_cap_mb": 25}
-                if a.parallel == "ddp"
-                else {"fsdp": {"reshard_after_forward": True, "param_dtype": "bfloat16", "reduce_dtype": "float32"}}
-            ),
+            **({"ddp_bucket_cap_mb": 25} if fsdp is None else {"fsdp": fsdp}),
         },
         files=[snap.name] if snap else [],
     )

@@ -27,7 +27,8 @@ hold for any model; frames and lifetime add what labels cannot say:
   the reducer's bucket rebuild in the first forwards) outliving their phase -> ``DDP gradient
   buckets``; FSDP's all-gather inputs and outputs (``torch/distributed/fsdp/`` frames of an
   ``all_gather`` / ``unshard`` function) -> ``FSDP all-gather buffers``; what it allocates to
-  reduce-scatter gradients (``foreach_reduce``, ``reduce_scatter``, ``_reduce_grad``) -> ``FSDP
+  reduce-scatter gradients (``foreach_reduce``, ``reduce_scatter``, ``_reduce_grad``, FSDP1's
+  ``_post_backward_hook``; the innermost of these and the gather functions decides) -> ``FSDP
   reduce-scatter buffers``, except the sharded output kept as the gradient (freed by ``zero_grad``:
   ``gradients``); its other allocations made at load and kept (each rank's shard of the
   parameters) -> ``FSDP sharded parameters``.
@@ -68,7 +69,13 @@ _DDP_FILES = re.compile(r"torch/nn/parallel/distributed\.py$")
 _FSDP_FILES = re.compile(r"torch/distributed/(?:fsdp|_composable/fsdp)/")
 _DISTRIBUTED_FILES = re.compile(r"torch/(?:distributed|nn/parallel)/")
 _GATHER_FUNCTIONS = re.compile(r"all_gather|unshard")
-_REDUCE_FUNCTIONS = re.compile(r"reduce_scatter|foreach_reduce|_reduce_grad")
+# FSDP1's ``_post_backward_hook`` casts the unsharded gradient to the reduce dtype before
+# ``_reduce_grad`` reduce-scatters it
+_REDUCE_FUNCTIONS = re.compile(r"reduce_scatter|foreach_reduce|_reduce_grad|^_post_backward_hook$")
+# torch's generic tensor and storage methods: the innermost Python frame of an allocation they
+# make on a caller's behalf (FSDP1's ``_alloc_storage`` resizes a storage through
+# ``torch/storage.py``), never who asked for it
+_PASS_THROUGH_FILES = re.compile(r"torch/(?:storage|_tensor|_utils)\.py$")
 # the framework whose API the advice names, from the frames of the allocations
 _FRAMEWORKS = (("diffusers", re.compile(r"(?:^|/)diffusers/")), ("transformers", re.compile(r"(?:^|/)transformers/")))
 _WEIGHT_OPS = ("torch/nn/modules/linear.py", "torch/nn/modules/conv.py")
@@ -105,7 +112,9 @@ def _stacks_with(snap: Snapshot, files: re.Pattern[str], names: re.Pattern[str] 
 
 def _innermost_python_file(snap: Snapshot) -> np.ndarray:
     """Per stack id, the filename of its innermost Python frame ('' without one): who made the
-    allocation, as opposed to the wrappers (DDP, FSDP) every forward allocation runs under."""
+    allocation, as opposed to the wrappers (DDP, FSDP) every forward allocation runs under.
+    torch's own tensor and storage methods (:data:`_PASS_THROUGH_FILES`) pass it on to their
+    caller, unless the stack has no other Python frame."""
     n = len(snap.stacks)
     out = np.full(n, "", dtype=object)
     if not n or not len(snap.frames) or not len(snap.stack_frames):
@@ -117,14 +126,44 @@ def _innermost_python_file(snap: Snapshot) -> np.ndarray:
     is_py = np.zeros(len(file_of), bool)
     file_of[fr["frame_id"].to_numpy()] = files
     is_py[fr["frame_id"].to_numpy()] = py
+    passing = np.zeros(len(file_of), bool)
+    passing[fr["frame_id"].to_numpy()] = [bool(_PASS_THROUGH_FILES.search(f)) for f in files]
     sf = snap.stack_frames
     fid = sf["frame_id"].to_numpy()
     keep = is_py[fid]
     sid, depth, fid = sf["stack_id"].to_numpy()[keep], sf["depth"].to_numpy()[keep], fid[keep]
-    order = np.lexsort((depth, sid))
+    order = np.lexsort((depth, passing[fid], sid))
     sid, fid = sid[order], fid[order]
     first = np.r_[True, sid[1:] != sid[:-1]] if len(sid) else np.zeros(0, bool)
     out[sid[first]] = file_of[fid[first]]
+    return out
+
+
+def _innermost_of(snap: Snapshot, files: re.Pattern[str], names: tuple[re.Pattern[str], ...]) -> np.ndarray:
+    """Per stack id, the index into ``names`` of its innermost frame whose filename matches
+    ``files`` and whose function one of ``names`` (the first that does), -1 where none does:
+    which of a wrapper's jobs the allocation serves (FSDP1 prefetches the next all-gather from
+    inside the hook that reduce-scatters a gradient)."""
+    n = len(snap.stacks)
+    out = np.full(n, -1, np.int64)
+    if not n or not len(snap.frames) or not len(snap.stack_frames):
+        return out
+    fr = snap.frames
+    in_files = fr["filename"].astype(str).str.contains(files).to_numpy(bool)
+    fn = fr["name"].astype(str)
+    role = np.full(len(fr), -1, np.int64)
+    for i in reversed(range(len(names))):
+        role[in_files & fn.str.contains(names[i]).to_numpy(bool)] = i
+    role_of = np.full(int(fr["frame_id"].max()) + 1, -1, np.int64)
+    role_of[fr["frame_id"].to_numpy()] = role
+    sf = snap.stack_frames
+    r = role_of[sf["frame_id"].to_numpy()]
+    keep = r >= 0
+    sid, depth, r = sf["stack_id"].to_numpy()[keep], sf["depth"].to_numpy()[keep], r[keep]
+    order = np.lexsort((depth, sid))
+    sid, r = sid[order], r[order]
+    first = np.r_[True, sid[1:] != sid[:-1]] if len(sid) else np.zeros(0, bool)
+    out[sid[first]] = r[first]
     return out
 
 
@@ -186,9 +225,11 @@ def classify_allocations(snap: Snapshot, rep: ReplayResult, labels: np.ndarray) 
     fsdp = own & _stacks_with(snap, _FSDP_FILES)
     cat[_rows_with(ddp, sids) & ~same_interval] = DDP_BUCKETS
     cat[_rows_with(fsdp, sids) & (born_g == "load") & ~same_interval] = FSDP_SHARDED
-    cat[_rows_with(fsdp & _stacks_with(snap, _FSDP_FILES, _GATHER_FUNCTIONS), sids)] = FSDP_GATHER
+    # the innermost of FSDP's gather and reduce functions says which the allocation serves
+    job = _innermost_of(snap, _FSDP_FILES, (_GATHER_FUNCTIONS, _REDUCE_FUNCTIONS))
+    cat[_rows_with(fsdp & (job == 0), sids)] = FSDP_GATHER
     # the reduce-scatter's sharded output is kept as the gradient; the rest is its buffers
-    reducing = _rows_with(fsdp & _stacks_with(snap, _FSDP_FILES, _REDUCE_FUNCTIONS), sids)
+    reducing = _rows_with(fsdp & (job == 1), sids)
     cat[reducing & ~grads] = FSDP_REDUCE
 
     params = cat == "parameters"

@@ -142,12 +142,14 @@ def test_history_cli(tmp_path: Path) -> None:
     assert f"baseline {fmt_bytes(best)}" in r.stdout
 
 
-# real jobs recorded on one H200: (folder, world size, backend). NCCL refuses two ranks on one
-# GPU, so its samples are one rank; gloo lets several ranks share the GPU.
+# real jobs recorded on one H200 (the FSDP1 ones on one H100): (folder, world size, backend).
+# NCCL refuses two ranks on one GPU, so its samples are one rank; gloo lets several ranks share it.
 RANK_SAMPLES = [
     ("ddp-gloo-4rank", 4, "gloo"),  # transformers GPT-2 under DDP, torchtitan layout
     ("fsdp2-gloo-2rank", 2, "gloo"),  # the same model under FSDP2 (fully_shard)
     ("fsdp2-nccl-1rank", 1, "nccl"),
+    ("fsdp1-gloo-2rank", 2, "gloo"),  # under FSDP1 (FullyShardedDataParallel, flat parameters)
+    ("fsdp1-nccl-1rank", 1, "nccl"),  # FSDP1 runs one rank as NO_SHARD
     ("train-sd15-ddp-gloo-2rank", 2, "gloo"),  # torchrun -m snapviz collect --train
     ("train-sd15-ddp-nccl-1rank", 1, "nccl"),
 ]
@@ -165,9 +167,9 @@ def _rank_sidecar(source: Path, rank: int) -> dict:
 def test_rank_samples_per_rank_table_equals_each_ranks_allocator(
     tmp_path: Path, name: str, world: int, backend: str
 ) -> None:
-    """Real distributed jobs on one H200: every rank's replayed peaks are its allocator's own
-    max_memory_allocated / max_memory_reserved, and the rank, world size and backend come from
-    the run itself."""
+    """Real distributed jobs on one GPU (H200; FSDP1's on an H100): every rank's replayed peaks
+    are its allocator's own max_memory_allocated / max_memory_reserved, and the rank, world size
+    and backend come from the run itself."""
     sample = ROOT / "sample_snapshots" / name
     if not sample.is_dir():
         pytest.skip(f"{name} is not in this checkout")

@@ -9,7 +9,10 @@ Nothing expected here was computed with snapviz.
 
 record_ddp_ranks.py --parallel fsdp2 recorded the same GPT-2 under FSDP2 (``fully_shard`` per block
 and the root, bf16 parameters, fp32 reductions): two gloo ranks and one NCCL rank, torchtitan's
-layout, no labels but FSDP2's own ``FSDP::*`` ranges.
+layout, no labels but FSDP2's own ``FSDP::*`` ranges. record_ddp_ranks.py --parallel fsdp1 recorded
+it under FSDP1 (``FullyShardedDataParallel``, a unit per block, flat parameters, bf16 parameters,
+fp32 reductions): two gloo ranks (``FULL_SHARD``) and one NCCL rank, which FSDP1 runs as
+``NO_SHARD`` (no all-gather, the gradients all-reduced in place).
 
 The cs336 LLM training step (third party, external corpus) has no run.json: what is checked
 there follows from AdamW itself (one gradient and two moments per parameter) and from the
@@ -43,6 +46,9 @@ FSDP = {
     "fsdp2-gloo-rank0": SAMPLES / "fsdp2-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank0",
     "fsdp2-gloo-rank1": SAMPLES / "fsdp2-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank1",
     "fsdp2-nccl-rank0": SAMPLES / "fsdp2-nccl-1rank" / "memory_snapshot" / "iteration_3" / "rank0",
+    "fsdp1-gloo-rank0": SAMPLES / "fsdp1-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank0",
+    "fsdp1-gloo-rank1": SAMPLES / "fsdp1-gloo-2rank" / "memory_snapshot" / "iteration_3" / "rank1",
+    "fsdp1-nccl-rank0": SAMPLES / "fsdp1-nccl-1rank" / "memory_snapshot" / "iteration_3" / "rank0",
 }
 # (snapshot, its run.json, relative tolerance of a phase peak: labels 0.1%, frames alone 3%)
 CASES = {
@@ -53,7 +59,7 @@ CASES = {
         f"ddp-gloo-rank{r}": (DDP / f"rank{r}_memory_snapshot.pickle.xz", DDP / f"rank{r}_run.json", 0.03)
         for r in range(4)
     },
-    # FSDP2: the phases from frames alone match the allocator to the byte (0.1% asked)
+    # FSDP2, FSDP1: the phases from frames alone match the allocator to the byte (0.1% asked)
     **{
         name: (stem.with_name(stem.name + "_memory_snapshot.pickle.xz"), stem.with_name(stem.name + "_run.json"), 0.001)
         for name, stem in FSDP.items()
@@ -204,7 +210,7 @@ def fsdp(request: pytest.FixtureRequest) -> tuple[str, dict, Analysis, dict]:
 
 def test_fsdp_ranges_are_no_stages(fsdp: tuple) -> None:
     """FSDP2's ``FSDP::pre_forward``, ``FSDP::all_gather``, ``FSDP::post_backward_reduce`` …
-    ranges run inside the phases: the stages are the program's phases only (they were 14 groups,
+    ranges (FSDP1's ``FullyShardedDataParallel._pre_forward`` …) run inside the phases: the stages are the program's phases only (they were 14 groups,
     eight of them ``FSDP::…``, and the phases' peaks were split among them), and wrapping the model
     with ``fully_shard`` is ``load`` (it was ``unlabelled``) with the allocator's load peak."""
     name, rj, an, doc = fsdp
@@ -219,11 +225,15 @@ def test_fsdp_ranges_are_no_stages(fsdp: tuple) -> None:
 
 def test_fsdp_buffers_and_shards_are_named(fsdp: tuple) -> None:
     """Each rank's parameter shards are FSDP sharded parameters (their bytes: the rank's
-    parameters, as the sidecar counted them from the DTensors' local shards), the unsharded
-    parameters gathered for forward and backward are FSDP all-gather buffers (live at the run's
-    peak), what reduce-scatters the gradients is FSDP reduce-scatter buffers, and the sharded
-    gradient it leaves is the gradient."""
+    parameters, as the sidecar counted them from the DTensors' local shards, or FSDP1's flat
+    parameters), the unsharded parameters gathered for forward and backward are FSDP all-gather
+    buffers (live at the run's peak; FSDP1's made through ``torch/storage.py``), what
+    reduce-scatters the gradients is FSDP reduce-scatter buffers (FSDP1's fp32 cast of the
+    unsharded gradient too), and the sharded gradient it leaves is the gradient. FSDP1 runs one
+    rank as ``NO_SHARD``: its bf16 working copies of the flat parameters are the all-gather
+    buffers, and the fp32 cast, all-reduced in place, is the gradient: no reduce-scatter buffer."""
     name, rj, an, doc = fsdp
+    no_shard = rj["train"]["fsdp"].get("sharding_strategy") == "NO_SHARD"
     params = rj["train"]["params"]["trainable_bytes"]
     last_opt = an.stages[an.stages["group"] == "optimizer"].iloc[-1]
     live = live_by_category(an.allocations, int(last_opt["end_row"]) - 1, "size")
@@ -233,7 +243,13 @@ def test_fsdp_buffers_and_shards_are_named(fsdp: tuple) -> None:
     assert at_peak.get(FSDP_GATHER, 0) > 0 and at_peak.get(FSDP_SHARDED, 0) > 0, at_peak
     assert sum(at_peak.values()) == doc["peak"]["allocated_bytes"]
     made = an.allocations.groupby("category", observed=True)["size"].sum()
-    assert made.get(FSDP_REDUCE, 0) > 0 and made.get(FSDP_GATHER, 0) > 0
+    assert made.get(FSDP_GATHER, 0) > 0
+    if no_shard:
+        assert made.get(FSDP_REDUCE, 0) == 0
+        # one fp32 gradient per iteration, each kept until zero_grad
+        assert made[GRADIENT] == rj["iteration"] * rj["train"]["gradient_bytes"], name
+        return
+    assert made.get(FSDP_REDUCE, 0) > 0
     # every reduce-scatter buffer is made and freed in a backward
     reduce = an.allocations[an.allocations["category"] == FSDP_REDUCE]
     assert set(reduce["phase"]) == {"backward"}

@@ -212,6 +212,66 @@ def test_fsdp_buffers_are_named() -> None:
     assert cats[4 * MiB] == "gradients"  # the sharded output, kept until zero_grad
 
 
+def test_fsdp1_flat_parameter_buffers_are_named() -> None:
+    """FSDP1 (``FullyShardedDataParallel``, flat parameters) as its frames are recorded: the
+    unsharded flat parameter is a storage ``_alloc_storage`` resizes through ``torch/storage.py``
+    (its innermost frame, yet FSDP made it: an all-gather buffer, not an activation); the
+    ``_post_backward_hook`` casts the unsharded gradient to fp32 for ``_reduce_grad`` (a
+    reduce-scatter buffer) and, inside the same hook, prefetches the next all-gather (the
+    innermost of FSDP's functions says which job an allocation serves); under ``NO_SHARD`` the cast
+    is kept as the gradient until zero_grad."""
+    fsdp = SP + "torch/distributed/fsdp/"
+    runtime = fsdp + "_runtime_utils.py"
+    hook = {"name": "_post_backward_hook", "filename": runtime, "line": 760}
+    shard = [
+        {"name": "_get_shard", "filename": fsdp + "_flat_param.py", "line": 1136},
+        {"name": "shard", "filename": fsdp + "_flat_param.py", "line": 960},
+        {"name": "__init__", "filename": fsdp + "fully_sharded_data_parallel.py", "line": 480},
+        USER,
+    ]
+    resize = [
+        {"name": "_resize_", "filename": SP + "torch/storage.py", "line": 1100},
+        {"name": "_alloc_storage", "filename": SP + "torch/distributed/utils.py", "line": 300},
+        {"name": "_alloc_padded_unsharded_flat_param", "filename": fsdp + "_flat_param.py", "line": 1400},
+        {"name": "unshard", "filename": fsdp + "_flat_param.py", "line": 1370},
+        {"name": "_unshard", "filename": runtime, "line": 300},
+    ]
+    gather = [*resize, {"name": "_pre_forward", "filename": runtime, "line": 380}, MODULE, USER]
+    prefetch = [*resize, {"name": "_prefetch_handle", "filename": runtime, "line": 1200}, hook]
+    cast = [hook, {"name": "decorate_context", "filename": SP + "torch/utils/_contextlib.py", "line": 120}]
+    sharded_grad = [
+        {"name": "_get_reduce_scatter_tensors", "filename": runtime, "line": 900},
+        {"name": "_reduce_grad", "filename": runtime, "line": 850},
+        hook,
+    ]
+    sim = Sim()
+    sim.set_label("load")
+    sim.alloc(8 * MiB, frames=shard)
+    sim.set_label("forward/0")
+    sim.free(sim.alloc(32 * MiB, frames=gather), frames=gather)
+    sim.set_label("backward/0")
+    sim.free(sim.alloc(24 * MiB, frames=prefetch), frames=prefetch)
+    unsharded = sim.alloc(64 * MiB, frames=cast)
+    grad = sim.alloc(4 * MiB, frames=sharded_grad)
+    sim.free(unsharded, frames=sharded_grad)
+    kept = sim.alloc(16 * MiB, frames=cast)  # NO_SHARD: the cast is the gradient
+    sim.set_label("optimizer/0")
+    sim.free(sim.alloc(MiB, frames=OPT), frames=OPT)
+    sim.set_label("zero_grad/0")
+    sim.free(grad, frames=ZERO)
+    sim.free(kept, frames=ZERO)
+    snap = load_dict(sim.snapshot(marker=False))
+    rep = replay_allocator(snap, 0)
+    labels = label_events(snap, rep.events, 0).labels
+    cats = classify_allocations(snap, rep, labels).set_index("size")["category"]
+    assert cats[8 * MiB] == FSDP_SHARDED
+    assert cats[32 * MiB] == FSDP_GATHER  # was a temporary: its innermost frame is torch/storage.py
+    assert cats[24 * MiB] == FSDP_GATHER  # prefetched from inside the reduce hook
+    assert cats[64 * MiB] == FSDP_REDUCE  # was temporaries
+    assert cats[4 * MiB] == "gradients"
+    assert cats[16 * MiB] == "gradients"
+
+
 def test_framework_from_frames_and_advice_in_its_api() -> None:
     snap, rep, lab, stages = _ddp_steps()
     sids = rep.events["stack_id"].to_numpy()
