@@ -13,11 +13,16 @@ and their JSON schema, all read from the same type hints.
   a test keeps the two equal).
 
 A field whose value may be left out of the JSON object (not ``null``: absent) has the type
-``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order. The
-sections whose content is open (attention, OOM, training, end state, advice, the run's own
-fields, the allocator's settings) are typed as :data:`Json` values: any JSON, checked as JSON.
-Snapshot and trace documents share the type; ``kind`` (absent for a snapshot, ``"trace"``)
-says which, and each kind leaves the other's fields absent.
+``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order, which is the
+order the builders write them in (so encoding a built document gives it back byte for byte).
+Every section is typed: :class:`Attention` or :class:`TraceAttention`, :class:`Oom`,
+:class:`EndState`, :class:`Training`, the three kinds of advice (:data:`AnyAdvice`, told apart by
+``kind``), :class:`AllocatorTruth` and :class:`RunInfo`. Only what is the user's own is
+:data:`Json` (any JSON, checked as JSON): the values run.json gives ``run`` and
+``allocator_truth``, and the allocator's settings. A key unknown to a type is refused; a key added
+after documents were first written is ``| Absent`` so that those documents still load (e.g.
+``oom.simulation``, ``oom.card``). Snapshot and trace documents share the type; ``kind`` (absent
+for a snapshot, ``"trace"``) says which, and each kind leaves the other's fields absent.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class Absent(enum.Enum):
 
 ABSENT: Final = Absent.ABSENT
 
-# Any JSON value (the open sections); a JSON object.
+# Any JSON value (what the user's own files hold); a JSON object.
 Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 JsonObject: TypeAlias = dict[str, Json]
 
@@ -515,21 +520,22 @@ class Summary:
         return self.kind == "trace"
 
 
-# --------------------------------------------------------------------------- reading the open sections
+# --------------------------------------------------------------------------- reading the user's JSON values
 
 
 def obj(v: Json | Absent) -> dict[str, Json]:
-    """An open section (or a value in one) as a JSON object; ``{}`` when it is anything else."""
+    """A JSON value from the user's files (allocator settings, a run.json field) as a JSON
+    object; ``{}`` when it is anything else."""
     return v if isinstance(v, dict) else {}
 
 
 def arr(v: Json | Absent) -> list[Json]:
-    """A value of an open section as a list; ``[]`` when it is anything else."""
+    """Such a value as a list; ``[]`` when it is anything else."""
     return v if isinstance(v, list) else []
 
 
 def num(v: Json | Absent) -> int:
-    """A byte count or count of an open section; 0 when it is not an integer."""
+    """Such a value as a byte count or count; 0 when it is not an integer."""
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
@@ -654,9 +660,11 @@ def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per k
                 return _decode(v, a, path)
             except InputError as e:
                 errors.append(e)
-        # the most specific message: the one that got deepest into the value
-        deepest = max(errors, key=lambda e: str(e).split(":", 1)[0].count("."))
-        if str(deepest).split(":", 1)[0] != path:
+        # the most specific message: an option of the value's own kind (an object for an
+        # object…), then the one that got deepest into the value
+        same_kind = [e for a, e in zip(options, errors, strict=True) if _container_of(a, v)]
+        deepest = max(same_kind or errors, key=lambda e: str(e).split(":", 1)[0].count("."))
+        if same_kind or str(deepest).split(":", 1)[0] != path:
             raise deepest
         raise _fail(path, " or ".join(_expected(a) for a in options), v)
     if origin is Literal:
@@ -708,6 +716,13 @@ def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per k
             return v
         raise _fail(path, "a string", v)
     raise TypeError(f"document.py: no rule for the type {tp!r} at {path}")  # a bug in this module
+
+
+def _container_of(tp: Any, v: object) -> bool:
+    """``tp`` is an object type and ``v`` an object, or both are lists."""
+    if isinstance(v, dict):
+        return typing.get_origin(tp) is dict or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
+    return isinstance(v, list) and typing.get_origin(tp) is list
 
 
 def _json_value(v: object, path: str) -> Json:
