@@ -118,14 +118,14 @@ def _golden(name: str) -> dict[str, Any]:
 
 def test_sections_are_typed() -> None:
     """attention, oom, end_state, training, advice, run: dataclasses, not JSON objects."""
-    oom_doc = from_json(_golden("gpt2-train-varlen-cap-oom"))
+    oom_doc = from_json(_golden("gpt2-train-varlen-cap-oom"), Summary)
     assert isinstance(oom_doc.attention, Attention) and isinstance(oom_doc.end_state, EndState)
     assert isinstance(oom_doc.oom, Oom) and isinstance(oom_doc.oom.simulation, OomSimulation)
     assert oom_doc.oom.headline.startswith("CUDA out of memory")
     assert isinstance(oom_doc.training, Training) and oom_doc.training.steps
     kinds = {type(a) for a in oom_doc.advice} if isinstance(oom_doc.advice, list) else set()
     assert kinds == {SimulatedAdvice, TrainingAdvice}
-    plain = from_json(_golden("sd15-fp16-classic"))
+    plain = from_json(_golden("sd15-fp16-classic"), Summary)
     assert isinstance(plain.advice, list) and Advice in {type(a) for a in plain.advice}
     assert isinstance(plain.run, RunInfo) and plain.run.pipeline == "sd15"
     assert plain.oom is None and plain.training is ABSENT
