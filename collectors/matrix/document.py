@@ -56,6 +56,23 @@ def run_json_summary(info: dict[str, Any], label: str, source: str, warn: bool =
     }
 
 
+def _run_json_digest(summary: dict[str, Any]) -> Any:
+    """A compare digest of :func:`run_json_summary`'s stage peaks (no timeline, sites or attention)."""
+    from snapviz.analyses.digest import digest_of_peaks
+
+    p = summary["peak"]
+    return digest_of_peaks(
+        summary["label"],
+        summary["source"],
+        [(str(s["name"]), s["peak_allocated_bytes"], s["peak_reserved_bytes"]) for s in summary["stages"]],
+        peak_allocated=int(p["allocated_bytes"]),
+        peak_reserved=int(p["reserved_bytes"] or 0),
+        peak_stage=str(p["stage"]),
+        stage_source=summary["stage_source"],
+        warnings=summary["warnings"],
+    )
+
+
 def _snapshot_digest(run_dir: Path, label: str) -> Any:
     """The variant's snapshot through the analyses (timeline, sites, attention), reduced to a
     compare digest; None when the run directory holds no snapshot after all."""
@@ -71,7 +88,6 @@ def _snapshot_digest(run_dir: Path, label: str) -> Any:
 def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> tuple[Any, dict[str, Any]] | None:
     """The stage-aligned comparison (base first, then ranked variants) via snapviz compare."""
     from snapviz.analyses.compare import compare_dict, compare_runs
-    from snapviz.analyses.digest import digest_summary
 
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     if len(ok) < 2:
@@ -90,7 +106,7 @@ def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> 
         if digest is None:
             info = json.loads((run_dir / "run.json").read_text())
             # the RSS caveat once, on the base, not on every run
-            digest = digest_summary(run_json_summary(info, r["label"], str(run_dir), warn=not digests), r["label"])
+            digest = _run_json_digest(run_json_summary(info, r["label"], str(run_dir), warn=not digests))
         digests.append(digest)
     cmp = compare_runs(digests)
     return cmp, compare_dict(cmp)

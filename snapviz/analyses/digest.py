@@ -4,12 +4,14 @@ worker processes and only these come back."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Interval, StageGroup, Summary, from_json, to_json
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
@@ -243,34 +245,40 @@ def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 2
     )
 
 
-def _doc_categories(doc: dict[str, Any]) -> pd.DataFrame:
+def _doc_categories(doc: Summary) -> pd.DataFrame:
     """A document's categories at the peak, old names (``weights``, ``activations``: documents
     written before the one vocabulary) said as the vocabulary says them now, so they compare."""
-    cats = pd.DataFrame(doc.get("categories") or [], columns=["category", "bytes"])
+    listed = doc.categories if isinstance(doc.categories, list) else []
+    cats = pd.DataFrame([(c.category, c.bytes) for c in listed], columns=["category", "bytes"])
     if len(cats):
         cats["category"] = [canonical_category(str(c)) for c in cats["category"]]
         cats = cats.groupby("category", sort=False, as_index=False)["bytes"].sum()
     return cats
 
 
-def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
-    """A digest from a ``snapviz.summary/1`` dict (e.g. a trace-only run): stages and peaks only."""
-    rows = []
-    order = 0
-    for s in doc.get("stages") or []:
-        for iv in s.get("intervals") or [s]:
-            rows.append(
-                {
-                    "name": str(iv["name"]),
-                    "group": stage_group(str(iv["name"])),
-                    # null in a trace without memory events: nothing measured there
-                    "peak_allocated_bytes": int(iv["peak_allocated_bytes"] or 0),
-                    "peak_reserved_bytes": int(iv.get("peak_reserved_bytes") or 0),
-                    "order": order,
-                }
-            )
-            order += 1
-    st = pd.DataFrame(rows, columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"])
+def digest_of_peaks(
+    label: str,
+    source: str,
+    intervals: Sequence[tuple[str, int, int]],
+    *,
+    peak_allocated: int,
+    peak_reserved: int,
+    peak_stage: str,
+    stage_source: str = "none",
+    events: int = 0,
+    truncated: bool = False,
+    warnings: Sequence[str] = (),
+    categories: pd.DataFrame | None = None,
+    attention: dict[str, Any] | None = None,
+    memory_kind: str = SNAPSHOT_MEMORY,
+) -> RunDigest:
+    """A digest from stage peaks alone, no timeline (what an earlier ``analyze --json`` or a
+    run.json says): ``intervals`` are (stage label, peak allocated, peak reserved), a label
+    seen twice keeping its highest peaks."""
+    st = pd.DataFrame(
+        [(n, stage_group(n), a, r, i) for i, (n, a, r) in enumerate(intervals)],
+        columns=["name", "group", "peak_allocated_bytes", "peak_reserved_bytes", "order"],
+    )
     if len(st):
         st = (
             st.groupby("name", sort=False)
@@ -282,25 +290,49 @@ def digest_summary(doc: dict[str, Any], label: str) -> RunDigest:
             )
             .reset_index()
         )
-    p = doc["peak"]
     return RunDigest(
         label=label,
-        source=str(doc.get("source", label)),
-        peak_allocated=int(p["allocated_bytes"]),
-        peak_reserved=int(p.get("reserved_bytes") or 0),
-        peak_stage=str(p.get("stage")),
+        source=source,
+        peak_allocated=peak_allocated,
+        peak_reserved=peak_reserved,
+        peak_stage=peak_stage,
         stages=st,
         timeline=pd.DataFrame(columns=["name", "pos", "allocated", "reserved"]),
-        categories=_doc_categories(doc),
-        attention=dict(doc.get("attention") or {}),
+        categories=categories if categories is not None else pd.DataFrame(columns=["category", "bytes"]),
+        attention=attention if attention is not None else {},
         sites=pd.DataFrame(columns=["site", "allocs", "total_bytes", "peak_live_bytes"]),
-        stage_source=str(doc.get("stage_source", "none")),
-        events=int((doc.get("history") or {}).get("events", 0)),
-        truncated=bool((doc.get("history") or {}).get("truncated", False)),
-        warnings=list(doc.get("warnings") or []),
-        memory_kind=(
-            str(doc.get("device_kind") or "no memory events") if doc.get("kind") == "trace" else SNAPSHOT_MEMORY
-        ),
+        stage_source=stage_source,
+        events=events,
+        truncated=truncated,
+        warnings=list(warnings),
+        memory_kind=memory_kind,
+    )
+
+
+def digest_summary(doc: Summary, label: str) -> RunDigest:
+    """A digest from a ``snapviz.summary/1`` document (an earlier ``analyze --json``, or a
+    trace-only run): stages and peaks only."""
+    intervals = []
+    for s in doc.stages:
+        ivs: Sequence[Interval | StageGroup] = s.intervals if s.intervals else [s]  # older documents: none
+        # null in a trace without memory events: nothing measured there
+        intervals += [(iv.name, iv.peak_allocated_bytes or 0, iv.peak_reserved_bytes or 0) for iv in ivs]
+    p = doc.peak
+    device_kind = doc.device_kind if isinstance(doc.device_kind, str) else None
+    return digest_of_peaks(
+        label,
+        doc.source,
+        intervals,
+        peak_allocated=p.allocated_bytes,
+        peak_reserved=p.reserved_bytes or 0,
+        peak_stage=str(p.stage),
+        stage_source=doc.stage_source,
+        events=doc.history.events,
+        truncated=doc.history.truncated,
+        warnings=doc.warnings,
+        categories=_doc_categories(doc),
+        attention=to_json(doc.attention),  # the comparison's attention row reads its JSON form
+        memory_kind=(device_kind or "no memory events") if doc.is_trace else SNAPSHOT_MEMORY,
     )
 
 
@@ -309,9 +341,9 @@ def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) 
     event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
     from snapviz.analyses.stages import label_by_intervals
 
-    doc = an.summary()
+    doc = from_json(an.summary(), Summary)
     d = digest_summary(doc, label)
-    d.peak_time_us = (doc.get("peak") or {}).get("time_us")
+    d.peak_time_us = doc.peak.time_us
     d.run_info = run_info(an.run)
     tl = an.timeline
     if not len(tl) or not len(an.stages):

@@ -13,11 +13,16 @@ and their JSON schema, all read from the same type hints.
   a test keeps the two equal).
 
 A field whose value may be left out of the JSON object (not ``null``: absent) has the type
-``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order. The
-sections whose content is open (attention, OOM, training, end state, advice, the run's own
-fields, the allocator's settings) are typed as :data:`Json` values: any JSON, checked as JSON.
-Snapshot and trace documents share the type; ``kind`` (absent for a snapshot, ``"trace"``)
-says which, and each kind leaves the other's fields absent.
+``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order, which is the
+order the builders write them in (so encoding a built document gives it back byte for byte).
+Every section is typed: :class:`Attention` or :class:`TraceAttention`, :class:`Oom`,
+:class:`EndState`, :class:`Training`, the three kinds of advice (:data:`AnyAdvice`, told apart by
+``kind``), :class:`AllocatorTruth` and :class:`RunInfo`. Only what is the user's own is
+:data:`Json` (any JSON, checked as JSON): the values run.json gives ``run`` and
+``allocator_truth``, and the allocator's settings. A key unknown to a type is refused; a key added
+after documents were first written is ``| Absent`` so that those documents still load (e.g.
+``oom.simulation``, ``oom.card``). Snapshot and trace documents share the type; ``kind`` (absent
+for a snapshot, ``"trace"``) says which, and each kind leaves the other's fields absent.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ class Absent(enum.Enum):
 
 ABSENT: Final = Absent.ABSENT
 
-# Any JSON value (the open sections); a JSON object.
+# Any JSON value (what the user's own files hold); a JSON object.
 Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
 JsonObject: TypeAlias = dict[str, Json]
 
@@ -168,6 +173,320 @@ class TopAllocation:
     op_input_dims: str | Absent = ABSENT
 
 
+# --------------------------------------------------------------------------- attention
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoreMatrix:
+    """A snapshot's largest attention score matrix; its shape a guess from the run's geometry."""
+
+    bytes: int
+    requested_bytes: int
+    shape: list[int] | None  # [batch*heads, Nq, Nk]; None: no factoring fits
+    dtype: str | None
+    heads: int | None
+    batch: int | None
+    stage: str | None  # None: no score matrix
+    site: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionStage:
+    """Score bytes live in one stage interval (``stages``) or stage (``stage_groups``)."""
+
+    stage: str
+    peak_allocated_bytes: int
+    live_bytes_at_stage_peak: int
+    share_of_stage_peak: float
+    max_live_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attention:
+    """A snapshot's attention score matrices (softmax over a matmul) and the implementation
+    the run used."""
+
+    count: int
+    peak_live_bytes: int
+    peak_live_event_index: int  # -1: none live
+    total_bytes: int
+    largest: ScoreMatrix
+    implementation: str
+    implementation_source: str
+    materialized: bool
+    fused: bool
+    functions: dict[str, int]  # score allocations by the function that made them
+    fused_evidence: list[str]
+    stages: list[AttentionStage]
+    stage_groups: list[AttentionStage]
+    trace_offset_us: float | Absent = ABSENT  # a profiler trace of the same run was joined
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceScoreMatrix:
+    """A trace's largest score matrix, with the exact shape of the op that made it."""
+
+    bytes: int
+    shape: list[int] | None
+    dtype: str | None | Absent = ABSENT  # absent: no score matrix
+    op: str | Absent = ABSENT
+    stage: str | None | Absent = ABSENT
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceAttention:
+    """A trace's attention ops: score matrices with their shapes, fused calls, the verdict."""
+
+    count: int
+    peak_live_bytes: int  # a lower bound: ops do not say lifetimes
+    largest: TraceScoreMatrix
+    source: str
+    sdpa_calls: int  # calls of PyTorch's SDPA ops that ran fused
+    fused_calls: int  # every fused attention call: SDPA, vLLM, flash-attn, xFormers, aiter/CK
+    implementation: str
+
+
+# --------------------------------------------------------------------------- run.json
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatorTruth:
+    """The allocator's own figures for the device, from run.json (values as the file has them:
+    the collectors write integers; null where unknown)."""
+
+    max_memory_allocated: Json
+    max_memory_reserved: Json
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """How the run was made: the ``snapviz.run/1`` fields of its run.json (values as the file
+    has them; null where it has none)."""
+
+    pipeline: Json
+    size: Json
+    techniques: Json
+    height: Json
+    width: Json
+    steps: Json
+    batch: Json
+    dtype: Json
+    device_name: Json
+    torch_version: Json
+    diffusers_version: Json
+    command: Json
+
+
+# --------------------------------------------------------------------------- advice
+
+
+@dataclass(frozen=True, kw_only=True)
+class Advice:
+    """A fix from the standard toolbox, estimated from the live set at the peak."""
+
+    technique: str
+    why: str
+    saves_up_to_bytes: int | None  # None: not known
+    how: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedAdvice:
+    """An allocator setting or card the simulator ran the recorded requests under."""
+
+    technique: str
+    why: str
+    saves_up_to_bytes: int | None
+    how: str
+    kind: Literal["simulated"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingAdvice:
+    """A training technique, estimated per phase from the training view."""
+
+    technique: str
+    kind: Literal["training"]
+    why: str
+    saves_up_to_bytes: int | None
+    estimated_peak_bytes: int
+    phase_savings_bytes: dict[str, int]  # by phase group
+    how: str
+
+
+AnyAdvice: TypeAlias = Advice | SimulatedAdvice | TrainingAdvice
+
+
+# --------------------------------------------------------------------------- OOM
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveCategory:
+    category: str
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveSite:
+    site: str
+    bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shrink:
+    """The largest category live at an OOM: where the bytes short would have to come from."""
+
+    category: str
+    bytes: int
+    stage: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class FittingSetting:
+    """The first allocator setting under which the run fits the recorded cap (simulated)."""
+
+    alloc_conf: str
+    peak_reserved_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CardFit:
+    """The smallest card one setting runs on (simulated, whole GiB)."""
+
+    alloc_conf: str | None  # None: the recorded settings
+    smallest_bytes: int | None  # None: none up to the search's limit
+    common_card_bytes: int | None  # None: larger than the common cards
+    peak_reserved_bytes: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomSimulation:
+    """What would have let the failed request fit, simulated."""
+
+    simulated: bool
+    why_not: str | None  # None: simulated
+    reason: str
+    setting: FittingSetting | None
+    settings_tried: list[str]
+    cards: list[CardFit]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Oom:
+    """The OOM that ended the run (or the last one, survived): the failed request, the
+    allocator's state then, the verdict and what would have fit, with the sentences every
+    sink says (``headline`` … ``card``)."""
+
+    source: str  # "trace" (the snapshot's oom entry) or "run.json" (the collectors' record)
+    count: int
+    device: int
+    event_index: int | None
+    survived: bool
+    time_us: int | None
+    requested_bytes: int
+    stream: int | None
+    site: str | None
+    stack: list[str]
+    stage: str
+    allocated_bytes: int
+    reserved_bytes: int
+    cap_bytes: int | None
+    cap_source: str | None
+    device_free_bytes: int | None
+    free_reserved_bytes: int
+    largest_free_block_bytes: int | None
+    verdict: str  # "out of memory", "fragmented" or "not determined"
+    bytes_short: int | None
+    live_categories: list[LiveCategory]
+    live_sites: list[LiveSite]
+    shrink: Shrink | None
+    advice: str | None
+    simulation: OomSimulation | None | Absent = ABSENT  # absent: written before the simulator
+    headline: str
+    state: str
+    verdict_text: str
+    fix: str | None
+    card: str | None | Absent = ABSENT  # absent: written before the simulator
+
+
+# --------------------------------------------------------------------------- end state
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteBlocks:
+    site: str
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pool:
+    """A memory pool at the end (``0,0``: the default pool; others: CUDA graphs, MemPool)."""
+
+    pool: str
+    name: str
+    segments: int
+    reserved_bytes: int
+    allocated_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class BeforeRecording:
+    """Memory allocated before the recorded history, itemised by the end-state blocks' frames."""
+
+    bytes: int
+    itemised_bytes: int
+    by_category: dict[str, int]
+    sites: list[SiteBlocks]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndState:
+    """The blocks live when the snapshot was taken, named by their own frames."""
+
+    only: bool  # the file holds no history for the device, only this
+    note: str | None
+    live_bytes: int
+    blocks: int
+    by_category: dict[str, int]
+    by_stage: dict[str, int]
+    sites: list[SiteBlocks]
+    pools: list[Pool]
+    before_recording: BeforeRecording
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingPhase:
+    """A phase interval (forward, backward, optimizer…) of an optimizer step, and its peak."""
+
+    name: str
+    step: int
+    peak_allocated_bytes: int
+    categories_at_peak: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingStep:
+    """An optimizer step: the phase interval holding its peak, and what the peak is made of."""
+
+    step: int
+    peak_phase: str
+    peak_allocated_bytes: int
+    categories_at_peak: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """A training run's phases and steps; categories include ``before recording`` (they add up)."""
+
+    categories: list[str]
+    phases: list[TrainingPhase]
+    steps: list[TrainingStep]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Summary:
     """The ``snapviz.summary/1`` document of one device of one run."""
@@ -182,40 +501,41 @@ class Summary:
     history: History
     devices: list[DevicePeak] | list[TraceDevice]
     stages: list[StageGroup]
-    attention: Json
+    attention: Attention | TraceAttention
     categories: list[CategoryBytes] | Absent = ABSENT  # snapshots: live bytes by category at the peak
     top_allocations: list[TopAllocation]
     top_allocations_note: str | Absent = ABSENT  # traces
-    allocator_truth: Json
-    run: Json
-    allocator_settings: Json | Absent = ABSENT  # snapshots
-    advice: list[JsonObject] | Absent = ABSENT  # snapshots
+    allocator_truth: AllocatorTruth | None  # None: no run.json
+    run: RunInfo | None  # None: no run.json
+    allocator_settings: Json | Absent = ABSENT  # snapshots: the allocator's settings as the file has them
+    advice: list[AnyAdvice] | Absent = ABSENT  # snapshots
     warnings: list[str]
-    oom: JsonObject | None | Absent = ABSENT  # snapshots: the first OOM explained, None: none
+    oom: Oom | None | Absent = ABSENT  # snapshots: the OOM explained, None: none
     not_recorded: str | None
-    end_state: JsonObject | None | Absent = ABSENT  # snapshots
-    training: JsonObject | Absent = ABSENT  # snapshots of a training program
+    end_state: EndState | None | Absent = ABSENT  # snapshots
+    training: Training | Absent = ABSENT  # snapshots of a training program
 
     @property
     def is_trace(self) -> bool:
         return self.kind == "trace"
 
 
-# --------------------------------------------------------------------------- reading the open sections
+# --------------------------------------------------------------------------- reading the user's JSON values
 
 
 def obj(v: Json | Absent) -> dict[str, Json]:
-    """An open section (or a value in one) as a JSON object; ``{}`` when it is anything else."""
+    """A JSON value from the user's files (allocator settings, a run.json field) as a JSON
+    object; ``{}`` when it is anything else."""
     return v if isinstance(v, dict) else {}
 
 
 def arr(v: Json | Absent) -> list[Json]:
-    """A value of an open section as a list; ``[]`` when it is anything else."""
+    """Such a value as a list; ``[]`` when it is anything else."""
     return v if isinstance(v, list) else []
 
 
 def num(v: Json | Absent) -> int:
-    """A byte count or count of an open section; 0 when it is not an integer."""
+    """Such a value as a byte count or count; 0 when it is not an integer."""
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
@@ -340,9 +660,11 @@ def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per k
                 return _decode(v, a, path)
             except InputError as e:
                 errors.append(e)
-        # the most specific message: the one that got deepest into the value
-        deepest = max(errors, key=lambda e: str(e).split(":", 1)[0].count("."))
-        if str(deepest).split(":", 1)[0] != path:
+        # the most specific message: an option of the value's own kind (an object for an
+        # object…), then the one that got deepest into the value
+        same_kind = [e for a, e in zip(options, errors, strict=True) if _container_of(a, v)]
+        deepest = max(same_kind or errors, key=lambda e: str(e).split(":", 1)[0].count("."))
+        if same_kind or str(deepest).split(":", 1)[0] != path:
             raise deepest
         raise _fail(path, " or ".join(_expected(a) for a in options), v)
     if origin is Literal:
@@ -394,6 +716,13 @@ def _decode(v: object, tp: Any, path: str) -> Any:  # noqa: C901 (one case per k
             return v
         raise _fail(path, "a string", v)
     raise TypeError(f"document.py: no rule for the type {tp!r} at {path}")  # a bug in this module
+
+
+def _container_of(tp: Any, v: object) -> bool:
+    """``tp`` is an object type and ``v`` an object, or both are lists."""
+    if isinstance(v, dict):
+        return typing.get_origin(tp) is dict or (isinstance(tp, type) and dataclasses.is_dataclass(tp))
+    return isinstance(v, list) and typing.get_origin(tp) is list
 
 
 def _json_value(v: object, path: str) -> Json:

@@ -21,11 +21,13 @@ Verdicts (docs/design.md, "Machine-readable summary"):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Oom, to_json
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.sites import SiteNamer
 from snapviz.model import (
@@ -327,7 +329,7 @@ def oom_report(
 RULE_OF_THUMB = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
-def pick_advice(oom: dict[str, Any], advice: list[dict[str, Any]]) -> str | None:
+def pick_advice(oom: Mapping[str, Any], advice: list[dict[str, Any]]) -> str | None:
     """What the fix line suggests trying. Where the simulator reproduced the run
     (``oom["simulation"]``, :func:`snapviz.analyses.whatif.oom_simulation`), the allocator setting
     under which it fits, simulated; else, for a ``fragmented`` verdict the simulation did not
@@ -352,7 +354,7 @@ def pick_advice(oom: dict[str, Any], advice: list[dict[str, Any]]) -> str | None
     return str(fits[0]["technique"]) if fits else None
 
 
-def _simulated_clauses(oom: dict[str, Any]) -> list[str]:
+def _simulated_clauses(oom: Mapping[str, Any]) -> list[str]:
     """The fix line's ``try:`` and what the simulation says would have fit (setting, card)."""
     sim = oom.get("simulation")
     advice = oom.get("advice")
@@ -378,7 +380,7 @@ def _simulated_clauses(oom: dict[str, Any]) -> list[str]:
     return out
 
 
-def oom_fix_short(oom: dict[str, Any]) -> str | None:
+def oom_fix_short(oom: Mapping[str, Any]) -> str | None:
     """The fix and card lines in a few words, for a picture's title (None: nothing to suggest)."""
     sim = oom.get("simulation") or {}
     advice = oom.get("advice")
@@ -397,7 +399,7 @@ def oom_fix_short(oom: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def oom_headline(oom: dict[str, Any]) -> str:
+def oom_headline(oom: Mapping[str, Any]) -> str:
     """The sentence every sink leads with when a run hit an OOM: the failed request."""
     where = f" at {oom['site']}" if oom.get("site") else ""
     stage = f" in {oom['stage']}" if oom.get("stage") else ""
@@ -411,14 +413,14 @@ def oom_headline(oom: dict[str, Any]) -> str:
     return f"CUDA out of memory: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}"
 
 
-def oom_short(oom: dict[str, Any]) -> str:
+def oom_short(oom: Mapping[str, Any]) -> str:
     """The headline in a few words, for a picture's title and marker label."""
     stage = f" in {oom['stage']}" if oom.get("stage") else ""
     survived = " (survived)" if oom.get("survived") else ""
     return f"CUDA OOM{survived}: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
 
 
-def oom_state(oom: dict[str, Any]) -> str:
+def oom_state(oom: Mapping[str, Any]) -> str:
     """The allocator's state at that moment, with the cap and the free memory."""
     state = f"at that moment {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
     cap = oom.get("cap_bytes")
@@ -431,7 +433,7 @@ def oom_state(oom: dict[str, Any]) -> str:
     )
 
 
-def oom_verdict(oom: dict[str, Any]) -> str:
+def oom_verdict(oom: Mapping[str, Any]) -> str:
     """Fragmented or really out of memory, with the numbers that decide it."""
     v = oom["verdict"]
     short = oom.get("bytes_short")
@@ -456,7 +458,7 @@ def oom_verdict(oom: dict[str, Any]) -> str:
     return "verdict: not determined (fragmented or out of memory: the file does not show the cap)"
 
 
-def oom_fix(oom: dict[str, Any]) -> str | None:
+def oom_fix(oom: Mapping[str, Any]) -> str | None:
     """What would have made it fit, in words (None: not known): the shortfall, then what to try
     and what the simulation says would have fit (:func:`_simulated_clauses`)."""
     short = oom.get("bytes_short")
@@ -471,7 +473,7 @@ def oom_fix(oom: dict[str, Any]) -> str | None:
     return "; ".join(parts) if parts else None
 
 
-def oom_card(oom: dict[str, Any]) -> str | None:
+def oom_card(oom: Mapping[str, Any]) -> str | None:
     """The smallest card the run fits on, simulated (None: not simulated)."""
     sim = oom.get("simulation") or {}
     if not sim.get("simulated") or not sim.get("cards"):
@@ -481,7 +483,9 @@ def oom_card(oom: dict[str, Any]) -> str | None:
     return card_fit_text(sim["cards"], ended=not oom.get("survived"))
 
 
-def oom_lines(oom: dict[str, Any]) -> list[str]:
-    """The OOM story in the words every sink uses: headline, state, verdict, fix, card."""
-    extra = [x for x in (oom_fix(oom), oom_card(oom)) if x]
-    return [oom_headline(oom), oom_state(oom), oom_verdict(oom), *extra]
+def oom_lines(oom: Oom | Mapping[str, Any]) -> list[str]:
+    """The OOM story in the words every sink uses: headline, state, verdict, fix, card (of
+    the typed section, or of its JSON form while the summary is built)."""
+    o: Mapping[str, Any] = to_json(oom) if isinstance(oom, Oom) else oom
+    extra = [x for x in (oom_fix(o), oom_card(o)) if x]
+    return [oom_headline(o), oom_state(o), oom_verdict(o), *extra]

@@ -74,9 +74,8 @@ def digest_input(path: str, label: str, stage_source: str = "auto", points_per_l
 
     if (doc := read_summary_json(path)) is not None:  # an earlier analyze --json: stages and peaks
         from snapviz.analyses.digest import digest_summary
-        from snapviz.analyses.document import to_json
 
-        return digest_summary(to_json(doc), label)
+        return digest_summary(doc, label)
     return digest_of(_analyze_input(path, label, stage_source), label, points_per_label=points_per_label)
 
 

@@ -44,7 +44,7 @@ def fmt_report_kind(doc: Summary) -> str:
     """What a summary measured, for every sink's title: ``GPU memory`` (a snapshot),
     ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device
     cpu``: a rehearsal), :data:`CPU_REHEARSAL`."""
-    return _report_kind(doc.is_trace, doc.device, doc.device_kind, bool(doc.run))
+    return _report_kind(doc.is_trace, doc.device, doc.device_kind, doc.run is not None)
 
 
 def fmt_report_kind_plain(doc: Mapping[str, Any]) -> str:

@@ -10,7 +10,21 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from snapviz.analyses.document import Summary, bounded_summary, to_json
+from snapviz.analyses.document import (
+    ABSENT,
+    Absent,
+    Attention,
+    EndState,
+    Interval,
+    Oom,
+    StageGroup,
+    Summary,
+    TraceAttention,
+    Training,
+    arr,
+    bounded_summary,
+    obj,
+)
 from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import fmt_bytes, fmt_device, fmt_peak_bound, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import md_code, md_text, printable
@@ -33,56 +47,56 @@ def _span(lo: int, hi: int) -> str:
     return f"{a}–{b}"
 
 
-def _peak_interval(stage: dict[str, Any]) -> dict[str, Any]:
+def _peak_interval(stage: StageGroup) -> Interval | StageGroup:
     """The stage's interval with the highest peak (first on ties), or the stage itself."""
-    ivs = stage.get("intervals") or []
-    if not ivs:
+    if not stage.intervals:
         return stage
-    return max(ivs, key=lambda it: int(it.get("peak_allocated_bytes") or 0))
+    return max(stage.intervals, key=lambda it: it.peak_allocated_bytes or 0)
 
 
-def stage_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+def stage_rows(doc: Summary) -> list[dict[str, Any]]:
     """One row per stage (denoising steps grouped): what the Markdown stage table shows.
 
     ``intervals``/``steps``: counts; ``peak_interval``: the name of the interval with the
     stage's peak; ``range``: (lowest, highest) interval peak when there are several;
     ``top``: [(category, bytes, share of that interval's peak)] largest first, with memory
     from before the recording as ``before recording``; ``largest``: the largest block
-    the peak interval allocated itself ({bytes, site}) or None.
+    the peak interval allocated itself (:class:`SiteBytes`) or None.
     """
     out = []
-    for s in doc.get("stages") or []:
-        ivs = s.get("intervals") or []
+    for s in doc.stages:
+        ivs = s.intervals
         pk = _peak_interval(s)
-        total = int(pk.get("peak_allocated_bytes") or 0)
-        cats = {str(k): int(v) for k, v in (pk.get("categories_at_peak") or {}).items()}
+        total = pk.peak_allocated_bytes or 0
+        at_peak = pk.categories_at_peak if isinstance(pk, Interval) else ABSENT
+        cats = dict(at_peak) if not isinstance(at_peak, Absent) else {}
         if cats and total > sum(cats.values()):
             cats[BEFORE_RECORDING] = cats.get(BEFORE_RECORDING, 0) + total - sum(cats.values())
         top = sorted(cats.items(), key=lambda kv: -kv[1])
-        peaks = [int(i.get("peak_allocated_bytes") or 0) for i in ivs]
-        own = pk.get("top_allocations") or []
+        peaks = [i.peak_allocated_bytes or 0 for i in ivs]
+        own = pk.top_allocations if isinstance(pk, Interval) and not isinstance(pk.top_allocations, Absent) else []
         out.append(
             {
                 # None where the input has no figure (trace without memory events or Total Reserved)
-                "name": str(s["name"]),
-                "peak_allocated_bytes": s.get("peak_allocated_bytes"),
-                "peak_reserved_bytes": s.get("peak_reserved_bytes"),
+                "name": s.name,
+                "peak_allocated_bytes": s.peak_allocated_bytes,
+                "peak_reserved_bytes": s.peak_reserved_bytes,
                 "intervals": len(ivs),
-                "steps": len(s.get("steps") or []),
-                "peak_interval": str(pk.get("name", s["name"])),
+                "steps": len(s.steps),
+                "peak_interval": pk.name,
                 "range": (min(peaks), max(peaks)) if len(peaks) > 1 else None,
                 "top": [(c, b, b / total if total else 0.0) for c, b in top],
-                "largest": max(own, key=lambda t: int(t["bytes"])) if own else None,
+                "largest": max(own, key=lambda t: t.bytes) if own else None,
             }
         )
     return out
 
 
-def _stage_table(doc: dict[str, Any]) -> list[str]:
-    stages = doc.get("stages") or []
+def _stage_table(doc: Summary) -> list[str]:
+    stages = doc.stages
     if not stages:
         return []
-    rss = {s["name"]: max((i.get("rss_peak_bytes") or 0) for i in (s.get("intervals") or [{}])) for s in stages}
+    rss = {s.name: max((_rss(i) for i in s.intervals), default=0) for s in stages}
     has_rss = any(rss.values())
     rows = stage_rows(doc)
     has_cats = any(r["top"] for r in rows)
@@ -109,7 +123,7 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
         if has_cats:
             top = ", ".join(f"{md_text(c)} {share:.0%}" for c, _, share in r["top"][:2])
             lg = r["largest"]
-            own = f"{fmt_bytes(lg['bytes'])} {md_code(lg['site'])}" if lg else "none live at its peak"
+            own = f"{fmt_bytes(lg.bytes)} {md_code(lg.site)}" if lg else "none live at its peak"
             line += f" {top or 'not itemized'} | {own} |"
         if has_rss:
             line += f" {fmt_bytes(rss[r['name']])} |"
@@ -123,12 +137,16 @@ def _stage_table(doc: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
-def _training_table(doc: dict[str, Any]) -> list[str]:
+def _rss(iv: Interval) -> int:
+    return iv.rss_peak_bytes if not isinstance(iv.rss_peak_bytes, Absent) else 0
+
+
+def _training_table(training: Training | Absent) -> list[str]:
     """Training runs: per optimizer step, its peak and the categories live at it (before recording included)."""
-    steps = (doc.get("training") or {}).get("steps") or []
-    if not steps:
+    if isinstance(training, Absent) or not training.steps:
         return []
-    cats = [c for c in doc["training"]["categories"] if any(s["categories_at_peak"].get(c) for s in steps)]
+    steps = training.steps
+    cats = [c for c in training.categories if any(s.categories_at_peak.get(c) for s in steps)]
     out = [
         "Per optimizer step, the peak and what it is made of (allocator blocks):",
         "",
@@ -137,26 +155,26 @@ def _training_table(doc: dict[str, Any]) -> list[str]:
     ]
     for s in steps[:MAX_STAGE_ROWS]:
         out.append(
-            f"| {s['step']} | {fmt_bytes(s['peak_allocated_bytes'])} | {md_code(s['peak_phase'])} | "
-            + " | ".join(fmt_bytes(s["categories_at_peak"].get(c, 0)) for c in cats)
+            f"| {s.step} | {fmt_bytes(s.peak_allocated_bytes)} | {md_code(s.peak_phase)} | "
+            + " | ".join(fmt_bytes(s.categories_at_peak.get(c, 0)) for c in cats)
             + " |"
         )
     return out + [""]
 
 
-def _oom_section(oom: dict[str, Any] | None) -> list[str]:
+def _oom_section(oom: Oom | None) -> list[str]:
     """The failed request first (the same sentences as every sink: analyses.oom.oom_lines)."""
-    if not oom:
+    if oom is None:
         return []
     head, *rest = oom_lines(oom)
     out = [f"**{md_text(head)}**", ""] + [f"- {md_text(x)}" for x in rest]
-    cats = oom.get("live_categories") or []
-    if cats:
-        out.append("- live then: " + ", ".join(f"{md_text(c['category'])} {fmt_bytes(c['bytes'])}" for c in cats[:5]))
-    sites = oom.get("live_sites") or []
-    if sites:
+    if oom.live_categories:
         out.append(
-            "- largest live sites: " + ", ".join(f"{md_code(c['site'])} {fmt_bytes(c['bytes'])}" for c in sites[:3])
+            "- live then: " + ", ".join(f"{md_text(c.category)} {fmt_bytes(c.bytes)}" for c in oom.live_categories[:5])
+        )
+    if oom.live_sites:
+        out.append(
+            "- largest live sites: " + ", ".join(f"{md_code(c.site)} {fmt_bytes(c.bytes)}" for c in oom.live_sites[:3])
         )
     return out + [""]
 
@@ -167,28 +185,31 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
     a timeline picture written beside it (``--png``/``--svg``), relative to the Markdown file;
     it is shown under the title (upload both to the ticket)."""
     summary = bounded_summary(summary)
-    doc: dict[str, Any] = to_json(summary)  # the open sections (run, OOM, end state, attention…) as JSON
     p, h = summary.peak, summary.history
-    run = doc.get("run") or {}
+    run = summary.run
     title = " ".join(
         md_text(x)
         for x in (
-            run.get("pipeline"),
-            run.get("size"),
-            f"{run.get('height')}x{run.get('width')}" if run.get("height") else None,
-            run.get("dtype"),
-            "+".join(run.get("techniques") or []) or None,
+            (
+                run.pipeline,
+                run.size,
+                f"{run.height}x{run.width}" if run.height else None,
+                run.dtype,
+                "+".join(map(str, arr(run.techniques))) or None,
+            )
+            if run is not None
+            else ()
         )
         if x
     )
     is_trace = summary.is_trace
     kind = fmt_report_kind(summary)
-    oom = doc.get("oom")
-    oom_tag = (" — CUDA out of memory" + (" (survived)" if oom.get("survived") else "")) if oom else ""
+    oom = summary.oom if isinstance(summary.oom, Oom) else None
+    oom_tag = (" — CUDA out of memory" + (" (survived)" if oom.survived else "")) if oom else ""
     out: list[str] = [f"### {md_text(kind)}: {title or md_text(summary.source)}{oom_tag}", ""]
     if picture:
         out += [f"![memory timeline]({quote(picture)})", ""]
-    out += _oom_section(doc.get("oom"))
+    out += _oom_section(oom)
     if summary.not_recorded:  # no peak table for a file that recorded nothing of it
         out += [f"**{md_text(summary.not_recorded)}**", ""]
         rest = [w for w in summary.warnings if w != summary.not_recorded]
@@ -198,11 +219,12 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
     window = " (within the recorded window)" if p.within_recorded_window else ""
     bound = fmt_peak_bound(p)
     label = {"": "", "at least ": " (lower bound)", "about ": " (approximate)"}[bound]
-    only = bool((doc.get("end_state") or {}).get("only"))
+    es = summary.end_state if isinstance(summary.end_state, EndState) else None
+    only = es is not None and es.only
     moment, at_moment = ("", "at the end state") if only else ("peak", "at the peak")
     where = md_text(fmt_peak_where(p).strip())
     out += ["| | bytes | |", "|---|---:|---|"]
-    if (doc.get("end_state") or {}).get("only"):
+    if only:
         out.append(
             f"| live allocated ({md_text(END_STATE_ONLY)}) | {p.allocated_bytes:,} | **{fmt_bytes(p.allocated_bytes)}** |"
         )
@@ -223,51 +245,35 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
             f"| {moment + ' ' if moment else ''}requested | {p.requested_bytes:,} | {fmt_bytes(p.requested_bytes)} "
             f"(rounding: {fmt_bytes(p.allocated_bytes - p.requested_bytes)}) |"
         )
-    truth = doc.get("allocator_truth") or {}
-    if truth.get("max_memory_allocated"):
-        out.append(
-            f"| allocator's own max_memory_allocated | {truth['max_memory_allocated']:,} | {fmt_bytes(truth['max_memory_allocated'])} |"
-        )
+    truth = summary.allocator_truth.max_memory_allocated if summary.allocator_truth is not None else None
+    if isinstance(truth, (int, float)) and not isinstance(truth, bool) and truth:
+        out.append(f"| allocator's own max_memory_allocated | {truth:,} | {fmt_bytes(truth)} |")
     out.append("")
-    advice = doc.get("advice") or []
+    advice = summary.advice if not isinstance(summary.advice, Absent) else []
     if advice:
         out.append("**What would help** (from this run's live set at the peak):")
         for a in advice:  # every entry the JSON has: a cap hid fused AdamW behind newer entries
-            saves = f" — up to {fmt_bytes(a['saves_up_to_bytes'])}" if a.get("saves_up_to_bytes") else ""
-            out.append(f"- **{md_text(a['technique'])}**{saves}: {md_text(a['why'])}. {md_code(a['how'])}")
+            saves = f" — up to {fmt_bytes(a.saves_up_to_bytes)}" if a.saves_up_to_bytes else ""
+            out.append(f"- **{md_text(a.technique)}**{saves}: {md_text(a.why)}. {md_code(a.how)}")
         out.append("")
-    es = doc.get("end_state") or {}
-    if es.get("only"):  # no stages in time: what held the memory, by the blocks' own frames
+    if es is not None and es.only:  # no stages in time: what held the memory, by the blocks' own frames
         out.append(
             "**End state by site:** "
-            + ", ".join(
-                f"{md_code(x['site'])} {fmt_bytes(x['bytes'])} ({x['count']:,} blocks)" for x in es["sites"][:5]
-            )
+            + ", ".join(f"{md_code(x.site)} {fmt_bytes(x.bytes)} ({x.count:,} blocks)" for x in es.sites[:5])
         )
         out.append("")
     else:
-        out += _stage_table(doc)
-    pre = es.get("before_recording") or {}
-    if not es.get("only") and pre.get("itemised_bytes"):
+        out += _stage_table(summary)
+    pre = es.before_recording if es is not None else None
+    if not only and pre is not None and pre.itemised_bytes:
         out.append(
-            f"**Before recording:** {fmt_bytes(pre['bytes'])}, of which {fmt_bytes(pre['itemised_bytes'])} is itemised "
+            f"**Before recording:** {fmt_bytes(pre.bytes)}, of which {fmt_bytes(pre.itemised_bytes)} is itemised "
             "by the end-state blocks' frames: "
-            + ", ".join(f"{md_code(x['site'])} {fmt_bytes(x['bytes'])}" for x in pre["sites"][:3])
+            + ", ".join(f"{md_code(x.site)} {fmt_bytes(x.bytes)}" for x in pre.sites[:3])
         )
         out.append("")
-    out += _training_table(doc)
-    att = doc.get("attention") or {}
-    if att.get("count"):
-        lg = att["largest"]
-        shape = f" {md_code(lg['shape'])} {md_text(lg.get('dtype') or '')}" if lg.get("shape") else ""
-        out.append(
-            f"**Attention scores:** {att['count']} materialized ({md_text(att.get('implementation'))}); largest "
-            f"{fmt_bytes(lg['bytes'])}{shape}; up to {fmt_bytes(att['peak_live_bytes'])} live at once. "
-            "A fused kernel (SDPA / flash) would not materialize them."
-        )
-        out.append("")
-    elif att:
-        out += [f"**Attention:** {md_text(att.get('implementation'))}", ""]
+    out += _training_table(summary.training)
+    out += _attention(summary.attention)
     cats = summary.categories if isinstance(summary.categories, list) else []
     tail: list[str] = []
     if cats:
@@ -276,7 +282,7 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
             + ", ".join(f"{md_text(c.category)} {fmt_bytes(c.bytes)}" for c in cats if c.bytes)
         )
         tail.append("")
-    settings = doc.get("allocator_settings") or {}
+    settings = obj(summary.allocator_settings)
     baseline = f"{'at least ' if h.baseline_exact is False else ''}{fmt_bytes(h.baseline_allocated_bytes)}"
     if is_trace:
         source = f"{h.events:,} memory events on {md_text(fmt_device(summary))}, " + (
@@ -295,19 +301,18 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
         # Snapshots of torch < 2.1 carry no allocator_settings: say so rather than print empty values.
         source = f"Allocator: settings not in this snapshot; history {h.events:,} events, baseline {baseline}"
     tail.append(f"{source}; stages from {md_code(summary.stage_source)}.")
-    if run.get("torch_version"):
-        tail.append(f"Recorded with torch {md_text(run['torch_version'])} on {md_text(run.get('device_name'))}.")
-    warnings = doc.get("warnings") or []
-    if warnings:
+    if run is not None and run.torch_version:
+        tail.append(f"Recorded with torch {md_text(run.torch_version)} on {md_text(run.device_name)}.")
+    if summary.warnings:
         tail.append("")
-        tail += [f"> ⚠️ {md_text(w)}" for w in warnings[:5]]
+        tail += [f"> ⚠️ {md_text(w)}" for w in summary.warnings[:5]]
     tail += ["", "<sub>Generated by snapviz</sub>"]
     # The live-at-the-peak table takes the room that is left (the rest is worth more).
-    top = doc.get("top_allocations") or []
+    top = summary.top_allocations
     room = max_lines - len(out) - len(tail) - 5
     n_top = min(len(top), MAX_TOP_ROWS, max(room, MIN_TOP_ROWS))
     if n_top:
-        has_ops = any(t.get("op") for t in top[:n_top])
+        has_ops = any(t.op for t in top[:n_top] if not isinstance(t.op, Absent))
         what = f"the largest {n_top} of {len(top)}" if n_top < len(top) else "largest first"
         out += [f"Live {at_moment} ({what}):", ""]
         if has_ops:
@@ -315,12 +320,27 @@ def render_markdown(summary: Summary, max_lines: int = 60, picture: str | None =
         else:
             out += ["| size | stage | allocated at |", "|---:|---|---|"]
         for t in top[:n_top]:
-            line = f"| {fmt_bytes(t['bytes'])} | {md_code(t['stage'])} | {md_code(t['site'])} |"
+            line = f"| {fmt_bytes(t.bytes)} | {md_code(t.stage)} | {md_code(t.site)} |"
             if has_ops:
-                line += f" {md_code(t.get('op') or '')} |"
+                line += f" {md_code(t.op if not isinstance(t.op, Absent) else '')} |"
             out.append(line)
         out.append("")
     out += tail
     if len(out) > max_lines:
         out = out[: max_lines - 1] + ["<sub>(truncated)</sub>"]
     return "\n".join(printable(line, None) for line in out) + "\n"
+
+
+def _attention(att: Attention | TraceAttention) -> list[str]:
+    """The score matrices materialized (largest, live at once), or the implementation found."""
+    if att.count:
+        lg = att.largest
+        dtype = lg.dtype if isinstance(lg.dtype, str) else ""
+        shape = f" {md_code(lg.shape)} {md_text(dtype)}" if lg.shape else ""
+        return [
+            f"**Attention scores:** {att.count} materialized ({md_text(att.implementation)}); largest "
+            f"{fmt_bytes(lg.bytes)}{shape}; up to {fmt_bytes(att.peak_live_bytes)} live at once. "
+            "A fused kernel (SDPA / flash) would not materialize them.",
+            "",
+        ]
+    return [f"**Attention:** {md_text(att.implementation)}", ""]

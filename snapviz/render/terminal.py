@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from snapviz.analyses.document import Summary, arr, bounded_summary, num, obj
+from snapviz.analyses.document import EndState, Oom, Summary, bounded_summary, num
 from snapviz.analyses.oom import oom_lines
 from snapviz.render.fmt import CPU_REHEARSAL, fmt_bytes, fmt_device, fmt_peak_allocated, fmt_peak_where, fmt_report_kind
 from snapviz.safe_text import clip, printable
@@ -14,7 +14,7 @@ def render_terminal(summary: Summary) -> str:
     a line."""
     doc = bounded_summary(summary)
     p, h = doc.peak, doc.history
-    oom = obj(doc.oom) if doc.oom else None
+    oom = doc.oom if isinstance(doc.oom, Oom) else None
     # OOM first: the failed request is the headline, the peak before it comes after.
     lines = [*oom_lines(oom)[:1]] if oom else []
     lines.append(f"snapviz: {doc.source} ({fmt_device(doc)}, {h.events:,} events, stages from {doc.stage_source})")
@@ -22,18 +22,15 @@ def render_terminal(summary: Summary) -> str:
         lines.append(f"  {CPU_REHEARSAL}")
     if oom:
         lines += [f"  {x}" for x in oom_lines(oom)[1:]]
-        if sites := arr(oom.get("live_sites")):
+        if sites := oom.live_sites:
             lines.append(
                 "  live then: "
-                + ", ".join(
-                    f"{fmt_bytes(num(obj(c).get('bytes')))} {obj(c).get('category')}"
-                    for c in arr(oom.get("live_categories"))[:4]
-                )
-                + f"; largest site {obj(sites[0]).get('site')} ({fmt_bytes(num(obj(sites[0]).get('bytes')))})"
+                + ", ".join(f"{fmt_bytes(c.bytes)} {c.category}" for c in oom.live_categories[:4])
+                + f"; largest site {sites[0].site} ({fmt_bytes(sites[0].bytes)})"
             )
     window = " within the recorded window" if p.within_recorded_window else ""
-    es = obj(doc.end_state)
-    only = bool(es.get("only"))
+    es = doc.end_state if isinstance(doc.end_state, EndState) else None
+    only = es is not None and es.only
     if doc.not_recorded:
         # nothing to report as a result: say what was not recorded, and no peak headline
         lines.append(f"  {doc.not_recorded}")
@@ -48,20 +45,17 @@ def render_terminal(summary: Summary) -> str:
         f"  peak reserved  {reserved}"
         + (f"   requested {fmt_bytes(p.requested_bytes)}" if p.requested_bytes is not None else "")
     )
-    if t := num(obj(doc.allocator_truth).get("max_memory_allocated")):
+    if t := num(doc.allocator_truth.max_memory_allocated if doc.allocator_truth is not None else None):
         diff = p.allocated_bytes - t
         lines.append(
             f"  allocator said {fmt_bytes(t)} ({'exact match' if diff == 0 else f'replay differs by {diff:+,} B'})"
         )
     # Stages without a figure (a trace without memory events) have nothing to show here.
     stages = [(s.name, s.peak_allocated_bytes) for s in doc.stages if s.peak_allocated_bytes is not None]
-    if only and (end_sites := arr(es.get("sites"))):  # no stages in time: what held the memory, by site
+    if only and es is not None and es.sites:  # no stages in time: what held the memory, by site
         lines.append(
             "  end state by site: "
-            + "  ".join(
-                f"{fmt_bytes(num(obj(x).get('bytes')))} {obj(x).get('site')} ({num(obj(x).get('count')):,} blocks)"
-                for x in end_sites[:3]
-            )
+            + "  ".join(f"{fmt_bytes(x.bytes)} {x.site} ({x.count:,} blocks)" for x in es.sites[:3])
         )
     elif stages:
         lines.append("  stages: " + "  ".join(f"{name} {fmt_bytes(b)}" for name, b in stages[:8]))
@@ -74,30 +68,26 @@ def render_terminal(summary: Summary) -> str:
     if doc.top_allocations:
         top = doc.top_allocations[0]
         lines.append(f"  {'largest live block' if only else 'top of the peak'}: {fmt_bytes(top.bytes)} at {top.site}")
-    pre = obj(es.get("before_recording"))
-    by_category = obj(pre.get("by_category"))
-    if not only and num(pre.get("bytes")) and by_category:
-        rest = num(pre.get("bytes")) - num(pre.get("itemised_bytes"))
-        pre_sites = arr(pre.get("sites"))
+    pre = es.before_recording if es is not None else None
+    if not only and pre is not None and pre.bytes and pre.by_category:
+        rest = pre.bytes - pre.itemised_bytes
         lines.append(
-            f"  before recording {fmt_bytes(num(pre.get('bytes')))}, by the end-state blocks' frames: "
-            + ", ".join(f"{c} {fmt_bytes(num(b))}" for c, b in list(by_category.items())[:4])
-            + (f" (largest site {obj(pre_sites[0]).get('site')})" if pre_sites else "")
+            f"  before recording {fmt_bytes(pre.bytes)}, by the end-state blocks' frames: "
+            + ", ".join(f"{c} {fmt_bytes(b)}" for c, b in list(pre.by_category.items())[:4])
+            + (f" (largest site {pre.sites[0].site})" if pre.sites else "")
             + (f"; {fmt_bytes(rest)} without frames" if rest > 0 else "")
         )
-    att = obj(doc.attention)
-    if count := att.get("count"):
-        largest = obj(att.get("largest"))
-        shape = f" {largest['shape']}" if largest.get("shape") else ""
-        lines.append(f"  attention scores: {count} materialized, largest {fmt_bytes(num(largest.get('bytes')))}{shape}")
+    att = doc.attention
+    if att.count:
+        shape = f" {att.largest.shape}" if att.largest.shape else ""
+        lines.append(f"  attention scores: {att.count} materialized, largest {fmt_bytes(att.largest.bytes)}{shape}")
     advice = doc.advice if isinstance(doc.advice, list) else []
     for a in advice[:3]:
-        saves = f" (up to {fmt_bytes(num(a.get('saves_up_to_bytes')))})" if a.get("saves_up_to_bytes") else ""
-        lines.append(f"  try: {a.get('technique')}{saves}: {a.get('why')}")
+        saves = f" (up to {fmt_bytes(a.saves_up_to_bytes)})" if a.saves_up_to_bytes else ""
+        lines.append(f"  try: {a.technique}{saves}: {a.why}")
     if len(advice) > 3:  # named, so that the terminal tells the same advice as the other outputs
         more = [
-            f"{a.get('technique')}"
-            + (f" ({fmt_bytes(num(a.get('saves_up_to_bytes')))})" if a.get("saves_up_to_bytes") else "")
+            f"{a.technique}" + (f" ({fmt_bytes(a.saves_up_to_bytes)})" if a.saves_up_to_bytes else "")
             for a in advice[3:]
         ]
         lines.append(f"  also: {', '.join(more)} (--markdown or --json say why)")

@@ -10,6 +10,7 @@ from the analysis' own tables.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import cache
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from paths import SAMPLES
+from paths import ROOT, SAMPLES
 from snapviz.analyses.document import from_json
 from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.report_view import report_view
@@ -113,18 +114,15 @@ def test_old_names_compare_with_new_ones() -> None:
     compares with today's: the same category on both sides, not two."""
     from snapviz.analyses.digest import digest_summary
 
-    old = {
-        "peak": {"allocated_bytes": 30, "stage": "denoise"},
-        "stages": [],
-        "categories": [
-            {"category": "weights", "bytes": 10},
-            {"category": "weights: T5", "bytes": 5},
-            {"category": "activations", "bytes": 8},
-            {"category": "saved activations", "bytes": 2},
-            {"category": "gradients & optimizer", "bytes": 5},
-        ],
-    }
-    got = digest_summary(old, "old").categories
+    old = json.loads((ROOT / "tests" / "data" / "golden" / "sd15-fp16-classic.json").read_text())
+    old["categories"] = [
+        {"category": "weights", "bytes": 10, "count": 1},
+        {"category": "weights: T5", "bytes": 5, "count": 1},
+        {"category": "activations", "bytes": 8, "count": 1},
+        {"category": "saved activations", "bytes": 2, "count": 1},
+        {"category": "gradients & optimizer", "bytes": 5, "count": 1},
+    ]
+    got = digest_summary(from_json(old), "old").categories
     assert dict(zip(got["category"], got["bytes"], strict=True)) == {
         "parameter": 10,
         "parameter: T5": 5,

@@ -85,7 +85,7 @@ def test_stage_table_agrees_with_the_doc(md: str, fifty: dict[str, Any]) -> None
 
 
 def test_stage_rows_group_steps(fifty: dict[str, Any]) -> None:
-    rows = {r["name"]: r for r in stage_rows(fifty)}
+    rows = {r["name"]: r for r in stage_rows(from_json(fifty))}
     den = rows["denoise"]
     assert den["steps"] == den["intervals"] == 50
     assert den["range"][1] == den["peak_allocated_bytes"] and den["range"][0] <= den["range"][1]

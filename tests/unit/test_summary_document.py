@@ -6,15 +6,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from paths import ROOT
 from snapviz.analyses.document import (
     ABSENT,
+    Advice,
+    Attention,
+    EndState,
     Interval,
+    Oom,
+    OomSimulation,
     Peak,
+    RunInfo,
+    SimulatedAdvice,
     Summary,
+    TraceAttention,
+    Training,
+    TrainingAdvice,
     from_json,
     json_schema,
     load_summary,
@@ -99,3 +110,58 @@ def test_open_sections_take_any_json_even_non_finite_numbers() -> None:
     assert settings["x"][1] == {"y": None}
     with pytest.raises(InputError, match=r"allocator_settings.x: expected a JSON value"):
         from_json({**doc, "allocator_settings": {"x": object()}}, Summary)
+
+
+def _golden(name: str) -> dict[str, Any]:
+    return json.loads((ROOT / "tests" / "data" / "golden" / f"{name}.json").read_text())
+
+
+def test_sections_are_typed() -> None:
+    """attention, oom, end_state, training, advice, run: dataclasses, not JSON objects."""
+    oom_doc = from_json(_golden("gpt2-train-varlen-cap-oom"), Summary)
+    assert isinstance(oom_doc.attention, Attention) and isinstance(oom_doc.end_state, EndState)
+    assert isinstance(oom_doc.oom, Oom) and isinstance(oom_doc.oom.simulation, OomSimulation)
+    assert oom_doc.oom.headline.startswith("CUDA out of memory")
+    assert isinstance(oom_doc.training, Training) and oom_doc.training.steps
+    kinds = {type(a) for a in oom_doc.advice} if isinstance(oom_doc.advice, list) else set()
+    assert kinds == {SimulatedAdvice, TrainingAdvice}
+    plain = from_json(_golden("sd15-fp16-classic"), Summary)
+    assert isinstance(plain.advice, list) and Advice in {type(a) for a in plain.advice}
+    assert isinstance(plain.run, RunInfo) and plain.run.pipeline == "sd15"
+    assert plain.oom is None and plain.training is ABSENT
+
+
+def test_trace_attention_is_its_own_type() -> None:
+    from snapviz.analyses.pipeline import analyze_input, document_of
+    from snapviz.load import load
+
+    doc = document_of(analyze_input(load(str(ROOT / "tests" / "data" / "traces" / "edge_cases.json.gz"))))
+    assert doc.is_trace and isinstance(doc.attention, TraceAttention)
+    assert to_json(from_json(to_json(doc))) == to_json(doc)
+
+
+def test_an_oom_written_before_the_simulator_still_loads() -> None:
+    """Documents of the first typed version had no ``oom.simulation`` nor ``oom.card``."""
+    doc = _golden("sdxl-fp16-oom-10gb")
+    del doc["oom"]["simulation"], doc["oom"]["card"]
+    got = load_summary(doc)
+    assert isinstance(got.oom, Oom) and got.oom.simulation is ABSENT and got.oom.card is ABSENT
+    assert to_json(got) == doc and list(to_json(got)["oom"]) == list(doc["oom"])
+
+
+def test_sections_refuse_unknown_and_malformed_keys() -> None:
+    doc = _golden("sdxl-fp16-oom-10gb")
+    with pytest.raises(InputError, match=r"oom: unknown field 'nope'"):
+        load_summary({**doc, "oom": {**doc["oom"], "nope": 1}})
+    with pytest.raises(InputError, match=r"end_state.by_category.x: expected an integer, got a string"):
+        load_summary({**doc, "end_state": {**doc["end_state"], "by_category": {"x": "y"}}})
+    with pytest.raises(InputError, match=r"attention"):
+        load_summary({**doc, "attention": {"count": 1}})
+
+
+def test_run_values_stay_as_the_file_has_them() -> None:
+    """run.json is the user's: its values are JSON, not checked against a type."""
+    doc = _golden("sd15-fp16-classic")
+    doc["run"] = {**doc["run"], "height": "tall", "techniques": {"odd": [1.5, None]}}
+    got = load_summary(doc)
+    assert isinstance(got.run, RunInfo) and got.run.height == "tall" and to_json(got) == doc
