@@ -17,6 +17,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from paths import ROOT  # noqa: E402
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
+from snapviz.analyses.document import from_json  # noqa: E402
 from snapviz.analyses.summary import analyze_run, summary_dict  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
@@ -54,7 +55,7 @@ def _mask(px: np.ndarray, color: str) -> np.ndarray:
 def run(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     an = analyze_run(load(str(SAMPLES / request.param)))
     doc = summary_dict(an)
-    return an, doc, picture_data(an, doc)
+    return an, doc, picture_data(an, from_json(doc))
 
 
 def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
@@ -163,7 +164,7 @@ def test_labels_do_not_overlap_and_the_peak_label_is_off_the_lines(sample: str) 
     the lines, and the peak's stage was squeezed into the last few percent of the width."""
     an = analyze_run(load(str(SAMPLES / sample)))
     doc = summary_dict(an)
-    d = picture_data(an, doc)
+    d = picture_data(an, from_json(doc))
     fig = timeline_figure(d)
     ax = fig.axes[0]
     fig.canvas.draw()

@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Absent, Summary
 from snapviz.analyses.report_view import MAX_STAGE_BARS, ReportView
+from snapviz.analyses.summary import Analysis
 from snapviz.render.html.view_common import StackTable, unique_labels
 from snapviz.render.html.view_models import Bands, StageBars, StageBreakdown, StageTop
 from snapviz.units import fmt_bytes
@@ -52,12 +54,13 @@ def stage_bands(
     )
 
 
-def stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> StageBars:
+def stage_bars(an: Analysis, summary: Summary, palette: dict[str, str]) -> StageBars:
     st = an.stages
-    truth: dict[tuple[str, int], Any] = {}
-    for g in doc.get("stages") or []:
-        for it in g.get("intervals") or []:
-            truth[(str(it.get("name")), int(it.get("start_us", -1)))] = it.get("allocator_peak_allocated_bytes")
+    truth: dict[tuple[str, int], int | None] = {}  # run.json's peak of each interval, where it has one
+    for group in summary.stages:
+        for it in group.intervals:
+            peak = it.allocator_peak_allocated_bytes
+            truth[(it.name, it.start_us)] = None if isinstance(peak, Absent) else peak
     if len(st) > MAX_STAGE_BARS:
         g = an.stage_groups()
         names = [str(x) for x in g["name"]]
