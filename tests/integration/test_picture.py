@@ -77,7 +77,7 @@ def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
 
 def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> None:
     an, doc, d = run
-    px = _pixels(render_timeline_picture(an, doc, "png"))
+    px = _pixels(render_timeline_picture(an, from_json(doc), "png"))
     assert px.shape == (440, 900, 3)
     red = _mask(px, PEAK_COLOR)
     assert red.sum() > 60  # a filled marker, not just anti-aliased text
@@ -91,7 +91,7 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
 
 def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
     an, doc, _ = run
-    svg = render_timeline_picture(an, doc, "svg")
+    svg = render_timeline_picture(an, from_json(doc), "svg")
     root = ET.fromstring(svg)
     assert root.get("width") == "648pt"  # 9 in: 900 px at 100 dpi
     text = svg.decode()
