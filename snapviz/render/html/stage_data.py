@@ -4,7 +4,6 @@ stage, bytes by category at each stage's peak, and the blocks each stage added."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -90,7 +89,7 @@ def stage_bars(an: Analysis, summary: Summary, palette: dict[str, str]) -> Stage
     )
 
 
-def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str, str]) -> StageBreakdown:
+def stage_breakdown(an: Analysis, view: ReportView, bars: StageBars, colors: dict[str, str]) -> StageBreakdown:
     """Bytes by category at each stage interval's own peak: one stacked bar per interval
     (each bar adds up to the interval's peak allocated: see ``stage_category_bytes``)."""
     st = an.stages
@@ -121,7 +120,7 @@ def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str
     )
 
 
-def stage_top(an: Any, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable) -> StageTop:
+def stage_top(an: Analysis, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable) -> StageTop:
     """The largest blocks each shown stage interval allocated itself that were live at its peak."""
     top = an.stage_top if isinstance(an.stage_top, pd.DataFrame) else pd.DataFrame()
     if len(top):
