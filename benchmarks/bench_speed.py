@@ -158,10 +158,13 @@ def _child_phases(path: str, html: bool) -> None:
     render_json(bounded_doc(doc))
     ph["json"] = time.process_time() - t
     if html:
+        from snapviz.analyses.document import from_json  # noqa: PLC0415
+
+        document = from_json(doc)  # the typed document the renderers take (built once by the CLI)
         t = time.process_time()
         from snapviz.render.html import render_html  # noqa: PLC0415 - Bokeh is imported only for HTML
 
-        render_html(an, doc)
+        render_html(an, document)
         ph["html"] = time.process_time() - t
     print(json.dumps(ph))
 

@@ -90,9 +90,11 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
 
     if isinstance(obj, (Analysis, TraceRunAnalysis)):
         document = document_of(obj)
-        doc = to_json(document)
         return Report(
-            obj.run.label, render_analysis_html(obj, doc, max_points=max_points), render_markdown(document), doc
+            obj.run.label,
+            render_analysis_html(obj, document, max_points=max_points),
+            render_markdown(document),
+            to_json(document),  # Report.summary: the document's JSON form
         )
     if isinstance(obj, Comparison):
         doc = compare_dict(obj)

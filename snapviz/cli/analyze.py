@@ -71,7 +71,7 @@ def analyze(
     from snapviz.load import load, paused_gc
 
     with paused_gc():  # pandas and the analyses: objects that live as long as the process (see paused_gc)
-        from snapviz.analyses.document import bounded_summary, to_json
+        from snapviz.analyses.document import bounded_summary
         from snapviz.analyses.frame_rules import load_rules
         from snapviz.analyses.pipeline import analyze_input, document_of
 
@@ -82,13 +82,12 @@ def analyze(
     steps.step("replaying the allocator and attributing stages")
     html_builder: Callable[[], str] | None = None
     an = analyze_input(run, device=device, stage_source=stage_source, rules=rules)
-    document = document_of(an)  # the typed snapviz.summary/1 document, built once
-    doc = to_json(document)  # its plain form, for the HTML and picture renderers
+    document = document_of(an)  # the typed snapviz.summary/1 document, built once, for every renderer
     if html_out:
         from snapviz.render.html import render_analysis_html
 
-        html_builder = lambda: render_analysis_html(an, doc, max_points=max_points)  # noqa: E731
-    extra = share_outputs(an, doc)
+        html_builder = lambda: render_analysis_html(an, document, max_points=max_points)  # noqa: E731
+    extra = share_outputs(an, document)
     steps.step("writing reports")
     # Every renderer gets the bounded document (strings clipped, non-finite numbers null, with warnings).
     bounded = bounded_summary(document)

@@ -13,12 +13,16 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from snapviz.cli import outputs
 from snapviz.errors import InputError
+
+if TYPE_CHECKING:
+    from snapviz.analyses.document import Summary
+    from snapviz.analyses.pipeline import AnyAnalysis
 
 _META_KEY = "snapviz.share"
 _OWN_OUTPUTS = ("html_out", "md_out", "json_out")
@@ -161,8 +165,9 @@ def picture_for_markdown(md_out: str | None) -> str | None:
     return rel.replace(os.sep, "/")
 
 
-def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
-    """Rendered Perfetto/PNG/SVG files for one analysis (nothing written yet).
+def share_outputs(an: AnyAnalysis, summary: Summary) -> list[tuple[str, bytes]]:
+    """Rendered Perfetto/PNG/SVG files for one analysis and its ``snapviz.summary/1`` document
+    (nothing written yet).
 
     A trace-only run (``an.kind == "trace"``) has its pictures drawn from the trace's memory
     events; it has no replayed allocator to export to Perfetto (refused before any work,
@@ -180,7 +185,7 @@ def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
 
         for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
             if opts.get(key):
-                out.append((opts[key], render_trace_picture(an, doc, fmt)))
+                out.append((opts[key], render_trace_picture(an, summary, fmt)))
         return out
     if opts.get("perfetto_out"):
         from snapviz.render.perfetto import render_perfetto
@@ -201,7 +206,7 @@ def share_outputs(an: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
 
         for key, fmt in (("png_out", "png"), ("svg_out", "svg")):
             if opts.get(key):
-                out.append((opts[key], render_timeline_picture(an, doc, fmt)))
+                out.append((opts[key], render_timeline_picture(an, summary, fmt)))
     return out
 
 

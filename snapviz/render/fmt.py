@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from snapviz.analyses.document import Peak, Summary
@@ -16,9 +15,7 @@ __all__ = [
     "fmt_peak_where",
     "fmt_peak_allocated",
     "fmt_peak_bound",
-    "fmt_peak_bound_plain",
     "fmt_report_kind",
-    "fmt_report_kind_plain",
 ]
 
 CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
@@ -45,11 +42,6 @@ def fmt_report_kind(doc: Summary) -> str:
     ``<device kind> (profiler trace)``, or, for a collectors' run on the CPU (``collect --device
     cpu``: a rehearsal), :data:`CPU_REHEARSAL`."""
     return _report_kind(doc.is_trace, doc.device, doc.device_kind, doc.run is not None)
-
-
-def fmt_report_kind_plain(doc: Mapping[str, Any]) -> str:
-    """:func:`fmt_report_kind` of a document in its JSON form (the HTML trace report)."""
-    return _report_kind(doc.get("kind") == "trace", doc.get("device"), doc.get("device_kind"), bool(doc.get("run")))
 
 
 def fmt_device(doc: Summary) -> str:
@@ -83,12 +75,6 @@ def fmt_peak_bound(peak: Peak) -> str:
     """The peak's qualifier, worded once for every sink: ``""`` (exact), ``"at least "`` (a lower
     bound) or ``"about "`` (approximate: the allocator's rules could not be honoured)."""
     return _bound(peak.exact is False, peak.approximate is True)
-
-
-def fmt_peak_bound_plain(peak: Mapping[str, Any]) -> str:
-    """:func:`fmt_peak_bound` of a peak in its JSON form (the HTML and picture renderers, which
-    still read the plain document)."""
-    return _bound(not peak.get("exact", True), bool(peak.get("approximate")))
 
 
 def fmt_peak_allocated(peak: Peak, events: int) -> str:

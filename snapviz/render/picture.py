@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from snapviz.analyses.compare import Comparison
+from snapviz.analyses.document import Summary
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
-from snapviz.render.fmt import fmt_peak_bound_plain
+from snapviz.render.fmt import fmt_peak_bound
+from snapviz.render.sections import open_sections
 from snapviz.safe_text import bound, clip
 from snapviz.units import fmt_bytes
 from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
@@ -37,6 +39,9 @@ RESERVED_COLOR = "#e8710a"
 MAX_POINTS = 3000  # per series; min/max decimation keeps the peak
 GIB = float(1 << 30)
 TITLE_CHARS = 120  # a title longer than the picture's width is cut (between words)
+
+if TYPE_CHECKING:
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
 
 
 def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[dict[str, Any]]:
@@ -121,8 +126,9 @@ def _labelled_oom(oom_rows: np.ndarray, oom: dict[str, Any] | None) -> int:
     return int(hits[0]) if len(hits) else max(len(oom_rows) - 1, 0)
 
 
-def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """Series, stage spans and peak of one analysis, on the stage axis (:func:`stage_axis`)."""
+def picture_data(an: Analysis, summary: Summary, max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """Series, stage spans and peak of one analysis and its ``snapviz.summary/1`` document, on
+    the stage axis (:func:`stage_axis`)."""
     from snapviz.analyses.categories import category_timeline
     from snapviz.analyses.oom import oom_fix_short, oom_short
     from snapviz.category_vocab import order_categories
@@ -145,17 +151,17 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
     spal = stage_palette(s["group"] for s in spans)
     for s in spans:
         s["color"] = spal[s["group"]]
-    peak = doc["peak"]
+    peak = summary.peak
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
-    oom = doc.get("oom")
+    oom = open_sections(summary).oom  # the one open section the picture reads
     title = (
-        f"{_short(an.run.source)}: {str(doc['not_recorded']).split(':', 1)[0]}"
-        if doc.get("not_recorded")
-        else f"{_short(an.run.source)}: {fmt_bytes(peak['allocated_bytes'])} live when the snapshot was taken "
+        f"{_short(an.run.source)}: {summary.not_recorded.split(':', 1)[0]}"
+        if summary.not_recorded
+        else f"{_short(an.run.source)}: {fmt_bytes(peak.allocated_bytes)} live when the snapshot was taken "
         f"({END_STATE_ONLY.split(':', 1)[0]}, not a peak)"
-        if peak.get("stage") == END_STATE
-        else f"{_short(an.run.source)}: peak {fmt_peak_bound_plain(peak)}{fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}, "
-        f"{fmt_bytes(peak['reserved_bytes'])} reserved"
+        if peak.stage == END_STATE
+        else f"{_short(an.run.source)}: peak {fmt_peak_bound(peak)}{fmt_bytes(peak.allocated_bytes)} allocated in {peak.stage}, "
+        f"{fmt_bytes(peak.reserved_bytes)} reserved"
     )
     return {
         # OOM first: the failed request leads the title, the marker is labelled with it
@@ -182,17 +188,16 @@ def picture_data(an: Analysis, doc: dict[str, Any], max_points: int = MAX_POINTS
         "peak": {
             "x": float(x_all[pi]) if pi >= 0 and n else 0.0,
             "bytes": int(rep.peak_allocated),
-            "stage": str(peak["stage"]),
+            "stage": str(peak.stage),
         },
         "truncated": bool(rep.truncated),
     }
 
 
-def trace_picture_data(tan: Any, doc: dict[str, Any], max_points: int = MAX_POINTS) -> dict[str, Any]:
-    """The same picture for a trace-only run (duck-typed ``tan``: a
-    :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`): its memory events' allocated and
-    reserved totals on the stage axis, the stages from its annotations; no categories (a trace
-    does not say what each block holds)."""
+def trace_picture_data(tan: TraceRunAnalysis, summary: Summary, max_points: int = MAX_POINTS) -> dict[str, Any]:
+    """The same picture for a trace-only run and its ``snapviz.summary/1`` document: its memory
+    events' allocated and reserved totals on the stage axis, the stages from its annotations; no
+    categories (a trace does not say what each block holds)."""
     from snapviz.analyses.decimate import decimate_minmax
     from snapviz.render.html.palette import stage_palette
 
@@ -213,12 +218,12 @@ def trace_picture_data(tan: Any, doc: dict[str, Any], max_points: int = MAX_POIN
     for s in spans:
         s["color"] = spal[s["group"]]
     rows = decimate_minmax(np.arange(n), alloc, reserved, max_points=max_points) if n else np.empty(0, np.int64)
-    peak = doc["peak"]
-    has_reserved = peak.get("reserved_bytes") is not None
-    where = f"{doc.get('device') or 'no device'}, profiler trace"
+    peak = summary.peak
+    has_reserved = peak.reserved_bytes is not None
+    where = f"{summary.device or 'no device'}, profiler trace"
     return {
-        "title": f"{_short(tan.run.source)}: peak {fmt_bytes(peak['allocated_bytes'])} allocated in {peak['stage']}"
-        + (f", {fmt_bytes(peak['reserved_bytes'])} reserved" if has_reserved else "")
+        "title": f"{_short(tan.run.source)}: peak {fmt_bytes(peak.allocated_bytes)} allocated in {peak.stage}"
+        + (f", {fmt_bytes(peak.reserved_bytes)} reserved" if has_reserved else "")
         + f" ({where})",
         "ooms": {"x": np.empty(0), "bytes": np.empty(0)},
         "x_label": STAGE_AXIS_LABEL,
@@ -227,7 +232,7 @@ def trace_picture_data(tan: Any, doc: dict[str, Any], max_points: int = MAX_POIN
         "reserved": reserved[rows].astype(np.float64) if has_reserved else None,
         "categories": [],
         "spans": spans,
-        "peak": {"x": float(x_all[pi]) if n else 0.0, "bytes": int(alloc[pi]) if n else 0, "stage": str(peak["stage"])},
+        "peak": {"x": float(x_all[pi]) if n else 0.0, "bytes": int(alloc[pi]) if n else 0, "stage": str(peak.stage)},
         "truncated": False,
     }
 
@@ -356,14 +361,14 @@ def callout(ax: Any, x: float, y_bytes: float, text: str, color: str, slot: int 
     )
 
 
-def render_timeline_picture(an: Analysis, doc: dict[str, Any], fmt: str = "png") -> bytes:
+def render_timeline_picture(an: Analysis, summary: Summary, fmt: str = "png") -> bytes:
     """One run's timeline as PNG or SVG bytes (see module doc)."""
-    return draw_timeline(picture_data(an, doc), fmt)
+    return draw_timeline(picture_data(an, summary), fmt)
 
 
-def render_trace_picture(tan: Any, doc: dict[str, Any], fmt: str = "png") -> bytes:
+def render_trace_picture(tan: TraceRunAnalysis, summary: Summary, fmt: str = "png") -> bytes:
     """A trace-only run's timeline as PNG or SVG bytes."""
-    return draw_timeline(trace_picture_data(tan, doc), fmt)
+    return draw_timeline(trace_picture_data(tan, summary), fmt)
 
 
 def _legend_below(fig: Any, ax: Any) -> None:

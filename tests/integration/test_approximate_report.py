@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import synth
-from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.pipeline import document_of
 from snapviz.analyses.summary import analyze_run
 from snapviz.cli import main
 from snapviz.load import load
@@ -55,7 +55,7 @@ def test_every_sink_says_approximate(outputs: dict[str, Any], capsys: pytest.Cap
     html = (tmp / "r.html").read_text()
     assert "Peak about " in html and "approximate figures:" in html
     an = analyze_run(load(str(outputs["src"])))
-    assert picture_data(an, summary_of(an))["title"].split(": peak ", 1)[1].startswith("about ")
+    assert picture_data(an, document_of(an))["title"].split(": peak ", 1)[1].startswith("about ")
 
 
 def test_exact_snapshot_says_nothing_of_the_kind(outputs: dict[str, Any]) -> None:

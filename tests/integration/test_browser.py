@@ -171,11 +171,12 @@ def test_trace_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
 def test_end_state_only_report_renders(tmp_path_factory: pytest.TempPathFactory) -> None:
     import synth
     from sdrun import _analyse
+    from snapviz.analyses.document import from_json
     from snapviz.render.html import render_html
 
     an, doc = _analyse(synth.random_workload(seed=1, n_ops=200).snapshot(layout="segments", marker=False))
     path = tmp_path_factory.mktemp("legacy") / "legacy.html"
-    path.write_text(render_html(an, doc), encoding="utf-8")
+    path.write_text(render_html(an, from_json(doc)), encoding="utf-8")
     res = check_report_in_browser(str(path), _shots_dir(tmp_path_factory))
     assert res["errors"] == [], res["errors"]
     assert "No trace history" in res["text"]

@@ -71,7 +71,7 @@ def test_every_output_tells_the_same_categories(name: str) -> None:
     assert _words(md) == shown
     assert _words(_line(render_terminal(from_json(doc)), "by category at the peak: ")) == shown
     # HTML view model: the categories table and the stacked area at the peak's sample
-    data = report_data(an, doc, report_view(an, 20000))
+    data = report_data(an, from_json(doc), report_view(an, 20000))
     assert dict(zip(data.categories.category, map(int, data.categories.bytes), strict=True)) == js
     ct = data.category_timeline
     j = int(np.flatnonzero(ct.index == an.replay.peak_index)[0])
@@ -79,7 +79,7 @@ def test_every_output_tells_the_same_categories(name: str) -> None:
     assert area == _merged(js)
     assert ct.categories == order_categories(ct.categories), "the vocabulary's stacking order"
     # PNG legend: entries in the same order and colours, read at the peak's point
-    pic = picture_data(an, doc)
+    pic = picture_data(an, from_json(doc))
     names = [c["name"] for c in pic["categories"]]
     assert names == ct.categories and names == order_categories(names)
     k = int(np.flatnonzero((pic["x"] == pic["peak"]["x"]) & (pic["allocated"] == peak))[0])

@@ -17,7 +17,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from paths import ROOT  # noqa: E402
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
-from snapviz.analyses.pipeline import summary_of  # noqa: E402
+from snapviz.analyses.document import from_json  # noqa: E402
 from snapviz.analyses.summary import analyze_run  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402
@@ -55,7 +55,7 @@ def _mask(px: np.ndarray, color: str) -> np.ndarray:
 def run(request: pytest.FixtureRequest) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     an = analyze_run(load(str(SAMPLES / request.param)))
     doc = summary_of(an)
-    return an, doc, picture_data(an, doc)
+    return an, doc, picture_data(an, from_json(doc))
 
 
 def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
@@ -77,7 +77,7 @@ def test_picture_data_holds_the_peak_and_the_stages(run: Any) -> None:
 
 def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> None:
     an, doc, d = run
-    px = _pixels(render_timeline_picture(an, doc, "png"))
+    px = _pixels(render_timeline_picture(an, from_json(doc), "png"))
     assert px.shape == (440, 900, 3)
     red = _mask(px, PEAK_COLOR)
     assert red.sum() > 60  # a filled marker, not just anti-aliased text
@@ -91,7 +91,7 @@ def test_png_is_issue_width_with_the_peak_marker_where_the_peak_is(run: Any) -> 
 
 def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
     an, doc, _ = run
-    svg = render_timeline_picture(an, doc, "svg")
+    svg = render_timeline_picture(an, from_json(doc), "svg")
     root = ET.fromstring(svg)
     assert root.get("width") == "648pt"  # 9 in: 900 px at 100 dpi
     text = svg.decode()
@@ -164,7 +164,7 @@ def test_labels_do_not_overlap_and_the_peak_label_is_off_the_lines(sample: str) 
     the lines, and the peak's stage was squeezed into the last few percent of the width."""
     an = analyze_run(load(str(SAMPLES / sample)))
     doc = summary_of(an)
-    d = picture_data(an, doc)
+    d = picture_data(an, from_json(doc))
     fig = timeline_figure(d)
     ax = fig.axes[0]
     fig.canvas.draw()

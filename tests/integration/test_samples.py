@@ -137,7 +137,7 @@ def test_allocator_truth_is_the_shown_devices(sample: tuple) -> None:
         term = render_terminal(from_json(doc))
         assert "(exact match)" in term and "replay differs" not in term, (path.name, device)
         assert f"| {truth['max_memory_allocated']:,} |" in render_markdown(from_json(doc))
-        badge = allocator_truth(doc)
+        badge = allocator_truth(from_json(doc))
         assert badge is not None and badge.status == "match", (path.name, device, badge)
         if len(docs) > 1:  # the device was chosen: the warning says so, not "highest peak"
             chosen = [w for w in doc["warnings"] if "devices in this snapshot" in w]

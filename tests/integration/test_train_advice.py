@@ -15,6 +15,7 @@ import pytest
 
 from paths import ROOT, SAMPLES
 from snapviz.analyses.pipeline import summary_of
+from snapviz.analyses.document import from_json
 from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.training_advice import Estimate, training_estimates
@@ -154,7 +155,7 @@ def test_reports_carry_the_training_view() -> None:
         worst["peak_allocated_bytes"] == doc["peak"]["allocated_bytes"] and worst["peak_phase"] == doc["peak"]["stage"]
     )
     assert sum(worst["categories_at_peak"].values()) == worst["peak_allocated_bytes"]
-    data = report_data(an, doc, report_view(an, 20000))
+    data = report_data(an, from_json(doc), report_view(an, 20000))
     ct = data.category_timeline
     assert {"parameter", "gradient", "optimizer state", "activation"} <= set(ct.categories)
     assert np.allclose(np.sum([ct.bytes[c] for c in ct.categories], axis=0), ct.allocated)
@@ -169,7 +170,6 @@ def test_every_output_tells_every_advice_entry() -> None:
     with the same saving; the terminal shows three and names the rest."""
     from html import unescape
 
-    from snapviz.analyses.document import from_json
     from snapviz.render.html import render_html
     from snapviz.render.markdown import render_markdown
     from snapviz.render.terminal import render_terminal
@@ -180,7 +180,7 @@ def test_every_output_tells_every_advice_entry() -> None:
     names = [a["technique"] for a in doc["advice"]]
     assert "fused AdamW" in names and len(names) > 4, names
     md, term = render_markdown(from_json(doc)), render_terminal(from_json(doc))
-    page = unescape(render_html(an, doc))
+    page = unescape(render_html(an, from_json(doc)))
     for a in doc["advice"]:
         saves = fmt_bytes(a["saves_up_to_bytes"]) if a["saves_up_to_bytes"] else ""
         assert f"**{a['technique']}** — up to {saves}" in md.replace("\\", "") if saves else a["technique"] in md

@@ -136,7 +136,7 @@ def test_oom_fix_line_names_the_setting_and_the_card_the_simulation_fits(tmp_pat
     assert oom["fix"] in term and oom["card"] in term
     assert f"- {md_text(oom['fix'])}" in md.read_text() and f"- {md_text(oom['card'])}" in md.read_text()
     assert html_lib.escape(oom["card"], quote=False) in page and html_lib.escape(oom["fix"], quote=False) in page
-    title = picture_data(an, doc)["title"]
+    title = picture_data(an, from_json(doc))["title"]
     assert title[-1] == oom_fix_short(oom) and "expandable_segments:True (simulated)" in title[-1]
 
 

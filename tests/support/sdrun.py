@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 import synth
+from snapviz.analyses.document import History, Peak, Summary
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -191,7 +192,9 @@ def _analyse(
     return an, summary_of(an)
 
 
-def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:
+def fake_trace_analysis(n: int = 5000) -> tuple[Any, Summary]:
+    """A stand-in for a trace-only run's analysis (the frames the trace report reads) and its
+    ``snapviz.summary/1`` document."""
     from types import SimpleNamespace
 
     rng = np.random.default_rng(0)
@@ -217,11 +220,30 @@ def fake_trace_analysis(n: int = 5000) -> tuple[Any, dict[str, Any]]:
         }
     )
     pi = int(np.argmax(alloc))
-    doc = {
-        "schema": "snapviz.trace_summary/1",
-        "source": "trace.json.gz",
-        "peak": {"allocated_bytes": int(alloc[pi]), "reserved_bytes": int(alloc[pi] + 64 * MiB)},
-        "attention": {"implementation": "fused (SDPA)"},
-        "warnings": ["trace has no snapshot"],
-    }
+    doc = Summary(
+        schema="snapviz.summary/1",
+        source="trace.json.gz",
+        kind="trace",
+        device="cuda:0",
+        device_kind="CUDA GPU memory",
+        stage_source="trace",
+        peak=Peak(
+            allocated_bytes=int(alloc[pi]),
+            reserved_bytes=int(alloc[pi] + 64 * MiB),
+            requested_bytes=None,
+            event_index=pi,
+            time_us=int(t[pi]),
+            stage=None,
+            within_recorded_window=False,
+        ),
+        history=History(events=n, truncated=False, baseline_allocated_bytes=0),
+        devices=[],
+        stages=[],
+        attention={"implementation": "fused (SDPA)"},
+        top_allocations=[],
+        allocator_truth={},
+        run={},
+        warnings=["trace has no snapshot"],
+        not_recorded=None,
+    )
     return SimpleNamespace(timeline=timeline, stages=stages, attention_ops=ops), doc

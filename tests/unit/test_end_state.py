@@ -40,7 +40,7 @@ def _sinks(an: Any, doc: dict[str, Any]) -> dict[str, str]:
     return {
         "terminal": render_terminal(from_json(doc)),
         "markdown": render_markdown(from_json(doc)),
-        "html": render_html(an, doc),
+        "html": render_html(an, from_json(doc)),
     }
 
 

@@ -20,6 +20,7 @@ import synth
 from paths import SAMPLES
 from sdrun import STACKS, GiB, MiB, _analyse, fake_trace_analysis, make_run, write_run  # noqa: F401
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.analyses.document import from_json
 from snapviz.category_vocab import CATEGORY_ORDER
 from snapviz.render.fmt import fmt_bytes
 from snapviz.render.html import render_html
@@ -50,7 +51,7 @@ def report_data(an: Any, doc: dict[str, Any], max_points: int = 20000) -> Snapsh
     from snapviz.analyses.report_view import report_view
     from snapviz.render.html.snapshot_data import report_data as build
 
-    return build(an, doc, report_view(an, max_points), max_points=max_points)
+    return build(an, from_json(doc), report_view(an, max_points), max_points=max_points)
 
 
 # --------------------------------------------------------------------------------------
@@ -238,7 +239,7 @@ def test_many_stage_intervals_collapse_to_one_bar_per_stage() -> None:
     assert np.array_equal(b.total, bars.peak_allocated), "each stage's bar is its highest interval"
     assert np.array_equal(sum(b.bytes.values()), b.total)
     assert set(d.stage_top.interval.tolist()) <= set(b.interval.tolist())
-    _assert_self_contained(render_html(an, doc))
+    _assert_self_contained(render_html(an, from_json(doc)))
 
 
 def test_categories_at_the_peak(data: SnapshotReport) -> None:
@@ -402,7 +403,7 @@ def test_real_trace_ops_in_the_live_table() -> None:
     assert top.op == [t.get("op") or "" for t in doc["top_allocations"]]
     k = top.op.index("aten::cudnn_convolution")
     assert top.op_input_dims[k].count("×") >= 4 and "[]" not in top.op_input_dims[k]
-    _assert_self_contained(render_html(an, doc, max_points=2000))
+    _assert_self_contained(render_html(an, from_json(doc), max_points=2000))
 
 
 def test_no_attention_says_which_implementation_ran() -> None:
@@ -413,7 +414,7 @@ def test_no_attention_says_which_implementation_ran() -> None:
     assert d.attention.summary["count"] == 0
     impl = d.attention.summary["implementation"]
     assert impl and impl == doc["attention"]["implementation"]
-    html = render_html(an, doc)
+    html = render_html(an, from_json(doc))
     assert 'id="sv-attention-none"' in html and html_mod.escape(impl) in html
 
 
@@ -468,7 +469,7 @@ def test_end_state_only_snapshot() -> None:
     d = report_data(an, doc)
     assert d.decimation.total == 0 and len(d.timeline.index) == 0
     assert "end state only" in d.headline.verdict and "Peak" not in d.headline.verdict
-    html = render_html(an, doc)
+    html = render_html(an, from_json(doc))
     assert 'id="sv-no-timeline"' in html
 
 
@@ -528,7 +529,7 @@ def _assert_self_contained(html: str) -> None:
 
 def test_html_is_self_contained_and_escaped(analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
-    html = render_html(an, doc, max_points=2000)
+    html = render_html(an, from_json(doc), max_points=2000)
     _assert_self_contained(html)
     assert "<script>alert(1)</script>" not in html and "<b>evil</b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html, "the hostile site is shown, escaped"
@@ -538,7 +539,7 @@ def test_html_is_self_contained_and_escaped(analysed: tuple[Any, dict[str, Any]]
 def test_html_size_stays_small_for_many_events() -> None:
     an, doc = _analyse(*make_run(steps=3, filler=6000))
     assert len(an.replay.events) > 50_000
-    html = render_html(an, doc, max_points=20_000)
+    html = render_html(an, from_json(doc), max_points=20_000)
     _assert_self_contained(html)
     assert len(html.encode()) < 5 * MiB
 
@@ -548,7 +549,7 @@ def test_html_size_for_a_million_events() -> None:
     snap, run = make_run(steps=20, filler=16_700)
     an, doc = _analyse(snap, run)
     assert len(an.replay.events) >= 1_000_000
-    html = render_html(an, doc, max_points=20_000)
+    html = render_html(an, from_json(doc), max_points=20_000)
     assert len(html.encode()) < 5 * MiB, f"{len(html.encode()) / MiB:.2f} MiB"
     from snapviz.analyses.report_view import MAX_CATEGORY_POINTS
 
@@ -563,7 +564,7 @@ def test_stage_names_never_pull_in_mathjax() -> None:
         if e.get("user_metadata") == "load":
             e["user_metadata"] = "$$x^2$$ \\(y\\)"
     an, doc = _analyse(snap, run)
-    html = render_html(an, doc)
+    html = render_html(an, from_json(doc))
     assert len(html.encode()) < 3 * MiB, "the MathJax bundle was not included"
 
 
@@ -651,7 +652,7 @@ def test_linked_roots_share_a_document_and_tables_load_later() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Trace-only runs (duck-typed: snapviz.analyses.trace_summary provides the real one)
+# Trace-only runs (a stand-in analysis: snapviz.analyses.trace_summary provides the real one)
 # --------------------------------------------------------------------------------------
 
 
@@ -662,7 +663,7 @@ def test_trace_report_data() -> None:
     d = trace_report_data(tan, doc, max_points=400)
     tl = d.timeline
     assert len(tl.index) <= 400 and d.decimation.total == 5000
-    assert tl.allocated.max() == doc["peak"]["allocated_bytes"] == d.peak.allocated
+    assert tl.allocated.max() == doc.peak.allocated_bytes == d.peak.allocated
     assert d.bands.name == ["text_encode", "denoise/0", "denoise/1", "vae_decode"]
     assert d.bands.color[1] == d.bands.color[2]
     assert d.stage_bars.peak_allocated.tolist() == tan.stages["peak_allocated_bytes"].tolist()

@@ -134,7 +134,7 @@ def test_a_hostile_site_stays_text_in_every_sink() -> None:
         a.alloc(60 * MiB, frames=synth.make_frames(evil, "/work/evil.py", 1))
     an, doc = _analyse(a.snapshot())
     assert evil in doc["oom"]["site"]
-    term, md, html = render_terminal(from_json(doc)), render_markdown(from_json(doc)), render_html(an, doc)
+    term, md, html = render_terminal(from_json(doc)), render_markdown(from_json(doc)), render_html(an, from_json(doc))
     assert "\x1b" not in term and "\x1b" not in md and "\x1b[2J" not in html
     assert "<script>alert(1)</script>" not in md.replace("\\<", "<").split("CUDA out of memory", 1)[0]
     assert "<script>alert(1)</script>" not in html

@@ -23,10 +23,11 @@ EVENT_COLS = {"index", "start_index", "end_index"}
 
 
 def _report(an: Any, doc: dict[str, Any]) -> SnapshotReport:
+    from snapviz.analyses.document import from_json
     from snapviz.analyses.report_view import report_view
     from snapviz.render.html.snapshot_data import report_data
 
-    return report_data(an, doc, report_view(an, 300), max_points=300)
+    return report_data(an, from_json(doc), report_view(an, 300), max_points=300)
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,13 @@ What needs computing comes from :mod:`snapviz.analyses.report_view`; renderers o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
+from snapviz.analyses.document import Summary
 from snapviz.load import paused_gc
+
+if TYPE_CHECKING:
+    from snapviz.analyses.pipeline import AnyAnalysis
 
 # Importing Bokeh makes ~150k objects that live as long as the process; the collections that
 # run meanwhile free almost nothing and walk the analysis already loaded (cost in
@@ -28,12 +32,13 @@ with paused_gc():
     from snapviz.render.html.trace import render_trace_html, render_trace_report_data
 
 
-def render_analysis_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
-    """The report of any analysis (pipeline.RunAnalysis): the snapshot report for a replayed
+def render_analysis_html(an: AnyAnalysis, summary: Summary, max_points: int = 20000) -> str:
+    """The report of any analysis and its ``snapviz.summary/1`` document
+    (:func:`~snapviz.analyses.pipeline.document_of`): the snapshot report for a replayed
     snapshot, the trace report for a trace-only run."""
     if an.kind == "trace":
-        return render_trace_html(an, doc, max_points=max_points)
-    return render_html(an, doc, max_points=max_points)
+        return render_trace_html(an, summary, max_points=max_points)
+    return render_html(an, summary, max_points=max_points)
 
 
 __all__ = [

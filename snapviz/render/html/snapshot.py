@@ -14,7 +14,9 @@ from typing import Any
 
 from bokeh.models import ColumnDataSource, UIElement
 
+from snapviz.analyses.document import Summary
 from snapviz.analyses.report_view import report_view
+from snapviz.analyses.summary import Analysis
 from snapviz.render.html.bokeh_kit import table_block
 from snapviz.render.html.page import card_open, chrome
 from snapviz.render.html.single_run import single_run_page
@@ -224,9 +226,10 @@ def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
     return out
 
 
-def render_html(an: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
-    """The interactive report of one analysed snapshot: the report's analysis step
-    (:func:`~snapviz.analyses.report_view.report_view`), its view-model, its page. The one
-    place that sequences them, as a CLI verb would, so callers keep one call."""
+def render_html(an: Analysis, summary: Summary, max_points: int = 20000) -> str:
+    """The interactive report of one analysed snapshot and its ``snapviz.summary/1`` document:
+    the report's analysis step (:func:`~snapviz.analyses.report_view.report_view`), its
+    view-model, its page. The one place that sequences them, as a CLI verb would, so callers
+    keep one call."""
     view = report_view(an, max_points)
-    return render_report_data(report_data(an, doc, view, max_points=max_points))
+    return render_report_data(report_data(an, summary, view, max_points=max_points))

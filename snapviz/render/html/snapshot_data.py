@@ -14,10 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Absent, Summary
 from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
+from snapviz.analyses.summary import Analysis
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
-from snapviz.render.fmt import fmt_peak_bound_plain
+from snapviz.render.fmt import fmt_peak_bound
 from snapviz.render.html.palette import category_palette, stage_palette
 from snapviz.render.html.stage_data import stage_bands, stage_bars, stage_breakdown, stage_top
 from snapviz.render.html.view_common import (
@@ -42,6 +44,7 @@ from snapviz.render.html.view_models import (
     Timeline,
     TopAllocations,
 )
+from snapviz.render.sections import OpenSections, open_sections
 from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
@@ -50,23 +53,23 @@ ACTION_NAMES: tuple[str, ...] = ACTIONS
 MAX_ATTENTION_ROWS = 500
 
 
-def _categories(doc: dict[str, Any], colors: dict[str, str]) -> Categories:
-    cats = doc.get("categories") or []
-    total = sum(int(c["bytes"]) for c in cats) or 1
+def _categories(summary: Summary, colors: dict[str, str]) -> Categories:
+    cats = [] if isinstance(summary.categories, Absent) else summary.categories
+    total = sum(c.bytes for c in cats) or 1
     return Categories(
-        category=[str(c["category"]) for c in cats],
-        bytes=np.array([float(c["bytes"]) for c in cats]),
-        count=np.array([int(c.get("count", 0)) for c in cats], np.int64),
-        share=np.array([int(c["bytes"]) / total for c in cats]),
-        label=[f"{fmt_bytes(c['bytes'])} ({int(c['bytes']) / total:.0%})" for c in cats],
-        color=[colors.get(str(c["category"]), "#999999") for c in cats],
+        category=[c.category for c in cats],
+        bytes=np.array([float(c.bytes) for c in cats]),
+        count=np.array([c.count for c in cats], np.int64),
+        share=np.array([c.bytes / total for c in cats]),
+        label=[f"{fmt_bytes(c.bytes)} ({c.bytes / total:.0%})" for c in cats],
+        color=[colors.get(c.category, "#999999") for c in cats],
     )
 
 
-def _advice(doc: dict[str, Any]) -> list[Advice]:
-    total = int((doc.get("peak") or {}).get("allocated_bytes") or 0)
+def _advice(summary: Summary, sections: OpenSections) -> list[Advice]:
+    total = summary.peak.allocated_bytes
     out = []
-    for a in doc.get("advice") or []:
+    for a in sections.advice:
         saves = a.get("saves_up_to_bytes")
         out.append(
             Advice(
@@ -95,7 +98,7 @@ def _dims(text: Any) -> str:
     return ", ".join(shapes)
 
 
-def _top_allocations(an: Any, time_s: np.ndarray, stacks: StackTable) -> TopAllocations:
+def _top_allocations(an: Analysis, time_s: np.ndarray, stacks: StackTable) -> TopAllocations:
     top = an.top_allocations
     rows = top["row"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64)
     sids = top["stack_id"].to_numpy(np.int64) if len(top) else np.empty(0, np.int64)
@@ -121,11 +124,11 @@ def _top_allocations(an: Any, time_s: np.ndarray, stacks: StackTable) -> TopAllo
     )
 
 
-def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTable) -> AttentionView:
+def _attention(an: Analysis, sections: OpenSections, time_s: np.ndarray, stacks: StackTable) -> AttentionView:
     att = an.attention
-    summary = dict(doc.get("attention") or {})
+    att_summary = dict(sections.attention)
     if not len(att):
-        return AttentionView(summary=summary)
+        return AttentionView(summary=att_summary)
     shown = att.sort_values(["bytes", "row"], ascending=[False, True], kind="stable").head(MAX_ATTENTION_ROWS)
     rows = shown["row"].to_numpy(np.int64)
     local = stacks.add_many(an.replay.events["stack_id"].to_numpy()[rows])
@@ -141,7 +144,7 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
     else:
         lifetime = [_events(e) if e >= 0 else "not freed" for e in life]
     return AttentionView(
-        summary=summary,
+        summary=att_summary,
         note=note,
         rows=AttentionRows(
             event_index=rows,
@@ -161,11 +164,11 @@ def _attention(an: Any, doc: dict[str, Any], time_s: np.ndarray, stacks: StackTa
 
 
 def _oom(
-    an: Any, doc: dict[str, Any], rows: np.ndarray, time_s: np.ndarray, alloc: np.ndarray, labels: np.ndarray
+    an: Analysis, sections: OpenSections, rows: np.ndarray, time_s: np.ndarray, alloc: np.ndarray, labels: np.ndarray
 ) -> Oom:
     """The OOM markers with their own request (a marker's hover names it, not a nearby event)."""
     ev = an.replay.events
-    oom = doc.get("oom")
+    oom = sections.oom
     live: list[str] = []
     if oom:
         cats = oom.get("live_categories") or []
@@ -189,34 +192,34 @@ def _events(n: int) -> str:
     return f"{n:,} event" + ("" if n == 1 else "s")
 
 
-def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: bool) -> Headline:
-    p = doc["peak"]
-    window = " (within the recorded window only)" if p.get("within_recorded_window") else ""
+def _headline(summary: Summary, sections: OpenSections, peak: Peak, top_site: str | None, has_time: bool) -> Headline:
+    p = summary.peak
+    window = " (within the recorded window only)" if p.within_recorded_window else ""
     when = []
     if has_time and peak.time_s is not None and np.isfinite(peak.time_s):
         when.append(f"at {peak.time_s:.3f} s")
     if peak.index >= 0:
         when.append(f"event {peak.index:,}")
-        where = f"in {p.get('stage')}" + (f", {' · '.join(when)}" if when else "")
-    elif (doc.get("end_state") or {}).get("only") or not (doc.get("history") or {}).get("events"):
+        where = f"in {p.stage}" + (f", {' · '.join(when)}" if when else "")
+    elif sections.end_state_only or not summary.history.events:
         where, window = f"live when the snapshot was taken ({END_STATE_ONLY})", ""
     else:
         where = "before the recorded history began"
     verdict = (
-        f"Peak {fmt_peak_bound_plain(p)}{fmt_bytes(p['allocated_bytes'])} allocated "
-        f"({fmt_bytes(p['reserved_bytes'])} reserved) {where}{window}"
+        f"Peak {fmt_peak_bound(p)}{fmt_bytes(p.allocated_bytes)} allocated "
+        f"({fmt_bytes(p.reserved_bytes)} reserved) {where}{window}"
     )
-    if (doc.get("end_state") or {}).get("only"):  # no peak in such a file: what was live, and when
-        verdict = f"{fmt_bytes(p['allocated_bytes'])} allocated ({fmt_bytes(p['reserved_bytes'])} reserved) {where}"
+    if sections.end_state_only:  # no peak in such a file: what was live, and when
+        verdict = f"{fmt_bytes(p.allocated_bytes)} allocated ({fmt_bytes(p.reserved_bytes)} reserved) {where}"
     lines = []
-    if doc.get("not_recorded"):  # nothing to report as a peak
-        verdict = str(doc["not_recorded"])
-    if doc.get("oom"):  # OOM first: the failed request is the verdict, the peak a line under it
+    if summary.not_recorded:  # nothing to report as a peak
+        verdict = summary.not_recorded
+    if sections.oom:  # OOM first: the failed request is the verdict, the peak a line under it
         lines.append(verdict)
-        verdict = printable(oom_lines(doc["oom"])[0], None)
+        verdict = printable(oom_lines(sections.oom)[0], None)
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
-    att = doc.get("attention") or {}
+    att = sections.attention
     if att.get("count"):
         lg = att.get("largest") or {}
         shape = "×".join(map(str, lg["shape"])) if lg.get("shape") else "?"
@@ -224,12 +227,14 @@ def _headline(doc: dict[str, Any], peak: Peak, top_site: str | None, has_time: b
             f"{att['count']:,} attention score matrices materialized (largest {fmt_bytes(lg.get('bytes'))}, "
             f"[{shape}]); up to {fmt_bytes(att.get('peak_live_bytes'))} live at once"
         )
-    return Headline(title=run_title(doc), verdict=verdict, lines=lines, truth=allocator_truth(doc))
+    return Headline(title=run_title(summary), verdict=verdict, lines=lines, truth=allocator_truth(summary))
 
 
-def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int = 20000) -> SnapshotReport:
+def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: int = 20000) -> SnapshotReport:
     """The snapshot report of one :class:`~snapviz.analyses.summary.Analysis`, its
-    ``snapviz.summary/1`` dict ``doc`` and its :func:`~snapviz.analyses.report_view.report_view`."""
+    ``snapviz.summary/1`` document (:func:`~snapviz.analyses.pipeline.document_of`) and its
+    :func:`~snapviz.analyses.report_view.report_view`."""
+    sections = open_sections(summary)  # attention, OOM, advice, end state: read once, here
     ev = an.replay.events
     n = len(ev)
     time_us = ev["time_us"].to_numpy(np.int64)
@@ -292,24 +297,24 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         palette,
     )
     top = _top_allocations(an, time_s, stacks)
-    attention = _attention(an, doc, time_s, stacks)
+    attention = _attention(an, sections, time_s, stacks)
     cat_tl = view.category_timeline
     live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) and len(an.stage_live) else None
     colors = category_palette(
         [
-            *(c["category"] for c in doc.get("categories") or []),
+            *(c.category for c in ([] if isinstance(summary.categories, Absent) else summary.categories)),
             *cat_tl.categories,
             *(live["category"] if live is not None else []),
             BEFORE_RECORDING,
         ]
     )
-    bars = stage_bars(an, doc, palette)
+    bars = stage_bars(an, summary, palette)
     breakdown = stage_breakdown(an, view, bars, colors)
-    headline = _headline(doc, peak, top.site[0] if top.site else None, has_time)
+    headline = _headline(summary, sections, peak, top.site[0] if top.site else None, has_time)
     return SnapshotReport(
         title=headline.title,
         headline=headline,
-        warnings=[str(w) for w in doc.get("warnings") or []],
+        warnings=list(summary.warnings),
         has_time=has_time,
         timeline=timeline,
         stage_names=stage_names,
@@ -317,19 +322,19 @@ def report_data(an: Any, doc: dict[str, Any], view: ReportView, max_points: int 
         bands=bands,
         peak=peak,
         stage_bars=bars,
-        metadata=metadata_rows(doc, t0),
+        metadata=metadata_rows(summary, t0),
         decimation=decimation_note(len(keep), n),
         action_names=list(ACTION_NAMES),
         stacks=stacks.stacks,
-        oom=_oom(an, doc, oom_rows, time_s, alloc, labels),
-        advice=_advice(doc),
+        oom=_oom(an, sections, oom_rows, time_s, alloc, labels),
+        advice=_advice(summary, sections),
         stage_breakdown=breakdown,
         stage_top=stage_top(an, breakdown.interval, time_s, stacks),
         category_colors=colors,
         category_timeline=cat_tl,
         category_stage=stage_codes[cat_tl.index] if n else np.empty(0, np.int32),
-        categories=_categories(doc, colors),
+        categories=_categories(summary, colors),
         top_allocations=top,
         attention=attention,
-        end_state_only=bool((doc.get("end_state") or {}).get("only")),
+        end_state_only=sections.end_state_only,
     )

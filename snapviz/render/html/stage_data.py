@@ -4,12 +4,13 @@ stage, bytes by category at each stage's peak, and the blocks each stage added."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Absent, Summary
 from snapviz.analyses.report_view import MAX_STAGE_BARS, ReportView
+from snapviz.analyses.summary import Analysis
 from snapviz.render.html.view_common import StackTable, unique_labels
 from snapviz.render.html.view_models import Bands, StageBars, StageBreakdown, StageTop
 from snapviz.units import fmt_bytes
@@ -52,12 +53,13 @@ def stage_bands(
     )
 
 
-def stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> StageBars:
+def stage_bars(an: Analysis, summary: Summary, palette: dict[str, str]) -> StageBars:
     st = an.stages
-    truth: dict[tuple[str, int], Any] = {}
-    for g in doc.get("stages") or []:
-        for it in g.get("intervals") or []:
-            truth[(str(it.get("name")), int(it.get("start_us", -1)))] = it.get("allocator_peak_allocated_bytes")
+    truth: dict[tuple[str, int], int | None] = {}  # run.json's peak of each interval, where it has one
+    for group in summary.stages:
+        for it in group.intervals:
+            peak = it.allocator_peak_allocated_bytes
+            truth[(it.name, it.start_us)] = None if isinstance(peak, Absent) else peak
     if len(st) > MAX_STAGE_BARS:
         g = an.stage_groups()
         names = [str(x) for x in g["name"]]
@@ -87,7 +89,7 @@ def stage_bars(an: Any, doc: dict[str, Any], palette: dict[str, str]) -> StageBa
     )
 
 
-def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str, str]) -> StageBreakdown:
+def stage_breakdown(an: Analysis, view: ReportView, bars: StageBars, colors: dict[str, str]) -> StageBreakdown:
     """Bytes by category at each stage interval's own peak: one stacked bar per interval
     (each bar adds up to the interval's peak allocated: see ``stage_category_bytes``)."""
     st = an.stages
@@ -118,7 +120,7 @@ def stage_breakdown(an: Any, view: ReportView, bars: StageBars, colors: dict[str
     )
 
 
-def stage_top(an: Any, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable) -> StageTop:
+def stage_top(an: Analysis, shown: np.ndarray, time_s: np.ndarray, stacks: StackTable) -> StageTop:
     """The largest blocks each shown stage interval allocated itself that were live at its peak."""
     top = an.stage_top if isinstance(an.stage_top, pd.DataFrame) else pd.DataFrame()
     if len(top):

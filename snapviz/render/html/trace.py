@@ -3,16 +3,20 @@ HTML file drawn from :func:`~snapviz.render.html.trace_data.trace_report_data`."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bokeh.models import UIElement
 
+from snapviz.analyses.document import Summary
 from snapviz.render.html.bokeh_kit import table_block
 from snapviz.render.html.page import card_open, chrome
 from snapviz.render.html.single_run import single_run_page
 from snapviz.render.html.stage_plots import stage_bar_block
 from snapviz.render.html.trace_data import trace_report_data
 from snapviz.render.html.view_models import TextTable, TraceReport, bounded
+
+if TYPE_CHECKING:
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
 
 
 def _text_table(t: TextTable, widths: tuple[int, ...], name: str, max_height: int) -> UIElement:
@@ -56,8 +60,9 @@ def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler tr
     )
 
 
-def render_trace_html(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> str:
-    """The report of a trace-only run (duck-typed ``tan``: see :func:`trace_report_data`)."""
-    from snapviz.render.fmt import fmt_report_kind_plain
+def render_trace_html(tan: TraceRunAnalysis, summary: Summary, max_points: int = 20000) -> str:
+    """The report of a trace-only run and its ``snapviz.summary/1`` document (what of ``tan`` is
+    read: see :func:`trace_report_data`)."""
+    from snapviz.render.fmt import fmt_report_kind
 
-    return render_trace_report_data(trace_report_data(tan, doc, max_points=max_points), fmt_report_kind_plain(doc))
+    return render_trace_report_data(trace_report_data(tan, summary, max_points=max_points), fmt_report_kind(summary))

@@ -1,18 +1,20 @@
 """The view-model of a trace-only run's report (a Chrome trace without a snapshot).
 
-Duck-typed on purpose: ``tan`` has ``timeline`` (time_us, allocated, reserved), ``stages``
-(name, start_us, end_us, peak_allocated_bytes) and ``attention_ops`` DataFrames; ``doc`` is
-its summary dict. No allocator replay, so no stacks.
+Reads of ``tan`` (a :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`) only its
+``timeline`` (time_us, allocated, reserved), ``stages`` (name, start_us, end_us,
+peak_allocated_bytes) and ``attention_ops`` DataFrames (tests hand it a stand-in with those);
+``summary`` is its ``snapviz.summary/1`` document. No allocator replay, so no stacks.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.render.fmt import fmt_peak_bound_plain
+from snapviz.analyses.document import Absent, Summary
+from snapviz.render.fmt import fmt_peak_bound
 from snapviz.render.html.palette import stage_palette
 from snapviz.render.html.snapshot_data import MAX_ATTENTION_ROWS
 from snapviz.render.html.stage_data import band_alpha
@@ -27,8 +29,12 @@ from snapviz.render.html.view_common import (
     unique_labels,
 )
 from snapviz.render.html.view_models import Bands, Headline, Peak, StageBars, TextTable, Timeline, TraceReport
+from snapviz.render.sections import open_sections
 from snapviz.units import fmt_bytes
 from snapviz.vocab import UNLABELLED, stage_group
+
+if TYPE_CHECKING:
+    from snapviz.analyses.trace_summary import TraceRunAnalysis
 
 
 def _frame_or_empty(obj: Any, name: str) -> pd.DataFrame:
@@ -48,7 +54,7 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) -> TraceReport:
+def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int = 20000) -> TraceReport:
     """The report of a trace-only run (no allocator replay, no stacks)."""
     tl = _frame_or_empty(tan, "timeline")
     n = len(tl)
@@ -108,14 +114,14 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
             start_index=np.empty(0, np.int64),
             end_index=np.empty(0, np.int64),
         )
-    peak_doc = doc.get("peak") or {}
-    peak_alloc = int(peak_doc.get("allocated_bytes") or (alloc[pi] if n else 0))
-    peak_stage = str(peak_doc.get("stage") or (stage_of[pi] if n else "n/a"))
+    peak_doc = summary.peak
+    peak_alloc = int(peak_doc.allocated_bytes or (alloc[pi] if n else 0))
+    peak_stage = str(peak_doc.stage or (stage_of[pi] if n else "n/a"))
     peak = Peak(
         index=pi,
         time_s=float(time_s[pi]) if (n and has_time) else None,
         allocated=peak_alloc,
-        reserved=int(peak_doc.get("reserved_bytes") or (resv.max() if n else 0)),
+        reserved=int(peak_doc.reserved_bytes or (resv.max() if n else 0)),
         requested=None,
         stage=peak_stage,
         reserved_index=int(np.argmax(resv)) if n else -1,
@@ -140,47 +146,43 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
         rows=[[_cell(v) for v in r] for r in ops_shown.itertuples(index=False)],
         note=(f"showing {len(ops_shown):,} of {len(ops):,} attention ops" if len(ops) > len(ops_shown) else ""),
     )
-    window = " (within the recorded window only)" if peak_doc.get("within_recorded_window") else ""
+    window = " (within the recorded window only)" if peak_doc.within_recorded_window else ""
     when = f", at {peak.time_s:.3f} s" if peak.time_s is not None else ""
     reserved = (
-        f"{fmt_bytes(peak.reserved)} reserved"
-        if peak_doc.get("reserved_bytes") is not None
-        else "reserved not recorded"
+        f"{fmt_bytes(peak.reserved)} reserved" if peak_doc.reserved_bytes is not None else "reserved not recorded"
     )
     verdict = (
-        f"Peak {fmt_peak_bound_plain(peak_doc)}{fmt_bytes(peak_alloc)} allocated ({reserved}) in {peak_stage}{when}{window}"
+        f"Peak {fmt_peak_bound(peak_doc)}{fmt_bytes(peak_alloc)} allocated ({reserved}) in {peak_stage}{when}{window}"
         if n
         else "No memory events in this trace: nothing to measure"
     )
-    if doc.get("not_recorded"):  # the CPU allocator's figures are no headline of a GPU run
-        verdict = str(doc["not_recorded"])
+    if summary.not_recorded:  # the CPU allocator's figures are no headline of a GPU run
+        verdict = summary.not_recorded
     lines = [
         "From the profiler trace's memory events (no snapshot, so no allocator replay): the allocator's "
         "totals after every allocation, with Python stacks from the trace when recorded with with_stack=True"
     ]
-    top = doc.get("top_allocations") or []
     live_table = TextTable(
         columns=["size", "stage", "allocated in (Python, function start line)", "op (trace)", "op input shapes"],
         rows=[
             [
-                fmt_bytes(t["bytes"]),
-                str(t.get("stage", "")),
-                str(t.get("site", "")),
-                str(t.get("op", "")),
-                str(t.get("op_input_dims", "")),
+                fmt_bytes(t.bytes),
+                t.stage,
+                t.site,
+                "" if isinstance(t.op, Absent) else t.op,
+                "" if isinstance(t.op_input_dims, Absent) else t.op_input_dims,
             ]
-            for t in top
+            for t in summary.top_allocations
         ],
-        note=str(doc.get("top_allocations_note") or ""),
+        note="" if isinstance(summary.top_allocations_note, Absent) else summary.top_allocations_note,
     )
-    att_doc = doc.get("attention") or {}
+    att_doc = open_sections(summary).attention  # the one open section this report reads
     if att_doc.get("implementation"):
         lines.append(f"Attention: {att_doc['implementation']}")
-    truth = allocator_truth(doc) if "allocated_bytes" in peak_doc else None
     return TraceReport(
-        title=run_title(doc),
-        headline=Headline(title=run_title(doc), verdict=verdict, lines=lines, truth=truth),
-        warnings=[str(w) for w in doc.get("warnings") or []],
+        title=run_title(summary),
+        headline=Headline(title=run_title(summary), verdict=verdict, lines=lines, truth=allocator_truth(summary)),
+        warnings=list(summary.warnings),
         has_time=has_time,
         timeline=timeline,
         stage_names=stage_names,
@@ -188,7 +190,7 @@ def trace_report_data(tan: Any, doc: dict[str, Any], max_points: int = 20000) ->
         bands=bands,
         peak=peak,
         stage_bars=bars,
-        metadata=metadata_rows(doc, t0),
+        metadata=metadata_rows(summary, t0),
         decimation=decimation_note(len(keep), n),
         attention_ops=att_table,
         live_table=live_table,

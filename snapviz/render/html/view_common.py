@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
+from snapviz.analyses.document import DevicePeak, Summary
 from snapviz.interning import Interner
 from snapviz.render.html.view_models import Decimation, Stacks, Truth
+from snapviz.render.sections import open_sections
 from snapviz.units import fmt_bytes
 
 STACK_FRAME_LIMIT = 12
@@ -107,12 +109,12 @@ def decimation_note(shown: int, total: int) -> Decimation:
     return Decimation(decimated=bool(dec), shown=int(shown), total=int(total), note=note)
 
 
-def allocator_truth(doc: dict[str, Any]) -> Truth | None:
-    truth = doc.get("allocator_truth") or {}
+def allocator_truth(summary: Summary) -> Truth | None:
+    truth = open_sections(summary).allocator_truth
     want = truth.get("max_memory_allocated")
     if not isinstance(want, (int, float)) or not want:
         return None
-    got = int(doc["peak"]["allocated_bytes"])
+    got = int(summary.peak.allocated_bytes)
     diff = got - int(want)
     rel = diff / want
     if diff == 0:
@@ -135,8 +137,8 @@ def allocator_truth(doc: dict[str, Any]) -> Truth | None:
     )
 
 
-def run_title(doc: dict[str, Any]) -> str:
-    run = doc.get("run") or {}
+def run_title(summary: Summary) -> str:
+    run = open_sections(summary).run
     parts = [
         run.get("pipeline"),
         run.get("size"),
@@ -145,47 +147,45 @@ def run_title(doc: dict[str, Any]) -> str:
         "+".join(run.get("techniques") or []) or None,
     ]
     label = " · ".join(str(p) for p in parts if p)
-    return label or str(doc.get("source", ""))
+    return label or summary.source
 
 
-def metadata_rows(doc: dict[str, Any], t0_us: int, extra: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, str]]:
-    rows: list[tuple[str, str]] = [("source", str(doc.get("source", "")))]
-    if doc.get("device") is not None:
-        rows.append(("device", str(doc["device"])))
-    if doc.get("stage_source"):
-        rows.append(("stages from", str(doc["stage_source"])))
+def metadata_rows(summary: Summary, t0_us: int, extra: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [("source", summary.source)]
+    if summary.device is not None:
+        rows.append(("device", str(summary.device)))
+    if summary.stage_source:
+        rows.append(("stages from", summary.stage_source))
     if t0_us > 0:
         start = _dt.datetime.fromtimestamp(t0_us / 1e6, tz=_dt.timezone.utc)
         rows.append(("first event", start.strftime("%Y-%m-%d %H:%M:%S UTC")))
     for k, v in extra:
         rows.append((k, str(v)))
-    run = doc.get("run") or {}
-    for k, v in run.items():
+    sections = open_sections(summary)
+    for k, v in sections.run.items():
         if v is None or v == "" or v == []:
             continue
         rows.append((f"run.{k}", ", ".join(map(str, v)) if isinstance(v, list) else str(v)))
-    settings = doc.get("allocator_settings") or {}
-    for k, v in settings.items():
+    for k, v in sections.allocator_settings.items():
         if isinstance(v, dict):
             nz = {kk: vv for kk, vv in v.items() if vv not in (0, None, False, "")}
             v = ", ".join(f"{kk}={vv}" for kk, vv in nz.items()) if nz else "(all default)"
         rows.append((f"allocator.{k}", "(unset)" if v == "" else str(v)))
-    hist = doc.get("history") or {}
-    if hist:
-        rows.append(("history events", f"{hist.get('events', 0):,}"))
-        rows.append(("history truncated", str(bool(hist.get("truncated")))))
-        if hist.get("baseline_allocated_bytes"):
-            bound = "" if hist.get("baseline_exact", True) else "at least "
-            rows.append(("allocated before recording", bound + fmt_bytes(hist["baseline_allocated_bytes"])))
-        if hist.get("end_state_matches") is not None:
-            rows.append(("replay matches end state", str(hist["end_state_matches"])))
-    for d in doc.get("devices") or []:
-        if len(doc.get("devices") or []) > 1:
+    hist = summary.history
+    rows.append(("history events", f"{hist.events:,}"))
+    rows.append(("history truncated", str(bool(hist.truncated))))
+    if hist.baseline_allocated_bytes:
+        bound = "at least " if hist.baseline_exact is False else ""
+        rows.append(("allocated before recording", bound + fmt_bytes(hist.baseline_allocated_bytes)))
+    if isinstance(hist.end_state_matches, bool):
+        rows.append(("replay matches end state", str(hist.end_state_matches)))
+    if len(summary.devices) > 1:
+        for d in summary.devices:
+            reserved = d.peak_reserved_bytes if isinstance(d, DevicePeak) else None  # a trace's devices: none
             rows.append(
                 (
-                    f"device {d.get('device')} peak",
-                    f"{fmt_bytes(d.get('peak_allocated_bytes'))} allocated, "
-                    f"{fmt_bytes(d.get('peak_reserved_bytes'))} reserved",
+                    f"device {d.device} peak",
+                    f"{fmt_bytes(d.peak_allocated_bytes)} allocated, {fmt_bytes(reserved)} reserved",
                 )
             )
     return rows
