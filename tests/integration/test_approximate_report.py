@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import synth
-from snapviz.analyses.pipeline import document_of
+from snapviz.analyses.pipeline import document_of, summary_of
 from snapviz.analyses.summary import analyze_run
 from snapviz.cli import main
 from snapviz.load import load

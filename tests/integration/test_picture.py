@@ -18,6 +18,7 @@ Image = pytest.importorskip("PIL.Image")
 from paths import ROOT  # noqa: E402
 from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
 from snapviz.analyses.document import from_json  # noqa: E402
+from snapviz.analyses.pipeline import summary_of  # noqa: E402
 from snapviz.analyses.summary import analyze_run  # noqa: E402
 from snapviz.cli.inputs import digest_input  # noqa: E402
 from snapviz.load import load  # noqa: E402

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from paths import ROOT, SAMPLES
-from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.document import from_json
+from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.report_view import report_view
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.training_advice import Estimate, training_estimates

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 import synth
-from snapviz.analyses.document import History, Peak, Summary
+from snapviz.analyses.document import History, Peak, Summary, TraceAttention, TraceScoreMatrix
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -239,10 +239,18 @@ def fake_trace_analysis(n: int = 5000) -> tuple[Any, Summary]:
         history=History(events=n, truncated=False, baseline_allocated_bytes=0),
         devices=[],
         stages=[],
-        attention={"implementation": "fused (SDPA)"},
+        attention=TraceAttention(
+            count=0,
+            peak_live_bytes=0,
+            largest=TraceScoreMatrix(bytes=0, shape=None),
+            source="ops",
+            sdpa_calls=1,
+            fused_calls=1,
+            implementation="fused (SDPA)",
+        ),
         top_allocations=[],
-        allocator_truth={},
-        run={},
+        allocator_truth=None,
+        run=None,
         warnings=["trace has no snapshot"],
         not_recorded=None,
     )
