@@ -575,6 +575,13 @@ def from_json(obj: object, cls: type[T] = Summary) -> T:  # type: ignore[assignm
     return typing.cast(T, _decode(obj, cls, "document"))
 
 
+def field_from_json(cls: type, name: str, value: object) -> Any:
+    """The value of field ``name`` of the document type ``cls`` read from its JSON form, checked
+    as :func:`from_json` checks a whole document (the summary builder decodes the sections
+    computed as JSON by their own modules with it)."""
+    return _decode(value, _hints(cls)[name], name)
+
+
 def load_summary(obj: object, source: str = "document") -> Summary:
     """A ``snapviz.summary/1`` document read back (``compare``/``check`` inputs): its schema
     string first, then every typed field; one line in :class:`InputError` when malformed."""

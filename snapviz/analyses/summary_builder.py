@@ -20,6 +20,7 @@ build time, not in a reader. ``--json`` only encodes the result
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,7 @@ from snapviz.analyses.document import (
     Summary,
     TopAllocation,
     TraceDevice,
-    _decode,
-    _hints,
+    field_from_json,
 )
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
@@ -51,7 +51,7 @@ def _section(name: str, value: object) -> Any:
     """A section computed as plain JSON by its own module, decoded into the type the document
     gives it (an :class:`~snapviz.errors.InputError` here is snapviz's bug, reported by
     :func:`snapviz.analyses.pipeline.document_of`)."""
-    return _decode(value, _hints(Summary)[name], name)
+    return field_from_json(Summary, name, value)
 
 
 def _int_or_none(v: object) -> int | None:
@@ -96,8 +96,6 @@ def _groups(intervals: Iterable[tuple[str, Interval]]) -> list[StageGroup]:
 
 
 def _as_step(iv: Interval) -> Interval:
-    from dataclasses import replace
-
     return replace(iv, step=iv.name.split("/", 1)[1])
 
 

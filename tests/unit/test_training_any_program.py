@@ -5,6 +5,8 @@ API the advice names."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from test_frame_rules import SP, load_dict
 
@@ -160,6 +162,14 @@ def test_parameters_from_before_the_recording() -> None:
         assert p["categories_at_peak"][BEFORE_RECORDING] == 24 * MiB, p["name"]
 
 
+def _categories_by_size(sim: Sim) -> Any:
+    """The training classifier's category of each allocation of ``sim``, by its size."""
+    snap = load_dict(sim.snapshot(marker=False))
+    rep = replay_allocator(snap, 0)
+    labels = label_events(snap, rep.events, 0).labels
+    return classify_allocations(snap, rep, labels).set_index("size")["category"]
+
+
 def test_fsdp_buffers_are_named() -> None:
     fsdp = SP + "torch/distributed/fsdp/"
     flat = [{"name": "_init_flat_param_and_metadata", "filename": fsdp + "_flat_param.py", "line": 700}, USER]
@@ -201,10 +211,7 @@ def test_fsdp_buffers_are_named() -> None:
     sim.free(sim.alloc(MiB, frames=OPT), frames=OPT)
     sim.set_label("zero_grad/0")
     sim.free(grad, frames=ZERO)
-    snap = load_dict(sim.snapshot(marker=False))
-    rep = replay_allocator(snap, 0)
-    labels = label_events(snap, rep.events, 0).labels
-    cats = classify_allocations(snap, rep, labels).set_index("size")["category"]
+    cats = _categories_by_size(sim)
     assert cats[8 * MiB] == FSDP_SHARDED
     assert cats[32 * MiB] == FSDP_GATHER
     assert cats[2 * MiB] == "saved activations"  # made by the module FSDP wraps, not by FSDP
@@ -260,10 +267,7 @@ def test_fsdp1_flat_parameter_buffers_are_named() -> None:
     sim.set_label("zero_grad/0")
     sim.free(grad, frames=ZERO)
     sim.free(kept, frames=ZERO)
-    snap = load_dict(sim.snapshot(marker=False))
-    rep = replay_allocator(snap, 0)
-    labels = label_events(snap, rep.events, 0).labels
-    cats = classify_allocations(snap, rep, labels).set_index("size")["category"]
+    cats = _categories_by_size(sim)
     assert cats[8 * MiB] == FSDP_SHARDED
     assert cats[32 * MiB] == FSDP_GATHER  # was a temporary: its innermost frame is torch/storage.py
     assert cats[24 * MiB] == FSDP_GATHER  # prefetched from inside the reduce hook
