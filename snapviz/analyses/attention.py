@@ -13,11 +13,13 @@ says nothing either way.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import Attention, AttentionStage, ScoreMatrix
 from snapviz.analyses.frame_rules import RuleSet
 from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.score_evidence import fused_evidence, score_alloc_mask, score_stack_table
@@ -218,8 +220,8 @@ def find_attention(
     rules: RuleSet,
     tables: StackTables,
     run_json: dict[str, Any] | None = None,
-) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Score-matrix allocations (one row each) and a summary: count, peak of simultaneously
+) -> tuple[pd.DataFrame, Attention]:
+    """Score-matrix allocations (one row each) and the summary's attention section: count, peak of simultaneously
     live score bytes, the largest (with a shape guess), share of each stage's peak, and
     which attention implementation the run used (``run_json``: the run's geometry and
     techniques, when it has a ``run.json``)."""
@@ -273,8 +275,8 @@ def find_attention(
     peak_live = int(live.max()) if n else 0
     peak_live_row = int(np.argmax(live)) if n and peak_live > 0 else -1
 
-    per_stage: list[dict[str, Any]] = []
-    groups: dict[str, dict[str, Any]] = {}
+    per_stage: list[AttentionStage] = []
+    groups: dict[str, AttentionStage] = {}
     if len(stages) and n:
         s_rows = stages["start_row"].to_numpy().astype(np.int64)
         e_rows = stages["end_row"].to_numpy().astype(np.int64)
@@ -283,68 +285,58 @@ def find_attention(
             stages[["name", "peak_row", "peak_allocated_bytes"]].itertuples(index=False), max_in, strict=True
         ):
             at_peak = int(live[peak_row]) if 0 <= peak_row < n else 0
-            share = at_peak / peak_b if peak_b else 0.0
-            item = {
-                "stage": str(name),
-                "peak_allocated_bytes": int(peak_b),
-                "live_bytes_at_stage_peak": at_peak,
-                "share_of_stage_peak": share,
-                "max_live_bytes": int(mx),
-            }
+            item = AttentionStage(
+                stage=str(name),
+                peak_allocated_bytes=int(peak_b),
+                live_bytes_at_stage_peak=at_peak,
+                share_of_stage_peak=float(at_peak / peak_b) if peak_b else 0.0,
+                max_live_bytes=int(mx),
+            )
             if at_peak > 0 or mx > 0:
                 per_stage.append(item)
             grp = stage_group(str(name))
             cur = groups.get(grp)
-            if cur is None or int(peak_b) > cur["peak_allocated_bytes"]:
-                groups[grp] = {
-                    **item,
-                    "stage": grp,
-                    "max_live_bytes": max(int(mx), cur["max_live_bytes"] if cur else 0),
-                }
+            if cur is None or item.peak_allocated_bytes > cur.peak_allocated_bytes:
+                # the group's figures are its highest interval's; its most live score bytes, over them all
+                groups[grp] = replace(item, stage=grp, max_live_bytes=max(int(mx), cur.max_live_bytes if cur else 0))
             else:
-                cur["max_live_bytes"] = max(cur["max_live_bytes"], int(mx))
+                groups[grp] = replace(cur, max_live_bytes=max(cur.max_live_bytes, int(mx)))
 
     functions = {str(k): int(v) for k, v in table["function"].value_counts().items()} if len(table) else {}
     stack_ids = ev["stack_id"].to_numpy().astype(np.int64) if n else np.empty(0, np.int64)
     fused = fused_evidence(rules, tables, stack_ids)
     impl, impl_source = _implementation(run, len(rows), functions, fused)
-    largest: dict[str, Any] = {
-        "bytes": 0,
-        "requested_bytes": 0,
-        "shape": None,
-        "dtype": None,
-        "heads": None,
-        "batch": None,
-        "stage": None,
-        "site": None,
-    }
+    largest = ScoreMatrix(
+        bytes=0, requested_bytes=0, shape=None, dtype=None, heads=None, batch=None, stage=None, site=None
+    )
     if len(rows):
         i = int(np.argmax(table["bytes"].to_numpy()))
-        largest = {
-            "bytes": int(table["bytes"].iat[i]),
-            "requested_bytes": int(table["requested_bytes"].iat[i]),
-            "shape": table["shape"].iat[i],
-            "dtype": table["dtype"].iat[i],
-            "heads": table["heads"].iat[i],
-            "batch": table["batch"].iat[i],
-            "stage": str(table["stage"].iat[i]),
-            "site": table["site"].iat[i],
-        }
-    summary = {
-        "count": int(len(rows)),
-        "peak_live_bytes": peak_live,
-        "peak_live_event_index": peak_live_row,
-        "total_bytes": int(table["bytes"].sum()) if len(table) else 0,
-        "largest": largest,
-        "implementation": impl,
-        "implementation_source": impl_source,
-        "materialized": bool(len(rows)),
-        "fused": impl.startswith("fused"),
-        "functions": functions,
-        "fused_evidence": fused[:5],
-        "stages": per_stage,
-        "stage_groups": [v for v in groups.values() if v["max_live_bytes"] > 0],
-    }
+        shape, dtype, heads, batch = (table[c].iat[i] for c in ("shape", "dtype", "heads", "batch"))
+        largest = ScoreMatrix(
+            bytes=int(table["bytes"].iat[i]),
+            requested_bytes=int(table["requested_bytes"].iat[i]),
+            shape=[int(x) for x in shape] if shape is not None else None,
+            dtype=str(dtype) if dtype is not None else None,
+            heads=int(heads) if heads is not None else None,
+            batch=int(batch) if batch is not None else None,
+            stage=str(table["stage"].iat[i]),
+            site=str(table["site"].iat[i]),
+        )
+    summary = Attention(
+        count=int(len(rows)),
+        peak_live_bytes=peak_live,
+        peak_live_event_index=peak_live_row,
+        total_bytes=int(table["bytes"].sum()) if len(table) else 0,
+        largest=largest,
+        implementation=impl,
+        implementation_source=impl_source,
+        materialized=bool(len(rows)),
+        fused=impl.startswith("fused"),
+        functions=functions,
+        fused_evidence=fused[:5],
+        stages=per_stage,
+        stage_groups=[v for v in groups.values() if v.max_live_bytes > 0],
+    )
     return table, summary
 
 

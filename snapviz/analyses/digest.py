@@ -231,7 +231,7 @@ def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 2
         stages=_stage_rows(an.stages),
         timeline=stage_normalised_timeline(an.labels.labels, allocated, reserved, points_per_label),
         categories=cats,
-        attention=dict(an.attention_summary),
+        attention=to_json(an.attention_summary),  # the digest is a JSON document
         sites=site_table(an),
         stage_source=an.labels.source,
         events=int(len(ev)),

@@ -52,9 +52,8 @@ class Absent(enum.Enum):
 
 ABSENT: Final = Absent.ABSENT
 
-# Any JSON value (what the user's own files hold); a JSON object.
+# Any JSON value (what the user's own files hold).
 Json: TypeAlias = None | bool | int | float | str | list["Json"] | dict[str, "Json"]
-JsonObject: TypeAlias = dict[str, Json]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -577,8 +576,8 @@ def from_json(obj: object, cls: type[T] = Summary) -> T:  # type: ignore[assignm
 
 def field_from_json(cls: type, name: str, value: object) -> Any:
     """The value of field ``name`` of the document type ``cls`` read from its JSON form, checked
-    as :func:`from_json` checks a whole document (the summary builder decodes the sections
-    computed as JSON by their own modules with it)."""
+    as :func:`from_json` checks a whole document (the summary builder decodes what the user's
+    files give as JSON with it: run.json's figures and fields, the allocator's settings)."""
     return _decode(value, _hints(cls)[name], name)
 
 

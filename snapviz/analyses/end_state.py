@@ -14,12 +14,13 @@ category (:func:`~snapviz.analyses.categories.categorize_blocks`), and its memor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses import document
 from snapviz.analyses.categories import categorize_blocks
+from snapviz.analyses.document import BeforeRecording, Pool, SiteBlocks
 from snapviz.analyses.frame_labels import label_from_frames
 from snapviz.analyses.frame_rules import RuleSet
 from snapviz.analyses.phases import label_phases
@@ -193,34 +194,48 @@ def split_before_recording(categories: pd.DataFrame, es: EndState | None) -> pd.
     return out.sort_values("bytes", ascending=False, kind="stable").reset_index(drop=True)
 
 
-def _sites(df: pd.DataFrame, limit: int = TOP_SITES) -> list[dict[str, Any]]:
+def _sites(df: pd.DataFrame, limit: int = TOP_SITES) -> list[SiteBlocks]:
     g = _by(df, "site").head(limit)
     return [
-        {"site": str(s), "bytes": int(b), "count": int(c)}
+        SiteBlocks(site=str(s), bytes=int(b), count=int(c))
         for s, b, c in zip(g["site"].tolist(), g["bytes"].tolist(), g["count"].tolist(), strict=True)
     ]
 
 
-def end_state_doc(es: EndState, baseline_allocated: int) -> dict[str, Any]:
-    """The summary's ``end_state`` object (docs/json-schema.md)."""
+def _bytes_by(df: pd.DataFrame, col: str) -> dict[str, int]:
+    """Bytes by ``col``, largest first (:func:`_by`)."""
+    g = _by(df, col)
+    return {str(k): int(v) for k, v in zip(g[col].tolist(), g["bytes"].tolist(), strict=True)}
+
+
+def end_state_doc(es: EndState, baseline_allocated: int) -> document.EndState:
+    """The summary's ``end_state`` section (docs/json-schema.md)."""
     b = es.blocks
     pre = _framed_before(b)
-    cat = _by(b, "category")
-    stage = _by(b, "stage")
-    pre_cat = _by(pre, "category")
-    return {
-        "only": es.only,
-        "note": END_STATE_ONLY if es.only else None,
-        "live_bytes": int(b["bytes"].sum()) if len(b) else 0,
-        "blocks": int(len(b)),
-        "by_category": dict(zip(cat["category"].tolist(), map(int, cat["bytes"].tolist()), strict=True)),
-        "by_stage": dict(zip(stage["stage"].tolist(), map(int, stage["bytes"].tolist()), strict=True)),
-        "sites": _sites(b),
-        "pools": es.pools.to_dict("records") if len(es.pools) else [],
-        "before_recording": {
-            "bytes": int(baseline_allocated),
-            "itemised_bytes": int(pre["bytes"].sum()) if len(pre) else 0,
-            "by_category": dict(zip(pre_cat["category"].tolist(), map(int, pre_cat["bytes"].tolist()), strict=True)),
-            "sites": _sites(pre),
-        },
-    }
+    return document.EndState(
+        only=bool(es.only),
+        note=END_STATE_ONLY if es.only else None,
+        live_bytes=int(b["bytes"].sum()) if len(b) else 0,
+        blocks=int(len(b)),
+        by_category=_bytes_by(b, "category"),
+        by_stage=_bytes_by(b, "stage"),
+        sites=_sites(b),
+        pools=[
+            Pool(
+                pool=str(p.pool),
+                name=str(p.name),
+                segments=int(p.segments),
+                reserved_bytes=int(p.reserved_bytes),
+                allocated_bytes=int(p.allocated_bytes),
+            )
+            for p in es.pools.itertuples(index=False)
+        ]
+        if len(es.pools)
+        else [],
+        before_recording=BeforeRecording(
+            bytes=int(baseline_allocated),
+            itemised_bytes=int(pre["bytes"].sum()) if len(pre) else 0,
+            by_category=_bytes_by(pre, "category"),
+            sites=_sites(pre),
+        ),
+    )

@@ -21,13 +21,13 @@ Verdicts (docs/design.md, "Machine-readable summary"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.document import Oom, to_json
+from snapviz.analyses.document import AnyAdvice, LiveCategory, LiveSite, Oom, OomSimulation, Shrink, SimulatedAdvice
 from snapviz.analyses.replay import ReplayResult, live_at
 from snapviz.analyses.sites import SiteNamer
 from snapviz.model import (
@@ -230,9 +230,11 @@ def oom_report(
     live_categories: pd.DataFrame | None,
     run_json: dict[str, Any] | None,
     expandable: bool,
-) -> dict[str, Any] | None:
-    """The summary's ``oom`` object for the OOM of ``rep``'s device that ended the run
-    (:func:`explained_oom`; None: no OOM).
+) -> Oom | None:
+    """The summary's ``oom`` section for the OOM of ``rep``'s device that ended the run
+    (:func:`explained_oom`; None: no OOM): its facts. What would have fit (``simulation``,
+    ``advice``) and the sentences (``headline`` … ``card``) are left for the summary builder,
+    which has the advice and the simulation (:func:`snapviz.analyses.summary_builder.build_summary`).
 
     ``live_categories`` is the bytes by category live at the OOM (categorize_live at its row).
     """
@@ -255,7 +257,8 @@ def oom_report(
         row = n - 1  # the collectors dump right after the failure: the end state is the moment
         request = int(rec["requested_bytes"])
         stream = None
-        device_free = rec.get("device_free") if isinstance(rec.get("device_free"), int) else None
+        rec_free = rec.get("device_free")
+        device_free = rec_free if isinstance(rec_free, int) and not isinstance(rec_free, bool) else None
         sid = -1
         source = "run.json"
     if row >= 0:
@@ -280,8 +283,8 @@ def oom_report(
     elif largest is not None and free_res >= request > largest:
         verdict, short = FRAGMENTED, request - largest
     live = live_categories if live_categories is not None else pd.DataFrame(columns=["category", "bytes"])
-    cats: list[dict[str, Any]] = [
-        {"category": str(c), "bytes": int(b)}
+    cats = [
+        LiveCategory(category=str(c), bytes=int(b))
         for c, b in zip(live["category"].tolist(), live["bytes"].tolist(), strict=True)
         if b
     ]
@@ -291,121 +294,136 @@ def oom_report(
         name = sites.site(int(s))
         by_site[name] = by_site.get(name, 0) + int(b)
     sites_out = [
-        {"site": k, "bytes": v} for k, v in sorted(by_site.items(), key=lambda kv: (-kv[1], kv[0]))[:LIVE_ROWS]
+        LiveSite(site=k, bytes=v) for k, v in sorted(by_site.items(), key=lambda kv: (-kv[1], kv[0]))[:LIVE_ROWS]
     ]
     shrink = None
     if verdict == OUT_OF_MEMORY and cats:
-        biggest = max(cats, key=lambda c: c["bytes"])
-        shrink = {"category": biggest["category"], "bytes": biggest["bytes"], "stage": stage}
-    return {
-        "source": source,
-        "count": int(len(rows)) or 1,
-        "device": rep.device,
-        "event_index": row if source == "trace" else None,
+        biggest = max(cats, key=lambda c: c.bytes)
+        shrink = Shrink(category=biggest.category, bytes=biggest.bytes, stage=stage)
+    time_us = int(ev["time_us"].iat[row]) if source == "trace" else -1
+    return Oom(
+        source=source,
+        count=int(len(rows)) or 1,
+        device=int(rep.device),
+        event_index=row if source == "trace" else None,
         # the program allocated again after it: a caller caught the error and went on
-        "survived": bool(source == "trace" and (explained_oom(rep, rows)[1] >= len(rows))),
-        "time_us": int(ev["time_us"].iat[row]) if source == "trace" and int(ev["time_us"].iat[row]) >= 0 else None,
-        "requested_bytes": request,
-        "stream": stream,
-        "site": sites.site(sid) if sid >= 0 else None,
-        "stack": sites.stack_text(sid).splitlines() if sid >= 0 else [],
-        "stage": stage,
-        "allocated_bytes": allocated,
-        "reserved_bytes": reserved,
-        "cap_bytes": cap,
-        "cap_source": cap_source,
-        "device_free_bytes": device_free,
-        "free_reserved_bytes": free_res,
-        "largest_free_block_bytes": largest,
-        "verdict": verdict,
-        "bytes_short": short,
-        "live_categories": cats,
-        "live_sites": sites_out,
-        "shrink": shrink,
-        "advice": None,  # the first advice entry that would free bytes_short (filled by the summary)
-    }
+        survived=bool(source == "trace" and (explained_oom(rep, rows)[1] >= len(rows))),
+        time_us=time_us if time_us >= 0 else None,
+        requested_bytes=request,
+        stream=stream,
+        site=sites.site(sid) if sid >= 0 else None,
+        stack=sites.stack_text(sid).splitlines() if sid >= 0 else [],
+        stage=stage,
+        allocated_bytes=int(allocated),
+        reserved_bytes=int(reserved),
+        cap_bytes=_int_or_none(cap),
+        cap_source=cap_source,
+        device_free_bytes=device_free,
+        free_reserved_bytes=int(free_res),
+        largest_free_block_bytes=largest,
+        verdict=verdict,
+        bytes_short=_int_or_none(short),
+        live_categories=cats,
+        live_sites=sites_out,
+        shrink=shrink,
+        advice=None,  # the first advice entry that would free bytes_short (filled by the summary builder)
+        # the sentences every sink says: written by the summary builder, once it has the advice and the simulation
+        headline="",
+        state="",
+        verdict_text="",
+        fix=None,
+    )
+
+
+def _int_or_none(v: int | None) -> int | None:
+    return None if v is None else int(v)
 
 
 RULE_OF_THUMB = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
-def pick_advice(oom: Mapping[str, Any], advice: list[dict[str, Any]]) -> str | None:
+def _simulation(oom: Oom) -> OomSimulation | None:
+    """The OOM's simulation (None: not simulated at all, or a document written before the simulator)."""
+    return oom.simulation if isinstance(oom.simulation, OomSimulation) else None
+
+
+def pick_advice(oom: Oom, advice: Sequence[AnyAdvice]) -> str | None:
     """What the fix line suggests trying. Where the simulator reproduced the run
-    (``oom["simulation"]``, :func:`snapviz.analyses.whatif.oom_simulation`), the allocator setting
+    (``oom.simulation``, :func:`snapviz.analyses.whatif.oom_simulation`), the allocator setting
     under which it fits, simulated; else, for a ``fragmented`` verdict the simulation did not
     check, expandable segments as the rule of thumb; for ``out of memory`` (or a fragmented one no
     setting fixes), the first advice entry that saves at least ``bytes_short`` (None: none does)."""
-    sim = oom.get("simulation") or {}
-    if sim.get("simulated") and sim.get("setting"):
-        return f"PYTORCH_CUDA_ALLOC_CONF={sim['setting']['alloc_conf']}"
-    if oom["verdict"] == FRAGMENTED and not sim.get("simulated"):
+    sim = _simulation(oom)
+    simulated = sim is not None and sim.simulated
+    if sim is not None and sim.simulated and sim.setting is not None:
+        return f"PYTORCH_CUDA_ALLOC_CONF={sim.setting.alloc_conf}"
+    if oom.verdict == FRAGMENTED and not simulated:
         return RULE_OF_THUMB
-    if oom["verdict"] not in (OUT_OF_MEMORY, FRAGMENTED):
+    if oom.verdict not in (OUT_OF_MEMORY, FRAGMENTED):
         return None
-    short = oom["bytes_short"] or 0
+    short = oom.bytes_short or 0
     # allocator settings: the simulation's answer where there is one, never the rule of thumb beside it
     fits = [
         a
         for a in advice
-        if a.get("kind") != "simulated"
-        and not (sim.get("simulated") and a.get("technique") == "expandable segments")
-        and (a.get("saves_up_to_bytes") or 0) >= short
+        if not isinstance(a, SimulatedAdvice)
+        and not (simulated and a.technique == "expandable segments")
+        and (a.saves_up_to_bytes or 0) >= short
     ]
-    return str(fits[0]["technique"]) if fits else None
+    return fits[0].technique if fits else None
 
 
-def _simulated_clauses(oom: Mapping[str, Any]) -> list[str]:
+def _simulated_clauses(oom: Oom) -> list[str]:
     """The fix line's ``try:`` and what the simulation says would have fit (setting, card)."""
-    sim = oom.get("simulation")
-    advice = oom.get("advice")
+    sim = _simulation(oom)
+    advice = oom.advice
     out = []
-    if sim is not None and sim.get("simulated"):
-        setting = sim.get("setting")
-        if advice and setting and advice.endswith(f"={setting['alloc_conf']}"):
-            who = "the run fits" if oom.get("survived") else "the recorded requests fit"  # after a fatal OOM: unknown
+    if sim is not None and sim.simulated:
+        setting = sim.setting
+        if advice and setting is not None and advice.endswith(f"={setting.alloc_conf}"):
+            who = "the run fits" if oom.survived else "the recorded requests fit"  # after a fatal OOM: unknown
             out.append(
                 f"try: {advice} (simulated: {who} under the same cap, reserved peak "
-                f"{fmt_bytes(setting['peak_reserved_bytes'])})"
+                f"{fmt_bytes(setting.peak_reserved_bytes)})"
             )
         else:
             if advice:
                 out.append(f"try: {advice}")
-            if sim.get("settings_tried"):
+            if sim.settings_tried:
                 out.append("no allocator setting fits it under this cap (simulated)")
-    elif advice == RULE_OF_THUMB and oom["verdict"] == FRAGMENTED:
-        why = str(sim.get("why_not") or "the simulator did not reproduce this run") if sim else "no history to simulate"
+    elif advice == RULE_OF_THUMB and oom.verdict == FRAGMENTED:
+        why = (
+            (sim.why_not or "the simulator did not reproduce this run") if sim is not None else "no history to simulate"
+        )
         out.append(f"try: {advice} (the rule of thumb for fragmentation; not simulated: {why})")
     elif advice:
         out.append(f"try: {advice}")
     return out
 
 
-def oom_fix_short(oom: Mapping[str, Any]) -> str | None:
+def oom_fix_short(oom: Oom) -> str | None:
     """The fix and card lines in a few words, for a picture's title (None: nothing to suggest)."""
-    sim = oom.get("simulation") or {}
-    advice = oom.get("advice")
+    sim = _simulation(oom)
     parts = []
-    if sim.get("simulated"):
-        setting = sim.get("setting")
-        if setting:
-            parts.append(f"fits with {setting['alloc_conf']} (simulated)")
-        elif sim.get("settings_tried"):
+    if sim is not None and sim.simulated:
+        if sim.setting is not None:
+            parts.append(f"fits with {sim.setting.alloc_conf} (simulated)")
+        elif sim.settings_tried:
             parts.append("no allocator setting fits under this cap (simulated)")
-        first = (sim.get("cards") or [{}])[0]
-        if first.get("smallest_bytes") is not None:
-            parts.append(f"smallest card {fmt_bytes(first['smallest_bytes'])} (simulated)")
-    elif advice:
-        parts.append(f"try: {advice}" + (" (not simulated)" if advice == RULE_OF_THUMB else ""))
+        if sim.cards and sim.cards[0].smallest_bytes is not None:
+            parts.append(f"smallest card {fmt_bytes(sim.cards[0].smallest_bytes)} (simulated)")
+    elif oom.advice:
+        parts.append(f"try: {oom.advice}" + (" (not simulated)" if oom.advice == RULE_OF_THUMB else ""))
     return "; ".join(parts) or None
 
 
-def oom_headline(oom: Mapping[str, Any]) -> str:
+def oom_headline(oom: Oom) -> str:
     """The sentence every sink leads with when a run hit an OOM: the failed request."""
-    where = f" at {oom['site']}" if oom.get("site") else ""
-    stage = f" in {oom['stage']}" if oom.get("stage") else ""
-    req = oom["requested_bytes"]
-    stream = f" on stream {oom['stream']}" if oom.get("stream") else ""
-    if oom.get("survived"):
+    where = f" at {oom.site}" if oom.site else ""
+    stage = f" in {oom.stage}" if oom.stage else ""
+    req = oom.requested_bytes
+    stream = f" on stream {oom.stream}" if oom.stream else ""
+    if oom.survived:
         return (
             f"CUDA out of memory, survived: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}, "
             "and the run went on (the error was caught)"
@@ -413,79 +431,77 @@ def oom_headline(oom: Mapping[str, Any]) -> str:
     return f"CUDA out of memory: a {fmt_bytes(req)} request ({req:,} B){stream}{where} failed{stage}"
 
 
-def oom_short(oom: Mapping[str, Any]) -> str:
+def oom_short(oom: Oom) -> str:
     """The headline in a few words, for a picture's title and marker label."""
-    stage = f" in {oom['stage']}" if oom.get("stage") else ""
-    survived = " (survived)" if oom.get("survived") else ""
-    return f"CUDA OOM{survived}: a {fmt_bytes(oom['requested_bytes'])} request failed{stage} ({oom['verdict']})"
+    stage = f" in {oom.stage}" if oom.stage else ""
+    survived = " (survived)" if oom.survived else ""
+    return f"CUDA OOM{survived}: a {fmt_bytes(oom.requested_bytes)} request failed{stage} ({oom.verdict})"
 
 
-def oom_state(oom: Mapping[str, Any]) -> str:
+def oom_state(oom: Oom) -> str:
     """The allocator's state at that moment, with the cap and the free memory."""
-    state = f"at that moment {fmt_bytes(oom['allocated_bytes'])} allocated, {fmt_bytes(oom['reserved_bytes'])} reserved"
-    cap = oom.get("cap_bytes")
-    state += f" under a {fmt_bytes(cap)} cap ({oom['cap_source']})" if cap is not None else " (the cap is not known)"
-    largest = oom.get("largest_free_block_bytes")
+    state = f"at that moment {fmt_bytes(oom.allocated_bytes)} allocated, {fmt_bytes(oom.reserved_bytes)} reserved"
+    cap = oom.cap_bytes
+    state += f" under a {fmt_bytes(cap)} cap ({oom.cap_source})" if cap is not None else " (the cap is not known)"
+    largest = oom.largest_free_block_bytes
     return (
         state
-        + f"; {fmt_bytes(oom['free_reserved_bytes'])} free in reserved segments"
+        + f"; {fmt_bytes(oom.free_reserved_bytes)} free in reserved segments"
         + (f", largest free block {fmt_bytes(largest)}" if largest is not None else "")
     )
 
 
-def oom_verdict(oom: Mapping[str, Any]) -> str:
+def oom_verdict(oom: Oom) -> str:
     """Fragmented or really out of memory, with the numbers that decide it."""
-    v = oom["verdict"]
-    short = oom.get("bytes_short")
-    req = fmt_bytes(oom["requested_bytes"])
+    v = oom.verdict
+    short = oom.bytes_short
+    req = fmt_bytes(oom.requested_bytes)
     if v == OUT_OF_MEMORY and short is not None:
         return f"verdict: really out of memory: allocated + request exceed the cap by {fmt_bytes(short)} ({short:,} B)"
     if v == FRAGMENTED and short is not None:
-        cap = oom.get("cap_bytes")
-        free = cap - oom["allocated_bytes"] if cap is not None else oom["free_reserved_bytes"]
+        cap = oom.cap_bytes
+        free = cap - oom.allocated_bytes if cap is not None else oom.free_reserved_bytes
         # under a cap, "free" is the free reserved memory plus the room not yet reserved: say both,
         # so the figure reads with the line before it (free in reserved segments)
         where = (
-            f" under the cap ({fmt_bytes(oom['free_reserved_bytes'])} in reserved segments, "
-            f"{fmt_bytes(cap - oom['reserved_bytes'])} not yet reserved)"
-            if cap is not None and oom.get("free_reserved_bytes") is not None and oom.get("reserved_bytes") is not None
+            f" under the cap ({fmt_bytes(oom.free_reserved_bytes)} in reserved segments, "
+            f"{fmt_bytes(cap - oom.reserved_bytes)} not yet reserved)"
+            if cap is not None
             else ""
         )
         return (
             f"verdict: fragmented: {fmt_bytes(free)} was free{where}, enough for the {req} request, but no free "
-            f"piece was large enough (the largest was {fmt_bytes(oom['requested_bytes'] - short)})"
+            f"piece was large enough (the largest was {fmt_bytes(oom.requested_bytes - short)})"
         )
     return "verdict: not determined (fragmented or out of memory: the file does not show the cap)"
 
 
-def oom_fix(oom: Mapping[str, Any]) -> str | None:
+def oom_fix(oom: Oom) -> str | None:
     """What would have made it fit, in words (None: not known): the shortfall, then what to try
     and what the simulation says would have fit (:func:`_simulated_clauses`)."""
-    short = oom.get("bytes_short")
+    short = oom.bytes_short
     parts = []
-    if short is not None and oom["verdict"] == FRAGMENTED:
+    if short is not None and oom.verdict == FRAGMENTED:
         parts.append(f"to fit, the largest free piece had to be {fmt_bytes(short)} ({short:,} B) larger")
     elif short is not None:
-        shrink = oom.get("shrink")
-        what = f" (the largest part then: {shrink['category']}, {fmt_bytes(shrink['bytes'])})" if shrink else ""
-        parts.append(f"to fit, live memory in {oom['stage']} had to be {fmt_bytes(short)} ({short:,} B) smaller{what}")
+        shrink = oom.shrink
+        what = f" (the largest part then: {shrink.category}, {fmt_bytes(shrink.bytes)})" if shrink else ""
+        parts.append(f"to fit, live memory in {oom.stage} had to be {fmt_bytes(short)} ({short:,} B) smaller{what}")
     parts += _simulated_clauses(oom)
     return "; ".join(parts) if parts else None
 
 
-def oom_card(oom: Mapping[str, Any]) -> str | None:
+def oom_card(oom: Oom) -> str | None:
     """The smallest card the run fits on, simulated (None: not simulated)."""
-    sim = oom.get("simulation") or {}
-    if not sim.get("simulated") or not sim.get("cards"):
+    sim = _simulation(oom)
+    if sim is None or not sim.simulated or not sim.cards:
         return None
     from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415 - the words whatif uses too
 
-    return card_fit_text(sim["cards"], ended=not oom.get("survived"))
+    return card_fit_text(sim.cards, ended=not oom.survived)
 
 
-def oom_lines(oom: Oom | Mapping[str, Any]) -> list[str]:
-    """The OOM story in the words every sink uses: headline, state, verdict, fix, card (of
-    the typed section, or of its JSON form while the summary is built)."""
-    o: Mapping[str, Any] = to_json(oom) if isinstance(oom, Oom) else oom
-    extra = [x for x in (oom_fix(o), oom_card(o)) if x]
-    return [oom_headline(o), oom_state(o), oom_verdict(o), *extra]
+def oom_lines(oom: Oom) -> list[str]:
+    """The OOM story in the words every sink uses: headline, state, verdict, fix, card."""
+    extra = [x for x in (oom_fix(oom), oom_card(oom)) if x]
+    return [oom_headline(oom), oom_state(oom), oom_verdict(oom), *extra]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -10,6 +10,7 @@ import pandas as pd
 
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import allocation_table, live_categories
+from snapviz.analyses.document import Attention, Oom
 from snapviz.analyses.end_state import (
     EndState,
     end_state,
@@ -58,7 +59,7 @@ class Analysis:
     stages: pd.DataFrame  # one row per stage interval (see stages.stage_table)
     top_allocations: pd.DataFrame  # live at the peak, largest first
     attention: pd.DataFrame  # one row per attention score allocation
-    attention_summary: dict[str, Any]  # the summary's "attention" object (count, largest, implementation)
+    attention_summary: Attention  # the summary's attention section (count, largest, implementation)
     categories: pd.DataFrame  # live bytes by category at the peak (a group-by of ``allocations``)
     device_peaks: pd.DataFrame  # every device: peak allocated / reserved
     sites: SiteNamer  # names an allocation site from its stack
@@ -68,7 +69,7 @@ class Analysis:
     stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
     warnings: list[str] = field(default_factory=list)
     training: TrainingView | None = None  # phases, steps and categories of a training run
-    oom: dict[str, Any] | None = None  # the first OOM of the device (analyses/oom.py), None: none
+    oom: Oom | None = None  # the OOM that ended the run, its facts (analyses/oom.py), None: none
     end_state: EndState | None = None  # the live blocks at the end, named by their frames
     # one row per recorded allocation, classified once (categories.allocation_table): every
     # category view is a group-by of its ``category`` column
@@ -192,7 +193,7 @@ def analyze_run(
         if len(attention):
             times = ev["time_us"].to_numpy()[attention["row"].to_numpy()]
             attention = pd.concat([attention.reset_index(drop=True), ops_at(run.trace, times, off)], axis=1)
-        att_summary["trace_offset_us"] = off
+        att_summary = replace(att_summary, trace_offset_us=off)
     es = end_state(snap, rep, sites, rules, tables)
     only = es.only and bool(len(es.blocks))
     if only:  # no history: what held memory is the end state's blocks, named by their frames

@@ -10,11 +10,12 @@ peak, the advice, the OOM, the end state and the training view; a profiler trace
 (:class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`) its device kind and what its
 totals cannot itemize.
 
-The sections computed by their own modules as plain JSON (attention, OOM, end state,
-training, advice, the run's fields and the allocator's settings) are decoded into the
-document's types here (:func:`_section`), so a section that drifts from its type fails at
-build time, not in a reader. ``--json`` only encodes the result
-(:func:`~snapviz.analyses.document.to_json`).
+Every section comes typed from the module that computes it (attention, OOM, end state,
+training, advice); the builder adds to the OOM what only it has (the simulation, the advice,
+the sentences). Only what the user's run.json and snapshot give as JSON (the allocator's own
+figures, the run's fields, the allocator's settings) is decoded here (:func:`_user_json`),
+checked as the document types it, so a malformed file fails at build time, not in a reader.
+``--json`` only encodes the result (:func:`~snapviz.analyses.document.to_json`).
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ import numpy as np
 from snapviz.analyses.document import (
     ABSENT,
     Absent,
+    AnyAdvice,
     CategoryBytes,
     DevicePeak,
     History,
     Interval,
+    Oom,
     Peak,
     SiteBytes,
     StageGroup,
     Summary,
     TopAllocation,
     TraceDevice,
+    Training,
     field_from_json,
 )
 from snapviz.analyses.summary import Analysis
@@ -47,10 +51,9 @@ from snapviz.vocab import SUMMARY_SCHEMA, run_summary_fields, stage_group
 # --------------------------------------------------------------------------- shared pieces
 
 
-def _section(name: str, value: object) -> Any:
-    """A section computed as plain JSON by its own module, decoded into the type the document
-    gives it (an :class:`~snapviz.errors.InputError` here is snapviz's bug, reported by
-    :func:`snapviz.analyses.pipeline.document_of`)."""
+def _user_json(name: str, value: object) -> Any:
+    """Field ``name`` of the document from what the user's files give as JSON (run.json's
+    figures and fields, the snapshot's allocator settings), checked as the document types it."""
     return field_from_json(Summary, name, value)
 
 
@@ -229,35 +232,39 @@ def _snapshot_summary(an: Analysis) -> Summary:
     alloc_truth, run_fields = run_summary_fields(run, an.device)
     not_recorded = empty_snapshot_note(an.snapshot)
 
-    advice: list[dict[str, Any]] = advise(
-        AdviceFacts.of(
-            peak_allocated=int(rep.peak_allocated),
-            peak_reserved=int(rep.peak_reserved),
-            peak_stage=an.peak_stage,
-            run_json=run,
-            attention=att,
-        ),
-        an.categories,
-    )
-    oom_event = an.oom.get("event_index") if an.oom is not None else None
+    advice: list[AnyAdvice] = [
+        *advise(
+            AdviceFacts.of(
+                peak_allocated=int(rep.peak_allocated),
+                peak_reserved=int(rep.peak_reserved),
+                peak_stage=an.peak_stage,
+                run_json=run,
+                attention=att,
+            ),
+            an.categories,
+        )
+    ]
+    oom_event = an.oom.event_index if an.oom is not None else None
     only = an.end_state is not None and an.end_state.only
     recorded_sim = None if only else simulate_recorded(an.run, rep, oom_event)
     # only where the simulator reproduced the run
-    sim_advice = allocator_advice(an.run, recorded_sim, an.oom is not None and not an.oom.get("survived"))
+    sim_advice = allocator_advice(an.run, recorded_sim, an.oom is not None and not an.oom.survived)
     if sim_advice is not None:
         advice.append(sim_advice)
-    training: dict[str, Any] | Absent = ABSENT
+    training: Training | Absent = ABSENT
     if an.training is not None:
         training = training_dict(an.training)
         advice.extend(advise_training(an.training.phases, run or None, an.training.framework))
-        advice.sort(key=lambda a: -(a["saves_up_to_bytes"] or 0))
-    oom: dict[str, Any] | None = None
+        advice.sort(key=lambda a: -(a.saves_up_to_bytes or 0))
+    oom: Oom | None = None
     if an.oom is not None:
-        oom = dict(an.oom)
-        oom["simulation"] = oom_simulation(recorded_sim)  # what would have fit, where the simulator reproduced it
-        oom["advice"] = pick_advice(oom, advice)
-        oom["headline"], oom["state"], oom["verdict_text"] = oom_lines(oom)[:3]
-        oom["fix"], oom["card"] = oom_fix(oom), oom_card(oom)
+        # what would have fit, where the simulator reproduced it; then what to try, then the sentences
+        oom = replace(an.oom, simulation=oom_simulation(recorded_sim))
+        oom = replace(oom, advice=pick_advice(oom, advice))
+        headline, state, verdict_text = oom_lines(oom)[:3]
+        oom = replace(
+            oom, headline=headline, state=state, verdict_text=verdict_text, fix=oom_fix(oom), card=oom_card(oom)
+        )
 
     sites = an.sites
     return Summary(
@@ -298,7 +305,7 @@ def _snapshot_summary(an: Analysis) -> Summary:
             for d in an.device_peaks.itertuples(index=False)
         ],
         stages=_groups(_snapshot_intervals(an)),
-        attention=_section("attention", att),
+        attention=att,
         categories=[
             CategoryBytes(category=str(c.category), bytes=int(c.bytes), count=int(c.count))
             for c in an.categories.itertuples(index=False)
@@ -310,17 +317,15 @@ def _snapshot_summary(an: Analysis) -> Summary:
             ),
             snapshot=True,
         ),
-        allocator_truth=_section("allocator_truth", alloc_truth),
-        run=_section("run", run_fields),
-        allocator_settings=_section("allocator_settings", an.snapshot.allocator_settings),
-        advice=_section("advice", advice),
+        allocator_truth=_user_json("allocator_truth", alloc_truth),
+        run=_user_json("run", run_fields),
+        allocator_settings=_user_json("allocator_settings", an.snapshot.allocator_settings),
+        advice=advice,
         warnings=list(an.warnings),
-        oom=_section("oom", oom),
+        oom=oom,
         not_recorded=not_recorded,
-        end_state=_section("end_state", end_state_doc(an.end_state, rep.baseline_allocated))
-        if an.end_state is not None
-        else None,
-        training=_section("training", training) if not isinstance(training, Absent) else ABSENT,
+        end_state=end_state_doc(an.end_state, rep.baseline_allocated) if an.end_state is not None else None,
+        training=training,
     )
 
 
@@ -446,7 +451,7 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
             )
         ],
         stages=stages,
-        attention=_section("attention", attention_verdict(an.attention_ops)),
+        attention=attention_verdict(an.attention_ops),
         top_allocations=_top(
             (
                 (t, str(stage), [str(line) for line in t.stack])
@@ -458,8 +463,8 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
             "allocations made before the trace began (e.g. weights loaded before profiling) are "
             f"not itemized: {before}; Python lines are the first line of each function (profiler stacks)"
         ),
-        allocator_truth=_section("allocator_truth", alloc_truth),
-        run=_section("run", run_fields),
+        allocator_truth=_user_json("allocator_truth", alloc_truth),
+        run=_user_json("run", run_fields),
         warnings=list(an.warnings),
         # the sentence every sink leads with when the file did not record GPU memory (not_recorded.py)
         not_recorded=next((w for w in an.warnings if w.startswith(GPU_NOT_RECORDED)), None),

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.attention import FUSED, NOT_DETERMINED, fused_label
+from snapviz.analyses.document import TraceAttention, TraceScoreMatrix
 from snapviz.load.trace.chrome_trace import ChromeTrace
 
 # torch.profiler "Input type" strings (c10 scalar type names) -> bytes per element.
@@ -208,45 +210,51 @@ def attention_op_table(trace: ChromeTrace) -> pd.DataFrame:
     return out.sort_values(["start_us", "end_us"], ascending=[True, False], kind="stable").reset_index(drop=True)[cols]
 
 
-def attention_verdict(ops: pd.DataFrame) -> dict[str, Any]:
-    """The ``attention`` part of a trace summary from :func:`attention_ops`: score matrices
+def attention_verdict(ops: pd.DataFrame) -> TraceAttention:
+    """The ``attention`` section of a trace summary from :func:`attention_ops`: score matrices
     with their exact shapes, fused SDPA calls, and the verdict. "fused" needs an SDPA or
     fused-kernel op that did not run the math backend; no attention op at all is "not
     determined" (the model may have none, or compute it in ops not listed)."""
-    att: dict[str, Any] = {
-        "count": 0,
-        "peak_live_bytes": 0,
-        "largest": {"bytes": 0, "shape": None},
-        "source": "trace ops",
-        "sdpa_calls": 0,  # calls of PyTorch's SDPA ops that ran fused
-        "fused_calls": 0,  # every fused attention call: SDPA, vLLM, flash-attn, xFormers, aiter/CK
-    }
+    none = TraceAttention(
+        count=0,
+        peak_live_bytes=0,
+        largest=TraceScoreMatrix(bytes=0, shape=None),
+        source="trace ops",
+        sdpa_calls=0,
+        fused_calls=0,
+        implementation=NOT_DETERMINED,
+    )
     if not len(ops):
-        att["implementation"] = NOT_DETERMINED
-        return att
+        return none
     top = ops[~ops["nested"].to_numpy(bool)]
     mat = ops[ops["materializes_scores"].to_numpy(bool)]
     fused = top[[_is_sdpa(str(n)) for n in top["name"]] & ~top["materializes_scores"].to_numpy(bool)]
-    att["count"] = int(len(mat))
-    att["fused_calls"] = int(len(fused))
-    att["sdpa_calls"] = int(sum(fused_label([str(n)]) == FUSED for n in fused["name"]))
+    largest, peak_live = none.largest, 0
     if len(mat):
         i = int(np.argmax(mat["score_bytes"].to_numpy()))
         row = mat.iloc[i]
-        att["largest"] = {
-            "bytes": int(row["score_bytes"]),
-            "shape": list(row["score_shape"]) if row["score_shape"] is not None else None,
-            "dtype": row.get("dtype"),
-            "op": row["name"],
-            "stage": row.get("stage"),
-        }
-        att["peak_live_bytes"] = int(mat["score_bytes"].max())  # a lower bound: ops do not say lifetimes
+        dtype, stage = row.get("dtype"), row.get("stage")
+        largest = TraceScoreMatrix(
+            bytes=int(row["score_bytes"]),
+            shape=[int(x) for x in row["score_shape"]] if row["score_shape"] is not None else None,
+            dtype=str(dtype) if isinstance(dtype, str) else None,
+            op=str(row["name"]),
+            stage=str(stage) if isinstance(stage, str) else None,
+        )
+        peak_live = int(mat["score_bytes"].max())  # a lower bound: ops do not say lifetimes
     names = sorted({str(n) for n in fused["name"]})[:3]
-    att["implementation"] = (
-        "materialized (baddbmm/bmm + softmax)"
+    return replace(
+        none,
+        count=int(len(mat)),
+        peak_live_bytes=peak_live,
+        largest=largest,
+        # calls of PyTorch's SDPA ops that ran fused
+        sdpa_calls=int(sum(fused_label([str(n)]) == FUSED for n in fused["name"])),
+        # every fused attention call: SDPA, vLLM, flash-attn, xFormers, aiter/CK
+        fused_calls=int(len(fused)),
+        implementation="materialized (baddbmm/bmm + softmax)"
         if len(mat)
         else f"{fused_label(names)}: {len(fused)} call(s) of {', '.join(names)}"
         if len(fused)
-        else NOT_DETERMINED
+        else NOT_DETERMINED,
     )
-    return att

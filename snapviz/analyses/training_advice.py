@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from snapviz.analyses.categories import live_by_category
+from snapviz.analyses.document import TrainingAdvice
 from snapviz.category_vocab import (
     ACTIVATION,
     AUTOCAST_COPIES,
@@ -282,7 +283,7 @@ def _lora_basis(phases: list[PhasePeak], peak_phase: str) -> str:
 
 def advise_training(
     phases: list[PhasePeak], run: dict[str, Any] | None = None, framework: str = "torch"
-) -> list[dict[str, Any]]:
+) -> list[TrainingAdvice]:
     """Training advice, largest saving first, as the summary's ``advice`` entries (``kind:
     "training"``, ``estimated_peak_bytes``, ``phase_savings_bytes``). A technique is listed when
     the run could adopt it and it saves at least 5% at the run's peak or at one phase's peak;
@@ -299,14 +300,14 @@ def advise_training(
     ]
     kept.sort(key=lambda e: (-e.saving, -max(e.phase_savings.values())))
     return [
-        {
-            "technique": _NAMES[e.technique],
-            "kind": "training",
-            "why": _why(e.technique, e, peak_phase, phases, k),
-            "saves_up_to_bytes": max(e.saving, 0),
-            "estimated_peak_bytes": e.new_peak,
-            "phase_savings_bytes": e.phase_savings,
-            "how": how_to(e.technique, framework).format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
-        }
+        TrainingAdvice(
+            technique=_NAMES[e.technique],
+            kind="training",
+            why=_why(e.technique, e, peak_phase, phases, k),
+            saves_up_to_bytes=int(max(e.saving, 0)),
+            estimated_peak_bytes=int(e.new_peak),
+            phase_savings_bytes={str(g): int(v) for g, v in e.phase_savings.items()},
+            how=how_to(e.technique, framework).format(micro=max(micro // k, 1) if micro else f"batch/{k}", k=k),
+        )
         for e in kept
     ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from snapviz.analyses.categories import TRAINING_GROUPS
+from snapviz.analyses.document import Training, TrainingPhase, TrainingStep
 from snapviz.analyses.training import framework
 from snapviz.analyses.training_advice import PhasePeak, phase_peaks
 from snapviz.category_vocab import order_categories
@@ -88,29 +89,29 @@ def training_view(allocs: pd.DataFrame, stages: pd.DataFrame, snap: Snapshot | N
     return TrainingView(phases, step_table(phases, cats), cats, fw)
 
 
-def training_dict(view: TrainingView) -> dict[str, object]:
-    """The summary's ``training`` block: per phase interval and per step, the peak and the
+def training_dict(view: TrainingView) -> Training:
+    """The summary's ``training`` section: per phase interval and per step, the peak and the
     categories live at it (allocator blocks, ``before recording`` included: they add up to it)."""
     steps = phase_steps(view.phases)
     cats = view.categories
-    return {
-        "categories": list(cats),
-        "phases": [
-            {
-                "name": p.name,
-                "step": s,
-                "peak_allocated_bytes": p.peak,
-                "categories_at_peak": {c: _at_peak(p).get(c, 0) for c in cats},
-            }
+    return Training(
+        categories=[str(c) for c in cats],
+        phases=[
+            TrainingPhase(
+                name=str(p.name),
+                step=int(s),
+                peak_allocated_bytes=int(p.peak),
+                categories_at_peak={str(c): int(_at_peak(p).get(c, 0)) for c in cats},
+            )
             for s, p in zip(steps, view.phases, strict=True)
         ],
-        "steps": [
-            {
-                "step": int(r["step"]),
-                "peak_phase": str(r["phase"]),
-                "peak_allocated_bytes": int(r["peak_allocated_bytes"]),
-                "categories_at_peak": {c: int(r[c]) for c in cats},
-            }
+        steps=[
+            TrainingStep(
+                step=int(r["step"]),
+                peak_phase=str(r["phase"]),
+                peak_allocated_bytes=int(r["peak_allocated_bytes"]),
+                categories_at_peak={str(c): int(r[c]) for c in cats},
+            )
             for r in view.steps.to_dict("records")
         ],
-    }
+    )

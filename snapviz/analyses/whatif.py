@@ -12,12 +12,14 @@ The document (:func:`whatif_dict`) is ``snapviz.whatif/1``; every renderer reads
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
+from snapviz.analyses.document import CardFit, FittingSetting, OomSimulation, SimulatedAdvice, to_json
 from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.simulate import (
     R_ALLOC,
@@ -384,7 +386,7 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         },
         "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
         "scenarios": rows,
-        "smallest_card": [card_fit_dict(c) for c in w.cards],
+        "smallest_card": [to_json(c) for c in w.cards],
         "notes": list(w.notes),
     }
 
@@ -552,7 +554,7 @@ def fits(sim: SimResult) -> bool:
     return sim.stopped_at is None
 
 
-def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> dict[str, Any] | None:
+def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> SimulatedAdvice | None:
     """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
 
     Only where the simulation under the recorded settings and cap reproduces the recording event
@@ -587,16 +589,6 @@ def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> dict[
 # --------------------------------------------------------------------------- what would have fit
 
 
-@dataclass(frozen=True)
-class CardFit:
-    """The smallest card one setting runs on without running out of memory (simulated)."""
-
-    alloc_conf: str | None  # None: the recorded settings
-    smallest_bytes: int | None  # whole GiB: fits there, not 1 GiB below (None: not under CARD_SEARCH_MAX)
-    common_card_bytes: int | None  # the smallest of FIT_CARDS it fits on (None: none)
-    peak_reserved_bytes: int | None  # on the smallest
-
-
 def smallest_card(
     stream: RequestStream,
     conf: str | None,
@@ -622,11 +614,11 @@ def smallest_card(
         return seen[gib]
 
     if not fits(free):  # fails with no limit at all: no card helps
-        return CardFit(conf, None, None, None)
+        return CardFit(alloc_conf=conf, smallest_bytes=None, common_card_bytes=None, peak_reserved_bytes=None)
     hi = max(1, -(-free.peak_reserved // GiB))
     while not fits(at(hi)):
         if hi * GiB >= CARD_SEARCH_MAX:
-            return CardFit(conf, None, None, None)
+            return CardFit(alloc_conf=conf, smallest_bytes=None, common_card_bytes=None, peak_reserved_bytes=None)
         hi *= 2
     lo = 0  # no memory at all fails (the run allocates)
     while hi - lo > 1:
@@ -636,7 +628,12 @@ def smallest_card(
         else:
             lo = mid
     common = next((c for c in FIT_CARDS if c >= hi * GiB and fits(at(c // GiB))), None)
-    return CardFit(conf, hi * GiB, common, at(hi).peak_reserved)
+    return CardFit(
+        alloc_conf=conf,
+        smallest_bytes=hi * GiB,
+        common_card_bytes=common,
+        peak_reserved_bytes=int(at(hi).peak_reserved),
+    )
 
 
 def card_fits(
@@ -655,30 +652,21 @@ def card_fits(
     return out
 
 
-def card_fit_dict(c: CardFit) -> dict[str, Any]:
-    return {
-        "alloc_conf": c.alloc_conf,
-        "smallest_bytes": c.smallest_bytes,
-        "common_card_bytes": c.common_card_bytes,
-        "peak_reserved_bytes": c.peak_reserved_bytes,
-    }
-
-
-def card_fit_text(cards: list[dict[str, Any]], ended: bool = False) -> str:
+def card_fit_text(cards: Sequence[CardFit], ended: bool = False) -> str:
     """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report).
     ``ended``: the OOM ended the run, so what the program would have done after it is unknown."""
     parts = []
     for c in cards:
-        who = "the recorded settings" if c["alloc_conf"] is None else c["alloc_conf"]
-        if c["smallest_bytes"] is None:
+        who = "the recorded settings" if c.alloc_conf is None else c.alloc_conf
+        if c.smallest_bytes is None:
             parts.append(f"none with {who}")
             continue
         common = (
-            f"common card {fmt_bytes(c['common_card_bytes'])}"
-            if c["common_card_bytes"] is not None
+            f"common card {fmt_bytes(c.common_card_bytes)}"
+            if c.common_card_bytes is not None
             else "larger than the common cards"
         )
-        parts.append(f"{fmt_bytes(c['smallest_bytes'])} with {who} ({common})")
+        parts.append(f"{fmt_bytes(c.smallest_bytes)} with {who} ({common})")
     what = "smallest card the recorded requests fit on" if ended else "smallest card it fits on"
     after = "; the program after the OOM was not recorded" if ended else ""
     return f"{what} (simulated, 1 GiB steps{after}): " + ", ".join(parts)
@@ -688,7 +676,7 @@ OOM_FIX_MAX_REQUESTS = 500_000  # above this analyze's OOM line does not search 
 FIT_CONFS: tuple[str, ...] = (ADVICE_CONF, *(c for c in DEFAULT_CONFS if c != ADVICE_CONF))
 
 
-def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
+def oom_simulation(rs: RecordedSim | None) -> OomSimulation | None:
     """What would have let an OOM's failed request fit, simulated: the summary's ``oom.simulation``.
 
     ``simulated`` false (with ``why_not`` in a few words and ``reason``) where the simulator does
@@ -712,14 +700,9 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
         else None
     )
     if why_not is not None:
-        return {
-            "simulated": False,
-            "why_not": why_not[0],
-            "reason": why_not[1],
-            "setting": None,
-            "settings_tried": [],
-            "cards": [],
-        }
+        return OomSimulation(
+            simulated=False, why_not=why_not[0], reason=why_not[1], setting=None, settings_tried=[], cards=[]
+        )
     stream = rs.fit_stream
     assert stream is not None
     setting = None
@@ -732,17 +715,16 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
             tried.append(conf)
             sim = run_sim(stream, s, rs.cap, compiled=rs.compiled)
             if fits(sim):
-                setting = {"alloc_conf": conf, "peak_reserved_bytes": sim.peak_reserved}
+                setting = FittingSetting(alloc_conf=conf, peak_reserved_bytes=int(sim.peak_reserved))
                 break
-    cards = card_fits(stream, rs.settings, rs.compiled)
-    return {
-        "simulated": True,
-        "why_not": None,
-        "reason": rs.fidelity.reason,
-        "setting": setting,
-        "settings_tried": tried,
-        "cards": [card_fit_dict(c) for c in cards],
-    }
+    return OomSimulation(
+        simulated=True,
+        why_not=None,
+        reason=rs.fidelity.reason,
+        setting=setting,
+        settings_tried=tried,
+        cards=card_fits(stream, rs.settings, rs.compiled),
+    )
 
 
 def _card_total(run: Run) -> int | None:
@@ -761,7 +743,7 @@ def _card_total(run: Run) -> int | None:
     return None
 
 
-def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, conf: str | None) -> dict[str, Any]:
+def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, conf: str | None) -> SimulatedAdvice:
     after = sim.peak_reserved
     why = f"reserved peak {fmt_bytes(before)} → {fmt_bytes(after)} (simulated)"
     if failed:
@@ -772,10 +754,10 @@ def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, con
         if conf is not None
         else "drop torch.cuda.set_per_process_memory_fraction (or run on a card that size)"
     )
-    return {
-        "technique": technique,
-        "why": why,
-        "saves_up_to_bytes": before - after if after < before else None,
-        "how": how,
-        "kind": "simulated",
-    }
+    return SimulatedAdvice(
+        technique=technique,
+        why=why,
+        saves_up_to_bytes=int(before - after) if after < before else None,
+        how=how,
+        kind="simulated",
+    )

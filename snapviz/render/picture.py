@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from snapviz.analyses.compare import Comparison
-from snapviz.analyses.document import Summary
+from snapviz.analyses.document import Oom, Summary
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
 from snapviz.render.fmt import fmt_peak_bound
-from snapviz.render.sections import open_sections
 from snapviz.safe_text import bound, clip
 from snapviz.units import fmt_bytes
 from snapviz.vocab import END_STATE, END_STATE_ONLY, stage_group
@@ -119,9 +118,9 @@ def _axis_spans(
     return x, spans
 
 
-def _labelled_oom(oom_rows: np.ndarray, oom: dict[str, Any] | None) -> int:
+def _labelled_oom(oom_rows: np.ndarray, oom: Oom | None) -> int:
     """Which of the OOM markers the summary's ``oom`` explains (its event), else the last."""
-    at = (oom or {}).get("event_index")
+    at = oom.event_index if oom is not None else None
     hits = np.flatnonzero(oom_rows == at) if at is not None else np.empty(0, np.int64)
     return int(hits[0]) if len(hits) else max(len(oom_rows) - 1, 0)
 
@@ -153,7 +152,7 @@ def picture_data(an: Analysis, summary: Summary, max_points: int = MAX_POINTS) -
         s["color"] = spal[s["group"]]
     peak = summary.peak
     oom_rows = np.flatnonzero(ev["action"].to_numpy() == A_OOM) if n else np.empty(0, np.int64)
-    oom = open_sections(summary).oom  # the one open section the picture reads
+    oom = summary.oom if isinstance(summary.oom, Oom) else None  # None: no OOM recorded
     title = (
         f"{_short(an.run.source)}: {summary.not_recorded.split(':', 1)[0]}"
         if summary.not_recorded
@@ -175,7 +174,7 @@ def picture_data(an: Analysis, summary: Summary, max_points: int = MAX_POINTS) -
         "ooms": {
             "x": x_all[oom_rows],
             "bytes": ev["allocated"].to_numpy()[oom_rows] if n else np.empty(0),
-            "label": f"{oom_short(oom)}, {fmt_bytes(oom['allocated_bytes'])} allocated" if oom else "",
+            "label": f"{oom_short(oom)}, {fmt_bytes(oom.allocated_bytes)} allocated" if oom else "",
             # the marker the label names: the OOM the report explains (the one that ended the run)
             "labelled": _labelled_oom(oom_rows, oom),
         },

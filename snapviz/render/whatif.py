@@ -59,9 +59,10 @@ def outcome(row: dict[str, Any], with_stage: Callable[[str], str] = printable) -
 
 def card_line(doc: dict[str, Any]) -> str | None:
     """On a run that ran out of memory: the smallest card it fits on (analyze's OOM words)."""
+    from snapviz.analyses.document import CardFit, from_json  # noqa: PLC0415
     from snapviz.analyses.whatif import card_fit_text  # noqa: PLC0415
 
-    cards = doc.get("smallest_card") or []
+    cards = [from_json(c, CardFit) for c in doc.get("smallest_card") or []]
     if not cards:
         return None
     approx = "" if doc["fidelity"]["reproduced"] else " (approximate: the simulation did not reproduce this run)"

@@ -157,14 +157,14 @@ def test_mosaic_synthetic_attention_not_determined() -> None:
 def test_trace_attention_verdicts(name: str, verdict: str) -> None:
     ops = trace_ops.attention_ops(load_chrome_trace(str(_path(name))))
     att = attention_verdict(ops)
-    assert att["implementation"].startswith(verdict), att
-    assert att["count"] == 0
+    assert att.implementation.startswith(verdict), att
+    assert att.count == 0
     if verdict.startswith("fused"):
-        assert att["fused_calls"] > 0
+        assert att.fused_calls > 0
         # only PyTorch's own SDPA ops are counted as SDPA calls (vLLM's paged attention is not)
-        assert (att["sdpa_calls"] > 0) == (verdict == "fused (SDPA/flash)")
+        assert (att.sdpa_calls > 0) == (verdict == "fused (SDPA/flash)")
     else:
-        assert att["sdpa_calls"] == att["fused_calls"] == 0
+        assert att.sdpa_calls == att.fused_calls == 0
 
 
 def test_kineto_2021_peak_is_inside_its_profiler_step() -> None:

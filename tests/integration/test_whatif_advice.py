@@ -6,13 +6,14 @@ from __future__ import annotations
 import html as html_lib
 import json
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import synth
 from paths import SAMPLES
-from snapviz.analyses.document import from_json
+from snapviz.analyses.document import Oom, OomSimulation, Summary, from_json
 from snapviz.analyses.oom import FRAGMENTED, oom_card, oom_fix, oom_fix_short, pick_advice
 from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.whatif import ADVICE_CONF, FIT_CARDS, what_if
@@ -137,7 +138,9 @@ def test_oom_fix_line_names_the_setting_and_the_card_the_simulation_fits(tmp_pat
     assert f"- {md_text(oom['fix'])}" in md.read_text() and f"- {md_text(oom['card'])}" in md.read_text()
     assert html_lib.escape(oom["card"], quote=False) in page and html_lib.escape(oom["fix"], quote=False) in page
     title = picture_data(an, from_json(doc))["title"]
-    assert title[-1] == oom_fix_short(oom) and "expandable_segments:True (simulated)" in title[-1]
+    typed = from_json(doc, Summary).oom
+    assert isinstance(typed, Oom)
+    assert title[-1] == oom_fix_short(typed) and "expandable_segments:True (simulated)" in title[-1]
 
 
 def test_oom_no_setting_fits_says_so_and_checks_with_whatif() -> None:
@@ -156,21 +159,41 @@ def test_oom_no_setting_fits_says_so_and_checks_with_whatif() -> None:
 
 
 def test_oom_not_reproduced_keeps_the_rule_of_thumb_and_says_not_simulated() -> None:
-    oom = {
-        "verdict": FRAGMENTED,
-        "bytes_short": 1 << 20,
-        "stage": "x",
-        "advice": None,
-        "simulation": {
-            "simulated": False,
-            "reason": "from event 3: ...",
-            "setting": None,
-            "settings_tried": [],
-            "cards": [],
-        },
-    }
-    oom["advice"] = pick_advice(oom, [])
-    assert oom["advice"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    oom = Oom(
+        source="trace",
+        count=1,
+        device=0,
+        event_index=3,
+        survived=False,
+        time_us=None,
+        requested_bytes=9 << 20,
+        stream=0,
+        site=None,
+        stack=[],
+        stage="x",
+        allocated_bytes=20 << 20,
+        reserved_bytes=40 << 20,
+        cap_bytes=None,
+        cap_source=None,
+        device_free_bytes=None,
+        free_reserved_bytes=20 << 20,
+        largest_free_block_bytes=8 << 20,
+        verdict=FRAGMENTED,
+        bytes_short=1 << 20,
+        live_categories=[],
+        live_sites=[],
+        shrink=None,
+        advice=None,
+        simulation=OomSimulation(
+            simulated=False, why_not=None, reason="from event 3: ...", setting=None, settings_tried=[], cards=[]
+        ),
+        headline="",
+        state="",
+        verdict_text="",
+        fix=None,
+    )
+    oom = replace(oom, advice=pick_advice(oom, []))
+    assert oom.advice == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     fix = oom_fix(oom)
     assert fix is not None and "not simulated: the simulator did not reproduce this run" in fix
     assert oom_card(oom) is None and "(not simulated)" in str(oom_fix_short(oom))

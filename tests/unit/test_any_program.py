@@ -267,10 +267,10 @@ def test_hand_written_attention_is_materialized(cpp: bool, att_fn: str) -> None:
     d, _, scores = training_run(cpp=cpp, att_fn=att_fn)
     an = analyse(d)
     s = an.attention_summary
-    assert s["materialized"] and s["count"] == len(scores)
+    assert s.materialized and s.count == len(scores)
     assert sorted(an.attention["requested_bytes"].tolist()) == sorted(scores)
-    assert f"softmax over a matmul in {att_fn}" in s["implementation"]
-    assert s["largest"]["shape"] is None  # no geometry to factor the size: not guessed
+    assert f"softmax over a matmul in {att_fn}" in s.implementation
+    assert s.largest.shape is None  # no geometry to factor the size: not guessed
 
 
 def test_softmax_without_attention_evidence_is_not_scores() -> None:
@@ -278,18 +278,18 @@ def test_softmax_without_attention_evidence_is_not_scores() -> None:
     (no product op is visible, no attention name), so nothing is called scores."""
     d, _, scores = training_run(cpp=False)
     s = analyse(d).attention_summary
-    assert scores and s["count"] == 0 and not s["materialized"]
-    assert s["implementation"] == "not determined"
+    assert scores and s.count == 0 and not s.materialized
+    assert s.implementation == "not determined"
 
 
 def test_sdpa_frames_say_fused() -> None:
     s = analyse(training_run(cpp=True, sdpa=True)[0]).attention_summary
-    assert s["count"] == 0 and s["fused"] and s["implementation"].startswith("fused (SDPA/flash)")
+    assert s.count == 0 and s.fused and s.implementation.startswith("fused (SDPA/flash)")
 
 
 def test_no_evidence_is_not_determined() -> None:
     s = analyse(training_run(sdpa=True)[0]).attention_summary  # Python frames only: the kernel is invisible
-    assert s["count"] == 0 and not s["fused"] and s["implementation"] == "not determined"
+    assert s.count == 0 and not s.fused and s.implementation == "not determined"
 
 
 # --- rules are explicit -------------------------------------------------------------------------------

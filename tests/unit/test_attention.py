@@ -17,6 +17,7 @@ import pytest
 from test_frame_rules import SP, diffusion_run, load_dict
 
 from snapviz.analyses.attention import FUSED, find_attention, guess_score_shape, live_attention_series
+from snapviz.analyses.document import Attention
 from snapviz.analyses.frame_rules import load_rules
 from snapviz.analyses.replay import replay_allocator
 from snapviz.analyses.score_evidence import score_alloc_mask
@@ -29,7 +30,7 @@ from synth import GiB, MiB, Sim
 
 def analyse(
     snap: Snapshot, labels: np.ndarray | None = None, rules: str | None = None, run_json: dict[str, Any] | None = None
-) -> tuple[Any, Any, dict[str, Any]]:
+) -> tuple[Any, Any, Attention]:
     rep = replay_allocator(snap, 0)
     ev = rep.events
     if labels is None:
@@ -170,22 +171,22 @@ def test_classic_attention_count_peak_and_shape(case: dict[str, Any]) -> None:
     pr = diffusion_run(**case)
     snap = load_dict(pr.snapshot_dict(labels=False))
     rep, table, s = analyse(snap)
-    assert s["count"] == len(pr.score_bytes)
+    assert s.count == len(pr.score_bytes)
     assert sorted(table["requested_bytes"].tolist()) == sorted(pr.score_bytes)
-    assert s["peak_live_bytes"] == pr.score_peak_live
+    assert s.peak_live_bytes == pr.score_peak_live
     np.testing.assert_array_equal(live_attention_series(rep, table), pr.score_live_series())
-    assert s["materialized"] and s["implementation_source"] == "inferred"
-    assert "get_attention_scores" in s["implementation"]
+    assert s.materialized and s.implementation_source == "inferred"
+    assert "get_attention_scores" in s.implementation
     assert set(table["function"]) == {"get_attention_scores"}
     # with run.json: the guess uses the run's geometry and heads
     _, table, s = analyse(snap, run_json=pr.run)
     d = pr.desc
     n = d.tokens[0]
     b = 2 * pr.run["batch"]
-    assert s["largest"]["shape"] == [b * d.heads, n, n]
-    assert (s["largest"]["heads"], s["largest"]["batch"]) == (d.heads, b)
-    assert s["largest"]["bytes"] == b * d.heads * n * n * 2
-    assert s["implementation_source"] == "run.json" and "classic" in s["implementation"]
+    assert s.largest.shape == [b * d.heads, n, n]
+    assert (s.largest.heads, s.largest.batch) == (d.heads, b)
+    assert s.largest.bytes == b * d.heads * n * n * 2
+    assert s.implementation_source == "run.json" and "classic" in s.implementation
 
 
 def test_share_of_each_stage_peak() -> None:
@@ -196,26 +197,26 @@ def test_share_of_each_stage_peak() -> None:
     truth_live = pr.score_live_series()
     alloc = rep.events["allocated"].to_numpy()
     # independent: per denoise step, the row of the allocator's peak and the scores live then
-    for item in s["stages"]:
-        rows = np.flatnonzero(labels == item["stage"])
+    for item in s.stages:
+        rows = np.flatnonzero(labels == item.stage)
         peak_row = rows[np.argmax(alloc[rows])]
-        assert item["live_bytes_at_stage_peak"] == truth_live[peak_row]
-        assert item["share_of_stage_peak"] == pytest.approx(truth_live[peak_row] / alloc[peak_row])
-        assert item["max_live_bytes"] == truth_live[rows].max()
-    stages_with_scores = {x["stage"] for x in s["stages"]}
+        assert item.live_bytes_at_stage_peak == truth_live[peak_row]
+        assert item.share_of_stage_peak == pytest.approx(truth_live[peak_row] / alloc[peak_row])
+        assert item.max_live_bytes == truth_live[rows].max()
+    stages_with_scores = {x.stage for x in s.stages}
     assert stages_with_scores == {f"denoise/{i}" for i in range(4)}
-    grp = {g["stage"]: g for g in s["stage_groups"]}
-    assert set(grp) == {"denoise"} and 0 < grp["denoise"]["share_of_stage_peak"] < 1
+    grp = {g.stage: g for g in s.stage_groups}
+    assert set(grp) == {"denoise"} and 0 < grp["denoise"].share_of_stage_peak < 1
 
 
 def test_sdpa_run_materializes_nothing() -> None:
     pr = diffusion_run("sd15", attention="sdpa")
     snap = load_dict(pr.snapshot_dict(labels=False))
     _, table, s = analyse(snap)
-    assert s["count"] == 0 and len(table) == 0 and s["peak_live_bytes"] == 0
-    assert s["implementation"].startswith(FUSED) and not s["materialized"] and s["fused"]
+    assert s.count == 0 and len(table) == 0 and s.peak_live_bytes == 0
+    assert s.implementation.startswith(FUSED) and not s.materialized and s.fused
     _, _, s = analyse(snap, run_json=pr.run)
-    assert s["implementation_source"] == "run.json" and "SDPA" in s["implementation"]
+    assert s.implementation_source == "run.json" and "SDPA" in s.implementation
 
 
 # --- which allocations inside a score function are scores --------------------------------------------
@@ -345,8 +346,8 @@ def test_native_math_attention_single_line_kernel() -> None:
     _, table, s = analyse(
         snap, run_json={"pipeline": "flux", "height": 1024, "width": 1024, "batch": 1, "dtype": "bf16"}
     )
-    assert s["count"] == 4 and "math" in s["implementation"]
-    assert s["largest"]["shape"] == [24, 4608, 4608] and s["largest"]["heads"] == 24
+    assert s.count == 4 and "math" in s.implementation
+    assert s.largest.shape == [24, 4608, 4608] and s.largest.heads == 24
 
 
 def test_user_attention_function(tmp_path: Path) -> None:
@@ -360,7 +361,7 @@ def test_user_attention_function(tmp_path: Path) -> None:
     sim.free(h, frames=fr)
     snap = load_dict(sim.snapshot(marker=False))
     _, _, s = analyse(snap)
-    assert s["count"] == 0
+    assert s.count == 0
     rules = tmp_path / "r.json"
     rules.write_text(
         json.dumps(
@@ -374,5 +375,5 @@ def test_user_attention_function(tmp_path: Path) -> None:
     )
     snap = load_dict(sim.snapshot(marker=False))
     _, table, s = analyse(snap, rules=str(rules))
-    assert s["count"] == 1 and list(table["function"]) == ["my_attention"]
-    assert s["peak_live_bytes"] == 16 * 4096 * 4096 * 2 == 512 * MiB
+    assert s.count == 1 and list(table["function"]) == ["my_attention"]
+    assert s.peak_live_bytes == 16 * 4096 * 4096 * 2 == 512 * MiB

@@ -167,7 +167,7 @@ def test_fused_kernels_are_named_for_what_they_are(ops: list[str], verdict: str,
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
     att = attention_verdict(trace_ops.attention_ops(load_chrome_trace(str(p))))
-    assert att["implementation"].startswith(verdict), att
+    assert att.implementation.startswith(verdict), att
 
 
 @pytest.mark.parametrize(

@@ -266,7 +266,9 @@ def test_top_allocations_with_stacks(data: SnapshotReport, analysed: tuple[Any, 
 def test_attention_table(data: SnapshotReport, analysed: tuple[Any, dict[str, Any]]) -> None:
     an, doc = analysed
     att = data.attention
-    assert att.summary["count"] == doc["attention"]["count"] == 12
+    assert att.count == doc["attention"]["count"] == 12
+    assert att.largest_bytes == doc["attention"]["largest"]["bytes"] > 0
+    assert att.implementation == doc["attention"]["implementation"]
     rows = att.rows
     assert rows is not None
     assert len(rows.bytes) == 12 and set(rows.shape) == {"16×4096×4096"}
@@ -411,8 +413,8 @@ def test_no_attention_says_which_implementation_ran() -> None:
     an, doc = _analyse(*make_run(steps=2, with_attention=False))
     d = report_data(an, doc, max_points=1000)
     assert d.attention.rows is None
-    assert d.attention.summary["count"] == 0
-    impl = d.attention.summary["implementation"]
+    assert d.attention.count == 0
+    impl = d.attention.implementation
     assert impl and impl == doc["attention"]["implementation"]
     html = render_html(an, from_json(doc))
     assert 'id="sv-attention-none"' in html and html_mod.escape(impl) in html

@@ -7,12 +7,23 @@ its own (allocated, reserved, device free), never snapviz's.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import synth
 from sdrun import _analyse
-from snapviz.analyses.document import from_json
-from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, oom_lines
+from snapviz.analyses.document import (
+    Advice,
+    AnyAdvice,
+    FittingSetting,
+    Oom,
+    OomSimulation,
+    SimulatedAdvice,
+    Summary,
+    from_json,
+)
+from snapviz.analyses.oom import FRAGMENTED, NOT_DETERMINED, OUT_OF_MEMORY, RULE_OF_THUMB, oom_lines, pick_advice
 from snapviz.render.markdown import render_markdown
 from snapviz.render.terminal import render_terminal
 
@@ -59,7 +70,8 @@ def test_fragmented_request_is_explained_with_the_oracles_numbers() -> None:
     _fragmented(expandable=True)  # raises inside: the oracle runs out of memory there too
     assert oom["advice"] is None and "no allocator setting" in oom["fix"] and "(simulated)" in oom["fix"]
     assert "expandable" not in oom["fix"]  # no rule of thumb beside the simulation's answer
-    assert oom["headline"] == oom_lines(oom)[0]
+    typed = from_json(doc, Summary).oom
+    assert isinstance(typed, Oom) and typed.headline == oom["headline"] == oom_lines(typed)[0]
     # every text sink leads with the same sentence
     assert render_terminal(from_json(doc)).splitlines()[0] == oom["headline"]
     assert oom["headline"] in render_markdown(from_json(doc)).split("\n\n")[1]
@@ -138,3 +150,75 @@ def test_a_hostile_site_stays_text_in_every_sink() -> None:
     assert "\x1b" not in term and "\x1b" not in md and "\x1b[2J" not in html
     assert "<script>alert(1)</script>" not in md.replace("\\<", "<").split("CUDA out of memory", 1)[0]
     assert "<script>alert(1)</script>" not in html
+
+
+def _oom(verdict: str, short: int | None, simulation: OomSimulation | None = None) -> Oom:
+    """A typed OOM section with the facts :func:`pick_advice` reads (the rest plausible)."""
+    return Oom(
+        source="trace",
+        count=1,
+        device=0,
+        event_index=7,
+        survived=False,
+        time_us=None,
+        requested_bytes=50 * MiB,
+        stream=0,
+        site=None,
+        stack=[],
+        stage="denoise",
+        allocated_bytes=70 * MiB,
+        reserved_bytes=80 * MiB,
+        cap_bytes=100 * MiB,
+        cap_source="the run's memory limit",
+        device_free_bytes=None,
+        free_reserved_bytes=10 * MiB,
+        largest_free_block_bytes=4 * MiB,
+        verdict=verdict,
+        bytes_short=short,
+        live_categories=[],
+        live_sites=[],
+        shrink=None,
+        advice=None,
+        simulation=simulation,
+        headline="",
+        state="",
+        verdict_text="",
+        fix=None,
+    )
+
+
+def _advice(technique: str, saves: int | None) -> Advice:
+    return Advice(technique=technique, why="", saves_up_to_bytes=saves, how="")
+
+
+def test_pick_advice_takes_the_first_typed_entry_that_frees_the_shortfall() -> None:
+    """Simulated entries are never the fix line's pick (the simulation answers for them); an
+    entry that saves less than the shortfall (or an unknown amount) is passed over."""
+    entries: list[AnyAdvice] = [
+        SimulatedAdvice(
+            technique="PYTORCH_CUDA_ALLOC_CONF=x", why="", saves_up_to_bytes=1 << 40, how="", kind="simulated"
+        ),
+        _advice("too little", 19 * MiB),
+        _advice("unknown", None),
+        _advice("enough", 20 * MiB),
+        _advice("also enough", 30 * MiB),
+    ]
+    assert pick_advice(_oom(OUT_OF_MEMORY, 20 * MiB), entries) == "enough"
+    assert pick_advice(_oom(OUT_OF_MEMORY, 21 * MiB), entries) == "also enough"
+    assert pick_advice(_oom(OUT_OF_MEMORY, 31 * MiB), entries) is None
+    assert pick_advice(_oom(NOT_DETERMINED, None), entries) is None
+    # fragmented, not simulated: the rule of thumb; simulated and a setting fits: that setting
+    assert pick_advice(_oom(FRAGMENTED, 4 * MiB), entries) == RULE_OF_THUMB
+    fits = OomSimulation(
+        simulated=True, why_not=None, reason="", setting=None, settings_tried=["expandable_segments:True"], cards=[]
+    )
+    with_setting = replace(
+        fits, setting=FittingSetting(alloc_conf="garbage_collection_threshold:0.6", peak_reserved_bytes=1)
+    )
+    assert pick_advice(_oom(FRAGMENTED, 4 * MiB, with_setting), entries) == (
+        "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6"
+    )
+    # simulated, no setting fits: never the expandable-segments rule of thumb beside that answer
+    expandable: list[AnyAdvice] = [_advice("expandable segments", 1 << 40), _advice("enough", 20 * MiB)]
+    assert pick_advice(_oom(OUT_OF_MEMORY, 20 * MiB, fits), expandable) == "enough"
+    assert pick_advice(_oom(OUT_OF_MEMORY, 20 * MiB), expandable) == "expandable segments"

@@ -63,10 +63,19 @@ def _plain_json(v: object, path: str = "") -> list[str]:
     return [] if type(v) in (str, int, float, bool, type(None)) else [f"{path}: {type(v).__name__}"]
 
 
-@pytest.mark.parametrize("path", [SAMPLE, SAMPLE / "trace.json.gz", ROOT / "sample_snapshots" / "sdxl-fp16-oom-10gb"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        SAMPLE,
+        SAMPLE / "trace.json.gz",
+        ROOT / "sample_snapshots" / "sdxl-fp16-oom-10gb",
+        ROOT / "sample_snapshots" / "mlp-train-plain",  # training section, training advice
+    ],
+)
 def test_the_one_builder_yields_a_document_its_own_loader_reads_back_unchanged(path) -> None:
-    # built directly as typed parts (no JSON round trip on the way): what --json writes must be
-    # plain JSON, and reading it back must give the same document
+    # built directly as typed parts, each section by the analysis that computes it (no JSON round
+    # trip on the way): what --json writes must be plain JSON (no numpy scalar slipped into a typed
+    # field), and reading it back must give the same document
     from snapviz.analyses.document import from_json, to_json
 
     doc = document_of(analyze_input(load(str(path))))

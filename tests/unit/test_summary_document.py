@@ -99,9 +99,9 @@ def test_malformed_documents_are_refused_with_the_field() -> None:
         load_summary(bad, "x")
 
 
-def test_open_sections_take_any_json_even_non_finite_numbers() -> None:
+def test_the_users_own_json_values_take_any_json_even_non_finite_numbers() -> None:
     """A file's own settings may hold NaN/inf (the sinks write them as null, safe_text.bounded_doc):
-    the open sections are JSON values, checked as JSON, not refused."""
+    they are JSON values, checked as JSON, not refused."""
     doc = json.loads(GOLDEN_JSON[0].read_text())
     doc["allocator_settings"] = {"garbage_collection_threshold": float("nan"), "x": [float("inf"), {"y": None}]}
     got = from_json(doc, Summary)

@@ -64,14 +64,14 @@ def test_advice_respects_what_the_run_already_uses() -> None:
             "precision": "amp-fp16",
         },
     }
-    names = {a["technique"] for a in advise_training(FULL, run)}
+    names = {a.technique for a in advise_training(FULL, run)}
     assert "8-bit AdamW / Adafactor" not in names and "gradient checkpointing" not in names and "LoRA" in names
-    plain = {a["technique"]: a for a in advise_training(FULL)}
-    assert plain["gradient checkpointing"]["saves_up_to_bytes"] == 0  # shown for its forward saving
-    assert "does not touch" in plain["gradient checkpointing"]["why"]
-    assert plain["LoRA"]["estimated_peak_bytes"] < plain["8-bit AdamW / Adafactor"]["estimated_peak_bytes"]
+    plain = {a.technique: a for a in advise_training(FULL)}
+    assert plain["gradient checkpointing"].saves_up_to_bytes == 0  # shown for its forward saving
+    assert "does not touch" in plain["gradient checkpointing"].why
+    assert plain["LoRA"].estimated_peak_bytes < plain["8-bit AdamW / Adafactor"].estimated_peak_bytes
     assert "mixed precision (AMP bf16/fp16)" not in plain  # precision is not in the categories: only run.json says fp32
-    savings = [a["saves_up_to_bytes"] for a in advise_training(FULL)]
+    savings = [a.saves_up_to_bytes or 0 for a in advise_training(FULL)]
     assert savings == sorted(savings, reverse=True)
 
 
@@ -85,8 +85,8 @@ def test_set_to_none_is_offered_when_gradients_live_through_every_later_forward(
         )
         for p in FULL
     ]
-    assert "zero_grad(set_to_none=True)" in {a["technique"] for a in advise_training(kept)}
-    assert "zero_grad(set_to_none=True)" not in {a["technique"] for a in advise_training(FULL)}
+    assert "zero_grad(set_to_none=True)" in {a.technique for a in advise_training(kept)}
+    assert "zero_grad(set_to_none=True)" not in {a.technique for a in advise_training(FULL)}
 
 
 def test_steps_group_micro_batches_with_their_optimizer_step() -> None:

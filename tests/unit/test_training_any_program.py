@@ -155,11 +155,10 @@ def test_parameters_from_before_the_recording() -> None:
     view = training_view(allocation_table(snap, rep, lab.labels), stages, snap)
     assert view is not None
     block = training_dict(view)
-    phases = block["phases"]
-    assert isinstance(phases, list)
-    for p in phases:
-        assert sum(p["categories_at_peak"].values()) == p["peak_allocated_bytes"], p["name"]
-        assert p["categories_at_peak"][BEFORE_RECORDING] == 24 * MiB, p["name"]
+    assert block.phases
+    for p in block.phases:
+        assert sum(p.categories_at_peak.values()) == p.peak_allocated_bytes, p.name
+        assert p.categories_at_peak[BEFORE_RECORDING] == 24 * MiB, p.name
 
 
 def _categories_by_size(sim: Sim) -> Any:
@@ -291,7 +290,7 @@ def test_framework_from_frames_and_advice_in_its_api() -> None:
     assert "unet" not in how_to("lora", "torch") and "unet" not in how_to("lora", "transformers")
     phases = phase_peaks(stages, allocation_table(snap, rep, lab.labels))
     for fw in ("torch", "transformers"):
-        assert not any("unet" in a["how"] for a in advise_training(phases, None, fw))
+        assert not any("unet" in a.how for a in advise_training(phases, None, fw))
 
 
 def test_python_on_torchs_threads_keeps_the_label_in_effect() -> None:

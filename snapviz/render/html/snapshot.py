@@ -186,17 +186,15 @@ def _stage_top_blocks(data: SnapshotReport) -> tuple[list[str | UIElement], Colu
 
 def _attention_blocks(data: SnapshotReport) -> list[str | UIElement]:
     att = data.attention
-    s = att.summary
     out: list[str | UIElement] = [card_open("Attention score matrices", ident="sv-attention")]
     if att.rows is None:
-        impl = s.get("implementation") or "unknown"
+        impl = att.implementation or "unknown"
         text = f"No attention score matrices were materialized. Implementation: {impl}."
         out += [chrome("note", text=text, ident="sv-attention-none"), "</section>"]
         return out
-    lg = s.get("largest") or {}
     summary = (
-        f"{s.get('count', 0):,} score matrices materialized; largest {fmt_bytes(lg.get('bytes'))}; up to "
-        f"{fmt_bytes(s.get('peak_live_bytes'))} live at once. Implementation: {s.get('implementation', 'unknown')}. "
+        f"{att.count:,} score matrices materialized; largest {fmt_bytes(att.largest_bytes)}; up to "
+        f"{fmt_bytes(att.peak_live_bytes)} live at once. Implementation: {att.implementation}. "
         "SDPA (the diffusers default) computes attention without materializing them."
     )
     if att.note:

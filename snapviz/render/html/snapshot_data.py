@@ -9,12 +9,14 @@ takes computing comes from :func:`snapviz.analyses.report_view.report_view`. Tes
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.document import Absent, Summary
+from snapviz.analyses import document
+from snapviz.analyses.document import Absent, EndState, Summary
 from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
 from snapviz.analyses.summary import Analysis
@@ -44,7 +46,6 @@ from snapviz.render.html.view_models import (
     Timeline,
     TopAllocations,
 )
-from snapviz.render.sections import OpenSections, open_sections
 from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
 from snapviz.vocab import BEFORE_RECORDING, END_STATE_ONLY
@@ -66,16 +67,26 @@ def _categories(summary: Summary, colors: dict[str, str]) -> Categories:
     )
 
 
-def _advice(summary: Summary, sections: OpenSections) -> list[Advice]:
+def _oom_section(summary: Summary) -> document.Oom | None:
+    """The summary's OOM section (None: no OOM recorded)."""
+    return summary.oom if isinstance(summary.oom, document.Oom) else None
+
+
+def _end_state_only(summary: Summary) -> bool:
+    """The snapshot holds no history, only what was live when it was taken."""
+    return isinstance(summary.end_state, EndState) and summary.end_state.only
+
+
+def _advice(summary: Summary) -> list[Advice]:
     total = summary.peak.allocated_bytes
     out = []
-    for a in sections.advice:
-        saves = a.get("saves_up_to_bytes")
+    for a in [] if isinstance(summary.advice, Absent) else summary.advice:
+        saves = a.saves_up_to_bytes
         out.append(
             Advice(
-                technique=str(a.get("technique", "")),
-                why=str(a.get("why", "")),
-                how=str(a.get("how", "")),
+                technique=a.technique,
+                why=a.why,
+                how=a.how,
                 saves_up_to_bytes=saves,
                 saves=f"up to {fmt_bytes(saves)}" if saves else "saving not measurable from this run",
                 share=(saves / total) if (saves and total) else None,
@@ -124,11 +135,18 @@ def _top_allocations(an: Analysis, time_s: np.ndarray, stacks: StackTable) -> To
     )
 
 
-def _attention(an: Analysis, sections: OpenSections, time_s: np.ndarray, stacks: StackTable) -> AttentionView:
+def _attention(an: Analysis, summary: Summary, time_s: np.ndarray, stacks: StackTable) -> AttentionView:
     att = an.attention
-    att_summary = dict(sections.attention)
+    section = summary.attention
+    found = AttentionView(
+        count=section.count,
+        largest_bytes=section.largest.bytes,
+        peak_live_bytes=section.peak_live_bytes,
+        # control characters from the file's frames (function names) shown as escapes
+        implementation=printable(section.implementation, None),
+    )
     if not len(att):
-        return AttentionView(summary=att_summary)
+        return found
     shown = att.sort_values(["bytes", "row"], ascending=[False, True], kind="stable").head(MAX_ATTENTION_ROWS)
     rows = shown["row"].to_numpy(np.int64)
     local = stacks.add_many(an.replay.events["stack_id"].to_numpy()[rows])
@@ -143,8 +161,8 @@ def _attention(an: Analysis, sections: OpenSections, time_s: np.ndarray, stacks:
         ]
     else:
         lifetime = [_events(e) if e >= 0 else "not freed" for e in life]
-    return AttentionView(
-        summary=att_summary,
+    return replace(
+        found,
         note=note,
         rows=AttentionRows(
             event_index=rows,
@@ -164,17 +182,22 @@ def _attention(an: Analysis, sections: OpenSections, time_s: np.ndarray, stacks:
 
 
 def _oom(
-    an: Analysis, sections: OpenSections, rows: np.ndarray, time_s: np.ndarray, alloc: np.ndarray, labels: np.ndarray
+    an: Analysis,
+    oom: document.Oom | None,
+    rows: np.ndarray,
+    time_s: np.ndarray,
+    alloc: np.ndarray,
+    labels: np.ndarray,
 ) -> Oom:
-    """The OOM markers with their own request (a marker's hover names it, not a nearby event)."""
+    """The OOM markers with their own request (a marker's hover names it, not a nearby event);
+    ``oom``: the summary's OOM section (None: none)."""
     ev = an.replay.events
-    oom = sections.oom
     live: list[str] = []
     if oom:
-        cats = oom.get("live_categories") or []
+        cats = oom.live_categories
         if cats:
-            live.append("live then: " + ", ".join(f"{c['category']} {fmt_bytes(c['bytes'])}" for c in cats[:5]))
-        live += [f"{fmt_bytes(c['bytes'])} live from {c['site']}" for c in (oom.get("live_sites") or [])[:3]]
+            live.append("live then: " + ", ".join(f"{c.category} {fmt_bytes(c.bytes)}" for c in cats[:5]))
+        live += [f"{fmt_bytes(c.bytes)} live from {c.site}" for c in oom.live_sites[:3]]
     return Oom(
         index=rows.astype(np.int64),
         time_s=time_s[rows],
@@ -192,7 +215,7 @@ def _events(n: int) -> str:
     return f"{n:,} event" + ("" if n == 1 else "s")
 
 
-def _headline(summary: Summary, sections: OpenSections, peak: Peak, top_site: str | None, has_time: bool) -> Headline:
+def _headline(summary: Summary, peak: Peak, top_site: str | None, has_time: bool) -> Headline:
     p = summary.peak
     window = " (within the recorded window only)" if p.within_recorded_window else ""
     when = []
@@ -201,7 +224,7 @@ def _headline(summary: Summary, sections: OpenSections, peak: Peak, top_site: st
     if peak.index >= 0:
         when.append(f"event {peak.index:,}")
         where = f"in {p.stage}" + (f", {' · '.join(when)}" if when else "")
-    elif sections.end_state_only or not summary.history.events:
+    elif _end_state_only(summary) or not summary.history.events:
         where, window = f"live when the snapshot was taken ({END_STATE_ONLY})", ""
     else:
         where = "before the recorded history began"
@@ -209,23 +232,23 @@ def _headline(summary: Summary, sections: OpenSections, peak: Peak, top_site: st
         f"Peak {fmt_peak_bound(p)}{fmt_bytes(p.allocated_bytes)} allocated "
         f"({fmt_bytes(p.reserved_bytes)} reserved) {where}{window}"
     )
-    if sections.end_state_only:  # no peak in such a file: what was live, and when
+    if _end_state_only(summary):  # no peak in such a file: what was live, and when
         verdict = f"{fmt_bytes(p.allocated_bytes)} allocated ({fmt_bytes(p.reserved_bytes)} reserved) {where}"
     lines = []
     if summary.not_recorded:  # nothing to report as a peak
         verdict = summary.not_recorded
-    if sections.oom:  # OOM first: the failed request is the verdict, the peak a line under it
+    if oom := _oom_section(summary):  # OOM first: the failed request is the verdict, the peak a line under it
         lines.append(verdict)
-        verdict = printable(oom_lines(sections.oom)[0], None)
+        verdict = printable(oom_lines(oom)[0], None)
     if top_site:
         lines.append(f"Largest block live at the peak comes from {top_site}")
-    att = sections.attention
-    if att.get("count"):
-        lg = att.get("largest") or {}
-        shape = "×".join(map(str, lg["shape"])) if lg.get("shape") else "?"
+    att = summary.attention
+    if att.count:
+        lg = att.largest
+        shape = "×".join(map(str, lg.shape)) if lg.shape else "?"
         lines.append(
-            f"{att['count']:,} attention score matrices materialized (largest {fmt_bytes(lg.get('bytes'))}, "
-            f"[{shape}]); up to {fmt_bytes(att.get('peak_live_bytes'))} live at once"
+            f"{att.count:,} attention score matrices materialized (largest {fmt_bytes(lg.bytes)}, "
+            f"[{shape}]); up to {fmt_bytes(att.peak_live_bytes)} live at once"
         )
     return Headline(title=run_title(summary), verdict=verdict, lines=lines, truth=allocator_truth(summary))
 
@@ -234,7 +257,6 @@ def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: in
     """The snapshot report of one :class:`~snapviz.analyses.summary.Analysis`, its
     ``snapviz.summary/1`` document (:func:`~snapviz.analyses.pipeline.document_of`) and its
     :func:`~snapviz.analyses.report_view.report_view`."""
-    sections = open_sections(summary)  # attention, OOM, advice, end state: read once, here
     ev = an.replay.events
     n = len(ev)
     time_us = ev["time_us"].to_numpy(np.int64)
@@ -297,7 +319,7 @@ def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: in
         palette,
     )
     top = _top_allocations(an, time_s, stacks)
-    attention = _attention(an, sections, time_s, stacks)
+    attention = _attention(an, summary, time_s, stacks)
     cat_tl = view.category_timeline
     live = an.stage_live if isinstance(an.stage_live, pd.DataFrame) and len(an.stage_live) else None
     colors = category_palette(
@@ -310,7 +332,7 @@ def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: in
     )
     bars = stage_bars(an, summary, palette)
     breakdown = stage_breakdown(an, view, bars, colors)
-    headline = _headline(summary, sections, peak, top.site[0] if top.site else None, has_time)
+    headline = _headline(summary, peak, top.site[0] if top.site else None, has_time)
     return SnapshotReport(
         title=headline.title,
         headline=headline,
@@ -326,8 +348,8 @@ def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: in
         decimation=decimation_note(len(keep), n),
         action_names=list(ACTION_NAMES),
         stacks=stacks.stacks,
-        oom=_oom(an, sections, oom_rows, time_s, alloc, labels),
-        advice=_advice(summary, sections),
+        oom=_oom(an, _oom_section(summary), oom_rows, time_s, alloc, labels),
+        advice=_advice(summary),
         stage_breakdown=breakdown,
         stage_top=stage_top(an, breakdown.interval, time_s, stacks),
         category_colors=colors,
@@ -336,5 +358,5 @@ def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: in
         categories=_categories(summary, colors),
         top_allocations=top,
         attention=attention,
-        end_state_only=sections.end_state_only,
+        end_state_only=_end_state_only(summary),
     )

@@ -47,7 +47,7 @@ def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler tr
     if ops.rows:
         cards.append(_text_table(ops, (120,), "sv-attention-table", 300))
     else:
-        impl = data.attention_summary.get("implementation")
+        impl = data.attention_implementation
         text = "No attention ops found in the trace." + (f" Implementation: {impl}." if impl else "")
         cards.append(chrome("note", text=text, ident="sv-attention-none"))
     cards.append("</section>")

@@ -29,7 +29,7 @@ from snapviz.render.html.view_common import (
     unique_labels,
 )
 from snapviz.render.html.view_models import Bands, Headline, Peak, StageBars, TextTable, Timeline, TraceReport
-from snapviz.render.sections import open_sections
+from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
 from snapviz.vocab import UNLABELLED, stage_group
 
@@ -176,9 +176,9 @@ def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int =
         ],
         note="" if isinstance(summary.top_allocations_note, Absent) else summary.top_allocations_note,
     )
-    att_doc = open_sections(summary).attention  # the one open section this report reads
-    if att_doc.get("implementation"):
-        lines.append(f"Attention: {att_doc['implementation']}")
+    implementation = summary.attention.implementation
+    if implementation:
+        lines.append(f"Attention: {implementation}")
     return TraceReport(
         title=run_title(summary),
         headline=Headline(title=run_title(summary), verdict=verdict, lines=lines, truth=allocator_truth(summary)),
@@ -194,5 +194,6 @@ def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int =
         decimation=decimation_note(len(keep), n),
         attention_ops=att_table,
         live_table=live_table,
-        attention_summary=dict(att_doc),
+        # control characters from the trace's op names shown as escapes
+        attention_implementation=printable(implementation, None),
     )

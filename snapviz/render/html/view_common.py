@@ -5,6 +5,7 @@ stacks, the time axis, decimation, the allocator-truth badge, title and run meta
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -12,10 +13,9 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.decimate import decimate_minmax, was_decimated
-from snapviz.analyses.document import DevicePeak, Summary
+from snapviz.analyses.document import DevicePeak, Json, RunInfo, Summary, arr, obj
 from snapviz.interning import Interner
 from snapviz.render.html.view_models import Decimation, Stacks, Truth
-from snapviz.render.sections import open_sections
 from snapviz.units import fmt_bytes
 
 STACK_FRAME_LIMIT = 12
@@ -110,9 +110,9 @@ def decimation_note(shown: int, total: int) -> Decimation:
 
 
 def allocator_truth(summary: Summary) -> Truth | None:
-    truth = open_sections(summary).allocator_truth
-    want = truth.get("max_memory_allocated")
-    if not isinstance(want, (int, float)) or not want:
+    truth = summary.allocator_truth
+    want = truth.max_memory_allocated if truth is not None else None
+    if truth is None or not isinstance(want, (int, float)) or not want:
         return None
     got = int(summary.peak.allocated_bytes)
     diff = got - int(want)
@@ -126,28 +126,35 @@ def allocator_truth(summary: Summary) -> Truth | None:
             f"{'+' if diff > 0 else '-'}{fmt_bytes(abs(diff))} ({rel * 100:+.2f}%) off"
         )
         status = "close" if abs(rel) < 0.01 else "differs"
-    reserved = truth.get("max_memory_reserved")
+    reserved = truth.max_memory_reserved
     return Truth(
         status=status,
         text=text,
         max_memory_allocated=int(want),
         replay_allocated=got,
         diff_bytes=int(diff),
-        max_memory_reserved=int(reserved) if reserved else None,
+        max_memory_reserved=int(reserved) if isinstance(reserved, (int, float)) and reserved else None,
     )
 
 
 def run_title(summary: Summary) -> str:
-    run = open_sections(summary).run
+    run = summary.run
+    if run is None:  # no run.json
+        return summary.source
     parts = [
-        run.get("pipeline"),
-        run.get("size"),
-        f"{run.get('height')}×{run.get('width')}" if run.get("height") and run.get("width") else None,
-        run.get("dtype"),
-        "+".join(run.get("techniques") or []) or None,
+        run.pipeline,
+        run.size,
+        f"{run.height}×{run.width}" if run.height and run.width else None,
+        run.dtype,
+        "+".join(map(str, arr(run.techniques))) or None,
     ]
     label = " · ".join(str(p) for p in parts if p)
     return label or summary.source
+
+
+def _run_fields(run: RunInfo | None) -> list[tuple[str, Json]]:
+    """The run's fields (run.json's, as the file has them) in the document's order."""
+    return [(f.name, getattr(run, f.name)) for f in dataclasses.fields(run)] if run is not None else []
 
 
 def metadata_rows(summary: Summary, t0_us: int, extra: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, str]]:
@@ -161,12 +168,11 @@ def metadata_rows(summary: Summary, t0_us: int, extra: Sequence[tuple[str, Any]]
         rows.append(("first event", start.strftime("%Y-%m-%d %H:%M:%S UTC")))
     for k, v in extra:
         rows.append((k, str(v)))
-    sections = open_sections(summary)
-    for k, v in sections.run.items():
+    for k, v in _run_fields(summary.run):
         if v is None or v == "" or v == []:
             continue
         rows.append((f"run.{k}", ", ".join(map(str, v)) if isinstance(v, list) else str(v)))
-    for k, v in sections.allocator_settings.items():
+    for k, v in obj(summary.allocator_settings).items():
         if isinstance(v, dict):
             nz = {kk: vv for kk, vv in v.items() if vv not in (0, None, False, "")}
             v = ", ".join(f"{kk}={vv}" for kk, vv in nz.items()) if nz else "(all default)"

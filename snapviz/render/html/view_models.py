@@ -243,7 +243,12 @@ class AttentionRows(BlockRows):
 
 @dataclass
 class AttentionView:
-    summary: dict[str, Any]
+    """The summary's attention section as the report shows it, and the score allocations."""
+
+    count: int
+    largest_bytes: int
+    peak_live_bytes: int
+    implementation: str  # the verdict (control characters shown as escapes)
     rows: AttentionRows | None = None
     note: str = ""
 
@@ -287,7 +292,7 @@ class SnapshotReport(SingleRunReport):
 class TraceReport(SingleRunReport):
     attention_ops: TextTable
     live_table: TextTable
-    attention_summary: dict[str, Any]
+    attention_implementation: str  # the summary's verdict (control characters shown as escapes)
 
 
 def bounded(view: Any) -> Any:
