@@ -450,10 +450,10 @@ def test_stages_from_frames_alone(case: dict[str, Any]) -> None:
 def test_attention_verdict_from_frames(case: dict[str, Any], verdict: str, functions: dict[str, int]) -> None:
     pr = play(**case)
     _, table, summary = analyse(pr.stripped())
-    assert summary["implementation"].startswith(verdict), summary["implementation"]
-    assert summary["count"] == pr.scores and summary["functions"] == functions
+    assert summary.implementation.startswith(verdict), summary.implementation
+    assert summary.count == pr.scores and summary.functions == functions
     if verdict == FUSED:
-        assert summary["fused_evidence"]
+        assert summary.fused_evidence
     else:
         rows = {int(r) for r in table["row"]}
         assert rows == {i for i, c in pr.cats.items() if c == "attention scores"}
