@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from snapviz.analyses.compare import Comparison, compare_dict
+from snapviz.analyses.compare import Comparison
 from snapviz.analyses.document import to_json
 from snapviz.analyses.pipeline import document_of
 from snapviz.analyses.summary import Analysis
@@ -97,8 +97,10 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
             to_json(document),  # Report.summary: the document's JSON form
         )
     if isinstance(obj, Comparison):
-        doc = compare_dict(obj)
-        return Report(" vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), doc)
+        doc = obj.document()
+        return Report(
+            " vs ".join(obj.labels), render_compare_html(obj, doc), render_compare_markdown(doc), to_json(doc)
+        )
     raise TypeError(
         f"snapviz.show: expected a path, a list of paths, an analysis or a comparison, not {type(obj).__name__}"
     )

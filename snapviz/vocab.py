@@ -28,7 +28,7 @@ END_STATE = "end state"  # the stage of a file that holds only the blocks live w
 END_STATE_ONLY = "end state only: blocks live when the snapshot was taken, not a peak"
 
 SUMMARY_SCHEMA: Final = "snapviz.summary/1"
-COMPARE_SCHEMA = "snapviz.compare/1"
+COMPARE_SCHEMA: Final = "snapviz.compare/1"
 WHATIF_SCHEMA = "snapviz.whatif/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"

@@ -7,13 +7,18 @@ from the snapshot (timeline, sites, attention), one without from its ``run.json`
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapviz.vocab import MATRIX_SCHEMA, SUMMARY_SCHEMA
 
 from .ranking import RANKING_RULE, measure
 from .runner import MatrixOptions
+
+if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.compare_document import CompareDocument
 
 SCHEMA = MATRIX_SCHEMA
 
@@ -85,9 +90,12 @@ def _snapshot_digest(run_dir: Path, label: str) -> Any:
     return digest_of(analyze_input(run), label)
 
 
-def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> tuple[Any, dict[str, Any]] | None:
-    """The stage-aligned comparison (base first, then ranked variants) via snapviz compare."""
-    from snapviz.analyses.compare import compare_dict, compare_runs
+def build_comparison(
+    rows: list[dict[str, Any]], use_snapshots: bool = True
+) -> tuple[Comparison, CompareDocument] | None:
+    """The stage-aligned comparison (base first, then ranked variants) via snapviz compare, and
+    its typed ``snapviz.compare/1`` document."""
+    from snapviz.analyses.compare import compare_runs
 
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     if len(ok) < 2:
@@ -109,10 +117,19 @@ def build_comparison(rows: list[dict[str, Any]], use_snapshots: bool = True) -> 
             digest = _run_json_digest(run_json_summary(info, r["label"], str(run_dir), warn=not digests))
         digests.append(digest)
     cmp = compare_runs(digests)
-    return cmp, compare_dict(cmp)
+    return cmp, cmp.document()
 
 
 # ----------------------------------------------------------------------------- document
+
+
+def _json_of(compare_doc: CompareDocument | None) -> dict[str, Any] | None:
+    """The ``compare`` object of the matrix document: the comparison's JSON form."""
+    if compare_doc is None:
+        return None
+    from snapviz.analyses.document import to_json
+
+    return typing.cast(dict[str, Any], to_json(compare_doc))
 
 
 def matrix_dict(
@@ -121,7 +138,7 @@ def matrix_dict(
     baseline: str | None,
     skipped: list[dict[str, str]],
     notes: list[str],
-    compare_doc: dict[str, Any] | None,
+    compare_doc: CompareDocument | None,
 ) -> dict[str, Any]:
     ok = [r for r in rows if r["status"] == "ok" and r.get("measure")]
     metric = ok[0]["measure"]["memory_metric"] if ok else ("allocator" if opts.device == "cuda" else "rss")
@@ -158,5 +175,5 @@ def matrix_dict(
         "variants": rows,
         "skipped": skipped,
         "notes": notes,
-        "compare": compare_doc,
+        "compare": _json_of(compare_doc),
     }

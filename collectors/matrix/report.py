@@ -8,12 +8,16 @@ and HTML renderers each escape those values for their own sink.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from snapviz.safe_text import bounded_doc, md_code, md_text, printable
 from snapviz.units import fmt_bytes, fmt_ratio_pct
 
 from .ranking import STAGE_GROUPS
+
+if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.compare_document import CompareDocument
 
 CODE, TEXT, PLAIN = "code", "text", "plain"
 
@@ -187,8 +191,15 @@ def render_full_markdown(doc: dict[str, Any]) -> str:
 
     text = render_matrix_markdown(doc)
     if doc.get("compare"):
-        text += "\n" + render_compare_markdown(doc["compare"])
+        text += "\n" + render_compare_markdown(_compare_of(doc))
     return text
+
+
+def _compare_of(doc: dict[str, Any]) -> CompareDocument:
+    """The matrix document's ``compare`` object (the comparison's JSON form), typed again."""
+    from snapviz.analyses.compare_document import load_compare
+
+    return load_compare(doc["compare"], "matrix document: compare")
 
 
 # ----------------------------------------------------------------------------- HTML
@@ -218,7 +229,7 @@ def matrix_card_html(doc: dict[str, Any], ident: str = "sv-matrix") -> str:
     )
 
 
-def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:
+def render_matrix_html(doc: dict[str, Any], cmp: Comparison | None) -> str:
     """snapviz compare's page with the matrix table as its first card (or the table alone).
 
     bokeh is imported here, not at module level: a GPU box without it still writes the JSON
@@ -228,5 +239,5 @@ def render_matrix_html(doc: dict[str, Any], cmp: Any | None) -> str:
 
     card = matrix_card_html(doc)
     if cmp is not None and doc.get("compare"):
-        return render_compare_html(cmp, doc["compare"], lead=[card])
+        return render_compare_html(cmp, _compare_of(doc), lead=[card])
     return build_page(f"snapviz matrix: {doc['pipeline']}", [table_css(), card])

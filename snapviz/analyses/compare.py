@@ -3,22 +3,35 @@
 Runs are aligned by *stage label*, never by wall time: ``denoise/3`` of one run lines up
 with ``denoise/3`` of another however long each took. Every run is first reduced to a
 :class:`RunDigest` (small tables plus a decimated timeline), so comparing ten runs holds
-one full analysis in memory at a time. Everything here returns DataFrames or plain
-data; renderers only render.
+one full analysis in memory at a time. Everything here returns DataFrames, or the typed
+``snapviz.compare/1`` document (:mod:`snapviz.analyses.compare_document`); renderers only render.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import typing
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.compare_document import (
+    CompareAttention,
+    CompareCategory,
+    CompareDocument,
+    CompareRun,
+    CompareSite,
+    CompareStage,
+    CompareStep,
+    FailOver,
+    RunPeak,
+)
 from snapviz.analyses.compare_sites import changed_sites, compare_sites
 from snapviz.analyses.compare_verdict import change_ratio, not_comparable_line, verdict_line
 from snapviz.analyses.digest import RunDigest, comparable
+from snapviz.analyses.document import ABSENT, JsonObject, to_json
 from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
@@ -30,7 +43,8 @@ SCHEMA = COMPARE_SCHEMA
 class Comparison:
     """Base (run 0) against every other run. Long tables carry ``run`` (0 = base) and ``label``.
 
-    ``summary()`` is the ``snapviz.compare/1`` document the CLI writes with ``compare --json``.
+    ``document()`` is the typed ``snapviz.compare/1`` document, ``summary()`` its JSON form (what
+    the CLI writes with ``compare --json``).
     """
 
     runs: pd.DataFrame
@@ -60,9 +74,13 @@ class Comparison:
             "summary() for the full document",
         )
 
+    def document(self, fail_over: float | None = None) -> CompareDocument:
+        """The typed ``snapviz.compare/1`` document (:func:`build_compare`): what the renderers take."""
+        return build_compare(self, fail_over=fail_over)
+
     def summary(self, fail_over: float | None = None) -> dict[str, Any]:
-        """The ``snapviz.compare/1`` document (see :func:`compare_dict`)."""
-        return compare_dict(self, fail_over=fail_over)
+        """The ``snapviz.compare/1`` document as JSON (what ``compare --json`` writes)."""
+        return typing.cast(dict[str, Any], to_json(self.document(fail_over)))
 
 
 # ---------------------------------------------------------------- one run -> digest
@@ -275,7 +293,7 @@ def _cat_bytes(d: RunDigest, category: str) -> int:
     return int(v.sum()) if len(v) else 0
 
 
-# ---------------------------------------------------------------- gate and JSON
+# ---------------------------------------------------------------- gate and document
 
 
 def over_limit(cmp: Comparison, pct: float) -> list[str]:
@@ -294,109 +312,113 @@ def over_limit(cmp: Comparison, pct: float) -> list[str]:
     return out
 
 
-def _nums(values: Sequence[Any]) -> list[Any]:
-    out: list[Any] = []
-    for v in values:
-        if v is None or (not isinstance(v, str) and pd.isna(v)):
-            out.append(None)
-        elif isinstance(v, (float, np.floating)):
-            out.append(float(v))
-        else:
-            out.append(int(v))
-    return out
+def _missing(v: Any) -> bool:
+    return v is None or (not isinstance(v, str) and bool(pd.isna(v)))
 
 
-def _wide(df: pd.DataFrame, key: str, keys: list[str], fields: dict[str, str]) -> list[dict[str, Any]]:
-    out = []
-    for k in keys:
-        part = df[df[key] == k].sort_values("run")
-        item: dict[str, Any] = {"name": k}
-        for out_name, col in fields.items():
-            item[out_name] = _nums(part[col].tolist())
-        out.append(item)
-    return out
+def _ints(values: Iterable[Any]) -> list[int | None]:
+    """A column of byte counts or counts as JSON numbers (pandas' missing values: None)."""
+    return [None if _missing(v) else int(v) for v in values]
 
 
-def compare_dict(cmp: Comparison, fail_over: float | None = None, max_sites: int = 25) -> dict[str, Any]:
-    """The ``snapviz.compare/1`` document (docs/design.md). Arrays run base first."""
-    stage_fields = {
-        "peak_allocated_bytes": "peak_allocated_bytes",
-        "peak_reserved_bytes": "peak_reserved_bytes",
-        "delta_bytes": "delta_bytes",
-        "delta_ratio": "delta_ratio",
-        "reserved_delta_bytes": "reserved_delta_bytes",
-    }
-    stages = _wide(cmp.stages, "name", list(dict.fromkeys(cmp.stages["name"].tolist())), stage_fields)
-    steps = _wide(cmp.steps, "name", list(dict.fromkeys(cmp.steps["name"].tolist())), stage_fields)
-    for s in steps:
-        s["stage"], s["step"] = s["name"].split("/", 1)
-    site_keys = changed_sites(cmp.sites, max_sites)
-    sites = []
-    for k in site_keys:
-        part = cmp.sites[cmp.sites["site"] == k].sort_values("run")
-        sites.append(
-            {
-                "site": k,
-                "status": part["status"].tolist(),
-                "allocs": _nums(part["allocs"].tolist()),
-                "total_bytes": _nums(part["total_bytes"].tolist()),
-                "peak_live_bytes": _nums(part["peak_live_bytes"].tolist()),
-                "delta_total_bytes": _nums(part["delta_total_bytes"].tolist()),
-                "delta_peak_live_bytes": _nums(part["delta_peak_live_bytes"].tolist()),
-            }
+def _counts(values: Iterable[Any]) -> list[int]:
+    """A column of byte counts or counts that every run has (0 where a run has none)."""
+    return [int(v) for v in values]
+
+
+def _ratios(values: Iterable[Any]) -> list[float | None]:
+    """A column of ratios as JSON numbers (missing: None)."""
+    return [None if _missing(v) else float(v) for v in values]
+
+
+def _per_key(df: pd.DataFrame, key: str) -> list[tuple[str, pd.DataFrame]]:
+    """Each value of ``key`` in order of first appearance, with its rows in run order."""
+    return [(k, df[df[key] == k].sort_values("run")) for k in dict.fromkeys(df[key].tolist())]
+
+
+def _stage_row(name: str, part: pd.DataFrame) -> CompareStage:
+    return CompareStage(
+        name=name,
+        peak_allocated_bytes=_ints(part["peak_allocated_bytes"]),
+        peak_reserved_bytes=_ints(part["peak_reserved_bytes"]),
+        delta_bytes=_ints(part["delta_bytes"]),
+        delta_ratio=_ratios(part["delta_ratio"]),
+        reserved_delta_bytes=_ints(part["reserved_delta_bytes"]),
+    )
+
+
+def _step_row(name: str, part: pd.DataFrame) -> CompareStep:
+    stage, step = name.split("/", 1)
+    return CompareStep(**vars(_stage_row(name, part)), stage=stage, step=step)
+
+
+def _site_row(site: str, part: pd.DataFrame) -> CompareSite:
+    return CompareSite(
+        site=site,
+        status=part["status"].tolist(),
+        allocs=_counts(part["allocs"]),
+        total_bytes=_counts(part["total_bytes"]),
+        peak_live_bytes=_counts(part["peak_live_bytes"]),
+        delta_total_bytes=_counts(part["delta_total_bytes"]),
+        delta_peak_live_bytes=_counts(part["delta_peak_live_bytes"]),
+    )
+
+
+def build_compare(
+    cmp: Comparison, fail_over: float | None = None, max_sites: int = 25, whatif: JsonObject | None = None
+) -> CompareDocument:
+    """The ``snapviz.compare/1`` document of ``cmp`` (docs/design.md; per-run arrays run base first):
+    with the ``--fail-over`` gate's verdict when ``fail_over`` is given, and ``whatif`` (BASE
+    beside its simulated twins, ``snapviz.analyses.whatif.twin_dict``) when given."""
+    runs = [
+        CompareRun(
+            label=r.label,
+            source=r.source,
+            peak=RunPeak(
+                allocated_bytes=int(r.peak_allocated_bytes),
+                reserved_bytes=int(r.peak_reserved_bytes),
+                stage=r.peak_stage,
+            ),
+            delta_bytes=int(r.delta_bytes),
+            delta_ratio=_ratios([r.delta_ratio])[0],
+            reserved_delta_bytes=int(r.reserved_delta_bytes),
+            events=int(r.events),
+            truncated=bool(r.truncated),
+            stage_source=r.stage_source,
+            memory_kind=cmp.digests[i].memory_kind,
+            verdict=cmp.verdict[i - 1] if i > 0 else None,
+            warnings=cmp.digests[i].warnings,
         )
-    runs = []
-    for i, r in enumerate(cmp.runs.itertuples(index=False)):
-        d = cmp.digests[i]
-        runs.append(
-            {
-                "label": r.label,
-                "source": r.source,
-                "peak": {
-                    "allocated_bytes": int(r.peak_allocated_bytes),
-                    "reserved_bytes": int(r.peak_reserved_bytes),
-                    "stage": r.peak_stage,
-                },
-                "delta_bytes": int(r.delta_bytes),
-                "delta_ratio": _nums([r.delta_ratio])[0],
-                "reserved_delta_bytes": int(r.reserved_delta_bytes),
-                "events": int(r.events),
-                "truncated": bool(r.truncated),
-                "stage_source": r.stage_source,
-                "memory_kind": d.memory_kind,
-                "verdict": cmp.verdict[i - 1] if i > 0 else None,
-                "warnings": d.warnings,
-            }
-        )
+        for i, r in enumerate(cmp.runs.itertuples(index=False))
+    ]
     att = cmp.attention
-    doc: dict[str, Any] = {
-        "schema": SCHEMA,
-        "base": cmp.labels[0],
-        "runs": runs,
-        "stages": stages,
-        "steps": steps,
-        "sites": sites,
-        "attention": {
-            c: _nums(att[c].tolist())
-            for c in (
-                "count",
-                "peak_live_bytes",
-                "total_bytes",
-                "largest_bytes",
-                "delta_count",
-                "delta_peak_live_bytes",
-                "delta_largest_bytes",
-            )
-        },
-        "categories": _wide(
-            cmp.categories.rename(columns={"category": "name"}),
-            "name",
-            list(dict.fromkeys(cmp.categories["category"].tolist())),
-            {"bytes": "bytes", "delta_bytes": "delta_bytes"},
+    failures = over_limit(cmp, fail_over) if fail_over is not None else []
+    return CompareDocument(
+        schema=COMPARE_SCHEMA,
+        base=cmp.labels[0],
+        runs=runs,
+        stages=[_stage_row(k, part) for k, part in _per_key(cmp.stages, "name")],
+        steps=[_step_row(k, part) for k, part in _per_key(cmp.steps, "name")],
+        sites=[
+            _site_row(k, cmp.sites[cmp.sites["site"] == k].sort_values("run"))
+            for k in changed_sites(cmp.sites, max_sites)
+        ],
+        attention=CompareAttention(
+            count=_counts(att["count"]),
+            peak_live_bytes=_counts(att["peak_live_bytes"]),
+            total_bytes=_counts(att["total_bytes"]),
+            largest_bytes=_counts(att["largest_bytes"]),
+            delta_count=_counts(att["delta_count"]),
+            delta_peak_live_bytes=_counts(att["delta_peak_live_bytes"]),
+            delta_largest_bytes=_counts(att["delta_largest_bytes"]),
         ),
-        "verdict": list(cmp.verdict),
-    }
-    if fail_over is not None:
-        failures = over_limit(cmp, fail_over)
-        doc["fail_over"] = {"percent": fail_over, "passed": not failures, "failures": failures}
-    return doc
+        categories=[
+            CompareCategory(name=k, bytes=_counts(part["bytes"]), delta_bytes=_counts(part["delta_bytes"]))
+            for k, part in _per_key(cmp.categories, "category")
+        ],
+        verdict=list(cmp.verdict),
+        fail_over=(
+            FailOver(percent=fail_over, passed=not failures, failures=failures) if fail_over is not None else ABSENT
+        ),
+        whatif=whatif if whatif else ABSENT,
+    )

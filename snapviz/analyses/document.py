@@ -12,6 +12,11 @@ and their JSON schema, all read from the same type hints.
   generated from it: ``python -m snapviz.analyses.document > docs/summary.schema.json``;
   a test keeps the two equal).
 
+The machinery is generic over frozen dataclasses: :func:`to_json`, :func:`from_json`,
+:func:`load_document` (a document read back, its schema string checked first) and
+:func:`document_schema` serve the ``snapviz.compare/1`` document too
+(:mod:`snapviz.analyses.compare_document`).
+
 A field whose value may be left out of the JSON object (not ``null``: absent) has the type
 ``... | Absent`` and the default :data:`ABSENT`; the JSON keys come in field order, which is the
 order the builders write them in (so encoding a built document gives it back byte for byte).
@@ -584,14 +589,21 @@ def field_from_json(cls: type, name: str, value: object) -> Any:
 def load_summary(obj: object, source: str = "document") -> Summary:
     """A ``snapviz.summary/1`` document read back (``compare``/``check`` inputs): its schema
     string first, then every typed field; one line in :class:`InputError` when malformed."""
+    return load_document(obj, Summary, SUMMARY_SCHEMA, source)
+
+
+def load_document(obj: object, cls: type[T], schema: str, source: str = "document") -> T:
+    """A document of type ``cls`` (whose ``schema`` field holds ``schema``) read back from its
+    JSON form: the schema string first, then every typed field (:func:`from_json`); one line in
+    :class:`InputError` naming ``source`` when it is not such a document or is malformed."""
     if not isinstance(obj, dict):
-        raise InputError(f"{source}: not a {SUMMARY_SCHEMA} document (a JSON object expected)")
-    if obj.get("schema") != SUMMARY_SCHEMA:
-        raise InputError(f"{source}: not a {SUMMARY_SCHEMA} document (schema {str(obj.get('schema'))[:60]!r})")
+        raise InputError(f"{source}: not a {schema} document (a JSON object expected)")
+    if obj.get("schema") != schema:
+        raise InputError(f"{source}: not a {schema} document (schema {str(obj.get('schema'))[:60]!r})")
     try:
-        return from_json(obj, Summary)
+        return from_json(obj, cls)
     except InputError as e:
-        raise InputError(f"{source}: malformed {SUMMARY_SCHEMA} document: {e}") from None
+        raise InputError(f"{source}: malformed {schema} document: {e}") from None
 
 
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
@@ -759,13 +771,26 @@ def _expected(tp: Any) -> str:
 
 def json_schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of :class:`Summary`, generated from its type hints."""
+    return document_schema(
+        Summary,
+        "urn:snapviz:schema:summary-1",
+        SUMMARY_SCHEMA,
+        "The document `snapviz analyze --json` writes (generated from snapviz/analyses/document.py).",
+    )
+
+
+def document_schema(cls: type, ident: str, title: str, description: str) -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of the document type ``cls`` (any frozen dataclass whose
+    fields use the types of this module), generated from its type hints: ``ident`` is its
+    ``$id`` (an identifier, never fetched), ``title`` its schema string. The parts it is made
+    of are ``$defs``, by class name."""
     defs: dict[str, Any] = {}
-    root = _schema(Summary, defs)
+    root = _object_schema(cls, defs)
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": "urn:snapviz:schema:summary-1",  # an identifier, never fetched
-        "title": SUMMARY_SCHEMA,
-        "description": "The document `snapviz analyze --json` writes (generated from snapviz/analyses/document.py).",
+        "$id": ident,
+        "title": title,
+        "description": description,
         **root,
         "$defs": dict(sorted(defs.items())),
     }
@@ -786,8 +811,6 @@ def _schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object", "additionalProperties": _schema(typing.get_args(tp)[1], defs)}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if tp is Summary:
-            return _object_schema(tp, defs)
         if tp.__name__ not in defs:
             defs[tp.__name__] = {}  # placeholder: a type met again while being built
             defs[tp.__name__] = _object_schema(tp, defs)
@@ -815,11 +838,12 @@ def _object_schema(tp: type, defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def schema_text() -> str:
-    """``docs/summary.schema.json`` as it must read (regenerate: ``python -m snapviz.analyses.document``)."""
+def schema_text(schema: dict[str, Any] | None = None) -> str:
+    """``docs/summary.schema.json`` as it must read (regenerate: ``python -m snapviz.analyses.document``),
+    or the file of another document's ``schema`` (:func:`document_schema`)."""
     import json
 
-    return json.dumps(json_schema(), indent=2) + "\n"
+    return json.dumps(json_schema() if schema is None else schema, indent=2) + "\n"
 
 
 if __name__ == "__main__":  # writes docs/summary.schema.json's text to stdout

@@ -94,7 +94,9 @@ def compare(
       snapviz compare main.pickle pr.pickle --fail-over 5%    # CI: exit 1 on a >5% regression
       snapviz compare run.pickle --whatif expandable_segments:True   # the run beside its simulated twin
     """
-    from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
+    from snapviz.analyses.compare import build_compare, compare_runs, over_limit
+    from snapviz.analyses.compare_document import CompareDocument, bounded_compare
+    from snapviz.analyses.document import to_json
     from snapviz.render.compare_md import render_compare_markdown, render_compare_terminal
     from snapviz.render.json_summary import render_json
     from snapviz.units import parse_percent
@@ -119,18 +121,18 @@ def compare(
     twin = sim[0] if sim is not None else None
     if len(inputs) < 2:
         assert twin is not None
-        doc = bounded_doc({"schema": COMPARE_SCHEMA, "runs": [], "whatif": twin})
+        doc = bounded_compare(CompareDocument(schema=COMPARE_SCHEMA, runs=[], whatif=twin))
         cmp = None
     else:
         digests = digest_inputs(
             list(zip(inputs, names, strict=True)), stage_source, max_points, jobs, show_progress=not quiet
         )
         cmp = compare_runs(digests)
-        doc = bounded_doc({**compare_dict(cmp, fail_over=pct), **({"whatif": twin} if twin else {})})
+        doc = bounded_compare(build_compare(cmp, fail_over=pct, whatif=twin))
 
     rendered: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc)) if cmp is not None else []
     if json_out:
-        rendered.append((json_out, render_json(doc)))
+        rendered.append((json_out, render_json(to_json(doc))))
     if md_out:
         rendered.append((md_out, render_compare_markdown(doc)))
     if html_out and sim is not None and cmp is None:

@@ -21,6 +21,8 @@ from snapviz.cli import outputs
 from snapviz.errors import InputError
 
 if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.compare_document import CompareDocument
     from snapviz.analyses.document import Summary
     from snapviz.analyses.pipeline import AnyAnalysis
 
@@ -210,7 +212,7 @@ def share_outputs(an: AnyAnalysis, summary: Summary) -> list[tuple[str, bytes]]:
     return out
 
 
-def compare_picture_outputs(cmp: Any, doc: dict[str, Any]) -> list[tuple[str, bytes]]:
+def compare_picture_outputs(cmp: Comparison, doc: CompareDocument) -> list[tuple[str, bytes]]:
     """Rendered PNG/SVG comparison pictures (nothing written yet)."""
     opts = _opts()
     if not (opts.get("png_out") or opts.get("svg_out")):

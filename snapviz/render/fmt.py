@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from snapviz.analyses.document import Peak, Summary
 from snapviz.units import fmt_bytes, fmt_delta
@@ -18,12 +18,15 @@ __all__ = [
     "fmt_report_kind",
 ]
 
+if TYPE_CHECKING:
+    from snapviz.analyses.compare_document import CompareDocument
+
 CPU_REHEARSAL = "CPU rehearsal: CPU allocator and process memory (RSS), no GPU memory recorded"
 
 
-def fmt_compare_kind(doc: dict[str, Any]) -> str:
+def fmt_compare_kind(doc: CompareDocument) -> str:
     """What a comparison compares: ``GPU memory``, or every kind its runs measured when they differ."""
-    kinds = list(dict.fromkeys(str(r.get("memory_kind") or "CUDA GPU memory") for r in doc.get("runs") or []))
+    kinds = list(dict.fromkeys(r.memory_kind or "CUDA GPU memory" for r in doc.runs))
     if all("GPU memory" in k for k in kinds):
         return "GPU memory"
     return "memory of different kinds (" + ", ".join(kinds) + ")"

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from snapviz.analyses.compare import Comparison
+from snapviz.analyses.compare_document import CompareDocument
 from snapviz.analyses.document import Oom, Summary
 from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
@@ -451,7 +452,7 @@ def timeline_figure(d: dict[str, Any], fmt: str = "png") -> Any:
 # ---------------------------------------------------------------- compare
 
 
-def compare_picture_data(cmp: Comparison, doc: dict[str, Any]) -> dict[str, Any]:
+def compare_picture_data(cmp: Comparison, doc: CompareDocument) -> dict[str, Any]:
     """Every run's allocated series on the stage-aligned axis (slot k = stage label k)."""
     from snapviz.render.html.compare_data import compare_report_data
 
@@ -484,7 +485,7 @@ def compare_picture_data(cmp: Comparison, doc: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def render_compare_picture(cmp: Comparison, doc: dict[str, Any], fmt: str = "png") -> bytes:
+def render_compare_picture(cmp: Comparison, doc: CompareDocument, fmt: str = "png") -> bytes:
     return draw_compare(compare_picture_data(cmp, doc), fmt)
 
 

@@ -435,7 +435,10 @@ def test_compare_outputs_are_escaped(hostile: Path, tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr
     assert_safe_markdown((tmp_path / "c.md").read_text())
-    strict_json((tmp_path / "c.json").read_text())
+    from snapviz.analyses.compare_document import load_compare
+
+    doc = load_compare(strict_json((tmp_path / "c.json").read_text()), "c.json")  # the typed document
+    assert doc.runs[0].label != PAYLOAD and not TERMINAL_CONTROL.search(doc.runs[0].label)
     assert not TERMINAL_CONTROL.search(p.stdout + p.stderr)
 
 

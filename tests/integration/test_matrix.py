@@ -143,6 +143,9 @@ def test_one_comparison_report_via_compare(ran: dict[str, Any]) -> None:
     doc, root = ran["doc"], ran["root"]
     cmp = doc["compare"]
     assert cmp["schema"] == "snapviz.compare/1"
+    from snapviz.analyses.compare_document import load_compare
+
+    assert load_compare(cmp, "matrix.json: compare").base == "fp32"  # the typed document reads it back
     assert [r["label"] for r in cmp["runs"]] == ["fp32", "fp32+vae-tiling"]  # base first, ok runs only
     oks = {v["label"]: v for v in doc["variants"] if v["status"] == "ok"}
     for r in cmp["runs"]:

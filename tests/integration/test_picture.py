@@ -16,7 +16,7 @@ pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
 from paths import ROOT  # noqa: E402
-from snapviz.analyses.compare import compare_dict, compare_runs  # noqa: E402
+from snapviz.analyses.compare import compare_runs  # noqa: E402
 from snapviz.analyses.document import from_json  # noqa: E402
 from snapviz.analyses.pipeline import summary_of  # noqa: E402
 from snapviz.analyses.summary import analyze_run  # noqa: E402
@@ -102,14 +102,14 @@ def test_svg_is_valid_and_names_the_peak(run: Any) -> None:
 def test_compare_picture_overlays_runs_aligned_by_stage() -> None:
     digests = [digest_input(str(SAMPLES / n), n) for n in ("sd15-fp16-sdpa", "sd15-fp16-classic")]
     cmp = compare_runs(digests)
-    d = compare_picture_data(cmp, compare_dict(cmp))
+    d = compare_picture_data(cmp, cmp.document())
     assert [r["label"] for r in d["runs"]] == ["sd15-fp16-sdpa", "sd15-fp16-classic"]
     assert [r["peak_bytes"] for r in d["runs"]] == [2831357440, 3324129280]  # README table
     slots = list(cmp.slots)
     # classic peaks in a denoise step, sdpa in vae_decode: the markers sit in those slots
     assert slots[int(d["runs"][1]["peak_x"])].startswith("denoise/")
     assert slots[int(d["runs"][0]["peak_x"])] == "vae_decode"
-    px = _pixels(render_compare_picture(cmp, compare_dict(cmp), "png"))
+    px = _pixels(render_compare_picture(cmp, cmp.document(), "png"))
     assert px.shape == (440, 900, 3)
     for r in d["runs"]:
         assert _mask(px, r["color"]).sum() > 50, r["label"]

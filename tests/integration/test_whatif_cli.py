@@ -243,6 +243,9 @@ def test_compare_whatif_with_two_runs_and_bad_uses(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
     assert len(doc["runs"]) == 2 and doc["whatif"]["label"] == doc["runs"][0]["label"]  # BASE's twin
+    from snapviz.analyses.compare_document import load_compare
+
+    assert load_compare(doc).whatif == doc["whatif"]  # read back through the typed document
     for args in (
         ["--whatif", "bogus:1"],
         ["--whatif", "expandable_segments:True", "--png", str(tmp_path / "c.png")],

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from paths import ROOT
-from snapviz.analyses.compare import compare_dict, compare_runs, merge_orders
+from snapviz.analyses.compare import build_compare, compare_runs, merge_orders
 from snapviz.analyses.digest import digest_run, stage_normalised_timeline
 from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
@@ -243,7 +243,7 @@ def test_n_runs_against_one_base() -> None:
         digests.append(digest(snap, name))
         truths.append(t)
     cmp = compare_runs(digests)
-    doc = compare_dict(cmp)
+    doc = cmp.summary()
     assert [r["label"] for r in doc["runs"]] == ["base", *variants]
     assert len(doc["verdict"]) == 5
     assert cmp.slots.index("refine") == cmp.slots.index("denoise/3") + 1
@@ -269,7 +269,7 @@ def test_n_runs_against_one_base() -> None:
 
 
 def test_json_schema_keys(pair: dict[str, Any]) -> None:
-    doc = json.loads(json.dumps(compare_dict(pair["cmp"], fail_over=5.0)))
+    doc = json.loads(json.dumps(pair["cmp"].summary(fail_over=5.0)))
     assert doc["schema"] == "snapviz.compare/1"
     for r in doc["runs"]:
         assert {"label", "source", "peak", "delta_bytes", "verdict"} <= set(r)
@@ -286,7 +286,7 @@ def test_json_schema_keys(pair: dict[str, Any]) -> None:
 def test_markdown_fits_an_issue(pair: dict[str, Any]) -> None:
     from snapviz.render.compare_md import render_compare_markdown
 
-    md = render_compare_markdown(compare_dict(pair["cmp"]))
+    md = render_compare_markdown(build_compare(pair["cmp"]))
     assert len(md.splitlines()) <= 60
     assert pair["cmp"].verdict[0] in md
     assert "| `vae_decode` | 5.01 GiB | 2.76 GiB (-2.25 GiB, -44.9%) |" in md
@@ -295,7 +295,7 @@ def test_markdown_fits_an_issue(pair: dict[str, Any]) -> None:
     ds = [digest(base, "base")] + [
         digest(pipeline_snapshot(seed=20 + i, steps=30, tiles=i + 1)[0], f"t{i}") for i in range(9)
     ]
-    md = render_compare_markdown(compare_dict(compare_runs(ds)))
+    md = render_compare_markdown(build_compare(compare_runs(ds)))
     assert len(md.splitlines()) <= 60
 
 
@@ -375,7 +375,7 @@ def test_html_data_aligns_runs_and_page_is_self_contained(pair: dict[str, Any], 
     from snapviz.render.html.compare_data import compare_report_data
 
     cmp = pair["cmp"]
-    data = compare_report_data(cmp, compare_dict(cmp))
+    data = compare_report_data(cmp, build_compare(cmp))
     assert data.slots == cmp.slots and list(data.bands.left) == list(range(len(cmp.slots)))
     k = cmp.slots.index("vae_decode")
     peaks = [float(t.allocated[(t.x >= k) & (t.x < k + 1)].max()) for t in data.timelines]

@@ -45,4 +45,6 @@ def test_compare_without_a_terminal_prints_no_progress(tmp_path: Path) -> None:
         "compare", str(SAMPLE), str(ROOT / "sample_snapshots" / "sd15-fp16-classic"), "-o", str(out), "-q", "-j", "1"
     )
     assert r.returncode == 0 and r.stderr == "" and r.stdout == ""
-    assert json.loads(out.read_text())["schema"] == "snapviz.compare/1"
+    from snapviz.analyses.compare_document import load_compare
+
+    assert load_compare(json.loads(out.read_text()), str(out)).schema == "snapviz.compare/1"

@@ -133,6 +133,6 @@ def test_two_traces_compare_with_their_timelines(tmp_path: Path) -> None:
     a, b = _cpu_run(tmp_path / "a"), _cpu_run(tmp_path / "b")
     cmp = snapviz.compare(str(a), str(b))
     assert set(cmp.timeline["run"]) == {0, 1} and cmp.timeline["x"].notna().all()
-    d = compare_picture_data(cmp, cmp.summary())
+    d = compare_picture_data(cmp, cmp.document())
     assert all(len(r["x"]) and r["allocated"].max() == 4096 + 8192 + 16384 for r in d["runs"])
     assert "different kinds" not in cmp.summary()["runs"][1]["verdict"]

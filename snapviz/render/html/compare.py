@@ -4,7 +4,7 @@ from :func:`~snapviz.render.html.compare_data.compare_report_data` with the page
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from bokeh.core.properties import value
@@ -24,6 +24,10 @@ from snapviz.render.html.compare_data import CompareReport, compare_report_data
 from snapviz.render.html.page import build_page, card, card_open, chrome, table_css, warnings_html, wide_table
 from snapviz.render.html.view_models import bounded
 
+if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
+    from snapviz.analyses.compare_document import CompareDocument
+
 
 def _hero(data: CompareReport) -> str:
     verdict = data.verdict
@@ -31,8 +35,8 @@ def _hero(data: CompareReport) -> str:
     extra = chrome("compare_runs", runs=list(data.runs))
     fo = data.fail_over
     if fo is not None:
-        status = "match" if fo["passed"] else "differs"
-        text = f"gate --fail-over {fo['percent']:g}%: {'passed' if fo['passed'] else 'FAILED'}"
+        status = "match" if fo.passed else "differs"
+        text = f"gate --fail-over {fo.percent:g}%: {'passed' if fo.passed else 'FAILED'}"
         extra += chrome("badge", status=status, text=text)
     return chrome(
         "hero",
@@ -204,7 +208,7 @@ def render_compare_report_data(data: CompareReport, lead: Sequence[str | UIEleme
     return build_page(f"snapviz compare: {data.title}", blocks)
 
 
-def render_compare_html(cmp: Any, doc: dict[str, Any], lead: Sequence[str | UIElement] = ()) -> str:
-    """The comparison page of ``cmp`` and its ``snapviz.compare/1`` dict (``lead``: see
+def render_compare_html(cmp: Comparison, doc: CompareDocument, lead: Sequence[str | UIElement] = ()) -> str:
+    """The comparison page of ``cmp`` and its typed ``snapviz.compare/1`` document (``lead``: see
     :func:`render_compare_report_data`)."""
     return render_compare_report_data(compare_report_data(cmp, doc), lead)

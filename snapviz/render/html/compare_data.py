@@ -1,5 +1,6 @@
 """The view-model of the comparison page: :func:`compare_report_data` turns a
-:class:`~snapviz.analyses.compare.Comparison` and its ``snapviz.compare/1`` dict into a typed
+:class:`~snapviz.analyses.compare.Comparison` and its typed ``snapviz.compare/1`` document
+(:class:`~snapviz.analyses.compare_document.CompareDocument`) into a typed
 :class:`CompareReport` of plain columns (tests assert on it); :mod:`snapviz.render.html.compare`
 only draws it.
 
@@ -11,15 +12,20 @@ among that label's events, so ``denoise/3`` lines up across runs whatever its wa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from snapviz.analyses.compare_document import CompareDocument, CompareStep, FailOver, listed
 from snapviz.analyses.compare_sites import changed_sites
+from snapviz.analyses.document import Absent
 from snapviz.render.fmt import fmt_compare_kind
 from snapviz.render.html.palette import stage_palette
 from snapviz.units import fmt_bytes, fmt_delta, fmt_ratio_pct
 from snapviz.vocab import stage_group
+
+if TYPE_CHECKING:
+    from snapviz.analyses.compare import Comparison
 
 # Run colors: the base is dark, others follow Tableau 10 (stage colors stay in the bands).
 RUN_COLORS = (
@@ -108,7 +114,7 @@ class CompareReport:
     stage_rows: list[TableRow]
     site_rows: list[TableRow]
     warnings: list[str]
-    fail_over: dict[str, Any] | None
+    fail_over: FailOver | None
     kind: str = "GPU memory"  # what the runs measured (fmt_compare_kind)
 
 
@@ -130,7 +136,7 @@ def _slot_ticks(slots: list[str]) -> tuple[list[float], dict[float, str]]:
     return ticks, labels
 
 
-def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
+def compare_report_data(cmp: Comparison, doc: CompareDocument) -> CompareReport:
     """Everything the comparison page shows, as plain lists and arrays."""
     labels = cmp.labels
     slots = list(cmp.slots)
@@ -193,39 +199,39 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
         delta=delta,
     )
     runs = []
-    for i, r in enumerate(doc["runs"]):
-        p = r["peak"]
+    for i, r in enumerate(doc.runs):
+        p = r.peak
         runs.append(
             RunRow(
-                label=str(r["label"]),
+                label=r.label,
                 color=run_color(i),
-                source=str(r["source"]),
-                peak=fmt_bytes(p["allocated_bytes"]),
-                reserved=fmt_bytes(p["reserved_bytes"]),
-                stage=str(p["stage"]),
-                delta="base" if i == 0 else fmt_delta(r["delta_bytes"]) + _pct(r.get("delta_ratio")),
-                reserved_delta="" if i == 0 else fmt_delta(r["reserved_delta_bytes"]),
-                events=int(r["events"]),
-                stage_source=str(r["stage_source"]),
+                source=r.source,
+                peak=fmt_bytes(p.allocated_bytes),
+                reserved=fmt_bytes(p.reserved_bytes),
+                stage=p.stage,
+                delta="base" if i == 0 else fmt_delta(r.delta_bytes) + _pct(r.delta_ratio),
+                reserved_delta="" if i == 0 else fmt_delta(r.reserved_delta_bytes),
+                events=r.events,
+                stage_source=r.stage_source,
             )
         )
     stage_rows = []
-    for s in doc["stages"] + doc["steps"]:
+    for s in [*listed(doc.stages), *listed(doc.steps)]:
         cells = []
         for i in range(len(labels)):
-            v = s["peak_allocated_bytes"][i]
+            v = s.peak_allocated_bytes[i]
             if v is None:
                 cells.append("—")
             elif i == 0:
                 cells.append(fmt_bytes(v))
             else:
-                d = s["delta_bytes"][i]
+                d = s.delta_bytes[i]
                 cells.append(
-                    f"{fmt_bytes(v)} ({'=' if d == 0 else fmt_delta(d) + _pct(s['delta_ratio'][i])})"
+                    f"{fmt_bytes(v)} ({'=' if d == 0 else fmt_delta(d) + _pct(s.delta_ratio[i])})"
                     if d is not None
                     else fmt_bytes(v)
                 )
-        stage_rows.append(TableRow(name=str(s["name"]), cells=cells, is_step="step" in s))
+        stage_rows.append(TableRow(name=s.name, cells=cells, is_step=isinstance(s, CompareStep)))
     site_rows = []
     for site in changed_sites(cmp.sites, 40):
         part = cmp.sites[cmp.sites["site"] == site].sort_values("run")
@@ -238,13 +244,13 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
             else:
                 cells.append(f"{r.status} {fmt_delta(r.delta_peak_live_bytes)} / {fmt_delta(r.delta_total_bytes)}")
         site_rows.append(TableRow(name=str(site), cells=cells))
-    warnings = [f"{r['label']}: {w}" for r in doc["runs"] for w in (r.get("warnings") or [])]
+    warnings = [f"{r.label}: {w}" for r in doc.runs for w in r.warnings]
     ticks, tick_labels = _slot_ticks(slots)
     y_top = max([float(np.nanmax(t.reserved)) for t in timelines if len(t.reserved)] + [1.0])
     return CompareReport(
         title=f"{labels[0]} vs " + ", ".join(labels[1:]),
         labels=[str(x) for x in labels],
-        verdict=list(doc.get("verdict") or []),
+        verdict=list(listed(doc.verdict)),
         runs=runs,
         slots=slots,
         bands=bands,
@@ -256,7 +262,7 @@ def compare_report_data(cmp: Any, doc: dict[str, Any]) -> CompareReport:
         stage_rows=stage_rows,
         site_rows=site_rows,
         warnings=warnings,
-        fail_over=doc.get("fail_over"),
+        fail_over=None if isinstance(doc.fail_over, Absent) else doc.fail_over,
         kind=fmt_compare_kind(doc),
     )
 
