@@ -5,7 +5,7 @@ The analyzer never imports torch. Typical use::
     import snapviz
     run = snapviz.load("snapshot.pickle")    # or a Chrome trace, or a run directory
     run.snapshot.events                      # trace entries as a DataFrame
-    an = snapviz.analyze(run)                # Analysis (snapshot) or TraceRunAnalysis (trace only)
+    an = snapviz.analyze(run)                # Analysis (an.kind: "snapshot" or "trace")
     an.events                                # replayed allocated / reserved / requested, and stage
     an.stages, an.top_allocations            # per stage interval; live at the peak
     an.summary()                             # the snapviz.summary/1 document (CLI --json)
@@ -24,11 +24,10 @@ from snapviz.errors import CheckFailed, InputError
 from snapviz.load import Run, load
 
 if TYPE_CHECKING:
+    from snapviz.analyses.analysis import Analysis
     from snapviz.analyses.compare import Comparison
     from snapviz.analyses.gate import CheckResult, GateResult
-    from snapviz.analyses.summary import Analysis
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
-    from snapviz.api import RunAnalysis, analyze, check, compare
+    from snapviz.api import analyze, check, compare
     from snapviz.notebook import show
 
 __version__ = "0.1.0"
@@ -39,9 +38,7 @@ __all__ = [
     "check",
     "show",
     "Run",
-    "RunAnalysis",
     "Analysis",
-    "TraceRunAnalysis",
     "Comparison",
     "CheckResult",
     "GateResult",
@@ -56,9 +53,7 @@ _LAZY = {
     "analyze": "snapviz.api",
     "compare": "snapviz.api",
     "check": "snapviz.api",
-    "RunAnalysis": "snapviz.api",
-    "Analysis": "snapviz.analyses.summary",
-    "TraceRunAnalysis": "snapviz.analyses.trace_summary",
+    "Analysis": "snapviz.analyses.analysis",
     "Comparison": "snapviz.analyses.compare",
     "CheckResult": "snapviz.analyses.gate",
     "GateResult": "snapviz.analyses.gate",

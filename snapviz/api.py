@@ -12,33 +12,26 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.compare import Comparison, compare_runs
 from snapviz.analyses.digest import RunDigest
 from snapviz.analyses.frame_rules import RuleSet, load_rules
 from snapviz.analyses.gate import CheckResult, check_summary
 from snapviz.analyses.pipeline import analyze_input, digest_of, document_of
 from snapviz.analyses.stages import SOURCES
-from snapviz.analyses.summary import Analysis
-from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.errors import InputError
 from snapviz.load import Run, load
 from snapviz.load.labels import unique_labels
 from snapviz.units import parse_percent, parse_size
 
-# What analyze() returns: the snapshot analysis (replayed allocator) when the run has a
-# snapshot, else the trace analysis (the profiler's own totals). Both have ``run``,
-# ``stages``, ``top_allocations``, ``warnings`` and ``summary()`` (snapviz.summary/1).
-RunAnalysis: TypeAlias = Analysis | TraceRunAnalysis
 Source: TypeAlias = str | os.PathLike[str] | Run
-Input: TypeAlias = Source | Analysis | TraceRunAnalysis
+Input: TypeAlias = Source | Analysis
 Rules: TypeAlias = str | os.PathLike[str] | RuleSet | None
 
 STAGE_SOURCES = ("auto", *SOURCES)
 
 
-def analyze(
-    source: Source, *, device: int | None = None, rules: Rules = None, stages_from: str = "auto"
-) -> RunAnalysis:
+def analyze(source: Source, *, device: int | None = None, rules: Rules = None, stages_from: str = "auto") -> Analysis:
     """Analyse a snapshot pickle, a Chrome trace or a run directory (a path or a loaded run).
 
     ``device``: the device to analyse (default: the one with the highest peak). ``rules``: a
@@ -47,8 +40,9 @@ def analyze(
     labels come from (``auto`` or one of ``user_metadata``, ``annotations``, ``run.json``,
     ``frames``, ``phases``); a trace takes its stages from its ranges or run.json.
 
-    A run with a snapshot gives an :class:`~snapviz.analyses.summary.Analysis` (the replayed
-    allocator), a trace-only run a :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`:
+    Every input gives one :class:`~snapviz.analyses.analysis.Analysis`: of ``kind``
+    ``snapshot`` (the replayed allocator) for a run with a snapshot, ``trace`` (the profiler's
+    own totals) for a trace-only run, with the same timeline, stage table and summary:
 
     >>> an = analyze("sample_snapshots/sd15-fp16-classic")
     >>> an.replay.peak_allocated, an.peak_stage
@@ -61,8 +55,10 @@ def analyze(
     >>> an.summary()["peak"]["allocated_bytes"]
     3324129280
     >>> tr = analyze("sample_snapshots/sd15-fp16-profile-1step/trace.json.gz")
-    >>> type(tr).__name__, tr.summary()["kind"], len(tr.timeline) > 0
-    ('TraceRunAnalysis', 'trace', True)
+    >>> type(tr).__name__, tr.kind, tr.summary()["kind"], len(tr.timeline) > 0
+    ('Analysis', 'trace', 'trace', True)
+    >>> tr.capabilities.exact_blocks, tr.events[["time_us", "allocated", "stage"]].shape[1]
+    (False, 3)
     """
     if stages_from not in STAGE_SOURCES:
         raise InputError(f"stages_from: {stages_from!r} is not one of {', '.join(STAGE_SOURCES)}")
@@ -155,15 +151,15 @@ def check(
     )
 
 
-def _analysis(item: Input, device: int | None, rules: Rules, stages_from: str) -> RunAnalysis:
-    if isinstance(item, (Analysis, TraceRunAnalysis)):
+def _analysis(item: Input, device: int | None, rules: Rules, stages_from: str) -> Analysis:
+    if isinstance(item, Analysis):
         return item
     return analyze(item, device=device, rules=rules, stages_from=stages_from)
 
 
 def _source_of(item: Input) -> str:
     """The path an input came from: what its default label is made of."""
-    if isinstance(item, (Analysis, TraceRunAnalysis)):
+    if isinstance(item, Analysis):
         return item.run.source
     if isinstance(item, Run):
         return item.source

@@ -1,6 +1,6 @@
 """Reports inline in Jupyter and VS Code notebooks: ``snapviz.show(x)``.
 
-``x`` is a path (snapshot, trace or run directory), an :class:`~snapviz.analyses.summary.Analysis`,
+``x`` is a path (snapshot, trace or run directory), an :class:`~snapviz.analyses.analysis.Analysis`,
 a trace-only analysis, a :class:`~snapviz.analyses.compare.Comparison`, or a list of paths
 (compared, the first as base). The interactive report is the same self-contained page the
 CLI writes (Bokeh with inline resources: no network), shown in an ``<iframe srcdoc>`` so each
@@ -21,20 +21,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.document import to_json
 from snapviz.analyses.pipeline import document_of
-from snapviz.analyses.summary import Analysis
-from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.api import analyze, compare
 from snapviz.errors import InputError
 from snapviz.render.output import write_atomic
 from snapviz.safe_text import printable, short_repr
 
 # A path (snapshot, trace or run directory), paths to compare, or a result to display.
-Displayable: TypeAlias = (
-    str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Analysis | TraceRunAnalysis | Comparison
-)
+Displayable: TypeAlias = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Analysis | Comparison
 
 IFRAME_HEIGHT_PX = 900
 
@@ -88,7 +85,7 @@ def report(obj: Displayable, max_points: int = 20000) -> Report:
     from snapviz.render.html import render_analysis_html, render_compare_html
     from snapviz.render.markdown import render_markdown
 
-    if isinstance(obj, (Analysis, TraceRunAnalysis)):
+    if isinstance(obj, Analysis):
         document = document_of(obj)
         return Report(
             obj.run.label,
@@ -148,8 +145,7 @@ def _html_of(obj: Displayable) -> str:
 # Result types that display as their report, by module and name: registering them needs no
 # import of the analyses (and the analyses stay free of any presentation code).
 DISPLAYED_TYPES = (
-    ("snapviz.analyses.summary", "Analysis"),
-    ("snapviz.analyses.trace_summary", "TraceRunAnalysis"),
+    ("snapviz.analyses.analysis", "Analysis"),
     ("snapviz.analyses.compare", "Comparison"),
 )
 

@@ -1,7 +1,7 @@
 """The allocation table: one row per recorded allocation, classified once.
 
 :func:`allocation_table` builds it once per analysis (cached on
-:class:`~snapviz.analyses.summary.Analysis` as ``allocations``); every category view (at the
+:class:`~snapviz.analyses.analysis.Analysis` as ``allocations``); every category view (at the
 peak, per stage, over time, the picture's legend, the training phases) is a group-by of its
 ``category`` column, whose names are :mod:`snapviz.category_vocab`'s.
 

@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.document import Interval, StageGroup, Summary, from_json, to_json
+from snapviz.analyses.analysis import Analysis
+from snapviz.analyses.document import Interval, StageGroup, Summary, to_json
 from snapviz.analyses.replay import live_at
-from snapviz.analyses.summary import Analysis
-from snapviz.analyses.trace_summary import TraceRunAnalysis
 from snapviz.category_vocab import canonical_category
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM
@@ -207,7 +206,7 @@ def run_info(run: Run) -> dict[str, Any]:
 
 
 def digest_run(an: Analysis, label: str | None = None, points_per_label: int = 200) -> RunDigest:
-    """Reduce an :class:`~snapviz.analyses.summary.Analysis` to what a comparison needs."""
+    """Reduce an :class:`~snapviz.analyses.analysis.Analysis` to what a comparison needs."""
     rep = an.replay
     ev = rep.events
     allocated = ev["allocated"].to_numpy() if len(ev) else np.empty(0, np.int64)
@@ -336,21 +335,20 @@ def digest_summary(doc: Summary, label: str) -> RunDigest:
     )
 
 
-def digest_trace(an: TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
+def digest_trace(an: Analysis, label: str, points_per_label: int = 200) -> RunDigest:
     """A trace-only run's digest: :func:`digest_summary` plus its memory timeline, each memory
     event placed in the stage interval it falls in (as the trace summary's stage peaks are)."""
-    from snapviz.analyses.stages import label_by_intervals
+    from snapviz.analyses.pipeline import document_of
 
-    doc = from_json(an.summary(), Summary)
+    doc = document_of(an)
     d = digest_summary(doc, label)
     d.peak_time_us = doc.peak.time_us
     d.run_info = run_info(an.run)
     tl = an.timeline
     if not len(tl) or not len(an.stages):
         return d
-    names = label_by_intervals(tl["time_us"].to_numpy(np.float64), an.stages, default="unlabelled")
     timeline = stage_normalised_timeline(
-        np.asarray(names, dtype=object),
+        np.asarray(an.labels.labels, dtype=object),
         tl["allocated"].to_numpy(np.int64),
         tl["reserved"].to_numpy(np.int64),
         points_per_label,

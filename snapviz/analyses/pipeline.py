@@ -1,9 +1,10 @@
-"""The one analysis pipeline: a loaded run in, one :class:`RunAnalysis` out, then its summary
-document and its compare digest.
+"""The one analysis pipeline: a loaded run in, one :class:`~snapviz.analyses.analysis.Analysis`
+out, then its summary document and its compare digest.
 
 The snapshot/trace choice is made here, once: a run with a snapshot is replayed
 (:func:`snapviz.analyses.summary.analyze_run`, exact allocator blocks), a trace-only run is
-read from the profiler's own totals (:func:`snapviz.analyses.trace_summary.analyze_trace_run`).
+read from the profiler's own totals (:func:`snapviz.analyses.trace_summary.analyze_trace_run`);
+both yield the one ``Analysis`` type, its ``kind`` and ``capabilities`` saying which.
 Every caller (the API, the CLI verbs, the notebook helpers, the collectors) goes through
 :func:`analyze_input`, :func:`summary_of` and :func:`digest_of`, never through the two
 analyses directly.
@@ -12,9 +13,7 @@ analyses directly.
 from __future__ import annotations
 
 import typing
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from snapviz.analyses.frame_rules import RuleSet
 from snapviz.errors import InputError
@@ -23,53 +22,15 @@ from snapviz.load import Run
 if TYPE_CHECKING:
     from snapviz.analyses.digest import RunDigest
     from snapviz.analyses.document import Summary
-    from snapviz.analyses.summary import Analysis
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
 
-Kind: TypeAlias = Literal["snapshot", "trace"]
+from snapviz.analyses.analysis import Analysis, Kind
 
-
-@runtime_checkable
-class RunAnalysis(Protocol):
-    """What every analysis of a run offers, whichever the input: consumers that need no more
-    take this type; the snapshot-only parts (``replay``, ``labels``, ``categories``, ``oom`` …)
-    are on :class:`~snapviz.analyses.summary.Analysis`, the trace-only ones (``timeline``,
-    ``trace``, ``attention_ops``) on :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`,
-    reached after narrowing on :attr:`kind`."""
-
-    @property
-    def run(self) -> Run: ...
-
-    @property
-    def kind(self) -> Kind:
-        """``snapshot``: a replayed allocator (exact blocks, reserved recorded); ``trace``: the
-        profiler's ``[memory]`` events (totals only)."""
-        ...
-
-    @property
-    def warnings(self) -> list[str]: ...
-
-    @property
-    def stages(self) -> pd.DataFrame:
-        """One row per stage interval: ``name``, ``start_us``, ``end_us``, ``peak_allocated_bytes`` …"""
-        ...
-
-    @property
-    def top_allocations(self) -> pd.DataFrame:
-        """What was live at the peak, largest first."""
-        ...
-
-    def summary(self) -> dict[str, Any]:
-        """The ``snapviz.summary/1`` document (:func:`summary_of`)."""
-        ...
-
-
-AnyAnalysis: TypeAlias = "Analysis | TraceRunAnalysis"
+__all__ = ["Analysis", "Kind", "analyze_input", "digest_of", "document_of", "summary_of"]
 
 
 def analyze_input(
     run: Run, device: int | None = None, stage_source: str = "auto", rules: RuleSet | None = None
-) -> Analysis | TraceRunAnalysis:
+) -> Analysis:
     """The analysis of one loaded run on one device: replayed when it holds a snapshot, read
     from the profiler's totals when it holds only a trace (``stage_source`` and ``rules``
     apply to snapshots; a trace takes its stages from its ranges or run.json)."""
@@ -84,7 +45,7 @@ def analyze_input(
     return analyze_trace_run(run, device=device)
 
 
-def summary_of(an: Analysis | TraceRunAnalysis) -> dict[str, Any]:
+def summary_of(an: Analysis) -> dict[str, Any]:
     """The ``snapviz.summary/1`` document of any analysis as plain JSON (what ``--json`` writes):
     :func:`document_of`, encoded."""
     from snapviz.analyses.document import to_json
@@ -92,7 +53,7 @@ def summary_of(an: Analysis | TraceRunAnalysis) -> dict[str, Any]:
     return typing.cast(dict[str, Any], to_json(document_of(an)))
 
 
-def document_of(an: Analysis | TraceRunAnalysis) -> Summary:
+def document_of(an: Analysis) -> Summary:
     """The typed ``snapviz.summary/1`` document of any analysis, from the one builder
     (:func:`snapviz.analyses.summary_builder.build_summary`): what the gate and every renderer
     take. A section that does not match its type is snapviz's bug, reported as such."""
@@ -104,11 +65,10 @@ def document_of(an: Analysis | TraceRunAnalysis) -> Summary:
         raise RuntimeError(f"snapviz built a summary that does not match its types: {e}") from None
 
 
-def digest_of(an: Analysis | TraceRunAnalysis, label: str, points_per_label: int = 200) -> RunDigest:
+def digest_of(an: Analysis, label: str, points_per_label: int = 200) -> RunDigest:
     """Any analysis reduced to what a comparison needs."""
     from snapviz.analyses.digest import digest_run, digest_trace
-    from snapviz.analyses.summary import Analysis
 
-    if isinstance(an, Analysis):
+    if an.kind == "snapshot":
         return digest_run(an, label, points_per_label=points_per_label)
     return digest_trace(an, label, points_per_label=points_per_label)

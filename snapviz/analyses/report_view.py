@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.categories import category_timeline
-from snapviz.analyses.summary import Analysis
 from snapviz.category_vocab import order_categories
 from snapviz.vocab import BEFORE_RECORDING
 
@@ -112,7 +112,7 @@ def category_timeline_view(an: Analysis, t0_us: int, has_time: bool, max_points:
 
 
 def report_view(an: Analysis, max_points: int) -> ReportView:
-    """The report's own analyses of ``an`` (an :class:`~snapviz.analyses.summary.Analysis`)."""
+    """The report's own analyses of ``an`` (an :class:`~snapviz.analyses.analysis.Analysis`)."""
     time_us = an.replay.events["time_us"].to_numpy(np.int64)
     has_time = bool(len(time_us)) and bool((time_us >= 0).all())
     t0 = int(time_us[0]) if has_time else -1

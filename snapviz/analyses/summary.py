@@ -1,18 +1,17 @@
-"""One call from a loaded run to every result table (pure: no rendering here)."""
+"""A run with a snapshot to its :class:`~snapviz.analyses.analysis.Analysis`: the allocator
+replayed, every result table computed once (pure: no rendering here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.analysis import Analysis, Capabilities, ReplayEvidence
 from snapviz.analyses.attention import find_attention
 from snapviz.analyses.categories import allocation_table, live_categories
-from snapviz.analyses.document import Attention, Oom
 from snapviz.analyses.end_state import (
-    EndState,
     end_state,
     end_state_categories,
     end_state_top,
@@ -33,111 +32,13 @@ from snapviz.analyses.oom import (
 from snapviz.analyses.replay import ReplayResult, expandable_segments, replay_allocator
 from snapviz.analyses.sites import SiteNamer
 from snapviz.analyses.stack_tables import StackTables
-from snapviz.analyses.stages import StageLabels, label_events, stage_intervals, stage_table
-from snapviz.analyses.training_view import TrainingView, training_view
+from snapviz.analyses.stages import label_events, stage_intervals, stage_table
+from snapviz.analyses.training_view import training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.model import Snapshot
-from snapviz.safe_text import printable, short_repr
-from snapviz.units import fmt_bytes
-from snapviz.vocab import BEFORE_RECORDING, END_STATE, END_STATE_ONLY, SUMMARY_SCHEMA
+from snapviz.vocab import END_STATE_ONLY, SUMMARY_SCHEMA
 
 SCHEMA = SUMMARY_SCHEMA
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """Every result for one device of a run with a snapshot. Tables are DataFrames (HTA style).
-
-    ``summary()`` is the ``snapviz.summary/1`` document the CLI writes with ``--json``.
-    """
-
-    run: Run
-    device: int
-    replay: ReplayResult
-    labels: StageLabels
-    stages: pd.DataFrame  # one row per stage interval (see stages.stage_table)
-    top_allocations: pd.DataFrame  # live at the peak, largest first
-    attention: pd.DataFrame  # one row per attention score allocation
-    attention_summary: Attention  # the summary's attention section (count, largest, implementation)
-    categories: pd.DataFrame  # live bytes by category at the peak (a group-by of ``allocations``)
-    device_peaks: pd.DataFrame  # every device: peak allocated / reserved
-    sites: SiteNamer  # names an allocation site from its stack
-    rules: RuleSet  # the rules every frame-based analysis of this run used
-    tables: StackTables  # the snapshot's stack tables, built once
-    stage_live: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: bytes by category at its peak
-    stage_top: pd.DataFrame = field(default_factory=pd.DataFrame)  # per stage interval: largest live blocks at its peak
-    warnings: list[str] = field(default_factory=list)
-    training: TrainingView | None = None  # phases, steps and categories of a training run
-    oom: Oom | None = None  # the OOM that ended the run, its facts (analyses/oom.py), None: none
-    end_state: EndState | None = None  # the live blocks at the end, named by their frames
-    # one row per recorded allocation, classified once (categories.allocation_table): every
-    # category view is a group-by of its ``category`` column
-    allocations: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-    @property
-    def kind(self) -> Literal["snapshot"]:
-        """A replayed snapshot: exact blocks, reserved memory recorded (see pipeline.RunAnalysis)."""
-        return "snapshot"
-
-    @property
-    def end_state_only(self) -> bool:
-        """The file holds no allocation history for this device, only its end state."""
-        return self.end_state is not None and self.end_state.only and bool(len(self.end_state.blocks))
-
-    def __repr__(self) -> str:
-        rp = self.replay
-        return short_repr(
-            "Analysis",
-            self.run.label,
-            f"cuda:{self.device}",
-            f"{len(rp.events):,} events",
-            f"peak allocated {fmt_bytes(rp.peak_allocated)} ({rp.peak_allocated:,} B) in {printable(self.peak_stage, 60)}",
-            f"peak reserved {fmt_bytes(rp.peak_reserved)}",
-            f"{len(self.stages):,} stage intervals",
-            f"{len(self.warnings)} warning(s)",
-            "summary() for the full document",
-        )
-
-    @property
-    def snapshot(self) -> Snapshot:
-        """The analysed snapshot (an Analysis is made only for a run that has one)."""
-        snap = self.run.snapshot
-        assert snap is not None
-        return snap
-
-    @property
-    def events(self) -> pd.DataFrame:
-        """The device's events with replay columns and ``stage``."""
-        return self.replay.events.assign(stage=self.labels.labels)
-
-    @property
-    def peak_stage(self) -> str:
-        i = self.replay.peak_index
-        if i >= 0:
-            return str(self.labels.labels[i])
-        return END_STATE if self.end_state_only else BEFORE_RECORDING
-
-    def stage_groups(self) -> pd.DataFrame:
-        """Stages grouped by name before '/': peak over every interval of the group."""
-        st = self.stages
-        if not len(st):
-            return st
-        g = st.groupby("group", sort=False).agg(
-            peak_allocated_bytes=("peak_allocated_bytes", "max"),
-            peak_reserved_bytes=("peak_reserved_bytes", "max"),
-            start_us=("start_us", "min"),
-            end_us=("end_us", "max"),
-            intervals=("name", "size"),
-            duration_s=("duration_s", "sum"),
-        )
-        return g.reset_index().rename(columns={"group": "name"})
-
-    def summary(self) -> dict[str, Any]:
-        """The ``snapviz.summary/1`` document as JSON (:func:`snapviz.analyses.pipeline.summary_of`)."""
-        from snapviz.analyses.pipeline import summary_of
-
-        return summary_of(self)
 
 
 def pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:
@@ -257,7 +158,8 @@ def analyze_run(
     return Analysis(
         run=run,
         device=dev,
-        replay=rep,
+        capabilities=Capabilities(exact_blocks=True, reserved_recorded=True, exact_totals=not rep.approximate),
+        evidence=ReplayEvidence(replay=rep, sites=sites, tables=tables, rules=rules),
         labels=labels,
         stages=stages,
         top_allocations=top,
@@ -266,11 +168,8 @@ def analyze_run(
         categories=categories,
         device_peaks=dp,
         warnings=warnings,
-        sites=sites,
         stage_live=stage_live,
         stage_top=stage_top,
-        rules=rules,
-        tables=tables,
         training=training_view(allocs, stages, snap),
         oom=oom,
         end_state=es,

@@ -5,10 +5,9 @@ The document's shape is written here once, for both kinds of analysis: the stage
 its groups, the peak, the history, the devices, what was live at the peak, the allocator's own
 figures, the run's fields, the warnings and the "not recorded" sentence. What only one kind
 has is filled from it and left :data:`~snapviz.analyses.document.ABSENT` for the other: a
-replayed snapshot (:class:`~snapviz.analyses.summary.Analysis`) adds the categories at the
-peak, the advice, the OOM, the end state and the training view; a profiler trace
-(:class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`) its device kind and what its
-totals cannot itemize.
+replayed snapshot (an :class:`~snapviz.analyses.analysis.Analysis` of kind ``snapshot``) adds
+the categories at the peak, the advice, the OOM, the end state and the training view; a
+profiler trace (kind ``trace``) its device kind and what its totals cannot itemize.
 
 Every section comes typed from the module that computes it (attention, OOM, end state,
 training, advice); the builder adds to the OOM what only it has (the simulation, the advice,
@@ -26,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import (
     ABSENT,
     Absent,
     AnyAdvice,
+    Attention,
     CategoryBytes,
     DevicePeak,
     History,
@@ -44,9 +45,7 @@ from snapviz.analyses.document import (
     Training,
     field_from_json,
 )
-from snapviz.analyses.summary import Analysis
-from snapviz.analyses.trace_summary import TraceRunAnalysis
-from snapviz.vocab import SUMMARY_SCHEMA, run_summary_fields, stage_group
+from snapviz.vocab import SUMMARY_SCHEMA, UNLABELLED, run_summary_fields, stage_group
 
 # --------------------------------------------------------------------------- shared pieces
 
@@ -126,10 +125,10 @@ def _top(rows: Iterable[tuple[Any, str, list[str]]], *, snapshot: bool) -> list[
     return out
 
 
-def build_summary(an: Analysis | TraceRunAnalysis) -> Summary:
+def build_summary(an: Analysis) -> Summary:
     """The ``snapviz.summary/1`` document of any analysis (docs/design.md: additions fine,
     renames need ``/2``)."""
-    return _snapshot_summary(an) if isinstance(an, Analysis) else _trace_summary(an)
+    return _snapshot_summary(an) if an.kind == "snapshot" else _trace_summary(an)
 
 
 # --------------------------------------------------------------------------- a replayed snapshot
@@ -229,6 +228,8 @@ def _snapshot_summary(an: Analysis) -> Summary:
     pi = rep.peak_index
     run = an.run.run_json or {}
     att = an.attention_summary
+    if not isinstance(att, Attention):  # analyze_run makes the frame-evidence section
+        raise RuntimeError(f"a snapshot analysis with a trace's attention section: {type(att).__name__}")
     alloc_truth, run_fields = run_summary_fields(run, an.device)
     not_recorded = empty_snapshot_note(an.snapshot)
 
@@ -332,29 +333,26 @@ def _snapshot_summary(an: Analysis) -> Summary:
 # --------------------------------------------------------------------------- a profiler trace
 
 
-def _trace_summary(an: TraceRunAnalysis) -> Summary:
+def _trace_summary(an: Analysis) -> Summary:
     from snapviz.analyses.not_recorded import GPU_NOT_RECORDED
     from snapviz.analyses.stages import label_by_intervals
-    from snapviz.analyses.trace_attention import attention_verdict
     from snapviz.analyses.trace_devices import DEVICE_CPU, device_kind, device_label
-    from snapviz.analyses.trace_summary import _exact
 
     tl = an.timeline
     st = an.stages
     rj = an.run.run_json or {}
-    exact = _exact(an.trace)
+    exact = an.capabilities.exact_totals
+    has_reserved = an.capabilities.reserved_recorded
     dev = an.trace.device
-    # The CPU profiler counts only what is allocated while it runs (what existed before is unknown),
-    # and a CPU allocator reserves nothing of its own.
+    # The CPU profiler counts only what is allocated while it runs (what existed before is unknown).
     cpu = dev is not None and dev[0] == DEVICE_CPU
-    has_reserved = exact and not cpu
 
     def stage_names_at(times: np.ndarray) -> np.ndarray:
-        return label_by_intervals(times, st, default="unlabelled") if len(st) else np.full(len(times), "unlabelled")
+        return label_by_intervals(times, st, default=UNLABELLED) if len(st) else np.full(len(times), UNLABELLED)
 
     if len(tl):
         a = tl["allocated"].to_numpy()
-        pi = int(np.argmax(a))
+        pi = an.peak_index
         t_peak = float(tl["time_us"].iat[pi])
         # Bytes-only traces: a lower bound (trace_devices), and no reserved figure at all.
         peak = Peak(
@@ -363,7 +361,7 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
             requested_bytes=None,
             event_index=pi,
             time_us=int(t_peak),
-            stage=str(stage_names_at(np.array([t_peak]))[0]),
+            stage=an.peak_stage,
             within_recorded_window=False,
             exact=exact,
         )
@@ -375,7 +373,7 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
             requested_bytes=None,
             event_index=None,
             time_us=None,
-            stage="unlabelled",
+            stage=UNLABELLED,
             within_recorded_window=False,
             exact=False,
         )
@@ -397,14 +395,14 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
         )
         intervals.append((stage_group(name), item))
     stages = _groups(intervals)
-    if peak.stage == "unlabelled" and len(tl):
+    if peak.stage == UNLABELLED and len(tl):
         # The peak lies outside every range: the stage table says so rather than omit it.
         t = tl["time_us"].to_numpy()
-        out = stage_names_at(t) == "unlabelled"
+        out = an.labels.labels == UNLABELLED
         a = tl["allocated"].to_numpy()
         stages.append(
             StageGroup(
-                name="unlabelled",
+                name=UNLABELLED,
                 peak_allocated_bytes=int(a[out].max()),
                 peak_reserved_bytes=int(tl["reserved"].to_numpy()[out].max()) if has_reserved else None,
                 start_us=int(t[out].min()),
@@ -451,7 +449,7 @@ def _trace_summary(an: TraceRunAnalysis) -> Summary:
             )
         ],
         stages=stages,
-        attention=attention_verdict(an.attention_ops),
+        attention=an.attention_summary,
         top_allocations=_top(
             (
                 (t, str(stage), [str(line) for line in t.stack])

@@ -37,7 +37,7 @@ __all__ = [
     "stage_peaks",
     "attention_ops",
     "analyze_trace",
-    "TraceAnalysis",
+    "TraceTables",
     "trace_ts_to_unix_us",
     "unix_us_to_trace_ts",
     "align_offset_us",
@@ -381,8 +381,9 @@ def stage_peaks(
 
 
 @dataclass(frozen=True)
-class TraceAnalysis:
-    """Everything the trace-only report needs, as DataFrames (see the functions named)."""
+class TraceTables:
+    """A trace's own tables for one device, as DataFrames (see the functions named): the
+    evidence of a trace analysis (:class:`snapviz.analyses.analysis.TraceEvidence`)."""
 
     device: tuple[int, int] | None  # (device_type, device_id) of timeline and stage peaks
     devices: pd.DataFrame  # devices()
@@ -392,11 +393,11 @@ class TraceAnalysis:
     notes: tuple[str, ...] = ()  # what the analyses grouped (the stage bounds), for the warnings
 
 
-def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id: int | None = None) -> TraceAnalysis:
+def analyze_trace(trace: ChromeTrace, device_type: int | None = None, device_id: int | None = None) -> TraceTables:
     """Run every trace analysis for one device (default as in :func:`memory_timeline`)."""
     stages = annotation_stages(trace)
     peaks = stage_peaks(trace, stages, device_type, device_id)
-    return TraceAnalysis(
+    return TraceTables(
         device=pick_device(trace, device_type, device_id),
         devices=devices(trace),
         timeline=memory_timeline(trace, device_type, device_id),

@@ -1,4 +1,5 @@
-"""Summary of a trace-only run (CPU collectors, or a profiler trace without a snapshot).
+"""A trace-only run (CPU collectors, or a profiler trace without a snapshot) to its
+:class:`~snapviz.analyses.analysis.Analysis`.
 
 The profiler's ``[memory]`` events carry the allocator's own totals after every event,
 so the peak needs no replay; stages come from ``user_annotation`` ranges (or the run
@@ -7,76 +8,23 @@ directory's stage timeline), attention from op shapes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 
+from snapviz.analyses.analysis import Analysis, Capabilities, TraceEvidence
 from snapviz.analyses.not_recorded import gpu_not_recorded_note
+from snapviz.analyses.stages import StageLabels, label_by_intervals
+from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.analyses.trace_devices import DEVICE_CPU, device_label, pick_trace_device, with_running_totals
 from snapviz.analyses.trace_live import live_at_trace_peak
-from snapviz.analyses.trace_ops import TraceAnalysis, analyze_trace, devices, stage_peaks
+from snapviz.analyses.trace_ops import TraceTables, analyze_trace, devices, stage_peaks
 from snapviz.load import Run
-from snapviz.safe_text import short_repr
-from snapviz.units import fmt_bytes
-from snapviz.vocab import SUMMARY_SCHEMA
-
-SCHEMA = SUMMARY_SCHEMA
+from snapviz.vocab import UNLABELLED, stage_group
 
 
-@dataclass(frozen=True)
-class TraceRunAnalysis:
-    """Every result for one device of a run with a Chrome trace and no snapshot.
-
-    ``summary()`` is the ``snapviz.summary/1`` document (``"kind": "trace"``) the CLI writes.
-    """
-
-    run: Run
-    trace: TraceAnalysis
-    warnings: list[str] = field(default_factory=list)
-    top_allocations: pd.DataFrame = field(default_factory=pd.DataFrame)  # live at the peak (trace_live)
-
-    def __repr__(self) -> str:
-        tl = self.timeline
-        peak = int(tl["allocated"].max()) if len(tl) and "allocated" in tl else None
-        dev = self.trace.device
-        return short_repr(
-            "TraceRunAnalysis",
-            self.run.label,
-            device_label(*dev) if dev is not None else "no device memory events",
-            f"{len(tl):,} memory events",
-            f"peak allocated {fmt_bytes(peak)} ({peak:,} B)" if peak is not None else "",
-            f"{len(self.stages):,} stages",
-            f"{len(self.warnings)} warning(s)",
-            "summary() for the full document",
-        )
-
-    @property
-    def kind(self) -> Literal["trace"]:
-        """A profiler trace: the allocator's totals per event, no blocks (see pipeline.RunAnalysis)."""
-        return "trace"
-
-    @property
-    def timeline(self) -> pd.DataFrame:
-        """The device's ``[memory]`` events with the allocator's totals (``allocated``, ``reserved``)."""
-        return self.trace.timeline
-
-    @property
-    def stages(self) -> pd.DataFrame:
-        return self.trace.stages
-
-    @property
-    def attention_ops(self) -> pd.DataFrame:
-        return self.trace.attention_ops
-
-    def summary(self) -> dict[str, Any]:
-        """The ``snapviz.summary/1`` document as JSON (:func:`snapviz.analyses.pipeline.summary_of`)."""
-        from snapviz.analyses.pipeline import summary_of
-
-        return summary_of(self)
-
-
-def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
+def analyze_trace_run(run: Run, device: int | None = None) -> Analysis:
     """Analyse a trace-only run on one device (``device``: ``--device N``, see
     :func:`snapviz.analyses.trace_devices.pick_trace_device`)."""
     assert run.trace is not None
@@ -133,10 +81,32 @@ def analyze_trace_run(run: Run, device: int | None = None) -> TraceRunAnalysis:
             "the [memory] events carry no addresses, so allocations cannot be paired with their frees: "
             "what was live at the peak is not itemized"
         )
-    return TraceRunAnalysis(run=run, trace=ta, warnings=warnings, top_allocations=top)
+    stages = ta.stages.assign(group=[stage_group(str(n)) for n in ta.stages["name"]]) if len(ta.stages) else ta.stages
+    times = ta.timeline["time_us"].to_numpy(np.float64) if len(ta.timeline) else np.empty(0)
+    labels = (
+        label_by_intervals(times, stages, default=UNLABELLED)
+        if len(stages)
+        else np.full(len(times), UNLABELLED, object)
+    )
+    exact = _exact(ta)
+    cpu = dev is None or dev[0] == DEVICE_CPU  # no memory events, or the CPU allocator's
+    return Analysis(
+        run=run,
+        device=dev[1] if dev is not None else None,
+        # The CPU profiler counts only what is allocated while it runs, and a CPU allocator
+        # reserves nothing of its own; a Bytes-only trace records no reserved figure at all.
+        capabilities=Capabilities(exact_blocks=False, reserved_recorded=exact and not cpu, exact_totals=exact),
+        evidence=TraceEvidence(trace=ta),
+        labels=StageLabels(labels=np.asarray(labels, dtype=object), source="annotations" if len(stages) else "none"),
+        stages=stages,
+        top_allocations=top,
+        attention=ta.attention_ops,
+        attention_summary=attention_verdict(ta.attention_ops),
+        warnings=warnings,
+    )
 
 
-def _exact(ta: TraceAnalysis) -> bool:
+def _exact(ta: TraceTables) -> bool:
     """The device's events carried the allocator's own totals (not an older Bytes-only trace)."""
     d = ta.devices
     if ta.device is None or not len(d):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from snapviz.analyses.summary import Analysis
+from snapviz.analyses.analysis import Analysis
 from snapviz.errors import InputError
 from snapviz.model import (
     A_ALLOC,
@@ -227,7 +227,7 @@ class _Frames:
 
 def trim_snapshot(raw: dict[str, Any], an: Analysis, window: Window) -> dict[str, Any]:
     """The trimmed snapshot dict (builtins only) for ``window`` of ``an``'s device."""
-    dev = int(an.device)
+    dev = an.replay.device
     ev = an.replay.events
     first, last = window.first, window.last
     entries = [e for e in raw["device_traces"][dev] if isinstance(e, dict)]

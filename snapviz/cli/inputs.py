@@ -10,9 +10,9 @@ from snapviz.errors import InputError
 from snapviz.load import labels as load_labels
 
 if TYPE_CHECKING:  # the analyses (pandas) load when a verb runs, not for --help
+    from snapviz.analyses.analysis import Analysis
     from snapviz.analyses.digest import RunDigest
     from snapviz.analyses.document import Summary
-    from snapviz.api import RunAnalysis
 
 
 def unique_labels(paths: Sequence[str], given: Sequence[str]) -> list[str]:
@@ -20,7 +20,7 @@ def unique_labels(paths: Sequence[str], given: Sequence[str]) -> list[str]:
     return load_labels.unique_labels(paths, given, what="--label values")
 
 
-def _analyze_input(path: str, label: str | None, stage_source: str) -> RunAnalysis:
+def _analyze_input(path: str, label: str | None, stage_source: str) -> Analysis:
     """The API's analysis of one input, named ``label``: the replayed allocator for a snapshot,
     the profiler's totals for a trace-only run."""
     from snapviz.api import analyze

@@ -21,10 +21,10 @@ from snapviz.cli import outputs
 from snapviz.errors import InputError
 
 if TYPE_CHECKING:
+    from snapviz.analyses.analysis import Analysis
     from snapviz.analyses.compare import Comparison
     from snapviz.analyses.compare_document import CompareDocument
     from snapviz.analyses.document import Summary
-    from snapviz.analyses.pipeline import AnyAnalysis
 
 _META_KEY = "snapviz.share"
 _OWN_OUTPUTS = ("html_out", "md_out", "json_out")
@@ -167,7 +167,7 @@ def picture_for_markdown(md_out: str | None) -> str | None:
     return rel.replace(os.sep, "/")
 
 
-def share_outputs(an: AnyAnalysis, summary: Summary) -> list[tuple[str, bytes]]:
+def share_outputs(an: Analysis, summary: Summary) -> list[tuple[str, bytes]]:
     """Rendered Perfetto/PNG/SVG files for one analysis and its ``snapviz.summary/1`` document
     (nothing written yet).
 

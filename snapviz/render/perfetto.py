@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.decimate import decimate_minmax
-from snapviz.analyses.summary import Analysis
 from snapviz.errors import InputError
 from snapviz.model import A_ALLOC, A_OOM
 from snapviz.safe_text import bound
@@ -93,7 +93,7 @@ def perfetto_events(
     top_n: int = TOP_ALLOCATIONS,
     max_points: int = MAX_COUNTER_POINTS,
 ) -> list[dict[str, Any]]:
-    """Trace events for one :class:`~snapviz.analyses.summary.Analysis` (see module doc).
+    """Trace events for one :class:`~snapviz.analyses.analysis.Analysis` (see module doc).
 
     ``base_us`` is the Unix µs that ``ts = 0`` stands for; ``offset_us`` is added to every
     snapshot time first (clock residual against a trace of the same run). Snapshots
@@ -102,7 +102,7 @@ def perfetto_events(
     rep = an.replay
     ev = rep.events
     n = len(ev)
-    pid = PID_BASE + int(an.device)
+    pid = PID_BASE + rep.device
     raw_t = ev["time_us"].to_numpy() if n else np.empty(0, np.int64)
     t = (raw_t.astype(np.float64) + offset_us - base_us) if _has_time(raw_t) else np.arange(n, dtype=np.float64)
     out: list[dict[str, Any]] = []
@@ -291,7 +291,7 @@ def standalone_trace(an: Analysis, top_n: int = TOP_ALLOCATIONS) -> dict[str, An
         "traceEvents": perfetto_events(an, base_us=base_us, top_n=top_n),
         "snapviz": {
             "source": an.run.source,
-            "device": int(an.device),
+            "device": an.replay.device,
             "time_axis": "unix_us" if has_time else "event_index",
         },
     }

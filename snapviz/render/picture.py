@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import io
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.compare import Comparison
 from snapviz.analyses.compare_document import CompareDocument
 from snapviz.analyses.document import Oom, Summary
-from snapviz.analyses.summary import Analysis
 from snapviz.model import A_OOM
 from snapviz.render.fmt import fmt_peak_bound
 from snapviz.safe_text import bound, clip
@@ -39,9 +39,6 @@ RESERVED_COLOR = "#e8710a"
 MAX_POINTS = 3000  # per series; min/max decimation keeps the peak
 GIB = float(1 << 30)
 TITLE_CHARS = 120  # a title longer than the picture's width is cut (between words)
-
-if TYPE_CHECKING:
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
 
 
 def _stage_spans(names: list[str], start: np.ndarray, end: np.ndarray) -> list[dict[str, Any]]:
@@ -194,7 +191,7 @@ def picture_data(an: Analysis, summary: Summary, max_points: int = MAX_POINTS) -
     }
 
 
-def trace_picture_data(tan: TraceRunAnalysis, summary: Summary, max_points: int = MAX_POINTS) -> dict[str, Any]:
+def trace_picture_data(tan: Analysis, summary: Summary, max_points: int = MAX_POINTS) -> dict[str, Any]:
     """The same picture for a trace-only run and its ``snapviz.summary/1`` document: its memory
     events' allocated and reserved totals on the stage axis, the stages from its annotations; no
     categories (a trace does not say what each block holds)."""
@@ -366,7 +363,7 @@ def render_timeline_picture(an: Analysis, summary: Summary, fmt: str = "png") ->
     return draw_timeline(picture_data(an, summary), fmt)
 
 
-def render_trace_picture(tan: TraceRunAnalysis, summary: Summary, fmt: str = "png") -> bytes:
+def render_trace_picture(tan: Analysis, summary: Summary, fmt: str = "png") -> bytes:
     """A trace-only run's timeline as PNG or SVG bytes."""
     return draw_timeline(trace_picture_data(tan, summary), fmt)
 

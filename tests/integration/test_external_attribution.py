@@ -15,10 +15,11 @@ import pytest
 
 from paths import EXTERNAL
 from snapviz.analyses import trace_ops
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.replay import live_at
 from snapviz.analyses.stages import annotation_intervals, stage_group
-from snapviz.analyses.summary import Analysis, analyze_run
+from snapviz.analyses.summary import analyze_run
 from snapviz.analyses.trace_attention import attention_verdict
 from snapviz.load import load
 from snapviz.load.trace.chrome_trace import load_chrome_trace

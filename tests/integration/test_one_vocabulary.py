@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 from paths import ROOT, SAMPLES
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import from_json
 from snapviz.analyses.pipeline import summary_of
 from snapviz.analyses.report_view import report_view
-from snapviz.analyses.summary import Analysis, analyze_run
+from snapviz.analyses.summary import analyze_run
 from snapviz.category_vocab import CATEGORY_COLORS, CATEGORY_ORDER, canonical_category, order_categories
 from snapviz.load import load
 from snapviz.render.fmt import fmt_bytes

@@ -26,9 +26,10 @@ import json
 import pytest
 
 from paths import EXTERNAL, SAMPLES
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.categories import live_by_category
 from snapviz.analyses.pipeline import summary_of
-from snapviz.analyses.summary import Analysis, analyze_run
+from snapviz.analyses.summary import analyze_run
 from snapviz.category_vocab import (
     BEFORE_RECORDING,
     DDP_BUCKETS,

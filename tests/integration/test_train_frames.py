@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from paths import EXTERNAL, SAMPLES
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.stages import annotation_intervals
-from snapviz.analyses.summary import Analysis, analyze_run
+from snapviz.analyses.summary import analyze_run
 from snapviz.load import Run
 from snapviz.load.snapshot.builder import snapshot_from_dict
 from snapviz.load.snapshot.safe_pickle import safe_load_pickle

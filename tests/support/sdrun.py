@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 
 import synth
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import History, Peak, Summary, TraceAttention, TraceScoreMatrix
+from snapviz.load import Run
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -184,7 +186,6 @@ def _analyse(
 ) -> tuple[Any, dict[str, Any]]:
     from snapviz.analyses.pipeline import summary_of
     from snapviz.analyses.summary import analyze_run
-    from snapviz.load import Run
     from snapviz.load.snapshot.builder import snapshot_from_dict
 
     sn = snapshot_from_dict(snap, source)
@@ -192,10 +193,12 @@ def _analyse(
     return an, summary_of(an)
 
 
-def fake_trace_analysis(n: int = 5000) -> tuple[Any, Summary]:
-    """A stand-in for a trace-only run's analysis (the frames the trace report reads) and its
-    ``snapviz.summary/1`` document."""
-    from types import SimpleNamespace
+def fake_trace_analysis(n: int = 5000) -> tuple[Analysis, Summary]:
+    """A trace-only run's analysis made from synthetic tables (the frames the trace report
+    reads: timeline, stages, attention ops) and its ``snapviz.summary/1`` document."""
+    from snapviz.analyses.analysis import Capabilities, TraceEvidence
+    from snapviz.analyses.stages import StageLabels, label_by_intervals
+    from snapviz.analyses.trace_ops import TraceTables
 
     rng = np.random.default_rng(0)
     t = 1_796_000_000_000_000 + np.cumsum(rng.integers(1, 200, n))
@@ -254,4 +257,18 @@ def fake_trace_analysis(n: int = 5000) -> tuple[Any, Summary]:
         warnings=["trace has no snapshot"],
         not_recorded=None,
     )
-    return SimpleNamespace(timeline=timeline, stages=stages, attention_ops=ops), doc
+    assert isinstance(doc.attention, TraceAttention)
+    trace = TraceTables(device=(1, 0), devices=pd.DataFrame(), timeline=timeline, stages=stages, attention_ops=ops)
+    an = Analysis(
+        run=Run(source="trace.json.gz", label="trace", snapshot=None, trace=None, run_json=None),
+        device=0,
+        capabilities=Capabilities(exact_blocks=False, reserved_recorded=True, exact_totals=True),
+        evidence=TraceEvidence(trace=trace),
+        labels=StageLabels(label_by_intervals(t.astype(np.float64), stages, default="unlabelled"), "annotations"),
+        stages=stages,
+        top_allocations=pd.DataFrame(),
+        attention=ops,
+        attention_summary=doc.attention,
+        warnings=doc.warnings,
+    )
+    return an, doc

@@ -14,9 +14,8 @@ import pytest
 import snapviz
 import snapviz.api
 from paths import ROOT, SAMPLES
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.frame_rules import load_rules
-from snapviz.analyses.summary import Analysis
-from snapviz.analyses.trace_summary import TraceRunAnalysis
 
 CLASSIC = SAMPLES / "sd15-fp16-classic"
 SDPA = SAMPLES / "sd15-fp16-sdpa"
@@ -55,7 +54,7 @@ def test_public_names_resolve_to_the_api() -> None:
     assert snapviz.analyze is snapviz.api.analyze and snapviz.check is snapviz.api.check
     assert snapviz.compare is snapviz.api.compare
     assert all(getattr(snapviz, name) is not None for name in snapviz.__all__)  # every exported name resolves
-    assert snapviz.Analysis is Analysis and snapviz.TraceRunAnalysis is TraceRunAnalysis
+    assert snapviz.Analysis is Analysis
     with pytest.raises(AttributeError):
         snapviz.timeline  # noqa: B018 - a name the package does not have stays an AttributeError
 
@@ -64,7 +63,7 @@ def test_trace_only_run_directory_is_analysed(trace_run_dir: Path) -> None:
     run = snapviz.load(str(trace_run_dir))
     assert run.snapshot is None and run.trace is not None and run.run_json is not None
     an = snapviz.analyze(run)
-    assert isinstance(an, TraceRunAnalysis)
+    assert isinstance(an, Analysis) and an.kind == "trace"
     doc = an.summary()
     assert doc["kind"] == "trace" and doc["source"] == str(trace_run_dir)
     # The profiler's own totals: the summary's peak is the timeline's maximum.
@@ -171,8 +170,8 @@ def test_loaded_objects_print_short() -> None:
         (cmp, "Comparison", ["1 other run(s)", "sd15-fp16-sdpa"]),
         (
             snapviz.analyze(str(sample / "trace.json.gz")),
-            "TraceRunAnalysis",
-            ["cuda:0", "memory events", "peak allocated"],
+            "Analysis",
+            ["trace", "cuda:0", "memory events", "peak allocated"],
         ),
     ):
         text = repr(obj)

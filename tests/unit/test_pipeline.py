@@ -1,5 +1,5 @@
 """The one analysis pipeline (analyses/pipeline.py): the snapshot/trace choice is made there
-only, and both analyses it returns satisfy the one RunAnalysis protocol and yield one typed
+only, and it returns one ``Analysis`` type for both kinds, with the same parts and one typed
 document."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import re
 import pytest
 
 from paths import ROOT
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import Summary
-from snapviz.analyses.pipeline import RunAnalysis, analyze_input, digest_of, document_of, summary_of
+from snapviz.analyses.pipeline import analyze_input, digest_of, document_of, summary_of
 from snapviz.load import load
 
 SAMPLE = ROOT / "sample_snapshots" / "sd15-fp16-profile-1step"
@@ -35,13 +36,41 @@ def test_the_snapshot_or_trace_choice_is_made_in_the_pipeline_only() -> None:
     assert _calls("build_summary") == {"snapviz/analyses/pipeline.py"}
     assert _calls("summary_dict") == _calls("trace_summary_dict") == set()
     assert _calls("stage_at") == set()  # the former trace labeller: stages.label_by_intervals is the one
+    # one result type: no other analysis class, no protocol over two
+    classes = {
+        m.group(1)
+        for p in (ROOT / "snapviz").rglob("*.py")
+        for m in re.finditer(r"^class (\w*Analysis\w*)\b", p.read_text(), re.M)
+    }
+    assert classes == {"Analysis"}
+
+
+def test_one_kind_evidence_is_refused_by_the_other() -> None:
+    """What only a replay has is not silently empty on a trace analysis (and the reverse)."""
+    snap, trace = (analyze_input(load(str(p))) for p in (SAMPLE, SAMPLE / "trace.json.gz"))
+    assert snap.replay.peak_allocated == document_of(snap).peak.allocated_bytes
+    assert len(trace.trace.timeline) == len(trace.timeline)
+    with pytest.raises(AttributeError, match="only a replayed snapshot"):
+        trace.replay  # noqa: B018
+    with pytest.raises(AttributeError, match="snapshot analysis has no 'trace'"):
+        snap.trace  # noqa: B018
 
 
 @pytest.mark.parametrize("path, kind", [(SAMPLE, "snapshot"), (SAMPLE / "trace.json.gz", "trace")])
-def test_one_protocol_one_document_for_both_kinds(path, kind: str) -> None:
+def test_one_analysis_one_document_for_both_kinds(path, kind: str) -> None:
     an = analyze_input(load(str(path)))
-    assert isinstance(an, RunAnalysis) and an.kind == kind
+    assert type(an) is Analysis and an.kind == kind
+    # the same parts, whichever the input: a timeline with one stage per event, one stage table
+    ev = an.events
+    assert {"time_us", "allocated", "reserved", "stage"} <= set(ev.columns) and len(ev) == len(an.labels.labels) > 0
+    assert {"name", "group", "start_us", "end_us", "peak_allocated_bytes", "peak_reserved_bytes"} <= set(an.stages)
+    assert set(an.stage_groups()["name"]) == set(an.stages["group"])
+    # what the input can tell: blocks only from a replay; this trace records the allocator's totals
+    assert an.capabilities.exact_blocks == (kind == "snapshot")
+    assert an.capabilities.reserved_recorded and an.capabilities.exact_totals
     doc = document_of(an)
+    assert doc.peak.stage == an.peak_stage and doc.peak.event_index == an.peak_index
+    assert doc.peak.allocated_bytes == int(ev["allocated"].iat[an.peak_index])
     assert isinstance(doc, Summary) and doc.is_trace == (kind == "trace")
     assert doc.peak.allocated_bytes == summary_of(an)["peak"]["allocated_bytes"] > 0
     # the stage holding the peak is the one the labeller puts the peak's moment in

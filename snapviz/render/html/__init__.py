@@ -20,7 +20,7 @@ from snapviz.analyses.document import Summary
 from snapviz.load import paused_gc
 
 if TYPE_CHECKING:
-    from snapviz.analyses.pipeline import AnyAnalysis
+    from snapviz.analyses.analysis import Analysis
 
 # Importing Bokeh makes ~150k objects that live as long as the process; the collections that
 # run meanwhile free almost nothing and walk the analysis already loaded (cost in
@@ -32,7 +32,7 @@ with paused_gc():
     from snapviz.render.html.trace import render_trace_html, render_trace_report_data
 
 
-def render_analysis_html(an: AnyAnalysis, summary: Summary, max_points: int = 20000) -> str:
+def render_analysis_html(an: Analysis, summary: Summary, max_points: int = 20000) -> str:
     """The report of any analysis and its ``snapviz.summary/1`` document
     (:func:`~snapviz.analyses.pipeline.document_of`): the snapshot report for a replayed
     snapshot, the trace report for a trace-only run."""

@@ -14,9 +14,9 @@ from typing import Any
 
 from bokeh.models import ColumnDataSource, UIElement
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import Summary
 from snapviz.analyses.report_view import report_view
-from snapviz.analyses.summary import Analysis
 from snapviz.render.html.bokeh_kit import table_block
 from snapviz.render.html.page import card_open, chrome
 from snapviz.render.html.single_run import single_run_page

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 from snapviz.analyses import document
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import Absent, EndState, Summary
 from snapviz.analyses.oom import oom_lines
 from snapviz.analyses.report_view import ReportView
-from snapviz.analyses.summary import Analysis
 from snapviz.model import A_ALLOC, A_FREE, A_FREE_DONE, A_FREE_REQ, A_OOM, ACTIONS
 from snapviz.render.fmt import fmt_peak_bound
 from snapviz.render.html.palette import category_palette, stage_palette
@@ -254,7 +254,7 @@ def _headline(summary: Summary, peak: Peak, top_site: str | None, has_time: bool
 
 
 def report_data(an: Analysis, summary: Summary, view: ReportView, max_points: int = 20000) -> SnapshotReport:
-    """The snapshot report of one :class:`~snapviz.analyses.summary.Analysis`, its
+    """The snapshot report of one :class:`~snapviz.analyses.analysis.Analysis`, its
     ``snapviz.summary/1`` document (:func:`~snapviz.analyses.pipeline.document_of`) and its
     :func:`~snapviz.analyses.report_view.report_view`."""
     ev = an.replay.events

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.analysis import Analysis
 from snapviz.analyses.document import Absent, Summary
 from snapviz.analyses.report_view import MAX_STAGE_BARS, ReportView
-from snapviz.analyses.summary import Analysis
 from snapviz.render.html.view_common import StackTable, unique_labels
 from snapviz.render.html.view_models import Bands, StageBars, StageBreakdown, StageTop
 from snapviz.units import fmt_bytes

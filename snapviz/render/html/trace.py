@@ -16,7 +16,7 @@ from snapviz.render.html.trace_data import trace_report_data
 from snapviz.render.html.view_models import TextTable, TraceReport, bounded
 
 if TYPE_CHECKING:
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
+    from snapviz.analyses.analysis import Analysis
 
 
 def _text_table(t: TextTable, widths: tuple[int, ...], name: str, max_height: int) -> UIElement:
@@ -60,7 +60,7 @@ def render_trace_report_data(data: TraceReport, kind: str = "memory (profiler tr
     )
 
 
-def render_trace_html(tan: TraceRunAnalysis, summary: Summary, max_points: int = 20000) -> str:
+def render_trace_html(tan: Analysis, summary: Summary, max_points: int = 20000) -> str:
     """The report of a trace-only run and its ``snapviz.summary/1`` document (what of ``tan`` is
     read: see :func:`trace_report_data`)."""
     from snapviz.render.fmt import fmt_report_kind

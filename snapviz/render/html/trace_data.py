@@ -1,8 +1,8 @@
 """The view-model of a trace-only run's report (a Chrome trace without a snapshot).
 
-Reads of ``tan`` (a :class:`~snapviz.analyses.trace_summary.TraceRunAnalysis`) only its
+Reads of ``tan`` (an :class:`~snapviz.analyses.analysis.Analysis` of kind ``trace``) only its
 ``timeline`` (time_us, allocated, reserved), ``stages`` (name, start_us, end_us,
-peak_allocated_bytes) and ``attention_ops`` DataFrames (tests hand it a stand-in with those);
+peak_allocated_bytes) and ``attention`` (the attention ops) DataFrames;
 ``summary`` is its ``snapviz.summary/1`` document. No allocator replay, so no stacks.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from snapviz.analyses.document import Absent, Summary
 from snapviz.render.fmt import fmt_peak_bound
@@ -34,12 +33,7 @@ from snapviz.units import fmt_bytes
 from snapviz.vocab import UNLABELLED, stage_group
 
 if TYPE_CHECKING:
-    from snapviz.analyses.trace_summary import TraceRunAnalysis
-
-
-def _frame_or_empty(obj: Any, name: str) -> pd.DataFrame:
-    df = getattr(obj, name, None)
-    return df if isinstance(df, pd.DataFrame) else pd.DataFrame()
+    from snapviz.analyses.analysis import Analysis
 
 
 def _cell(v: Any) -> str:
@@ -54,9 +48,9 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int = 20000) -> TraceReport:
+def trace_report_data(tan: Analysis, summary: Summary, max_points: int = 20000) -> TraceReport:
     """The report of a trace-only run (no allocator replay, no stacks)."""
-    tl = _frame_or_empty(tan, "timeline")
+    tl = tan.timeline
     n = len(tl)
     time_us = tl["time_us"].to_numpy(np.int64) if n else np.empty(0, np.int64)
     order = np.argsort(time_us, kind="stable")
@@ -72,7 +66,7 @@ def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int =
         else np.empty(0, np.int64)
     )
 
-    st = _frame_or_empty(tan, "stages")
+    st = tan.stages
     names = [str(x) for x in st["name"]] if len(st) else []
     # Stage of each timeline point: the interval containing its time (innermost = latest start).
     stage_of = np.full(n, UNLABELLED, dtype=object)
@@ -139,7 +133,7 @@ def trace_report_data(tan: TraceRunAnalysis, summary: Summary, max_points: int =
         allocator_peak=np.full(len(st), np.nan),
         duration_s=((st["end_us"] - st["start_us"]).to_numpy(np.float64) / 1e6) if len(st) else np.empty(0),
     )
-    ops = _frame_or_empty(tan, "attention_ops")
+    ops = tan.attention
     ops_shown = ops.head(MAX_ATTENTION_ROWS)
     att_table = TextTable(
         columns=[str(c) for c in ops_shown.columns],
