@@ -39,6 +39,7 @@ from snapviz.analyses.document import (
     TopAllocation,
     TraceDevice,
     field_from_json,
+    to_json,
 )
 from snapviz.analyses.summary import Analysis
 from snapviz.analyses.trace_summary import TraceRunAnalysis
@@ -245,7 +246,7 @@ def _snapshot_summary(an: Analysis) -> Summary:
     # only where the simulator reproduced the run
     sim_advice = allocator_advice(an.run, recorded_sim, an.oom is not None and not an.oom.get("survived"))
     if sim_advice is not None:
-        advice.append(sim_advice)
+        advice.append(to_json(sim_advice))
     training: dict[str, Any] | Absent = ABSENT
     if an.training is not None:
         training = training_dict(an.training)
@@ -254,7 +255,9 @@ def _snapshot_summary(an: Analysis) -> Summary:
     oom: dict[str, Any] | None = None
     if an.oom is not None:
         oom = dict(an.oom)
-        oom["simulation"] = oom_simulation(recorded_sim)  # what would have fit, where the simulator reproduced it
+        oom["simulation"] = to_json(
+            oom_simulation(recorded_sim)
+        )  # what would have fit, where the simulator reproduced it
         oom["advice"] = pick_advice(oom, advice)
         oom["headline"], oom["state"], oom["verdict_text"] = oom_lines(oom)[:3]
         oom["fix"], oom["card"] = oom_fix(oom), oom_card(oom)

@@ -7,17 +7,20 @@ scenario is simulated first and compared with the recording event by event
 are exact simulations of the same requests; when it is not, every figure is marked approximate
 and the document says from which event and why the simulation diverged.
 
-The document (:func:`whatif_dict`) is ``snapviz.whatif/1``; every renderer reads only it.
+The document (:func:`whatif_document`) is ``snapviz.whatif/1``, typed
+(:class:`~snapviz.analyses.whatif_document.WhatIfDocument`); every renderer reads only it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
+from snapviz.analyses.document import CardFit, FittingSetting, OomSimulation, SimulatedAdvice, from_json
 from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.simulate import (
     R_ALLOC,
@@ -31,6 +34,18 @@ from snapviz.analyses.simulate import (
     run,
 )
 from snapviz.analyses.simulate import run as run_sim
+from snapviz.analyses.whatif_document import (
+    RecordedOom,
+    RecordedRun,
+    RecordedTwin,
+    ScenarioOom,
+    ScenarioRow,
+    SimulatedTwin,
+    SimulationFidelity,
+    TwinRow,
+    WhatIfDocument,
+    WhatIfTwins,
+)
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
@@ -330,7 +345,7 @@ def _card_label(w: WhatIf, gpu: int | None) -> str:
     return "recorded (no limit)"
 
 
-def whatif_dict(w: WhatIf) -> dict[str, Any]:
+def whatif_document(w: WhatIf) -> WhatIfDocument:
     """The ``snapviz.whatif/1`` document: every renderer's only input."""
     approximate = not w.fidelity.reproduced
     rows = []
@@ -338,55 +353,55 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         sc, sim = r.scenario, r.sim
         oom = None
         if sim.oom is not None:
-            oom = {
-                "event_index": sim.oom.event_index,
-                "stage": r.stage_at_oom,
-                "requested_bytes": sim.oom.requested_bytes,
-                "allocated_bytes": sim.oom.allocated_bytes,
-                "reserved_bytes": sim.oom.reserved_bytes,
-                "recorded": sim.oom.recorded,
-            }
+            oom = ScenarioOom(
+                event_index=sim.oom.event_index,
+                stage=r.stage_at_oom,
+                requested_bytes=sim.oom.requested_bytes,
+                allocated_bytes=sim.oom.allocated_bytes,
+                reserved_bytes=sim.oom.reserved_bytes,
+                recorded=sim.oom.recorded,
+            )
         rows.append(
-            {
-                "alloc_conf": sc.alloc_conf,
-                "gpu_memory_bytes": sc.gpu_memory,
-                "card": _card_label(w, sc.gpu_memory),
-                "memory_fraction": sc.cap.fraction and sc.cap.limit is not None,
-                "peak_reserved_bytes": sim.peak_reserved,
-                "peak_allocated_bytes": sim.peak_allocated,
-                "fragmentation_bytes": sim.fragmentation,
-                "device_mallocs": sim.device_mallocs,
-                "device_frees": sim.device_frees,
-                "retries": sim.retries,
-                "oom": oom,
-                "survives_recorded_oom": sim.survived_recorded_oom is not None,
-                "reproduces_recording": bool(sc.recorded and w.fidelity.reproduced),
-                "approximate": approximate,
-                "simulated": r.simulated,
-            }
+            ScenarioRow(
+                alloc_conf=sc.alloc_conf,
+                gpu_memory_bytes=sc.gpu_memory,
+                card=_card_label(w, sc.gpu_memory),
+                memory_fraction=sc.cap.fraction and sc.cap.limit is not None,
+                peak_reserved_bytes=sim.peak_reserved,
+                peak_allocated_bytes=sim.peak_allocated,
+                fragmentation_bytes=sim.fragmentation,
+                device_mallocs=sim.device_mallocs,
+                device_frees=sim.device_frees,
+                retries=sim.retries,
+                oom=oom,
+                survives_recorded_oom=sim.survived_recorded_oom is not None,
+                reproduces_recording=bool(sc.recorded and w.fidelity.reproduced),
+                approximate=approximate,
+                simulated=r.simulated,
+            )
         )
     f = w.fidelity
-    return {
-        "schema": WHATIF_SCHEMA,
-        "source": w.source,
-        "device": w.device,
-        "recorded": {
-            "alloc_conf": _settings_text(w.recorded_settings),
-            "gpu_memory_bytes": w.recorded_cap.limit,
-            "memory_fraction": bool(w.recorded_cap.fraction and w.recorded_cap.limit is not None),
-            "peak_reserved_bytes": w.recorded_peak_reserved,
-            "peak_allocated_bytes": w.recorded_peak_allocated,
-            "oom_event_index": w.recorded_oom_event,
-            "oom_ended_run": w.oom_ended_run,
-            "events": w.stream.n_events,
-            "requests": int(len(w.stream.kind)),
-            "empty_cache_calls": w.stream.empty_cache_calls,
-        },
-        "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
-        "scenarios": rows,
-        "smallest_card": [card_fit_dict(c) for c in w.cards],
-        "notes": list(w.notes),
-    }
+    return WhatIfDocument(
+        schema=WHATIF_SCHEMA,
+        source=w.source,
+        device=w.device,
+        recorded=RecordedRun(
+            alloc_conf=_settings_text(w.recorded_settings),
+            gpu_memory_bytes=w.recorded_cap.limit,
+            memory_fraction=bool(w.recorded_cap.fraction and w.recorded_cap.limit is not None),
+            peak_reserved_bytes=w.recorded_peak_reserved,
+            peak_allocated_bytes=w.recorded_peak_allocated,
+            oom_event_index=w.recorded_oom_event,
+            oom_ended_run=w.oom_ended_run,
+            events=w.stream.n_events,
+            requests=int(len(w.stream.kind)),
+            empty_cache_calls=w.stream.empty_cache_calls,
+        ),
+        fidelity=SimulationFidelity(reproduced=f.reproduced, diverged_at_event=f.diverged_at, reason=f.reason),
+        scenarios=rows,
+        smallest_card=list(w.cards),
+        notes=list(w.notes),
+    )
 
 
 def _settings_text(s: AllocatorSettings) -> str:
@@ -417,9 +432,9 @@ def _settings_text(s: AllocatorSettings) -> str:
 # --------------------------------------------------------------------------- compare --whatif
 
 
-def twin_dict(
-    w: WhatIf, label: str, recorded_retries: int | None = None, doc: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def twin_document(
+    w: WhatIf, label: str, recorded_retries: int | None = None, doc: WhatIfDocument | None = None
+) -> WhatIfTwins:
     """The recorded run beside its simulated twins (``compare --whatif``; the compare document's
     ``whatif``): one row of the recording's own figures (replayed from the trace, not simulated),
     then one per setting on the recorded card, ``simulated`` and ``approximate`` where the
@@ -428,66 +443,63 @@ def twin_dict(
     rec_oom = None
     if w.recorded_oom_event is not None:
         i = w.recorded_oom_event
-        rec_oom = {
-            "event_index": i,
-            "stage": None,
-            "requested_bytes": None,
-            "allocated_bytes": None,
-            "reserved_bytes": int(w.recorded_reserved[i]),
-            "recorded": True,
-        }
-    recorded: dict[str, Any] = {
-        "label": "recorded",
-        "alloc_conf": None,
-        "simulated": False,
-        "approximate": False,
-        "peak_reserved_bytes": w.recorded_peak_reserved,
-        "peak_allocated_bytes": w.recorded_peak_allocated,
-        "fragmentation_bytes": w.recorded_fragmentation,
-        "device_mallocs": int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
-        "device_frees": int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
-        "retries": recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
-        "oom": rec_oom,
-        "survives_recorded_oom": False,
-    }
-    doc = whatif_dict(w) if doc is None else doc  # ``doc``: whatif_dict(w) where the caller has it
-    rows: list[dict[str, Any]] = [recorded]
-    for sc in doc["scenarios"]:
-        if sc["gpu_memory_bytes"] is not None or sc["alloc_conf"] is None:
+        rec_oom = RecordedOom(
+            event_index=i,
+            stage=None,
+            requested_bytes=None,
+            allocated_bytes=None,
+            reserved_bytes=int(w.recorded_reserved[i]),
+            recorded=True,
+        )
+    base = w.recorded_peak_reserved
+    rows: list[TwinRow] = [
+        RecordedTwin(
+            label="recorded",
+            alloc_conf=None,
+            simulated=False,
+            approximate=False,
+            peak_reserved_bytes=base,
+            peak_allocated_bytes=w.recorded_peak_allocated,
+            fragmentation_bytes=w.recorded_fragmentation,
+            device_mallocs=int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
+            device_frees=int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
+            retries=recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
+            oom=rec_oom,
+            survives_recorded_oom=False,
+            peak_reserved_delta_bytes=0,
+        )
+    ]
+    doc = whatif_document(w) if doc is None else doc  # ``doc``: whatif_document(w) where the caller has it
+    for sc in doc.scenarios:
+        if sc.gpu_memory_bytes is not None or sc.alloc_conf is None:
             continue  # the twins: other settings on the recorded card
         rows.append(
-            {
-                "label": f"{sc['alloc_conf']} (simulated)",
-                "simulated": True,
-                **{
-                    k: sc[k]
-                    for k in (
-                        "alloc_conf",
-                        "approximate",
-                        "peak_reserved_bytes",
-                        "peak_allocated_bytes",
-                        "fragmentation_bytes",
-                        "device_mallocs",
-                        "device_frees",
-                        "retries",
-                        "oom",
-                        "survives_recorded_oom",
-                    )
-                },
-            }
+            SimulatedTwin(
+                label=f"{sc.alloc_conf} (simulated)",
+                simulated=True,
+                alloc_conf=sc.alloc_conf,
+                approximate=sc.approximate,
+                peak_reserved_bytes=sc.peak_reserved_bytes,
+                peak_allocated_bytes=sc.peak_allocated_bytes,
+                fragmentation_bytes=sc.fragmentation_bytes,
+                device_mallocs=sc.device_mallocs,
+                device_frees=sc.device_frees,
+                retries=sc.retries,
+                oom=sc.oom,
+                survives_recorded_oom=sc.survives_recorded_oom,
+                peak_reserved_delta_bytes=sc.peak_reserved_bytes - base,
+            )
         )
-    for r in rows:
-        r["peak_reserved_delta_bytes"] = r["peak_reserved_bytes"] - recorded["peak_reserved_bytes"]
-    return {
-        "label": label,
-        "source": w.source,
-        "device": w.device,
-        "recorded": doc["recorded"],
-        "fidelity": doc["fidelity"],
-        "rows": rows,
-        "smallest_card": doc["smallest_card"],
-        "notes": doc["notes"],
-    }
+    return WhatIfTwins(
+        label=label,
+        source=w.source,
+        device=w.device,
+        recorded=doc.recorded,
+        fidelity=doc.fidelity,
+        rows=rows,
+        smallest_card=doc.smallest_card,
+        notes=doc.notes,
+    )
 
 
 # --------------------------------------------------------------------------- analyze's advice
@@ -552,7 +564,7 @@ def fits(sim: SimResult) -> bool:
     return sim.stopped_at is None
 
 
-def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> dict[str, Any] | None:
+def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> SimulatedAdvice | None:
     """``analyze``'s one advice entry from the simulator (``kind: "simulated"``), or None.
 
     Only where the simulation under the recorded settings and cap reproduces the recording event
@@ -587,16 +599,6 @@ def allocator_advice(run: Run, rs: RecordedSim | None, fatal_oom: bool) -> dict[
 # --------------------------------------------------------------------------- what would have fit
 
 
-@dataclass(frozen=True)
-class CardFit:
-    """The smallest card one setting runs on without running out of memory (simulated)."""
-
-    alloc_conf: str | None  # None: the recorded settings
-    smallest_bytes: int | None  # whole GiB: fits there, not 1 GiB below (None: not under CARD_SEARCH_MAX)
-    common_card_bytes: int | None  # the smallest of FIT_CARDS it fits on (None: none)
-    peak_reserved_bytes: int | None  # on the smallest
-
-
 def smallest_card(
     stream: RequestStream,
     conf: str | None,
@@ -622,11 +624,11 @@ def smallest_card(
         return seen[gib]
 
     if not fits(free):  # fails with no limit at all: no card helps
-        return CardFit(conf, None, None, None)
+        return CardFit(alloc_conf=conf, smallest_bytes=None, common_card_bytes=None, peak_reserved_bytes=None)
     hi = max(1, -(-free.peak_reserved // GiB))
     while not fits(at(hi)):
         if hi * GiB >= CARD_SEARCH_MAX:
-            return CardFit(conf, None, None, None)
+            return CardFit(alloc_conf=conf, smallest_bytes=None, common_card_bytes=None, peak_reserved_bytes=None)
         hi *= 2
     lo = 0  # no memory at all fails (the run allocates)
     while hi - lo > 1:
@@ -636,7 +638,9 @@ def smallest_card(
         else:
             lo = mid
     common = next((c for c in FIT_CARDS if c >= hi * GiB and fits(at(c // GiB))), None)
-    return CardFit(conf, hi * GiB, common, at(hi).peak_reserved)
+    return CardFit(
+        alloc_conf=conf, smallest_bytes=hi * GiB, common_card_bytes=common, peak_reserved_bytes=at(hi).peak_reserved
+    )
 
 
 def card_fits(
@@ -655,30 +659,24 @@ def card_fits(
     return out
 
 
-def card_fit_dict(c: CardFit) -> dict[str, Any]:
-    return {
-        "alloc_conf": c.alloc_conf,
-        "smallest_bytes": c.smallest_bytes,
-        "common_card_bytes": c.common_card_bytes,
-        "peak_reserved_bytes": c.peak_reserved_bytes,
-    }
-
-
-def card_fit_text(cards: list[dict[str, Any]], ended: bool = False) -> str:
+def card_fit_text(cards: Sequence[CardFit | Mapping[str, Any]], ended: bool = False) -> str:
     """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report).
-    ``ended``: the OOM ended the run, so what the program would have done after it is unknown."""
+    ``ended``: the OOM ended the run, so what the program would have done after it is unknown.
+    A card given in its JSON form (the OOM section while the summary builder still holds it as
+    JSON) is read as a :class:`CardFit` first."""
     parts = []
-    for c in cards:
-        who = "the recorded settings" if c["alloc_conf"] is None else c["alloc_conf"]
-        if c["smallest_bytes"] is None:
+    for card in cards:
+        c = card if isinstance(card, CardFit) else from_json(card, CardFit)
+        who = "the recorded settings" if c.alloc_conf is None else c.alloc_conf
+        if c.smallest_bytes is None:
             parts.append(f"none with {who}")
             continue
         common = (
-            f"common card {fmt_bytes(c['common_card_bytes'])}"
-            if c["common_card_bytes"] is not None
+            f"common card {fmt_bytes(c.common_card_bytes)}"
+            if c.common_card_bytes is not None
             else "larger than the common cards"
         )
-        parts.append(f"{fmt_bytes(c['smallest_bytes'])} with {who} ({common})")
+        parts.append(f"{fmt_bytes(c.smallest_bytes)} with {who} ({common})")
     what = "smallest card the recorded requests fit on" if ended else "smallest card it fits on"
     after = "; the program after the OOM was not recorded" if ended else ""
     return f"{what} (simulated, 1 GiB steps{after}): " + ", ".join(parts)
@@ -688,7 +686,7 @@ OOM_FIX_MAX_REQUESTS = 500_000  # above this analyze's OOM line does not search 
 FIT_CONFS: tuple[str, ...] = (ADVICE_CONF, *(c for c in DEFAULT_CONFS if c != ADVICE_CONF))
 
 
-def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
+def oom_simulation(rs: RecordedSim | None) -> OomSimulation | None:
     """What would have let an OOM's failed request fit, simulated: the summary's ``oom.simulation``.
 
     ``simulated`` false (with ``why_not`` in a few words and ``reason``) where the simulator does
@@ -712,17 +710,12 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
         else None
     )
     if why_not is not None:
-        return {
-            "simulated": False,
-            "why_not": why_not[0],
-            "reason": why_not[1],
-            "setting": None,
-            "settings_tried": [],
-            "cards": [],
-        }
+        return OomSimulation(
+            simulated=False, why_not=why_not[0], reason=why_not[1], setting=None, settings_tried=[], cards=[]
+        )
     stream = rs.fit_stream
     assert stream is not None
-    setting = None
+    setting: FittingSetting | None = None
     tried: list[str] = []
     if rs.cap.limit is not None:
         for conf in FIT_CONFS:
@@ -732,17 +725,16 @@ def oom_simulation(rs: RecordedSim | None) -> dict[str, Any] | None:
             tried.append(conf)
             sim = run_sim(stream, s, rs.cap, compiled=rs.compiled)
             if fits(sim):
-                setting = {"alloc_conf": conf, "peak_reserved_bytes": sim.peak_reserved}
+                setting = FittingSetting(alloc_conf=conf, peak_reserved_bytes=sim.peak_reserved)
                 break
-    cards = card_fits(stream, rs.settings, rs.compiled)
-    return {
-        "simulated": True,
-        "why_not": None,
-        "reason": rs.fidelity.reason,
-        "setting": setting,
-        "settings_tried": tried,
-        "cards": [card_fit_dict(c) for c in cards],
-    }
+    return OomSimulation(
+        simulated=True,
+        why_not=None,
+        reason=rs.fidelity.reason,
+        setting=setting,
+        settings_tried=tried,
+        cards=card_fits(stream, rs.settings, rs.compiled),
+    )
 
 
 def _card_total(run: Run) -> int | None:
@@ -761,7 +753,7 @@ def _card_total(run: Run) -> int | None:
     return None
 
 
-def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, conf: str | None) -> dict[str, Any]:
+def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, conf: str | None) -> SimulatedAdvice:
     after = sim.peak_reserved
     why = f"reserved peak {fmt_bytes(before)} → {fmt_bytes(after)} (simulated)"
     if failed:
@@ -772,10 +764,10 @@ def _advice_entry(technique: str, before: int, sim: SimResult, failed: bool, con
         if conf is not None
         else "drop torch.cuda.set_per_process_memory_fraction (or run on a card that size)"
     )
-    return {
-        "technique": technique,
-        "why": why,
-        "saves_up_to_bytes": before - after if after < before else None,
-        "how": how,
-        "kind": "simulated",
-    }
+    return SimulatedAdvice(
+        technique=technique,
+        why=why,
+        saves_up_to_bytes=before - after if after < before else None,
+        how=how,
+        kind="simulated",
+    )

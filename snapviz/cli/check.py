@@ -130,11 +130,11 @@ def check(
     notes = history_notes(doc)
     if cards:
         from snapviz.analyses.gate import fits_gates
-        from snapviz.analyses.whatif import what_if, whatif_dict
+        from snapviz.analyses.whatif import what_if, whatif_document
         from snapviz.load import load
 
         gates, fit_notes = fits_gates(
-            whatif_dict(what_if(load(input), alloc_confs=[], gpu_memories=cards, stage_source=stage_source))
+            whatif_document(what_if(load(input), alloc_confs=[], gpu_memories=cards, stage_source=stage_source))
         )
         results = [*results, *gates]
         notes += fit_notes

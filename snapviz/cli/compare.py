@@ -25,6 +25,7 @@ from snapviz.vocab import COMPARE_SCHEMA
 
 if TYPE_CHECKING:
     from snapviz.analyses.whatif import WhatIf
+    from snapviz.analyses.whatif_document import WhatIfDocument, WhatIfTwins
 
 
 @click.command(cls=Command, epilog=epilog("docs/compare.md"), context_settings=CONTEXT_SETTINGS)
@@ -95,6 +96,7 @@ def compare(
       snapviz compare run.pickle --whatif expandable_segments:True   # the run beside its simulated twin
     """
     from snapviz.analyses.compare import compare_dict, compare_runs, over_limit
+    from snapviz.analyses.document import to_json
     from snapviz.render.compare_md import render_compare_markdown, render_compare_terminal
     from snapviz.render.json_summary import render_json
     from snapviz.units import parse_percent
@@ -119,14 +121,14 @@ def compare(
     twin = sim[0] if sim is not None else None
     if len(inputs) < 2:
         assert twin is not None
-        doc = bounded_doc({"schema": COMPARE_SCHEMA, "runs": [], "whatif": twin})
+        doc = bounded_doc({"schema": COMPARE_SCHEMA, "runs": [], "whatif": to_json(twin)})
         cmp = None
     else:
         digests = digest_inputs(
             list(zip(inputs, names, strict=True)), stage_source, max_points, jobs, show_progress=not quiet
         )
         cmp = compare_runs(digests)
-        doc = bounded_doc({**compare_dict(cmp, fail_over=pct), **({"whatif": twin} if twin else {})})
+        doc = bounded_doc({**compare_dict(cmp, fail_over=pct), **({"whatif": to_json(twin)} if twin else {})})
 
     rendered: list[tuple[str, str | bytes]] = list(compare_picture_outputs(cmp, doc)) if cmp is not None else []
     if json_out:
@@ -163,10 +165,11 @@ def compare(
 
 def _twin(
     path: str, label: str, confs: tuple[str, ...], stage_source: str, quiet: bool
-) -> tuple[dict[str, Any], WhatIf, dict[str, Any]]:
-    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_dict``), with the what-if
+) -> tuple[WhatIfTwins, WhatIf, WhatIfDocument]:
+    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_document``), with the what-if
     and its ``snapviz.whatif/1`` document that the HTML draws from (the same simulation)."""
-    from snapviz.analyses.whatif import twin_dict, what_if, whatif_dict
+    from snapviz.analyses.document import bounded
+    from snapviz.analyses.whatif import twin_document, what_if, whatif_document
     from snapviz.cli.analyze import _input_files
     from snapviz.load import load
     from snapviz.progress import reading
@@ -178,5 +181,5 @@ def _twin(
     retries = stats.get("num_alloc_retries") if isinstance(stats, dict) else None
     w = what_if(run, alloc_confs=list(confs), gpu_memories=[], stage_source=stage_source)
     recorded_retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else None
-    wdoc = whatif_dict(w)
-    return twin_dict(w, label, recorded_retries, wdoc), w, bounded_doc(wdoc)
+    wdoc = whatif_document(w)
+    return twin_document(w, label, recorded_retries, wdoc), w, bounded(wdoc)

@@ -1,0 +1,47 @@
+"""The what-if document and ``compare --whatif``'s twins are typed code (issue 22): built as
+dataclasses, encoded by the summary's ``to_json`` and read back by its ``from_json`` unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from paths import SAMPLES
+from snapviz.analyses.document import CardFit, bounded, from_json, to_json
+from snapviz.analyses.whatif import card_fit_text, twin_document, what_if, whatif_document
+from snapviz.analyses.whatif_document import RecordedTwin, SimulatedTwin, WhatIfDocument, WhatIfTwins
+from snapviz.errors import InputError
+from snapviz.load import load
+
+
+@pytest.fixture(scope="module")
+def oom_run():  # a capped run that ended on an OOM: scenarios with OOMs and the smallest cards
+    return what_if(
+        load(str(SAMPLES / "gpt2-train-varlen-cap-oom")), alloc_confs=["expandable_segments:True"], gpu_memories=[]
+    )
+
+
+def test_the_document_round_trips(oom_run) -> None:
+    doc = whatif_document(oom_run)
+    assert (
+        isinstance(doc, WhatIfDocument) and doc.smallest_card and all(isinstance(c, CardFit) for c in doc.smallest_card)
+    )
+    js = to_json(doc)
+    assert list(js) == ["schema", "source", "device", "recorded", "fidelity", "scenarios", "smallest_card", "notes"]
+    assert from_json(js, WhatIfDocument) == bounded(doc)
+    with pytest.raises(InputError, match=r"scenarios\[0\]\.peak_reserved_bytes: expected an integer"):
+        from_json({**js, "scenarios": [{**js["scenarios"][0], "peak_reserved_bytes": "1"}]}, WhatIfDocument)
+
+
+def test_the_twins_keep_their_kinds(oom_run) -> None:
+    tw = twin_document(oom_run, "base", 3)
+    back = from_json(to_json(tw), WhatIfTwins)
+    assert [type(r) for r in back.rows] == [RecordedTwin, SimulatedTwin]
+    assert back.rows[0].retries == 3 and back.rows[0].oom is not None and back.rows[0].oom.requested_bytes is None
+    # the JSON keeps the order its rows always had: the recorded one names its setting before ``simulated``
+    assert list(to_json(tw.rows[0]))[:3] == ["label", "alloc_conf", "simulated"]
+    assert list(to_json(tw.rows[1]))[:3] == ["label", "simulated", "alloc_conf"]
+
+
+def test_card_words_from_either_form(oom_run) -> None:
+    cards = whatif_document(oom_run).smallest_card
+    assert card_fit_text(cards) == card_fit_text([to_json(c) for c in cards])
