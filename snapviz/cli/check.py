@@ -164,6 +164,7 @@ def _history_baseline(path: str, pick: str) -> dict[str, Any] | None:
     ``path`` is not such a file (then it is a run, loaded as usual)."""
     import json
 
+    from snapviz.analyses.fleet_document import load_history
     from snapviz.analyses.history import history_baseline
     from snapviz.vocab import HISTORY_SCHEMA
 
@@ -180,4 +181,4 @@ def _history_baseline(path: str, pick: str) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA:
         return None
-    return history_baseline(doc, pick)
+    return history_baseline(load_history(doc, path), pick)
