@@ -3,6 +3,8 @@ dataclasses, encoded by the summary's ``to_json`` and read back by its ``from_js
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from paths import SAMPLES
@@ -28,6 +30,9 @@ def test_the_document_round_trips(oom_run) -> None:
     js = to_json(doc)
     assert list(js) == ["schema", "source", "device", "recorded", "fidelity", "scenarios", "smallest_card", "notes"]
     assert from_json(js, WhatIfDocument) == bounded(doc)
+    # what the text sinks cut is said in ``warnings``, a field of the type (absent when nothing was cut)
+    cut = bounded(replace(doc, notes=["n"] * 1500))
+    assert len(cut.notes) == 1000 and cut.warnings == ["notes: 1,500 entries, the first 1,000 kept"]
     with pytest.raises(InputError, match=r"scenarios\[0\]\.peak_reserved_bytes: expected an integer"):
         from_json({**js, "scenarios": [{**js["scenarios"][0], "peak_reserved_bytes": "1"}]}, WhatIfDocument)
 
