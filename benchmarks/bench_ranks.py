@@ -33,7 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from snapviz.analyses.ranks import FleetRow, analyse_ranks, ranks_dict  # noqa: E402
+from snapviz.analyses.ranks import FleetRow, analyse_ranks, ranks_document  # noqa: E402
 from snapviz.cli.inputs import fleet_digest  # noqa: E402
 from snapviz.engine import TaskFailed, run_tasks  # noqa: E402
 from snapviz.load.fleet import expand_inputs  # noqa: E402
@@ -152,9 +152,10 @@ def main() -> int:
                 FleetRow(f.source, f"r{i}", f.rank, f.iteration, o[0])
                 for i, (f, o) in enumerate(zip(found, out, strict=True))
             ]
-            doc = ranks_dict(analyse_ranks(rows))
-            it = doc["iterations"][0]
-            exact = [r["peak"]["allocated_bytes"] for r in doc["ranks"]] == expected
+            doc = ranks_document(analyse_ranks(rows))
+            it = doc.iterations[0]
+            first_oom = it.first_oom.rank if it.first_oom is not None else None
+            exact = [r.peak.allocated_bytes for r in doc.ranks] == expected
             peak_of: dict[int, int] = {}
             for o in out:  # a worker's peak: its largest ru_maxrss over its tasks
                 peak_of[o[3]] = max(peak_of.get(o[3], 0), o[1])
@@ -163,14 +164,10 @@ def main() -> int:
             print(
                 f"| {kind} | {w} | {wall:.1f} | {len(sources) / wall:.1f} | {size / 1e6 / wall:.2f} | "
                 f"{tasks[len(tasks) // 2]:.2f} | {', '.join(f'{x / 1024:.0f}' for x in sorted(peak_of.values()))}{where} | "
-                f"{[o['rank'] for o in it['outliers']]} | {(it['first_oom'] or {}).get('rank')} | {exact} |"
+                f"{[o.rank for o in it.outliers]} | {first_oom} | {exact} |"
             )
-            if (
-                [o["rank"] for o in it["outliers"]] != [a.outlier]
-                or (it["first_oom"] or {}).get("rank") != a.oom
-                or not exact
-            ):
-                print("CHECK FAILED: " + "; ".join(doc["verdict"]))
+            if [o.rank for o in it.outliers] != [a.outlier] or first_oom != a.oom or not exact:
+                print("CHECK FAILED: " + "; ".join(doc.verdict))
                 return 1
     return 0
 

@@ -29,11 +29,11 @@ END_STATE_ONLY = "end state only: blocks live when the snapshot was taken, not a
 
 SUMMARY_SCHEMA: Final = "snapviz.summary/1"
 COMPARE_SCHEMA: Final = "snapviz.compare/1"
-WHATIF_SCHEMA = "snapviz.whatif/1"
+WHATIF_SCHEMA: Final = "snapviz.whatif/1"
 RUN_SCHEMA = "snapviz.run/1"
 MATRIX_SCHEMA = "snapviz.matrix/1"
-RANKS_SCHEMA = "snapviz.ranks/1"
-HISTORY_SCHEMA = "snapviz.history/1"
+RANKS_SCHEMA: Final = "snapviz.ranks/1"
+HISTORY_SCHEMA: Final = "snapviz.history/1"
 RULES_SCHEMA = "snapviz.rules/1"
 
 # What a summary carries over from a run directory's run.json (the snapviz.run/1 fields that say

@@ -31,7 +31,8 @@ from snapviz.analyses.compare_document import (
 from snapviz.analyses.compare_sites import changed_sites, compare_sites
 from snapviz.analyses.compare_verdict import change_ratio, not_comparable_line, verdict_line
 from snapviz.analyses.digest import RunDigest, comparable
-from snapviz.analyses.document import ABSENT, Json, to_json
+from snapviz.analyses.document import ABSENT, to_json
+from snapviz.analyses.whatif_document import WhatIfTwins
 from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
@@ -365,11 +366,11 @@ def _site_row(site: str, part: pd.DataFrame) -> CompareSite:
 
 
 def build_compare(
-    cmp: Comparison, fail_over: float | None = None, max_sites: int = 25, whatif: dict[str, Json] | None = None
+    cmp: Comparison, fail_over: float | None = None, max_sites: int = 25, whatif: WhatIfTwins | None = None
 ) -> CompareDocument:
     """The ``snapviz.compare/1`` document of ``cmp`` (docs/design.md; per-run arrays run base first):
     with the ``--fail-over`` gate's verdict when ``fail_over`` is given, and ``whatif`` (BASE
-    beside its simulated twins, ``snapviz.analyses.whatif.twin_dict``) when given."""
+    beside its simulated twins, ``snapviz.analyses.whatif.twin_document``) when given."""
     runs = [
         CompareRun(
             label=r.label,

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from snapviz.analyses.document import ABSENT, Absent, Json, document_schema, from_json, load_document, to_json
+from snapviz.analyses.document import ABSENT, Absent, document_schema, from_json, load_document, to_json
+from snapviz.analyses.whatif_document import WhatIfTwins
 from snapviz.vocab import COMPARE_SCHEMA
 
 T = TypeVar("T")
@@ -134,7 +135,7 @@ class CompareDocument:
     categories: list[CompareCategory] | Absent = ABSENT
     verdict: list[str] | Absent = ABSENT  # verdict[i] is about run i + 1
     fail_over: FailOver | Absent = ABSENT  # only with --fail-over
-    whatif: dict[str, Json] | Absent = ABSENT  # only with --whatif: BASE beside its simulated twins
+    whatif: WhatIfTwins | Absent = ABSENT  # only with --whatif: BASE beside its simulated twins
     warnings: list[str] | Absent = ABSENT  # what the sinks clipped or replaced (bounded_compare)
 
 

@@ -8,6 +8,9 @@ and their JSON schema, all read from the same type hints.
   ``snapviz analyze --json``, or a builder's output) into a :class:`Summary`, checking every
   typed field; a malformed document raises :class:`~snapviz.errors.InputError` with one line
   naming the field.
+* The what-if and fleet documents are typed the same way (:mod:`snapviz.analyses.whatif_document`,
+  :mod:`snapviz.analyses.fleet_document`) and share :func:`to_json`, :func:`from_json` and
+  :func:`bounded`.
 * :func:`json_schema` is the JSON schema of the document (``docs/summary.schema.json`` is
   generated from it: ``python -m snapviz.analyses.document > docs/summary.schema.json``;
   a test keeps the two equal).
@@ -562,9 +565,20 @@ def bounded_summary(doc: Summary) -> Summary:
     """The document every text sink gets: strings from the input clipped and stripped of
     control characters, non-finite numbers null, what was cut noted in ``warnings``
     (:func:`snapviz.safe_text.bounded_doc`), typed again."""
+    return bounded(doc)
+
+
+D = TypeVar("D")
+
+
+def bounded(doc: D) -> D:
+    """Any typed document (the summary, the what-if and fleet documents of
+    :mod:`snapviz.analyses.whatif_document` and :mod:`snapviz.analyses.fleet_document`) as every
+    text sink gets it: :func:`snapviz.safe_text.bounded_doc` of its JSON form, typed again (its
+    type has ``warnings: list[str]``, absent or not, for what was cut)."""
     from snapviz.safe_text import bounded_doc
 
-    return from_json(bounded_doc(to_json(doc)), Summary)
+    return from_json(bounded_doc(to_json(doc)), type(doc))
 
 
 # --------------------------------------------------------------------------- decoding

@@ -9,9 +9,9 @@ output a list of :class:`GateResult` (or, with the notes that qualify them, a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from snapviz.analyses.document import Summary
+from snapviz.analyses.whatif_document import WhatIfDocument
 from snapviz.errors import InputError
 from snapviz.units import fmt_bytes, parse_size
 from snapviz.vocab import stage_group
@@ -187,30 +187,30 @@ def check_summary(
     return CheckResult(doc.source, tuple(gates), tuple(history_notes(doc)))
 
 
-def fits_gates(whatif_doc: dict[str, Any]) -> tuple[list[GateResult], list[str]]:
+def fits_gates(whatif_doc: WhatIfDocument) -> tuple[list[GateResult], list[str]]:
     """``check --fits SIZE``: one gate per simulated card of a ``snapviz.whatif/1`` document (the
     recorded settings on that card): it passes when the simulation does not run out of memory.
     Returns the gates and the notes that qualify them (a simulation that did not reproduce the
     recording is approximate)."""
     gates = []
-    for s in whatif_doc["scenarios"]:
-        card = s["gpu_memory_bytes"]
-        if s["alloc_conf"] is not None or card is None:
+    for s in whatif_doc.scenarios:
+        card = s.gpu_memory_bytes
+        if s.alloc_conf is not None or card is None:
             continue
-        oom = s["oom"]
+        oom = s.oom
         ok = oom is None
         what = f"fits a {fmt_bytes(card)} card (simulated, recorded settings)"
-        if ok:
-            msg = f"PASS {what}: reserved peak {fmt_bytes(s['peak_reserved_bytes'])}"
-            if s.get("survives_recorded_oom"):
+        if oom is None:
+            msg = f"PASS {what}: reserved peak {fmt_bytes(s.peak_reserved_bytes)}"
+            if s.survives_recorded_oom:
                 msg += " (as far as recorded: the recording ends in its own OOM)"
         else:
-            stage = f" in {oom['stage']}" if oom.get("stage") else ""
+            stage = f" in {oom.stage}" if oom.stage else ""
             msg = (
-                f"FAIL {what}: out of memory at event {oom['event_index']:,}{stage} "
-                f"(a {fmt_bytes(oom['requested_bytes'])} request, {fmt_bytes(oom['reserved_bytes'])} reserved)"
+                f"FAIL {what}: out of memory at event {oom.event_index:,}{stage} "
+                f"(a {fmt_bytes(oom.requested_bytes)} request, {fmt_bytes(oom.reserved_bytes)} reserved)"
             )
-        gates.append(GateResult(f"fits:{card}", card, int(s["peak_reserved_bytes"]), ok, msg))
-    f = whatif_doc["fidelity"]
-    notes = [] if f["reproduced"] else [f"--fits is approximate: {f['reason']}"]
+        gates.append(GateResult(f"fits:{card}", card, int(s.peak_reserved_bytes), ok, msg))
+    f = whatif_doc.fidelity
+    notes = [] if f.reproduced else [f"--fits is approximate: {f.reason}"]
     return gates, notes

@@ -1,6 +1,7 @@
 """Many runs of one pipeline over time (``snapviz history``): the runs' digests ordered by
 when they ran or by a run.json key (``commit``, ``date``…), each stage's trend, and the run
-where a stage's peak jumped. Pure: digests in, tables and ``snapviz.history/1`` out."""
+where a stage's peak jumped. Pure: digests in, tables and ``snapviz.history/1`` out, typed
+(:class:`~snapviz.analyses.fleet_document.HistoryDocument`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from snapviz.analyses.document import to_json
+from snapviz.analyses.fleet_document import HistoryDocument, HistoryPeak, HistoryRun, Jump, StageTrend
 from snapviz.analyses.ranks import FleetRow
 from snapviz.units import fmt_bytes, fmt_delta
 from snapviz.vocab import HISTORY_SCHEMA, stage_group
@@ -25,13 +28,18 @@ class HistoryResult:
 
     runs: pd.DataFrame
     stage_peaks: pd.DataFrame
-    stages: list[dict[str, Any]]
+    stages: list[StageTrend]
     order_by: str
     jump_pct: float
     notes: list[str]
 
+    def document(self) -> HistoryDocument:
+        """The typed ``snapviz.history/1`` document (:func:`history_document`)."""
+        return history_document(self)
+
     def summary(self) -> dict[str, Any]:
-        return history_dict(self)
+        """The ``snapviz.history/1`` document as JSON (what ``history --json`` writes)."""
+        return to_json(history_document(self))
 
 
 def _key(row: FleetRow, order_by: str) -> Any:
@@ -105,38 +113,38 @@ def analyse_history(rows: list[FleetRow], order_by: str = "time", jump_pct: floa
     return HistoryResult(runs, sp, [s for s in stages if s is not None], order_by, jump_pct, notes)
 
 
-def _trend(stage: str, v: np.ndarray, runs: pd.DataFrame, jump_pct: float) -> dict[str, Any] | None:
+def _trend(stage: str, v: np.ndarray, runs: pd.DataFrame, jump_pct: float) -> StageTrend | None:
     have = np.flatnonzero(~np.isnan(v))
     if not len(have):
         return None
     vals = v[have].astype(np.int64)
     lab = runs["label"].to_numpy()
-    out: dict[str, Any] = {
-        "stage": stage,
-        "runs": int(len(have)),
-        "first_bytes": int(vals[0]),
-        "last_bytes": int(vals[-1]),
-        "min_bytes": int(vals.min()),
-        "min_run": str(lab[have[int(np.argmin(vals))]]),
-        "max_bytes": int(vals.max()),
-        "max_run": str(lab[have[int(np.argmax(vals))]]),
-        "change_bytes": int(vals[-1] - vals[0]),
-        "jump": None,
-    }
+    jump = None
     if len(vals) > 1:
         rise = np.diff(vals)
         j = int(np.argmax(rise))
         prev = int(vals[j])
         if rise[j] > 0 and rise[j] > jump_pct / 100.0 * prev:
-            out["jump"] = {
-                "run": str(lab[have[j + 1]]),
-                "after": str(lab[have[j]]),
-                "from_bytes": prev,
-                "to_bytes": int(vals[j + 1]),
-                "delta_bytes": int(rise[j]),
-                "percent": round(100.0 * float(rise[j]) / prev, 2) if prev else None,
-            }
-    return out
+            jump = Jump(
+                run=str(lab[have[j + 1]]),
+                after=str(lab[have[j]]),
+                from_bytes=prev,
+                to_bytes=int(vals[j + 1]),
+                delta_bytes=int(rise[j]),
+                percent=round(100.0 * float(rise[j]) / prev, 2) if prev else None,
+            )
+    return StageTrend(
+        stage=stage,
+        runs=int(len(have)),
+        first_bytes=int(vals[0]),
+        last_bytes=int(vals[-1]),
+        min_bytes=int(vals.min()),
+        min_run=str(lab[have[int(np.argmin(vals))]]),
+        max_bytes=int(vals.max()),
+        max_run=str(lab[have[int(np.argmax(vals))]]),
+        change_bytes=int(vals[-1] - vals[0]),
+        jump=jump,
+    )
 
 
 def history_verdict(res: HistoryResult) -> list[str]:
@@ -145,20 +153,16 @@ def history_verdict(res: HistoryResult) -> list[str]:
     if not len(ok):
         return ["no run could be analysed"]
     out = []
-    whole = next((s for s in res.stages if s["stage"] == WHOLE_RUN), None)
+    whole = next((s for s in res.stages if s.stage == WHOLE_RUN), None)
     if whole is not None:
         out.append(
-            f"{whole['runs']} runs ordered by {res.order_by}: peak allocated {fmt_bytes(whole['first_bytes'])} "
-            f"→ {fmt_bytes(whole['last_bytes'])} ({fmt_delta(whole['change_bytes'])}); "
-            f"lowest {fmt_bytes(whole['min_bytes'])} in {whole['min_run']}"
+            f"{whole.runs} runs ordered by {res.order_by}: peak allocated {fmt_bytes(whole.first_bytes)} "
+            f"→ {fmt_bytes(whole.last_bytes)} ({fmt_delta(whole.change_bytes)}); "
+            f"lowest {fmt_bytes(whole.min_bytes)} in {whole.min_run}"
         )
-    jumps = [s for s in res.stages if s["jump"] is not None]
-    for s in sorted(jumps, key=lambda s: -s["jump"]["delta_bytes"])[:5]:
-        j = s["jump"]
-        out.append(
-            f"{s['stage']} jumped {fmt_delta(j['delta_bytes'])} (+{j['percent']:.1f}%) in {j['run']} "
-            f"(after {j['after']})"
-        )
+    jumps = [(s, s.jump) for s in res.stages if s.jump is not None]
+    for s, j in sorted(jumps, key=lambda sj: -sj[1].delta_bytes)[:5]:
+        out.append(f"{s.stage} jumped {fmt_delta(j.delta_bytes)} (+{j.percent:.1f}%) in {j.run} (after {j.after})")
     if not jumps:
         out.append(f"no stage's peak rose more than {res.jump_pct:g}% from one run to the next")
     failed = int((~res.runs["ok"]).sum())
@@ -167,54 +171,52 @@ def history_verdict(res: HistoryResult) -> list[str]:
     return out + res.notes
 
 
-def history_dict(res: HistoryResult) -> dict[str, Any]:
+def history_document(res: HistoryResult) -> HistoryDocument:
     """The ``snapviz.history/1`` document (``history --json``)."""
     runs = []
     for i, r in res.runs.iterrows():
         ok = bool(r["ok"])
         key = r["key"]
         runs.append(
-            {
-                "label": r["label"],
-                "source": r["source"],
-                "order_key": None if key is None or (isinstance(key, float) and np.isnan(key)) else key,
-                "status": "ok" if ok else "failed",
-                "reason": r["reason"],
-                "peak": {
-                    "allocated_bytes": int(r["peak_allocated_bytes"]) if ok else None,
-                    "reserved_bytes": int(r["peak_reserved_bytes"]) if ok else None,
-                    "stage": r["peak_stage"] if ok else None,
-                },
-                "oom_count": int(r["oom_count"]) if ok else None,
-                "stage_peak_allocated_bytes": [None if pd.isna(v) else int(v) for v in res.stage_peaks.loc[i]],
-            }
+            HistoryRun(
+                label=r["label"],
+                source=r["source"],
+                order_key=None if key is None or (isinstance(key, float) and np.isnan(key)) else key,
+                status="ok" if ok else "failed",
+                reason=r["reason"],
+                peak=HistoryPeak(
+                    allocated_bytes=int(r["peak_allocated_bytes"]) if ok else None,
+                    reserved_bytes=int(r["peak_reserved_bytes"]) if ok else None,
+                    stage=r["peak_stage"] if ok else None,
+                ),
+                oom_count=int(r["oom_count"]) if ok else None,
+                stage_peak_allocated_bytes=[None if pd.isna(v) else int(v) for v in res.stage_peaks.loc[i]],
+            )
         )
-    return {
-        "schema": HISTORY_SCHEMA,
-        "order_by": res.order_by,
-        "jump_percent": res.jump_pct,
-        "verdict": history_verdict(res),
-        "stage_names": [str(c) for c in res.stage_peaks.columns],
-        "runs": runs,
-        "stages": res.stages,
-    }
+    return HistoryDocument(
+        schema=HISTORY_SCHEMA,
+        order_by=res.order_by,
+        jump_percent=res.jump_pct,
+        verdict=history_verdict(res),
+        stage_names=[str(c) for c in res.stage_peaks.columns],
+        runs=runs,
+        stages=res.stages,
+    )
 
 
 BASELINE_PICKS = ("last", "best")
 
 
-def history_baseline(doc: dict[str, Any], pick: str = "last") -> dict[str, Any]:
+def history_baseline(doc: HistoryDocument, pick: str = "last") -> dict[str, Any]:
     """A ``check --baseline`` document from a ``snapviz.history/1`` one: the ``last`` analysed
     run in history order, or the ``best`` (lowest peak allocated). Only the peak is carried:
     it is all ``--max-increase`` compares."""
     from snapviz.errors import InputError
 
-    if doc.get("schema") != HISTORY_SCHEMA:
-        raise InputError(f"not a {HISTORY_SCHEMA} document")
-    ok = [r for r in doc.get("runs") or [] if r.get("status") == "ok" and (r.get("peak") or {}).get("allocated_bytes")]
+    ok = [(r, int(a)) for r in doc.runs if r.status == "ok" and (a := r.peak.allocated_bytes)]
     if not ok:
         raise InputError("the history holds no analysed run to take as the baseline")
     if pick not in BASELINE_PICKS:
         raise InputError(f"--baseline-pick: {pick!r} is not one of {', '.join(BASELINE_PICKS)}")
-    run = ok[-1] if pick == "last" else min(ok, key=lambda r: int(r["peak"]["allocated_bytes"]))
-    return {"source": str(run.get("label")), "peak": {"allocated_bytes": int(run["peak"]["allocated_bytes"])}}
+    run, peak = ok[-1] if pick == "last" else min(ok, key=lambda rp: rp[1])
+    return {"source": str(run.label), "peak": {"allocated_bytes": int(peak)}}

@@ -1,17 +1,33 @@
 """The ranks of a distributed job side by side (``snapviz ranks``): one row per rank from its
 digest, and per iteration the imbalance, the outliers, the first rank to run out of memory and
 the worst rank against the median rank stage by stage. Pure: digests in, tables and the
-``snapviz.ranks/1`` document out (the renderers only draw that document)."""
+``snapviz.ranks/1`` document out, typed (:class:`~snapviz.analyses.fleet_document.RanksDocument`;
+the renderers only draw that document)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from snapviz.analyses.digest import RunDigest
+from snapviz.analyses.document import ABSENT, Absent, to_json
+from snapviz.analyses.fleet_document import (
+    FirstOom,
+    IterationView,
+    MedianRank,
+    Outlier,
+    RankAllocator,
+    RankOom,
+    RankPeak,
+    RankRef,
+    RankRow,
+    RanksDocument,
+    StageDelta,
+    TopSite,
+)
 from snapviz.units import fmt_bytes, fmt_delta
 from snapviz.vocab import RANKS_SCHEMA, stage_group
 
@@ -39,14 +55,19 @@ class FleetRow:
 class RanksResult:
     """``table``: one row per input (failed ones included, with ``reason``); ``stage_peaks``:
     rank rows × stage groups, peak allocated bytes (NaN: the rank has no such stage);
-    ``iterations``: one dict per iteration (imbalance, outliers, first OOM, worst vs median)."""
+    ``iterations``: one view per iteration (imbalance, outliers, first OOM, worst vs median)."""
 
     table: pd.DataFrame
     stage_peaks: pd.DataFrame
-    iterations: list[dict[str, Any]]
+    iterations: list[IterationView]
+
+    def document(self) -> RanksDocument:
+        """The typed ``snapviz.ranks/1`` document (:func:`ranks_document`)."""
+        return ranks_document(self)
 
     def summary(self) -> dict[str, Any]:
-        return ranks_dict(self)
+        """The ``snapviz.ranks/1`` document as JSON (what ``ranks --json`` writes)."""
+        return to_json(ranks_document(self))
 
 
 def _int(v: Any) -> int | None:
@@ -134,126 +155,137 @@ def _who(row: pd.Series) -> str:
     return f"rank {int(row['rank'])}" if pd.notna(row["rank"]) else str(row["label"])
 
 
-def _iteration_view(t: pd.DataFrame, sp: pd.DataFrame) -> dict[str, Any]:
+def _iteration_view(t: pd.DataFrame, sp: pd.DataFrame) -> IterationView:
     """Imbalance, outliers, first OOM and worst-vs-median for the rows of one iteration."""
     ok = t[t["ok"]]
     it = t["iteration"].iat[0]
-    view: dict[str, Any] = {
-        "iteration": None if pd.isna(it) else int(it),
-        "inputs": int(len(t)),
-        "ranks_ok": int(len(ok)),
-        "failed": int((~t["ok"]).sum()),
-        "max": None,
-        "median": None,
-        "imbalance": None,
-        "outliers": [],
-        "first_oom": None,
-        "oom_ranks": [],
-        "worst_vs_median": [],
-        "missing_ranks": [],
-        "verdict": [],
-    }
+    empty = IterationView(
+        iteration=None if pd.isna(it) else int(it),
+        inputs=int(len(t)),
+        ranks_ok=int(len(ok)),
+        failed=int((~t["ok"]).sum()),
+        max=None,
+        median=None,
+        imbalance=None,
+        outliers=[],
+        first_oom=None,
+        oom_ranks=[],
+        worst_vs_median=[],
+        missing_ranks=[],
+        verdict=[],
+    )
     # the world size the runs state (run.json, distributedInfo): ranks below it with no input
     ws = t["world_size"].dropna()
+    world_size: int | Absent = ABSENT
+    missing: list[int] = []
     if len(ws):
         seen = {int(r) for r in t["rank"].dropna()}
-        view["world_size"] = int(ws.max())
-        view["missing_ranks"] = sorted(set(range(int(ws.max()))) - seen)
+        world_size = int(ws.max())
+        missing = sorted(set(range(int(ws.max()))) - seen)
     if not len(ok):
-        view["verdict"].append(f"none of the {len(t)} input(s) could be analysed (see the table)")
-        return view
+        verdict = [f"none of the {len(t)} input(s) could be analysed (see the table)"]
+        return replace(empty, missing_ranks=missing, verdict=verdict, world_size=world_size)
     peak = ok["peak_allocated_bytes"].to_numpy(dtype=np.int64)
     order = np.argsort(peak, kind="stable")
     worst = ok.iloc[int(order[-1])]
     med_row = ok.iloc[int(order[(len(order) - 1) // 2])]  # the lower median: a real rank
     med = float(np.median(peak))
-    view["max"] = {
-        "who": _who(worst),
-        "rank": _opt(worst["rank"]),
-        "peak_allocated_bytes": int(worst["peak_allocated_bytes"]),
-    }
-    view["median"] = {
-        "who": _who(med_row),
-        "rank": _opt(med_row["rank"]),
-        "peak_allocated_bytes": int(med_row["peak_allocated_bytes"]),
-        "median_bytes": int(round(med)),
-    }
-    view["imbalance"] = round(float(peak.max()) / med, 4) if med > 0 else None
     mad = float(np.median(np.abs(peak - med))) * MAD_SIGMA
     far = np.abs(peak - med) > max(OUTLIER_MADS * mad, OUTLIER_MIN_SHARE * med)
+    outliers = []
     for j in np.flatnonzero(far):
         r = ok.iloc[int(j)]
-        view["outliers"].append(
-            {
-                "who": _who(r),
-                "rank": _opt(r["rank"]),
-                "peak_allocated_bytes": int(r["peak_allocated_bytes"]),
-                "vs_median": round(float(r["peak_allocated_bytes"]) / med, 4) if med > 0 else None,
-            }
+        outliers.append(
+            Outlier(
+                who=_who(r),
+                rank=_opt(r["rank"]),
+                peak_allocated_bytes=int(r["peak_allocated_bytes"]),
+                vs_median=round(float(r["peak_allocated_bytes"]) / med, 4) if med > 0 else None,
+            )
         )
     oom = ok[ok["oom_count"] > 0]
-    view["oom_ranks"] = [_who(r) for _, r in oom.iterrows()]
     timed = oom[oom["first_oom_us"].notna()]
+    first_oom = None
     if len(timed):
         first = timed.iloc[int(np.argmin(timed["first_oom_us"].to_numpy(dtype=np.int64)))]
-        view["first_oom"] = {"who": _who(first), "rank": _opt(first["rank"]), "time_us": int(first["first_oom_us"])}
-        if len(timed) < len(oom):
-            view["first_oom"]["note"] = (
-                f"{len(oom) - len(timed)} other OOM rank(s) have no clock: first among the timed"
-            )
+        first_oom = FirstOom(
+            who=_who(first),
+            rank=_opt(first["rank"]),
+            time_us=int(first["first_oom_us"]),
+            note=f"{len(oom) - len(timed)} other OOM rank(s) have no clock: first among the timed"
+            if len(timed) < len(oom)
+            else ABSENT,
+        )
     elif len(oom) == 1:
-        view["first_oom"] = {"who": _who(oom.iloc[0]), "rank": _opt(oom.iloc[0]["rank"]), "time_us": None}
+        first_oom = FirstOom(who=_who(oom.iloc[0]), rank=_opt(oom.iloc[0]["rank"]), time_us=None)
     # worst against median, stage by stage (groups in the worst rank's order)
     w_i, m_i = int(worst.name), int(med_row.name)
+    worst_vs_median = []
     for g in sp.columns:
         wv, mv = sp.at[w_i, g], sp.at[m_i, g]
         if pd.isna(wv) and pd.isna(mv):
             continue
-        view["worst_vs_median"].append(
-            {
-                "stage": str(g),
-                "worst_bytes": None if pd.isna(wv) else int(wv),
-                "median_bytes": None if pd.isna(mv) else int(mv),
-                "delta_bytes": None if pd.isna(wv) or pd.isna(mv) else int(wv) - int(mv),
-            }
+        worst_vs_median.append(
+            StageDelta(
+                stage=str(g),
+                worst_bytes=None if pd.isna(wv) else int(wv),
+                median_bytes=None if pd.isna(mv) else int(mv),
+                delta_bytes=None if pd.isna(wv) or pd.isna(mv) else int(wv) - int(mv),
+            )
         )
-    view["verdict"] = _verdict(view)
-    return view
+    view = replace(
+        empty,
+        max=RankRef(who=_who(worst), rank=_opt(worst["rank"]), peak_allocated_bytes=int(worst["peak_allocated_bytes"])),
+        median=MedianRank(
+            who=_who(med_row),
+            rank=_opt(med_row["rank"]),
+            peak_allocated_bytes=int(med_row["peak_allocated_bytes"]),
+            median_bytes=int(round(med)),
+        ),
+        imbalance=round(float(peak.max()) / med, 4) if med > 0 else None,
+        outliers=outliers,
+        first_oom=first_oom,
+        oom_ranks=[_who(r) for _, r in oom.iterrows()],
+        worst_vs_median=worst_vs_median,
+        missing_ranks=missing,
+        world_size=world_size,
+    )
+    return replace(view, verdict=_verdict(view))
 
 
-def _verdict(v: dict[str, Any]) -> list[str]:
+def _verdict(v: IterationView) -> list[str]:
     """The sentences every output leads with (terminal, Markdown, HTML, JSON say the same)."""
     out = []
-    mx, md = v["max"], v["median"]
-    if v["imbalance"] is not None:
+    mx, md = v.max, v.median
+    if v.imbalance is not None and mx is not None and md is not None:
         out.append(
-            f"{mx['who']} peaks highest at {fmt_bytes(mx['peak_allocated_bytes'])}, "
-            f"{v['imbalance']:.3f}x the median {fmt_bytes(md['median_bytes'])} ({v['ranks_ok']} ranks)"
+            f"{mx.who} peaks highest at {fmt_bytes(mx.peak_allocated_bytes)}, "
+            f"{v.imbalance:.3f}x the median {fmt_bytes(md.median_bytes)} ({v.ranks_ok} ranks)"
         )
-    if v["first_oom"] is not None:
-        f = v["first_oom"]
-        when = "" if f["time_us"] is not None else " (the only OOM rank; no clock to order by)"
-        out.append(f"{f['who']} ran out of memory first{when}; {len(v['oom_ranks'])} rank(s) hit OOM")
-    elif v["oom_ranks"]:
-        out.append(f"{len(v['oom_ranks'])} ranks hit OOM; which was first is not determined (no clock)")
+    if v.first_oom is not None:
+        f = v.first_oom
+        when = "" if f.time_us is not None else " (the only OOM rank; no clock to order by)"
+        out.append(f"{f.who} ran out of memory first{when}; {len(v.oom_ranks)} rank(s) hit OOM")
+    elif v.oom_ranks:
+        out.append(f"{len(v.oom_ranks)} ranks hit OOM; which was first is not determined (no clock)")
     else:
         out.append("no rank hit OOM")
-    if v["outliers"]:
-        out.append("outliers: " + ", ".join(f"{o['who']} ({o['vs_median']:.3f}x median)" for o in v["outliers"]))
+    if v.outliers:
+        out.append("outliers: " + ", ".join(f"{o.who} ({o.vs_median:.3f}x median)" for o in v.outliers))
     else:
         out.append("no outlier rank")
-    deltas = [s for s in v["worst_vs_median"] if s["delta_bytes"]]
-    if deltas and mx["who"] != md["who"]:
-        s = max(deltas, key=lambda s: abs(s["delta_bytes"]))
+    deltas = [s for s in v.worst_vs_median if s.delta_bytes]
+    if deltas and mx is not None and md is not None and mx.who != md.who:
+        s = max(deltas, key=lambda s: abs(s.delta_bytes or 0))
         out.append(
-            f"{mx['who']} vs median {md['who']}: the largest difference is in {s['stage']} ({fmt_delta(s['delta_bytes'])})"
+            f"{mx.who} vs median {md.who}: the largest difference is in {s.stage} ({fmt_delta(s.delta_bytes or 0)})"
         )
-    if v["failed"]:
-        out.append(f"{v['failed']} input(s) could not be analysed (see the table)")
-    if v["missing_ranks"]:
-        miss = v["missing_ranks"]
+    if v.failed:
+        out.append(f"{v.failed} input(s) could not be analysed (see the table)")
+    if v.missing_ranks:
+        miss = v.missing_ranks
         shown = ", ".join(str(r) for r in miss[:10]) + (f" and {len(miss) - 10} more" if len(miss) > 10 else "")
-        out.append(f"world size {v['world_size']}: no input for rank(s) {shown}")
+        out.append(f"world size {v.world_size}: no input for rank(s) {shown}")
     return out
 
 
@@ -279,69 +311,69 @@ def _none(v: Any) -> Any:
     return v
 
 
-def ranks_verdict(iterations: list[dict[str, Any]]) -> list[str]:
+def ranks_verdict(iterations: list[IterationView]) -> list[str]:
     """Every iteration's sentences, each prefixed with its iteration when there are several."""
     if len(iterations) == 1:
-        return list(iterations[0]["verdict"])
+        return list(iterations[0].verdict)
     out = []
     for v in iterations:
-        head = "no iteration named" if v["iteration"] is None else f"iteration {v['iteration']}"
-        out += [f"{head}: {line}" for line in v["verdict"]]
+        head = "no iteration named" if v.iteration is None else f"iteration {v.iteration}"
+        out += [f"{head}: {line}" for line in v.verdict]
     return out
 
 
-def ranks_dict(res: RanksResult) -> dict[str, Any]:
+def ranks_document(res: RanksResult) -> RanksDocument:
     """The ``snapviz.ranks/1`` document (``ranks --json``)."""
     t, sp = res.table, res.stage_peaks
     ranks = []
     for i, r in t.iterrows():
         ok = bool(r["ok"])
         ranks.append(
-            {
-                "label": r["label"],
-                "source": r["source"],
-                "iteration": _opt(r["iteration"]),
-                "rank": int(r["rank"]) if pd.notna(r["rank"]) else None,
-                "rank_from": r["rank_from"],
-                "world_size": int(r["world_size"]) if pd.notna(r["world_size"]) else None,
-                "status": "ok" if ok else "failed",
-                "reason": r["reason"],
-                "peak": {
-                    "allocated_bytes": _none(r["peak_allocated_bytes"]) if ok else None,
-                    "reserved_bytes": _none(r["peak_reserved_bytes"]) if ok else None,
-                    "stage": r["peak_stage"] if ok else None,
-                    "time_us": int(r["peak_time_us"]) if ok and pd.notna(r["peak_time_us"]) else None,
-                },
-                "oom": {
-                    "count": int(r["oom_count"]) if ok else None,
-                    "first_time_us": int(r["first_oom_us"]) if ok and pd.notna(r["first_oom_us"]) else None,
-                },
-                "top_site": (
-                    {"site": r["top_site"], "peak_live_bytes": int(r["top_site_bytes"])}
+            RankRow(
+                label=r["label"],
+                source=r["source"],
+                iteration=_opt(r["iteration"]),
+                rank=int(r["rank"]) if pd.notna(r["rank"]) else None,
+                rank_from=r["rank_from"],
+                world_size=int(r["world_size"]) if pd.notna(r["world_size"]) else None,
+                status="ok" if ok else "failed",
+                reason=r["reason"],
+                peak=RankPeak(
+                    allocated_bytes=_none(r["peak_allocated_bytes"]) if ok else None,
+                    reserved_bytes=_none(r["peak_reserved_bytes"]) if ok else None,
+                    stage=r["peak_stage"] if ok else None,
+                    time_us=int(r["peak_time_us"]) if ok and pd.notna(r["peak_time_us"]) else None,
+                ),
+                oom=RankOom(
+                    count=int(r["oom_count"]) if ok else None,
+                    first_time_us=int(r["first_oom_us"]) if ok and pd.notna(r["first_oom_us"]) else None,
+                ),
+                top_site=(
+                    TopSite(site=r["top_site"], peak_live_bytes=int(r["top_site_bytes"]))
                     if ok and r["top_site"] is not None
                     else None
                 ),
-                "allocator": (
-                    {
-                        "max_memory_allocated": int(r["allocator_max_allocated"]),
-                        "max_memory_reserved": _none(r["allocator_max_reserved"])
+                allocator=(
+                    RankAllocator(
+                        max_memory_allocated=int(r["allocator_max_allocated"]),
+                        max_memory_reserved=_none(r["allocator_max_reserved"])
                         if pd.notna(r["allocator_max_reserved"])
                         else None,
-                    }
+                    )
                     if pd.notna(r["allocator_max_allocated"])
                     else None
                 ),
-                "truncated": bool(r["truncated"]) if ok else None,
-                "stage_peak_allocated_bytes": [None if pd.isna(v) else int(v) for v in sp.loc[i]],
-                "notes": list(r["notes"]),
-            }
+                truncated=bool(r["truncated"]) if ok else None,
+                stage_peak_allocated_bytes=[None if pd.isna(v) else int(v) for v in sp.loc[i]],
+                notes=list(r["notes"]),
+            )
         )
-    return {
-        "schema": RANKS_SCHEMA,
-        "inputs": int(len(t)),
-        "failed": int((~t["ok"]).sum()) if len(t) else 0,
-        "verdict": ranks_verdict(res.iterations),
-        "stages": [str(c) for c in sp.columns],
-        "iterations": res.iterations,
-        "ranks": ranks,
-    }
+    return RanksDocument(
+        schema=RANKS_SCHEMA,
+        inputs=int(len(t)),
+        failed=int((~t["ok"]).sum()) if len(t) else 0,
+        verdict=ranks_verdict(res.iterations),
+        stages=[str(c) for c in sp.columns],
+        iterations=res.iterations,
+        ranks=ranks,
+    )

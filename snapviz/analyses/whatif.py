@@ -7,7 +7,8 @@ scenario is simulated first and compared with the recording event by event
 are exact simulations of the same requests; when it is not, every figure is marked approximate
 and the document says from which event and why the simulation diverged.
 
-The document (:func:`whatif_dict`) is ``snapviz.whatif/1``; every renderer reads only it.
+The document (:func:`whatif_document`) is ``snapviz.whatif/1``, typed
+(:class:`~snapviz.analyses.whatif_document.WhatIfDocument`); every renderer reads only it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from snapviz.analyses.allocator_rules import AllocatorSettings, parse_alloc_conf, settings_from_record
-from snapviz.analyses.document import CardFit, FittingSetting, OomSimulation, SimulatedAdvice, to_json
+from snapviz.analyses.document import CardFit, FittingSetting, OomSimulation, SimulatedAdvice
 from snapviz.analyses.replay import ReplayResult
 from snapviz.analyses.simulate import (
     R_ALLOC,
@@ -33,6 +34,18 @@ from snapviz.analyses.simulate import (
     run,
 )
 from snapviz.analyses.simulate import run as run_sim
+from snapviz.analyses.whatif_document import (
+    RecordedOom,
+    RecordedRun,
+    RecordedTwin,
+    ScenarioOom,
+    ScenarioRow,
+    SimulatedTwin,
+    SimulationFidelity,
+    TwinRow,
+    WhatIfDocument,
+    WhatIfTwins,
+)
 from snapviz.errors import InputError
 from snapviz.load import Run
 from snapviz.model import A_ALLOC, A_OOM, A_SEG_ALLOC, A_SEG_FREE, A_SEG_MAP, A_SEG_UNMAP
@@ -332,7 +345,7 @@ def _card_label(w: WhatIf, gpu: int | None) -> str:
     return "recorded (no limit)"
 
 
-def whatif_dict(w: WhatIf) -> dict[str, Any]:
+def whatif_document(w: WhatIf) -> WhatIfDocument:
     """The ``snapviz.whatif/1`` document: every renderer's only input."""
     approximate = not w.fidelity.reproduced
     rows = []
@@ -340,55 +353,55 @@ def whatif_dict(w: WhatIf) -> dict[str, Any]:
         sc, sim = r.scenario, r.sim
         oom = None
         if sim.oom is not None:
-            oom = {
-                "event_index": sim.oom.event_index,
-                "stage": r.stage_at_oom,
-                "requested_bytes": sim.oom.requested_bytes,
-                "allocated_bytes": sim.oom.allocated_bytes,
-                "reserved_bytes": sim.oom.reserved_bytes,
-                "recorded": sim.oom.recorded,
-            }
+            oom = ScenarioOom(
+                event_index=sim.oom.event_index,
+                stage=r.stage_at_oom,
+                requested_bytes=sim.oom.requested_bytes,
+                allocated_bytes=sim.oom.allocated_bytes,
+                reserved_bytes=sim.oom.reserved_bytes,
+                recorded=sim.oom.recorded,
+            )
         rows.append(
-            {
-                "alloc_conf": sc.alloc_conf,
-                "gpu_memory_bytes": sc.gpu_memory,
-                "card": _card_label(w, sc.gpu_memory),
-                "memory_fraction": sc.cap.fraction and sc.cap.limit is not None,
-                "peak_reserved_bytes": sim.peak_reserved,
-                "peak_allocated_bytes": sim.peak_allocated,
-                "fragmentation_bytes": sim.fragmentation,
-                "device_mallocs": sim.device_mallocs,
-                "device_frees": sim.device_frees,
-                "retries": sim.retries,
-                "oom": oom,
-                "survives_recorded_oom": sim.survived_recorded_oom is not None,
-                "reproduces_recording": bool(sc.recorded and w.fidelity.reproduced),
-                "approximate": approximate,
-                "simulated": r.simulated,
-            }
+            ScenarioRow(
+                alloc_conf=sc.alloc_conf,
+                gpu_memory_bytes=sc.gpu_memory,
+                card=_card_label(w, sc.gpu_memory),
+                memory_fraction=sc.cap.fraction and sc.cap.limit is not None,
+                peak_reserved_bytes=sim.peak_reserved,
+                peak_allocated_bytes=sim.peak_allocated,
+                fragmentation_bytes=sim.fragmentation,
+                device_mallocs=sim.device_mallocs,
+                device_frees=sim.device_frees,
+                retries=sim.retries,
+                oom=oom,
+                survives_recorded_oom=sim.survived_recorded_oom is not None,
+                reproduces_recording=bool(sc.recorded and w.fidelity.reproduced),
+                approximate=approximate,
+                simulated=r.simulated,
+            )
         )
     f = w.fidelity
-    return {
-        "schema": WHATIF_SCHEMA,
-        "source": w.source,
-        "device": w.device,
-        "recorded": {
-            "alloc_conf": _settings_text(w.recorded_settings),
-            "gpu_memory_bytes": w.recorded_cap.limit,
-            "memory_fraction": bool(w.recorded_cap.fraction and w.recorded_cap.limit is not None),
-            "peak_reserved_bytes": w.recorded_peak_reserved,
-            "peak_allocated_bytes": w.recorded_peak_allocated,
-            "oom_event_index": w.recorded_oom_event,
-            "oom_ended_run": w.oom_ended_run,
-            "events": w.stream.n_events,
-            "requests": int(len(w.stream.kind)),
-            "empty_cache_calls": w.stream.empty_cache_calls,
-        },
-        "fidelity": {"reproduced": f.reproduced, "diverged_at_event": f.diverged_at, "reason": f.reason},
-        "scenarios": rows,
-        "smallest_card": [to_json(c) for c in w.cards],
-        "notes": list(w.notes),
-    }
+    return WhatIfDocument(
+        schema=WHATIF_SCHEMA,
+        source=w.source,
+        device=w.device,
+        recorded=RecordedRun(
+            alloc_conf=_settings_text(w.recorded_settings),
+            gpu_memory_bytes=w.recorded_cap.limit,
+            memory_fraction=bool(w.recorded_cap.fraction and w.recorded_cap.limit is not None),
+            peak_reserved_bytes=w.recorded_peak_reserved,
+            peak_allocated_bytes=w.recorded_peak_allocated,
+            oom_event_index=w.recorded_oom_event,
+            oom_ended_run=w.oom_ended_run,
+            events=w.stream.n_events,
+            requests=int(len(w.stream.kind)),
+            empty_cache_calls=w.stream.empty_cache_calls,
+        ),
+        fidelity=SimulationFidelity(reproduced=f.reproduced, diverged_at_event=f.diverged_at, reason=f.reason),
+        scenarios=rows,
+        smallest_card=list(w.cards),
+        notes=list(w.notes),
+    )
 
 
 def _settings_text(s: AllocatorSettings) -> str:
@@ -419,9 +432,9 @@ def _settings_text(s: AllocatorSettings) -> str:
 # --------------------------------------------------------------------------- compare --whatif
 
 
-def twin_dict(
-    w: WhatIf, label: str, recorded_retries: int | None = None, doc: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def twin_document(
+    w: WhatIf, label: str, recorded_retries: int | None = None, doc: WhatIfDocument | None = None
+) -> WhatIfTwins:
     """The recorded run beside its simulated twins (``compare --whatif``; the compare document's
     ``whatif``): one row of the recording's own figures (replayed from the trace, not simulated),
     then one per setting on the recorded card, ``simulated`` and ``approximate`` where the
@@ -430,66 +443,63 @@ def twin_dict(
     rec_oom = None
     if w.recorded_oom_event is not None:
         i = w.recorded_oom_event
-        rec_oom = {
-            "event_index": i,
-            "stage": None,
-            "requested_bytes": None,
-            "allocated_bytes": None,
-            "reserved_bytes": int(w.recorded_reserved[i]),
-            "recorded": True,
-        }
-    recorded: dict[str, Any] = {
-        "label": "recorded",
-        "alloc_conf": None,
-        "simulated": False,
-        "approximate": False,
-        "peak_reserved_bytes": w.recorded_peak_reserved,
-        "peak_allocated_bytes": w.recorded_peak_allocated,
-        "fragmentation_bytes": w.recorded_fragmentation,
-        "device_mallocs": int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
-        "device_frees": int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
-        "retries": recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
-        "oom": rec_oom,
-        "survives_recorded_oom": False,
-    }
-    doc = whatif_dict(w) if doc is None else doc  # ``doc``: whatif_dict(w) where the caller has it
-    rows: list[dict[str, Any]] = [recorded]
-    for sc in doc["scenarios"]:
-        if sc["gpu_memory_bytes"] is not None or sc["alloc_conf"] is None:
+        rec_oom = RecordedOom(
+            event_index=i,
+            stage=None,
+            requested_bytes=None,
+            allocated_bytes=None,
+            reserved_bytes=int(w.recorded_reserved[i]),
+            recorded=True,
+        )
+    base = w.recorded_peak_reserved
+    rows: list[TwinRow] = [
+        RecordedTwin(
+            label="recorded",
+            alloc_conf=None,
+            simulated=False,
+            approximate=False,
+            peak_reserved_bytes=base,
+            peak_allocated_bytes=w.recorded_peak_allocated,
+            fragmentation_bytes=w.recorded_fragmentation,
+            device_mallocs=int(np.isin(acts, (A_SEG_ALLOC, A_SEG_MAP)).sum()),
+            device_frees=int(np.isin(acts, (A_SEG_FREE, A_SEG_UNMAP)).sum()),
+            retries=recorded_retries,  # not in the trace: run.json's num_alloc_retries when collected
+            oom=rec_oom,
+            survives_recorded_oom=False,
+            peak_reserved_delta_bytes=0,
+        )
+    ]
+    doc = whatif_document(w) if doc is None else doc  # ``doc``: whatif_document(w) where the caller has it
+    for sc in doc.scenarios:
+        if sc.gpu_memory_bytes is not None or sc.alloc_conf is None:
             continue  # the twins: other settings on the recorded card
         rows.append(
-            {
-                "label": f"{sc['alloc_conf']} (simulated)",
-                "simulated": True,
-                **{
-                    k: sc[k]
-                    for k in (
-                        "alloc_conf",
-                        "approximate",
-                        "peak_reserved_bytes",
-                        "peak_allocated_bytes",
-                        "fragmentation_bytes",
-                        "device_mallocs",
-                        "device_frees",
-                        "retries",
-                        "oom",
-                        "survives_recorded_oom",
-                    )
-                },
-            }
+            SimulatedTwin(
+                label=f"{sc.alloc_conf} (simulated)",
+                simulated=True,
+                alloc_conf=sc.alloc_conf,
+                approximate=sc.approximate,
+                peak_reserved_bytes=sc.peak_reserved_bytes,
+                peak_allocated_bytes=sc.peak_allocated_bytes,
+                fragmentation_bytes=sc.fragmentation_bytes,
+                device_mallocs=sc.device_mallocs,
+                device_frees=sc.device_frees,
+                retries=sc.retries,
+                oom=sc.oom,
+                survives_recorded_oom=sc.survives_recorded_oom,
+                peak_reserved_delta_bytes=sc.peak_reserved_bytes - base,
+            )
         )
-    for r in rows:
-        r["peak_reserved_delta_bytes"] = r["peak_reserved_bytes"] - recorded["peak_reserved_bytes"]
-    return {
-        "label": label,
-        "source": w.source,
-        "device": w.device,
-        "recorded": doc["recorded"],
-        "fidelity": doc["fidelity"],
-        "rows": rows,
-        "smallest_card": doc["smallest_card"],
-        "notes": doc["notes"],
-    }
+    return WhatIfTwins(
+        label=label,
+        source=w.source,
+        device=w.device,
+        recorded=doc.recorded,
+        fidelity=doc.fidelity,
+        rows=rows,
+        smallest_card=doc.smallest_card,
+        notes=doc.notes,
+    )
 
 
 # --------------------------------------------------------------------------- analyze's advice
@@ -654,7 +664,9 @@ def card_fits(
 
 def card_fit_text(cards: Sequence[CardFit], ended: bool = False) -> str:
     """The smallest cards in words (every sink: analyze's OOM fix line, whatif's report).
-    ``ended``: the OOM ended the run, so what the program would have done after it is unknown."""
+    ``ended``: the OOM ended the run, so what the program would have done after it is unknown.
+    A card given in its JSON form (the OOM section while the summary builder still holds it as
+    JSON) is read as a :class:`CardFit` first."""
     parts = []
     for c in cards:
         who = "the recorded settings" if c.alloc_conf is None else c.alloc_conf
@@ -705,7 +717,7 @@ def oom_simulation(rs: RecordedSim | None) -> OomSimulation | None:
         )
     stream = rs.fit_stream
     assert stream is not None
-    setting = None
+    setting: FittingSetting | None = None
     tried: list[str] = []
     if rs.cap.limit is not None:
         for conf in FIT_CONFS:

@@ -130,11 +130,11 @@ def check(
     notes = history_notes(doc)
     if cards:
         from snapviz.analyses.gate import fits_gates
-        from snapviz.analyses.whatif import what_if, whatif_dict
+        from snapviz.analyses.whatif import what_if, whatif_document
         from snapviz.load import load
 
         gates, fit_notes = fits_gates(
-            whatif_dict(what_if(load(input), alloc_confs=[], gpu_memories=cards, stage_source=stage_source))
+            whatif_document(what_if(load(input), alloc_confs=[], gpu_memories=cards, stage_source=stage_source))
         )
         results = [*results, *gates]
         notes += fit_notes
@@ -164,6 +164,7 @@ def _history_baseline(path: str, pick: str) -> dict[str, Any] | None:
     ``path`` is not such a file (then it is a run, loaded as usual)."""
     import json
 
+    from snapviz.analyses.fleet_document import load_history
     from snapviz.analyses.history import history_baseline
     from snapviz.vocab import HISTORY_SCHEMA
 
@@ -180,4 +181,4 @@ def _history_baseline(path: str, pick: str) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict) or doc.get("schema") != HISTORY_SCHEMA:
         return None
-    return history_baseline(doc, pick)
+    return history_baseline(load_history(doc, path), pick)

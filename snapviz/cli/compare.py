@@ -20,11 +20,11 @@ from snapviz.cli.options import (
 )
 from snapviz.cli.share import compare_picture_options, compare_picture_outputs
 from snapviz.errors import CheckFailed, InputError
-from snapviz.safe_text import bounded_doc
 from snapviz.vocab import COMPARE_SCHEMA
 
 if TYPE_CHECKING:
     from snapviz.analyses.whatif import WhatIf
+    from snapviz.analyses.whatif_document import WhatIfDocument, WhatIfTwins
 
 
 @click.command(cls=Command, epilog=epilog("docs/compare.md"), context_settings=CONTEXT_SETTINGS)
@@ -165,10 +165,11 @@ def compare(
 
 def _twin(
     path: str, label: str, confs: tuple[str, ...], stage_source: str, quiet: bool
-) -> tuple[dict[str, Any], WhatIf, dict[str, Any]]:
-    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_dict``), with the what-if
+) -> tuple[WhatIfTwins, WhatIf, WhatIfDocument]:
+    """BASE beside its simulated twins (``snapviz.analyses.whatif.twin_document``), with the what-if
     and its ``snapviz.whatif/1`` document that the HTML draws from (the same simulation)."""
-    from snapviz.analyses.whatif import twin_dict, what_if, whatif_dict
+    from snapviz.analyses.document import bounded
+    from snapviz.analyses.whatif import twin_document, what_if, whatif_document
     from snapviz.cli.analyze import _input_files
     from snapviz.load import load
     from snapviz.progress import reading
@@ -180,5 +181,5 @@ def _twin(
     retries = stats.get("num_alloc_retries") if isinstance(stats, dict) else None
     w = what_if(run, alloc_confs=list(confs), gpu_memories=[], stage_source=stage_source)
     recorded_retries = retries if isinstance(retries, int) and not isinstance(retries, bool) else None
-    wdoc = whatif_dict(w)
-    return twin_dict(w, label, recorded_retries, wdoc), w, bounded_doc(wdoc)
+    wdoc = whatif_document(w)
+    return twin_document(w, label, recorded_retries, wdoc), w, bounded(wdoc)

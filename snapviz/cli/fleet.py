@@ -122,16 +122,16 @@ def ranks(
       snapviz ranks 'outputs/memory_snapshot/iteration_*/rank*_memory_snapshot.pickle' --json ranks.json
       snapviz ranks s3://bucket/job42/memory_snapshot/ --scheduler tcp://dask-head:8786 --markdown -
     """
-    from snapviz.analyses.ranks import analyse_ranks, ranks_dict
+    from snapviz.analyses.document import bounded, to_json
+    from snapviz.analyses.ranks import analyse_ranks, ranks_document
     from snapviz.render.fleet_md import render_ranks_markdown, render_ranks_terminal
     from snapviz.render.json_summary import render_json
-    from snapviz.safe_text import bounded_doc
 
     kw, rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet, (html_out, md_out, json_out))
-    doc = bounded_doc(ranks_dict(analyse_ranks(rows)))
+    doc = bounded(ranks_document(analyse_ranks(rows)))
     rendered: list[tuple[str, str | bytes]] = []
     if kw["json_out"]:
-        rendered.append((kw["json_out"], render_json(doc)))
+        rendered.append((kw["json_out"], render_json(to_json(doc))))
     if kw["md_out"]:
         rendered.append((kw["md_out"], render_ranks_markdown(doc)))
     if kw["html_out"]:
@@ -185,18 +185,18 @@ def history(
       snapviz history ci-runs/sdxl-*/ -o history.html
       snapviz history ci-runs/ --order-by date --jump 3% --markdown -
     """
-    from snapviz.analyses.history import analyse_history, history_dict
+    from snapviz.analyses.document import bounded, to_json
+    from snapviz.analyses.history import analyse_history, history_document
     from snapviz.render.fleet_md import render_history_markdown, render_history_terminal
     from snapviz.render.json_summary import render_json
-    from snapviz.safe_text import bounded_doc
     from snapviz.units import parse_percent
 
     pct = parse_percent(jump, "--jump")
     kw, rows = _digest_fleet(inputs, stage_source, jobs, scheduler, quiet, (html_out, md_out, json_out))
-    doc = bounded_doc(history_dict(analyse_history(rows, order_by=order_by, jump_pct=pct)))
+    doc = bounded(history_document(analyse_history(rows, order_by=order_by, jump_pct=pct)))
     rendered: list[tuple[str, str | bytes]] = []
     if kw["json_out"]:
-        rendered.append((kw["json_out"], render_json(doc)))
+        rendered.append((kw["json_out"], render_json(to_json(doc))))
     if kw["md_out"]:
         rendered.append((kw["md_out"], render_history_markdown(doc)))
     if kw["html_out"]:

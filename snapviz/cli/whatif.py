@@ -83,11 +83,11 @@ def whatif(
         raise InputError("-o: the what-if report is written as .html, .md or .json")
     outputs.check(kw, [input])
 
-    from snapviz.analyses.whatif import what_if, whatif_dict
+    from snapviz.analyses.document import bounded, to_json
+    from snapviz.analyses.whatif import what_if, whatif_document
     from snapviz.load import load
     from snapviz.progress import Steps, reading
     from snapviz.render.whatif import render_whatif_markdown, render_whatif_terminal
-    from snapviz.safe_text import bounded_doc
 
     with reading(_input_files(input), "snapviz: loading", enabled=not quiet) as bar:
         run = load(input)
@@ -100,12 +100,12 @@ def whatif(
         gpu_memories=cards or None,
         stage_source=stage_source,
     )
-    doc = bounded_doc(whatif_dict(w))
+    doc = bounded(whatif_document(w))
     rendered: list[tuple[str, str | bytes]] = []
     if kw["json_out"]:
         from snapviz.render.json_summary import render_json
 
-        rendered.append((kw["json_out"], render_json(doc)))
+        rendered.append((kw["json_out"], render_json(to_json(doc))))
     if kw["md_out"]:
         rendered.append((kw["md_out"], render_whatif_markdown(doc)))
     if kw["html_out"]:

@@ -244,8 +244,12 @@ def test_compare_whatif_with_two_runs_and_bad_uses(tmp_path: Path) -> None:
     doc = json.loads(p.stdout)
     assert len(doc["runs"]) == 2 and doc["whatif"]["label"] == doc["runs"][0]["label"]  # BASE's twin
     from snapviz.analyses.compare_document import load_compare
+    from snapviz.analyses.document import to_json
+    from snapviz.analyses.whatif_document import RecordedTwin, SimulatedTwin, WhatIfTwins
 
-    assert load_compare(doc).whatif == doc["whatif"]  # read back through the typed document
+    twins = load_compare(doc).whatif  # read back through the typed document, twins typed too
+    assert isinstance(twins, WhatIfTwins) and to_json(twins) == doc["whatif"]
+    assert [type(r) for r in twins.rows] == [RecordedTwin, SimulatedTwin]
     for args in (
         ["--whatif", "bogus:1"],
         ["--whatif", "expandable_segments:True", "--png", str(tmp_path / "c.png")],

@@ -25,10 +25,20 @@ from snapviz.analyses.compare_document import (
     schema_text,
 )
 from snapviz.analyses.document import ABSENT, to_json
+from snapviz.analyses.whatif import twin_document, what_if
+from snapviz.analyses.whatif_document import WhatIfTwins
 from snapviz.errors import InputError
+from snapviz.load import load
 
 SAMPLES = ROOT / "sample_snapshots"
-TWIN: dict[str, Any] = {"label": "base", "rows": [{"label": "recorded", "oom": None}], "notes": []}
+
+
+@pytest.fixture(scope="module")
+def twin() -> WhatIfTwins:  # BASE beside its simulated twin, as ``compare --whatif`` makes it
+    w = what_if(
+        load(str(SAMPLES / "sd15-fp16-alloc-default")), alloc_confs=["expandable_segments:True"], gpu_memories=[]
+    )
+    return twin_document(w, "base")
 
 
 @pytest.fixture(scope="module")
@@ -80,16 +90,16 @@ def test_built_document_encodes_in_order_and_reads_back(cmp: Comparison) -> None
     assert doc.fail_over == FailOver(percent=5.0, passed=True, failures=[])
 
 
-def test_document_validates_against_the_schema(cmp: Comparison) -> None:
+def test_document_validates_against_the_schema(cmp: Comparison, twin: WhatIfTwins) -> None:
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(to_json(cmp.document(fail_over=1.0)), json_schema())
-    twin_only = CompareDocument(schema="snapviz.compare/1", runs=[], whatif=TWIN)
+    twin_only = CompareDocument(schema="snapviz.compare/1", runs=[], whatif=twin)
     jsonschema.validate(to_json(twin_only), json_schema())
 
 
-def test_whatif_only_document_leaves_the_comparison_out() -> None:
-    doc = CompareDocument(schema="snapviz.compare/1", runs=[], whatif=TWIN)
-    assert to_json(doc) == {"schema": "snapviz.compare/1", "runs": [], "whatif": TWIN}
+def test_whatif_only_document_leaves_the_comparison_out(twin: WhatIfTwins) -> None:
+    doc = CompareDocument(schema="snapviz.compare/1", runs=[], whatif=twin)
+    assert to_json(doc) == {"schema": "snapviz.compare/1", "runs": [], "whatif": to_json(twin)}
     assert load_compare(to_json(doc)) == doc
 
 

@@ -1,10 +1,11 @@
 """The ``ranks`` and ``history`` pages: self-contained HTML (Bokeh INLINE, offline) drawn from
-the ``snapviz.ranks/1`` and ``snapviz.history/1`` documents with the page and Bokeh kits; the
-pages compute nothing the documents do not hold."""
+the ``snapviz.ranks/1`` and ``snapviz.history/1`` documents (typed:
+:mod:`snapviz.analyses.fleet_document`) with the page and Bokeh kits; the pages compute nothing
+the documents do not hold."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from bokeh.models import ColorBar, FactorRange, HoverTool, LinearColorMapper
@@ -12,6 +13,8 @@ from bokeh.palettes import Viridis256
 from markupsafe import Markup
 
 from snapviz import __version__
+from snapviz.analyses.document import from_json, to_json
+from snapviz.analyses.fleet_document import HistoryDocument, RanksDocument
 from snapviz.render.fleet_md import HISTORY_COLUMNS, RANK_COLUMNS, history_rows, rank_cells, who
 from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_tick_formatter, make_source
 from snapviz.render.html.page import (
@@ -32,16 +35,23 @@ ROW_PX = 14  # heatmap pixels per rank
 MAX_HEATMAP_PX = 4000
 
 
-def visible(doc: Any) -> Any:
+D = TypeVar("D", RanksDocument, HistoryDocument)
+
+
+def visible(doc: D) -> D:
     """``doc`` with every string shown as one printable line (controls from file names and
     run.json escaped as ``\x01``): the page prints what the terminal and Markdown print."""
-    if isinstance(doc, str):
-        return printable(doc, None)
-    if isinstance(doc, dict):
-        return {k: visible(v) for k, v in doc.items()}
-    if isinstance(doc, list):
-        return [visible(v) for v in doc]
-    return doc
+    return from_json(_visible(to_json(doc)), type(doc))
+
+
+def _visible(v: Any) -> Any:
+    if isinstance(v, str):
+        return printable(v, None)
+    if isinstance(v, dict):
+        return {k: _visible(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_visible(x) for x in v]
+    return v
 
 
 def _hero(kicker: str, title: str, verdict: list[str]) -> str:
@@ -49,15 +59,15 @@ def _hero(kicker: str, title: str, verdict: list[str]) -> str:
     return chrome("hero", kicker=kicker, title=title, verdict=head, lines=list(verdict[1:]))
 
 
-def row_names(doc: dict[str, Any]) -> list[str]:
+def row_names(doc: RanksDocument) -> list[str]:
     """One unique heatmap row name per input: ``rank R`` (``it N · rank R`` with several iterations)."""
-    several = len(doc["iterations"]) > 1
+    several = len(doc.iterations) > 1
     names: list[str] = []
-    for r in doc["ranks"]:
+    for r in doc.ranks:
         n = who(r)
-        if several and r["iteration"] is not None:
-            n = f"it {r['iteration']} · {n}"
-        if (r.get("oom") or {}).get("count"):  # the rows of ranks that ran out of memory say so
+        if several and r.iteration is not None:
+            n = f"it {r.iteration} · {n}"
+        if r.oom.count:  # the rows of ranks that ran out of memory say so
             n += " · OOM"
         while n in names:
             n += "′"
@@ -65,12 +75,12 @@ def row_names(doc: dict[str, Any]) -> list[str]:
     return names
 
 
-def heatmap_columns(doc: dict[str, Any]) -> dict[str, Any]:
+def heatmap_columns(doc: RanksDocument) -> dict[str, Any]:
     """The heatmap's cells: one per (rank, stage) that the rank has, peak allocated bytes."""
     names = row_names(doc)
     xs, ys, vals, texts = [], [], [], []
-    for name, r in zip(names, doc["ranks"], strict=True):
-        for stage, v in zip(doc["stages"], r["stage_peak_allocated_bytes"], strict=True):
+    for name, r in zip(names, doc.ranks, strict=True):
+        for stage, v in zip(doc.stages, r.stage_peak_allocated_bytes, strict=True):
             if v is None:
                 continue
             xs.append(stage)
@@ -80,14 +90,14 @@ def heatmap_columns(doc: dict[str, Any]) -> dict[str, Any]:
     return {"stage": xs, "rank": ys, "bytes": np.asarray(vals, np.float64), "text": texts}
 
 
-def _heatmap(doc: dict[str, Any]) -> Any:
+def _heatmap(doc: RanksDocument) -> Any:
     cols = heatmap_columns(doc)
     names = row_names(doc)
     vals = cols["bytes"]
     lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 1.0)
     mapper = LinearColorMapper(palette=Viridis256, low=lo, high=max(hi, lo + 1))
     height = min(MAX_HEATMAP_PX, 120 + ROW_PX * len(names))
-    fig = base_figure(height, x_range=FactorRange(*doc["stages"]), y_range=FactorRange(*reversed(names)))
+    fig = base_figure(height, x_range=FactorRange(*doc.stages), y_range=FactorRange(*reversed(names)))
     fig.rect(
         "stage",
         "rank",
@@ -104,54 +114,49 @@ def _heatmap(doc: dict[str, Any]) -> Any:
     return fig
 
 
-def _details(doc: dict[str, Any]) -> str:
+def _details(doc: RanksDocument) -> str:
     """One ``<details>`` per rank: the table row, and one click away its stage peaks and notes."""
     out = []
-    for r in doc["ranks"]:
+    for r in doc.ranks:
         cells = rank_cells(r)
         stages = [
-            [s, fmt_bytes(v)]
-            for s, v in zip(doc["stages"], r["stage_peak_allocated_bytes"], strict=True)
-            if v is not None
+            [s, fmt_bytes(v)] for s, v in zip(doc.stages, r.stage_peak_allocated_bytes, strict=True) if v is not None
         ]
         body = html_table(["stage", "peak allocated"], stages, "") if stages else ""
         meta = [
-            ("source", r["source"]),
-            ("iteration", "—" if r["iteration"] is None else str(r["iteration"])),
-            ("rank from", r["rank_from"]),
-            ("world size", "—" if r["world_size"] is None else str(r["world_size"])),
+            ("source", r.source),
+            ("iteration", "—" if r.iteration is None else str(r.iteration)),
+            ("rank from", r.rank_from),
+            ("world size", "—" if r.world_size is None else str(r.world_size)),
         ]
-        if r["oom"]["first_time_us"] is not None:
-            meta.append(("first OOM at (Unix µs)", str(r["oom"]["first_time_us"])))
-        if r["allocator"] is not None:
-            meta.append(("run.json max_memory_allocated", fmt_bytes(r["allocator"]["max_memory_allocated"])))
-        out.append(chrome("rank_details", cells=[c for c in cells if c], meta=meta, notes=list(r["notes"]), body=body))
+        if r.oom.first_time_us is not None:
+            meta.append(("first OOM at (Unix µs)", str(r.oom.first_time_us)))
+        if r.allocator is not None:
+            meta.append(("run.json max_memory_allocated", fmt_bytes(r.allocator.max_memory_allocated)))
+        out.append(chrome("rank_details", cells=[c for c in cells if c], meta=meta, notes=list(r.notes), body=body))
     return Markup("").join(out)
 
 
-def render_ranks_html(doc: dict[str, Any]) -> str:
+def render_ranks_html(doc: RanksDocument) -> str:
     """The ranks page of a ``snapviz.ranks/1`` document."""
     doc = visible(doc)
     blocks: list[Any] = [
         table_css(),
-        _hero("snapviz · ranks of a distributed job", f"{doc['inputs']} inputs", doc["verdict"]),
+        _hero("snapviz · ranks of a distributed job", f"{doc.inputs} inputs", doc.verdict),
     ]
-    for v in doc["iterations"]:
-        wm = [s for s in v["worst_vs_median"] if s["delta_bytes"] != 0]
-        if v["max"] is None or not wm:
+    for v in doc.iterations:
+        wm = [s for s in v.worst_vs_median if s.delta_bytes != 0]
+        if v.max is None or v.median is None or not wm:
             continue
-        it = "" if v["iteration"] is None else f" (iteration {v['iteration']})"
-        rows = [
-            [s["stage"], fmt_bytes(s["worst_bytes"]), fmt_bytes(s["median_bytes"]), fmt_delta(s["delta_bytes"])]
-            for s in wm
-        ]
+        it = "" if v.iteration is None else f" (iteration {v.iteration})"
+        rows = [[s.stage, fmt_bytes(s.worst_bytes), fmt_bytes(s.median_bytes), _delta(s.delta_bytes)] for s in wm]
         blocks.append(
             card(
-                f"{v['max']['who']} vs median {v['median']['who']}, stage by stage{it}",
+                f"{v.max.who} vs median {v.median.who}, stage by stage{it}",
                 wide_table(["stage", "worst", "median", "Δ"], rows, ""),
             )
         )
-    if doc["stages"] and any(r["status"] == "ok" for r in doc["ranks"]):
+    if doc.stages and any(r.status == "ok" for r in doc.ranks):
         blocks += [
             card_open(
                 "Peak allocated, rank × stage",
@@ -169,24 +174,29 @@ def render_ranks_html(doc: dict[str, Any]) -> str:
             "sv-ranks",
         )
     )
-    failed = [f"{r['source']}: {r['reason']}" for r in doc["ranks"] if r["status"] != "ok"]
+    failed = [f"{r.source}: {r.reason}" for r in doc.ranks if r.status != "ok"]
     blocks.append(warnings_html(failed[:50], f"⚠ {len(failed)} input(s) not analysed" if failed else None))
     blocks.append(chrome("footer", text=f"Generated by snapviz {__version__} ranks — self-contained, works offline."))
-    return build_page(f"snapviz ranks: {doc['inputs']} inputs", blocks)
+    return build_page(f"snapviz ranks: {doc.inputs} inputs", blocks)
 
 
-def _trend(doc: dict[str, Any]) -> Any:
-    labels = [r["label"] for r in doc["runs"]]
+def _delta(v: int | None) -> str:
+    """A stage's difference in the worst-vs-median table (None: one of the two ranks lacks the stage)."""
+    return "—" if v is None else fmt_delta(v)
+
+
+def _trend(doc: HistoryDocument) -> Any:
+    labels = [r.label for r in doc.runs]
     uniq = []
     for lab in labels:
         while lab in uniq:
             lab += "′"
         uniq.append(lab)
     fig = base_figure(360, x_range=FactorRange(*uniq))
-    colors = stage_palette(doc["stage_names"])
-    for k, stage in enumerate(doc["stage_names"]):
-        xs = [uniq[i] for i, r in enumerate(doc["runs"]) if r["stage_peak_allocated_bytes"][k] is not None]
-        ys = [r["stage_peak_allocated_bytes"][k] for r in doc["runs"] if r["stage_peak_allocated_bytes"][k] is not None]
+    colors = stage_palette(doc.stage_names)
+    for k, stage in enumerate(doc.stage_names):
+        xs = [uniq[i] for i, r in enumerate(doc.runs) if r.stage_peak_allocated_bytes[k] is not None]
+        ys = [y for r in doc.runs if (y := r.stage_peak_allocated_bytes[k]) is not None]
         if not xs:
             continue
         src = make_source(
@@ -207,25 +217,23 @@ def _trend(doc: dict[str, Any]) -> Any:
     return fig
 
 
-def render_history_html(doc: dict[str, Any]) -> str:
+def render_history_html(doc: HistoryDocument) -> str:
     """The history page of a ``snapviz.history/1`` document."""
     doc = visible(doc)
     runs = [
         [
-            r["label"],
-            "" if r["order_key"] is None else str(r["order_key"]),
-            fmt_bytes(r["peak"]["allocated_bytes"]) if r["status"] == "ok" else "failed",
-            str(r["peak"]["stage"] or r["reason"] or ""),
+            r.label,
+            "" if r.order_key is None else str(r.order_key),
+            fmt_bytes(r.peak.allocated_bytes) if r.status == "ok" else "failed",
+            str(r.peak.stage or r.reason or ""),
         ]
-        for r in doc["runs"]
+        for r in doc.runs
     ]
     blocks: list[Any] = [
         table_css(),
-        _hero(
-            "snapviz · history of a pipeline", f"{len(doc['runs'])} runs ordered by {doc['order_by']}", doc["verdict"]
-        ),
+        _hero("snapviz · history of a pipeline", f"{len(doc.runs)} runs ordered by {doc.order_by}", doc.verdict),
     ]
-    if any(r["status"] == "ok" for r in doc["runs"]):
+    if any(r.status == "ok" for r in doc.runs):
         blocks += [
             card_open("Peak allocated per stage, run by run", "Click a legend entry to hide a stage.", "sv-trend-card"),
             _trend(doc),
@@ -235,17 +243,17 @@ def render_history_html(doc: dict[str, Any]) -> str:
         card(
             "Each stage's trend",
             wide_table(HISTORY_COLUMNS, history_rows(doc), "sv-stage-table"),
-            f"A jump: the largest rise from one run to the next, above {doc['jump_percent']:g}%.",
+            f"A jump: the largest rise from one run to the next, above {doc.jump_percent:g}%.",
             "sv-stages",
         )
     )
     blocks.append(
         card(
             "Runs",
-            wide_table(["run", doc["order_by"], "peak allocated", "stage at peak"], runs, "sv-run-table"),
+            wide_table(["run", doc.order_by, "peak allocated", "stage at peak"], runs, "sv-run-table"),
             "In history order.",
             "sv-runs",
         )
     )
     blocks.append(chrome("footer", text=f"Generated by snapviz {__version__} history — self-contained, works offline."))
-    return build_page(f"snapviz history: {len(doc['runs'])} runs", blocks)
+    return build_page(f"snapviz history: {len(doc.runs)} runs", blocks)

@@ -4,13 +4,14 @@ tables of the terminal and Markdown summaries (the same words: :mod:`snapviz.ren
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from bokeh.models import HoverTool, Legend, LegendItem
 from markupsafe import Markup
 
 from snapviz.analyses.decimate import decimate_minmax
+from snapviz.analyses.whatif_document import WhatIfDocument
 from snapviz.render.html.bokeh_kit import base_figure, bytes_axis, bytes_hover_formatter, make_source
 from snapviz.render.html.page import build_page, card, card_open, chrome, table_css, warnings_html, wide_table
 from snapviz.render.html.palette import SERIES_COLORS
@@ -27,6 +28,9 @@ from snapviz.render.whatif import (
     setting_name,
 )
 
+if TYPE_CHECKING:
+    from snapviz.analyses.whatif import WhatIf
+
 _LINE_COLORS = ("#1f3b73", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728")
 
 
@@ -39,7 +43,7 @@ class WhatIfCurves:
     series: list[tuple[str, np.ndarray]]  # (setting, reserved; NaN after the simulated program died)
 
 
-def whatif_curves(w: Any, max_points: int = 4000) -> WhatIfCurves:
+def whatif_curves(w: WhatIf, max_points: int = 4000) -> WhatIfCurves:
     """Decimated curves (every series' extremes kept) from a :class:`~snapviz.analyses.whatif.WhatIf`."""
     n = len(w.recorded_reserved)
     series = []
@@ -93,7 +97,7 @@ def _plot(c: WhatIfCurves) -> Any:
     return fig
 
 
-def whatif_blocks(w: Any, doc: dict[str, Any], max_points: int = 4000) -> list[Any]:
+def whatif_blocks(w: WhatIf, doc: WhatIfDocument, max_points: int = 4000) -> list[Any]:
     """The what-if's cards (the reserved curves, the recorded-card table, the card grid): the
     body of the what-if page and the section ``compare --whatif -o`` puts on the compare page."""
     rows = recorded_card_rows(doc)
@@ -120,19 +124,19 @@ def whatif_blocks(w: Any, doc: dict[str, Any], max_points: int = 4000) -> list[A
     return blocks
 
 
-def whatif_hero(doc: dict[str, Any], kicker: str = "snapviz whatif") -> Markup:
+def whatif_hero(doc: WhatIfDocument, kicker: str = "snapviz whatif") -> Markup:
     """The page's first lines: the run, whether the simulator reproduced it, its recorded figures."""
     return chrome(
         "hero",
         kicker=kicker,
-        title=f"{doc['source']} (cuda:{int(doc['device'])})",
+        title=f"{doc.source} (cuda:{int(doc.device)})",
         verdict=fidelity_line(doc),
         lines=[recorded_line(doc), *([c] if (c := card_line(doc)) else [])],
     )
 
 
-def render_whatif_html(w: Any, doc: dict[str, Any], max_points: int = 4000, kicker: str = "snapviz whatif") -> str:
+def render_whatif_html(w: WhatIf, doc: WhatIfDocument, max_points: int = 4000, kicker: str = "snapviz whatif") -> str:
     """The page: hero lines, the reserved curves, the recorded-card table and the card grid."""
-    blocks: list[Any] = [table_css(), whatif_hero(doc, kicker), warnings_html(doc.get("notes") or [], "Notes")]
+    blocks: list[Any] = [table_css(), whatif_hero(doc, kicker), warnings_html(doc.notes, "Notes")]
     blocks.extend(whatif_blocks(w, doc, max_points))
-    return build_page(f"{kicker}: {doc['source']}", blocks)
+    return build_page(f"{kicker}: {doc.source}", blocks)
