@@ -1,7 +1,7 @@
 """Reports inline in Jupyter and VS Code notebooks: ``snapviz.show(x)``.
 
-``x`` is a path (snapshot, trace or run directory), an :class:`~snapviz.analyses.analysis.Analysis`,
-a trace-only analysis, a :class:`~snapviz.analyses.compare.Comparison`, or a list of paths
+``x`` is a path (snapshot, trace or run directory), an :class:`~snapviz.analyses.analysis.Analysis`
+(of a snapshot or a trace), a :class:`~snapviz.analyses.compare.Comparison`, or a list of paths
 (compared, the first as base). The interactive report is the same self-contained page the
 CLI writes (Bokeh with inline resources: no network), shown in an ``<iframe srcdoc>`` so each
 report keeps its own Bokeh, scripts and styles however many a notebook holds; the Markdown

@@ -99,7 +99,9 @@ class Analysis:
     stage_live: pd.DataFrame = field(default_factory=_empty)  # per stage interval: bytes by category at its peak
     stage_top: pd.DataFrame = field(default_factory=_empty)  # per stage interval: largest live blocks at its peak
     training: TrainingView | None = None  # phases, steps and categories of a training run
-    oom: Oom | None = None  # the OOM that ended the run, its facts (analyses/oom.py), None: none
+    # the OOM that ended the run (analyses/oom.py), None: none. Its facts only: the sentences,
+    # the advice and the simulation are the summary's (``document_of(an).oom``), left empty here
+    oom: Oom | None = None
     end_state: EndState | None = None  # the live blocks at the end, named by their frames
     # one row per recorded allocation, classified once (categories.allocation_table): every
     # category view is a group-by of its ``category`` column (empty: the input has no blocks)

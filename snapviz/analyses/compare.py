@@ -37,8 +37,6 @@ from snapviz.safe_text import printable, short_repr
 from snapviz.units import fmt_bytes
 from snapviz.vocab import COMPARE_SCHEMA, stage_group
 
-SCHEMA = COMPARE_SCHEMA
-
 
 @dataclass(frozen=True)
 class Comparison:

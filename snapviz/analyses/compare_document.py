@@ -2,7 +2,7 @@
 and their JSON schema, through the machinery of :mod:`snapviz.analyses.document`.
 
 * :class:`CompareDocument` is what a comparison yields
-  (:func:`snapviz.analyses.compare.compare_document`, ``Comparison.document()``) and what the
+  (:func:`snapviz.analyses.compare.build_compare`, ``Comparison.document()``) and what the
   Markdown, terminal, HTML and picture renderers take; ``compare --json`` only encodes it
   (:func:`~snapviz.analyses.document.to_json`), key for key in field order.
 * :func:`load_compare` reads one back (a ``compare --json`` file, the ``compare`` object of a

@@ -36,9 +36,7 @@ from snapviz.analyses.stages import label_events, stage_intervals, stage_table
 from snapviz.analyses.training_view import training_view
 from snapviz.errors import InputError
 from snapviz.load import Run
-from snapviz.vocab import END_STATE_ONLY, SUMMARY_SCHEMA
-
-SCHEMA = SUMMARY_SCHEMA
+from snapviz.vocab import END_STATE_ONLY
 
 
 def pick_device(run: Run, device: int | None) -> tuple[int, dict[int, ReplayResult], str]:

@@ -427,7 +427,7 @@ def _trace_summary(an: Analysis) -> Summary:
         kind="trace",
         device=device_label(*dev) if dev else None,
         device_kind=device_kind(dev[0]) if dev else None,
-        stage_source="annotations" if len(st) else "none",
+        stage_source=an.labels.source,
         peak=peak,
         history=History(
             events=int(len(tl)),

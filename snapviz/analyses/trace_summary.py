@@ -33,7 +33,9 @@ def analyze_trace_run(run: Run, device: int | None = None) -> Analysis:
     ta = analyze_trace(tr, *(dev if dev is not None else (None, None)))
     warnings = list(tr.notes) + list(ta.notes)
     rj = run.run_json or {}
+    source = "annotations"  # the trace's own record_function ranges
     if not len(ta.stages) and rj.get("stages"):
+        source = "run.json"
         # No record_function ranges in the trace: take the run's own stage timeline.
         st = pd.DataFrame(
             [(s["name"], float(s["start_us"]), float(s["end_us"])) for s in rj["stages"]],
@@ -90,6 +92,7 @@ def analyze_trace_run(run: Run, device: int | None = None) -> Analysis:
     )
     exact = _exact(ta)
     cpu = dev is None or dev[0] == DEVICE_CPU  # no memory events, or the CPU allocator's
+    exact = exact and dev is not None  # no memory events: no totals at all
     return Analysis(
         run=run,
         device=dev[1] if dev is not None else None,
@@ -97,7 +100,7 @@ def analyze_trace_run(run: Run, device: int | None = None) -> Analysis:
         # reserves nothing of its own; a Bytes-only trace records no reserved figure at all.
         capabilities=Capabilities(exact_blocks=False, reserved_recorded=exact and not cpu, exact_totals=exact),
         evidence=TraceEvidence(trace=ta),
-        labels=StageLabels(labels=np.asarray(labels, dtype=object), source="annotations" if len(stages) else "none"),
+        labels=StageLabels(labels=np.asarray(labels, dtype=object), source=source if len(stages) else "none"),
         stages=stages,
         top_allocations=top,
         attention=ta.attention_ops,

@@ -106,7 +106,7 @@ def perfetto_events(
     raw_t = ev["time_us"].to_numpy() if n else np.empty(0, np.int64)
     t = (raw_t.astype(np.float64) + offset_us - base_us) if _has_time(raw_t) else np.arange(n, dtype=np.float64)
     out: list[dict[str, Any]] = []
-    out += _meta(pid, None, "process_name", f"snapviz cuda:{an.device} (replayed allocator)", sort_index=-1)
+    out += _meta(pid, None, "process_name", f"snapviz cuda:{rep.device} (replayed allocator)", sort_index=-1)
     for tid, name in (
         (TID_MARKERS, "peak & OOM"),
         (TID_STAGES, "stages"),
@@ -253,7 +253,7 @@ def _allocation_slices(an: Analysis, t: np.ndarray, pid: int, top_n: int) -> lis
         f = int(free_row[r])
         common = {
             "cat": "snapviz.allocation",
-            "id": f"alloc-{an.device}-{r}",
+            "id": f"alloc-{an.replay.device}-{r}",
             "pid": pid,
             "tid": TID_ALLOCS,
             "name": f"{fmt_bytes(size)} {site}",

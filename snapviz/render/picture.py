@@ -209,7 +209,7 @@ def trace_picture_data(tan: Analysis, summary: Summary, max_points: int = MAX_PO
     names = [str(x) for x in st["name"]] if len(st) else []
     starts = np.searchsorted(times, st["start_us"].to_numpy(np.float64), "left") if len(st) else np.empty(0, np.int64)
     ends = np.searchsorted(times, st["end_us"].to_numpy(np.float64), "right") if len(st) else np.empty(0, np.int64)
-    pi = int(np.argmax(alloc)) if n else -1
+    pi = tan.peak_index
     x_all, spans = _axis_spans(names, starts, ends, n, pi)
     spal = stage_palette(s["group"] for s in spans)
     for s in spans:

@@ -111,3 +111,57 @@ def test_the_one_builder_yields_a_document_its_own_loader_reads_back_unchanged(p
     plain = to_json(doc)
     assert _plain_json(plain) == []
     assert from_json(plain, Summary) == doc
+
+
+T0 = 1_796_000_000_000_000  # absolute Unix µs
+
+
+def _trace_run(d, memory: list[tuple[int, int]], ranges: list[tuple[str, int, int]], run_stages=()) -> str:
+    """A run directory with a CUDA profiler trace: ``memory`` is (µs, signed bytes) per
+    ``[memory]`` event, ``ranges`` its record_function ranges, ``run_stages`` run.json's."""
+    import json
+
+    events: list[dict] = [
+        {"ph": "X", "cat": "user_annotation", "name": n, "pid": 1, "tid": 1, "ts": T0 + a, "dur": b - a}
+        for n, a, b in ranges
+    ]
+    total = 0
+    for k, (ts, nbytes) in enumerate(memory):
+        total += nbytes
+        args = {"Total Reserved": 1 << 30, "Total Allocated": total, "Bytes": nbytes, "Device Id": 0}
+        args |= {"Device Type": 1, "Addr": 0x1000 * (k + 1)}
+        events.append({"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": T0 + ts, "args": args})
+    d.mkdir()
+    (d / "trace.json").write_text(json.dumps({"traceEvents": events}))
+    stages = [{"name": n, "start_us": T0 + a, "end_us": T0 + b} for n, a, b in run_stages]
+    (d / "run.json").write_text(json.dumps({"schema": "snapviz.run/1", "stages": stages}))
+    return str(d)
+
+
+def test_a_trace_report_and_summary_use_the_analysis_one_labelling(tmp_path) -> None:
+    """No ranges in the trace: the stages are run.json's, and say so; a moment inside two stages
+    with the same start is in the shorter (the one rule), in the summary and the report alike."""
+    from snapviz.render.html.trace_data import trace_report_data
+
+    path = _trace_run(
+        tmp_path / "run",
+        [(150, 1 << 20), (250, 2 << 20), (600, 8 << 20), (700, -(8 << 20))],
+        [],
+        [("denoise/0", 100, 400), ("denoise", 100, 800)],  # the step listed first
+    )
+    an = analyze_input(load(path))
+    assert an.kind == "trace" and an.labels.source == "run.json"
+    assert list(an.labels.labels) == ["denoise/0", "denoise/0", "denoise", "denoise"]
+    doc = document_of(an)
+    assert doc.stage_source == "run.json" and doc.peak.stage == an.peak_stage == "denoise"
+    view = trace_report_data(an, doc, max_points=100)
+    shown = [view.stage_names[c] for c in view.timeline.stage]
+    assert shown == list(an.labels.labels)
+
+
+def test_a_trace_without_memory_events_claims_nothing_exact(tmp_path) -> None:
+    an = analyze_input(load(_trace_run(tmp_path / "run", [], [("denoise", 0, 100)])))
+    caps = an.capabilities
+    assert not (caps.exact_blocks or caps.reserved_recorded or caps.exact_totals)
+    doc = document_of(an)
+    assert doc.peak.exact is False and doc.history.baseline_exact is False and an.peak_index == -1

@@ -30,7 +30,7 @@ from snapviz.render.html.view_common import (
 from snapviz.render.html.view_models import Bands, Headline, Peak, StageBars, TextTable, Timeline, TraceReport
 from snapviz.safe_text import printable
 from snapviz.units import fmt_bytes
-from snapviz.vocab import UNLABELLED, stage_group
+from snapviz.vocab import stage_group
 
 if TYPE_CHECKING:
     from snapviz.analyses.analysis import Analysis
@@ -59,7 +59,8 @@ def trace_report_data(tan: Analysis, summary: Summary, max_points: int = 20000) 
     resv = (tl["reserved"].to_numpy(np.int64)[order] if "reserved" in tl else alloc) if n else np.empty(0, np.int64)
     has_time, t0, time_s = time_axis(time_us)
     frag = resv - alloc
-    pi = int(np.argmax(alloc)) if n else -1
+    # the analysis' own peak, at its place on the time-sorted axis
+    pi = int(np.flatnonzero(order == tan.peak_index)[0]) if n else -1
     keep = (
         decimated_rows(n, [alloc, resv, frag], max_points, [pi], time_us if has_time else None)
         if n
@@ -68,13 +69,8 @@ def trace_report_data(tan: Analysis, summary: Summary, max_points: int = 20000) 
 
     st = tan.stages
     names = [str(x) for x in st["name"]] if len(st) else []
-    # Stage of each timeline point: the interval containing its time (innermost = latest start).
-    stage_of = np.full(n, UNLABELLED, dtype=object)
-    if len(st) and n:
-        spans = zip(names, st["start_us"].to_numpy(), st["end_us"].to_numpy(), strict=False)
-        for name, s, e in sorted(spans, key=lambda r: r[1]):
-            lo, hi = np.searchsorted(time_us, s, "left"), np.searchsorted(time_us, e, "right")
-            stage_of[lo:hi] = name
+    # Stage of each timeline point: the analysis' one labelling (stages.label_by_intervals).
+    stage_of = np.asarray(tan.labels.labels, dtype=object)[order] if n else np.empty(0, dtype=object)
     stage_names, stage_codes = intern_stages(stage_of) if n else ([], np.empty(0, np.int32))
     palette = stage_palette(list(dict.fromkeys(names + stage_names)))
     timeline = Timeline(
